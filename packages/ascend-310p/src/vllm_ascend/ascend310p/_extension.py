@@ -1,0 +1,23 @@
+"""This distribution's descriptor for core's ``vllm_ascend.extensions`` entry-point group."""
+
+from __future__ import annotations
+
+from vllm_ascend.core.extensions import ExtensionDescriptor
+from vllm_ascend.ascend310p._version import __version__
+
+
+def register() -> None:
+    """Fill core's registries with lazy paths (nothing heavy is imported here)."""
+    from vllm_ascend.core.registry import DEVICE_OVERLAYS
+
+    DEVICE_OVERLAYS.register("310p", "vllm_ascend.ascend310p.overlay:OVERLAY")
+
+
+EXTENSION = ExtensionDescriptor(
+    name="ascend310p",
+    version=__version__,
+    core_requires=">=0.1,<0.2",
+    provides=('device_overlays',),
+    register=register,
+    description="Atlas 310P device overlay (profile and adaptor)",
+)

@@ -1,0 +1,37 @@
+"""vllm_ascend.core: the platform, configuration, device profiles and extension registries.
+
+Public names are exported lazily so that ``import vllm_ascend.core`` stays cheap (vLLM calls
+into this package during platform detection in every process).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from vllm_ascend.core._version import __version__
+
+_LAZY: dict[str, str] = {
+    "ExtensionDescriptor": "vllm_ascend.core.extensions",
+    "ExtensionRecord": "vllm_ascend.core.extensions",
+    "ExtensionStatus": "vllm_ascend.core.extensions",
+    "load_extensions": "vllm_ascend.core.extensions",
+    "Registry": "vllm_ascend.core.registry",
+    "RegistryError": "vllm_ascend.core.registry",
+    "NPUPlatform": "vllm_ascend.core.platform",
+}
+
+__all__ = ["__version__", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

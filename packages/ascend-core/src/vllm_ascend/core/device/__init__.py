@@ -1,0 +1,1 @@
+"""Device detection (import-free), families, profiles and adaptors."""

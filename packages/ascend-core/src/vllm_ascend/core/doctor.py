@@ -1,0 +1,128 @@
+"""``vllm-ascend doctor``: what is installed, what was detected, and whether the platform can activate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from importlib import metadata
+from typing import Any
+
+from vllm_ascend.core._version import __version__
+from vllm_ascend.core.cli import CliCommand
+from vllm_ascend.core.device.detection import DeviceMode, detect
+from vllm_ascend.core.envs import EnvError
+from vllm_ascend.core.extensions import load_extensions
+from vllm_ascend.core.plugin import PLATFORM_QUALNAME
+from vllm_ascend.core.vllm_version import SUPPORTED_VLLM_RANGE, installed_vllm
+
+
+def _platform_check(mode: DeviceMode) -> str:
+    """Empty when the platform class imports and is usable; else why not."""
+    found = installed_vllm()
+    if found is None:
+        return "vLLM is not installed"
+    if not found.supported:
+        return f"{found.dist} {found.version} is outside the supported range {SUPPORTED_VLLM_RANGE}"
+    try:
+        from vllm_ascend.core.platform import NPUPlatform
+    except Exception as exc:
+        return f"cannot import {PLATFORM_QUALNAME}: {type(exc).__name__}: {exc}"
+    expected = "cpu" if mode is DeviceMode.REFERENCE else "npu"
+    if NPUPlatform.device_type != expected:
+        return f"platform device type is {NPUPlatform.device_type!r}, expected {expected!r}"
+    return ""
+
+
+def collect() -> dict[str, Any]:
+    """Everything the doctor reports, as plain data."""
+    found = installed_vllm()
+    try:
+        torch_version: str | None = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = None
+    device: dict[str, Any]
+    try:
+        detection = detect()
+    except EnvError as exc:
+        device = {"requested": None, "mode": "invalid", "reason": str(exc), "requested_explicitly": True}
+        detection = None
+    else:
+        device = {
+            "requested": detection.requested,
+            "mode": detection.mode.value,
+            "reason": detection.reason,
+            "requested_explicitly": detection.explicitly_requested,
+        }
+    problem = ""
+    if detection is None:
+        problem = device["reason"]
+    elif detection.active:
+        problem = _platform_check(detection.mode)
+    elif detection.explicitly_requested:
+        problem = detection.reason
+    device["platform"] = PLATFORM_QUALNAME if detection is not None and detection.active and not problem else None
+    device["problem"] = problem
+    return {
+        "core": __version__,
+        "vllm": {
+            "dist": found.dist if found else None,
+            "version": found.version if found else None,
+            "supported_range": str(SUPPORTED_VLLM_RANGE),
+            "supported": bool(found and found.supported),
+        },
+        "torch": torch_version,
+        "device": device,
+        "extensions": [rec.as_dict() for rec in load_extensions().values()],
+    }
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    """Non-zero when the platform was requested (npu/reference) but cannot activate."""
+    device = report["device"]
+    return 1 if device["requested_explicitly"] and device["problem"] else 0
+
+
+def render(report: dict[str, Any]) -> str:
+    vllm = report["vllm"]
+    device = report["device"]
+    lines = [
+        f"vllm-ascend-core  {report['core']}",
+        "vLLM              "
+        + (
+            f"{vllm['dist']} {vllm['version']} "
+            + ("(supported)" if vllm["supported"] else f"(UNSUPPORTED; need {vllm['supported_range']})")
+            if vllm["version"]
+            else f"not installed (need {vllm['supported_range']})"
+        ),
+        f"torch             {report['torch'] or 'not installed'}",
+        f"device            {device['mode']} (VLLM_ASCEND_DEVICE={device['requested']}): {device['reason']}",
+        f"platform          {device['platform'] or 'inactive'}" + (f" -- {device['problem']}" if device["problem"] else ""),
+        "",
+    ]
+    rows = [("extension", "dist", "version", "status", "detail")]
+    for ext in report["extensions"]:
+        detail = ext["reason"] or ", ".join(ext["provides"])
+        rows.append((ext["name"], ext["dist"], ext["version"], ext["status"], detail))
+    if len(rows) == 1:
+        rows.append(("(none installed)", "", "", "", ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for i, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(widths[j]) for j, cell in enumerate(row[:4])) + "  " + row[4])
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 6)
+    return "\n".join(lines)
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _run(args: argparse.Namespace) -> int:
+    report = collect()
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return exit_code(report)
+
+
+DOCTOR = CliCommand(
+    "doctor", "Report vLLM/torch versions, the detected device and every extension's status", _configure, _run
+)

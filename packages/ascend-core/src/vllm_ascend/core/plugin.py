@@ -1,0 +1,40 @@
+"""vLLM entry points: ``vllm.platform_plugins`` and ``vllm.general_plugins``.
+
+Both are called by vLLM in every process; they import nothing heavy.
+"""
+
+from __future__ import annotations
+
+PLATFORM_QUALNAME = "vllm_ascend.core.platform.NPUPlatform"
+
+
+def register() -> str | None:
+    """Return the platform's qualified name when an NPU is usable or the reference device is asked for.
+
+    With neither, return ``None`` so vLLM behaves as if the plugin were absent. vLLM swallows
+    exceptions from platform plugins, so configuration errors are also logged here.
+    """
+    from vllm_ascend.core.device.detection import detect
+
+    try:
+        detection = detect()
+    except ValueError as exc:
+        from vllm_ascend.core.logger import init_logger
+
+        init_logger(__name__).error("vLLM Ascend platform not activated: %s", exc)
+        raise
+    if detection.active:
+        return PLATFORM_QUALNAME
+    if detection.explicitly_requested:
+        from vllm_ascend.core.logger import init_logger
+
+        init_logger(__name__).error("vLLM Ascend platform not activated: %s", detection.reason)
+        raise RuntimeError(detection.reason)
+    return None
+
+
+def load_extensions() -> None:
+    """Load every installed sibling extension (once per process)."""
+    from vllm_ascend.core.extensions import load_extensions as _load
+
+    _load()

@@ -1,0 +1,23 @@
+"""This distribution's descriptor for core's ``vllm_ascend.extensions`` entry-point group."""
+
+from __future__ import annotations
+
+from vllm_ascend.core.extensions import ExtensionDescriptor
+from vllm_ascend.netloader._version import __version__
+
+
+def register() -> None:
+    """Fill core's registries with lazy paths (nothing heavy is imported here)."""
+    from vllm_ascend.core.registry import MODEL_LOADERS
+
+    MODEL_LOADERS.register("netloader", "vllm_ascend.netloader.loader:NetLoader")
+
+
+EXTENSION = ExtensionDescriptor(
+    name="netloader",
+    version=__version__,
+    core_requires=">=0.1,<0.2",
+    provides=('model_loaders',),
+    register=register,
+    description="Network model loading from peer instances",
+)

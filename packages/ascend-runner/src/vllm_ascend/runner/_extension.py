@@ -1,0 +1,25 @@
+"""This distribution's descriptor for core's ``vllm_ascend.extensions`` entry-point group."""
+
+from __future__ import annotations
+
+from vllm_ascend.core.extensions import ExtensionDescriptor
+from vllm_ascend.runner._version import __version__
+
+
+def register() -> None:
+    """Fill core's registries with lazy paths (nothing heavy is imported here)."""
+    from vllm_ascend.core.registry import CLI_COMMANDS, WORKERS
+
+    WORKERS.register("default", "vllm_ascend.runner.worker:NPUWorker")
+    CLI_COMMANDS.register("demo", "vllm_ascend.runner.demo:DEMO_COMMAND")
+    CLI_COMMANDS.register("serve", "vllm_ascend.runner.serve:SERVE_COMMAND")
+
+
+EXTENSION = ExtensionDescriptor(
+    name="runner",
+    version=__version__,
+    core_requires=">=0.1,<0.2",
+    provides=('workers', 'cli_commands'),
+    register=register,
+    description="NPU worker, model runner, attention backend, custom ops, sampler; `vllm-ascend demo` and `serve`",
+)

@@ -1,0 +1,23 @@
+"""This distribution's descriptor for core's ``vllm_ascend.extensions`` entry-point group."""
+
+from __future__ import annotations
+
+from vllm_ascend.core.extensions import ExtensionDescriptor
+from vllm_ascend.specdecode._version import __version__
+
+
+def register() -> None:
+    """Fill core's registries with lazy paths (nothing heavy is imported here)."""
+    from vllm_ascend.core.registry import SPEC_DECODE_METHODS
+
+    SPEC_DECODE_METHODS.register("ngram", "vllm_ascend.specdecode.ngram:NgramProposer")
+
+
+EXTENSION = ExtensionDescriptor(
+    name="specdecode",
+    version=__version__,
+    core_requires=">=0.1,<0.2",
+    provides=('spec_decode_methods',),
+    register=register,
+    description="Speculative decoding proposers",
+)
