@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from importlib import metadata
 from typing import Any
 
@@ -44,7 +45,7 @@ def collect() -> dict[str, Any]:
     try:
         detection = detect()
     except EnvError as exc:
-        device = {"requested": None, "mode": "invalid", "reason": str(exc), "requested_explicitly": True}
+        device = {"requested": os.environ.get("VLLM_ASCEND_DEVICE"), "mode": "invalid", "reason": str(exc), "requested_explicitly": True}
         detection = None
     else:
         device = {
@@ -67,7 +68,7 @@ def collect() -> dict[str, Any]:
         "vllm": {
             "dist": found.dist if found else None,
             "version": found.version if found else None,
-            "supported_range": str(SUPPORTED_VLLM_RANGE),
+            "supported_range": SUPPORTED_VLLM_RANGE,
             "supported": bool(found and found.supported),
         },
         "torch": torch_version,

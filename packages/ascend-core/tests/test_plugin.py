@@ -1,0 +1,50 @@
+"""The vLLM entry points: activation rules of ``register()`` and its import cost."""
+
+import subprocess
+import sys
+
+import pytest
+
+from vllm_ascend.core import plugin
+from vllm_ascend.core.envs import EnvError
+
+
+def test_inactive_without_npu_or_variable(monkeypatch):
+    monkeypatch.delenv("VLLM_ASCEND_DEVICE", raising=False)
+    assert plugin.register() is None
+
+
+@pytest.mark.parametrize("value", ["reference", "REFERENCE", " reference "])
+def test_reference_device_activates_platform(monkeypatch, value):
+    monkeypatch.setenv("VLLM_ASCEND_DEVICE", value)
+    assert plugin.register() == "vllm_ascend.core.platform.NPUPlatform"
+
+
+def test_off_never_activates(monkeypatch):
+    monkeypatch.setenv("VLLM_ASCEND_DEVICE", "off")
+    assert plugin.register() is None
+
+
+def test_invalid_value_is_a_clear_error(monkeypatch, capsys):
+    monkeypatch.setenv("VLLM_ASCEND_DEVICE", "gpu")
+    with pytest.raises(EnvError) as err:
+        plugin.register()
+    message = "VLLM_ASCEND_DEVICE='gpu' is invalid; allowed values: auto, npu, reference, off"
+    assert str(err.value) == message
+    assert f"vLLM Ascend platform not activated: {message}" in capsys.readouterr().err
+
+
+def test_npu_requested_but_absent(monkeypatch):
+    monkeypatch.setenv("VLLM_ASCEND_DEVICE", "npu")
+    with pytest.raises(RuntimeError, match=r"^VLLM_ASCEND_DEVICE=npu but torch_npu is not installed$"):
+        plugin.register()
+
+
+def test_register_imports_nothing_heavy():
+    code = (
+        "import sys, os; os.environ['VLLM_ASCEND_DEVICE']='reference';"
+        "from vllm_ascend.core.plugin import register; assert register();"
+        "print(sorted(m for m in ('torch', 'vllm', 'numpy', 'torch_npu') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

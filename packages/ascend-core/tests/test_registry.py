@@ -1,0 +1,85 @@
+"""Registries: lazy paths, unknown and duplicate names, rollback of a failed registration."""
+
+import pytest
+
+from vllm_ascend.core.registry import Registry, RegistryError, load_object, registering_as
+
+
+def make() -> Registry:
+    return Registry("EPLB policy", lambda v: isinstance(v, type), "a policy class")
+
+
+def test_lazy_path_is_imported_on_get_and_cached():
+    reg = make()
+    reg.register("od", "collections:OrderedDict")
+    import collections
+
+    assert reg.get("od") is collections.OrderedDict
+    assert reg.get("od") is reg.get("od")
+    assert reg.names() == ["od"] and "od" in reg and len(reg) == 1
+
+
+def test_unknown_name_lists_registered_names():
+    reg = make()
+    reg.register("b", dict)
+    reg.register("a", list)
+    with pytest.raises(RegistryError) as err:
+        reg.get("flash")
+    assert str(err.value) == "unknown EPLB policy 'flash'; registered: a, b"
+
+
+def test_unknown_name_in_empty_registry():
+    with pytest.raises(RegistryError, match=r"^unknown EPLB policy 'x'; registered: none$"):
+        make().get("x")
+
+
+def test_duplicate_name_names_both_owners():
+    reg = make()
+    with registering_as("vllm-ascend-eplb"):
+        reg.register("swift", dict)
+    with registering_as("vllm-ascend-other"), pytest.raises(RegistryError) as err:
+        reg.register("swift", list)
+    assert str(err.value) == (
+        "duplicate EPLB policy 'swift': already registered by vllm-ascend-eplb, "
+        "cannot register it again for vllm-ascend-other"
+    )
+    assert reg.get("swift") is dict
+
+
+def test_reregistering_identical_value_is_idempotent():
+    reg = make()
+    reg.register("p", "collections:OrderedDict")
+    reg.register("p", "collections:OrderedDict")
+    assert reg.names() == ["p"]
+
+
+def test_type_check_on_register_and_on_lazy_resolution():
+    reg = make()
+    with pytest.raises(RegistryError, match=r"^EPLB policy 'x': expected a policy class, got 3$"):
+        reg.register("x", 3)  # type: ignore[arg-type]
+    reg.register("y", "os:sep")
+    with pytest.raises(RegistryError, match=r"'os:sep' resolved to '/', expected a policy class"):
+        reg.get("y")
+
+
+def test_empty_name_rejected():
+    with pytest.raises(RegistryError, match="name must be a non-empty string"):
+        make().register("", dict)
+
+
+def test_failed_registration_block_rolls_back():
+    reg = make()
+    with pytest.raises(RuntimeError), registering_as("vllm-ascend-bad"):
+        reg.register("one", dict)
+        reg.register("two", list)
+        raise RuntimeError("boom")
+    assert reg.names() == []
+
+
+def test_load_object_forms_and_errors():
+    import os.path
+
+    assert load_object("os.path:join") is os.path.join
+    assert load_object("os.path.join") is os.path.join
+    with pytest.raises(ValueError, match="invalid object path 'nodots'"):
+        load_object("nodots")
