@@ -19,6 +19,13 @@ _LAZY: dict[str, str] = {
     "Registry": "vllm_ascend.core.registry",
     "RegistryError": "vllm_ascend.core.registry",
     "NPUPlatform": "vllm_ascend.core.platform",
+    "AscendDeviceType": "vllm_ascend.core.device.family",
+    "HardwareProfile": "vllm_ascend.core.device.profile",
+    "get_hardware_profile": "vllm_ascend.core.device.profile",
+    "get_current_hardware_profile": "vllm_ascend.core.device.profile",
+    "DeviceConfig": "vllm_ascend.core.device.config",
+    "get_device_config": "vllm_ascend.core.device.config",
+    "get_device_adaptor": "vllm_ascend.core.device.adaptor",
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]

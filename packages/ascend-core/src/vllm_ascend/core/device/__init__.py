@@ -1,1 +1,45 @@
-"""Device detection (import-free), families, profiles and adaptors."""
+"""Device detection (import-free), families, profiles, overlays and adaptors.
+
+Names are exported lazily: ``detection`` runs inside vLLM's platform detection and must not
+pull in torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY: dict[str, str] = {
+    "AscendDeviceType": "vllm_ascend.core.device.family",
+    "UnknownSocError": "vllm_ascend.core.device.family",
+    "device_type_from_soc_version": "vllm_ascend.core.device.family",
+    "device_type_from_runtime_soc": "vllm_ascend.core.device.family",
+    "HardwareCapability": "vllm_ascend.core.device.profile",
+    "HardwareProfile": "vllm_ascend.core.device.profile",
+    "REFERENCE_PROFILE": "vllm_ascend.core.device.profile",
+    "get_hardware_profile": "vllm_ascend.core.device.profile",
+    "get_current_hardware_profile": "vllm_ascend.core.device.profile",
+    "DeviceConfig": "vllm_ascend.core.device.config",
+    "DeviceConfigError": "vllm_ascend.core.device.config",
+    "get_device_config": "vllm_ascend.core.device.config",
+    "check_ascend_device_type": "vllm_ascend.core.device.config",
+    "clear_device_caches": "vllm_ascend.core.device.config",
+    "DeviceOverlay": "vllm_ascend.core.device.overlay",
+    "BaseDeviceAdaptor": "vllm_ascend.core.device.adaptor",
+    "get_device_adaptor": "vllm_ascend.core.device.adaptor",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from vllm_ascend.core import envs
 
 
-class DeviceMode(str, enum.Enum):
+class DeviceMode(enum.StrEnum):
     NPU = "npu"
     REFERENCE = "reference"
     NONE = "none"

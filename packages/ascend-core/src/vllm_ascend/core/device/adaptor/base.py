@@ -1,0 +1,285 @@
+"""The device-op interface every family implements, with per-op call counting.
+
+Each op is declared once here (name, signature, semantics). Concrete adaptors override the ops;
+:meth:`BaseDeviceAdaptor.__init_subclass__` wraps every override so that one call to an op adds
+one to ``adaptor.call_counts[op]`` (an override that calls ``super()`` still counts once).
+Tests use the counter to prove which adaptor's code ran.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
+
+import torch
+
+GroupListType = Literal["count", "cumsum"]
+GROUP_LIST_TYPES: tuple[str, ...] = ("count", "cumsum")
+SCORING_FUNCS: tuple[str, ...] = ("softmax", "sigmoid")
+
+OPS: tuple[str, ...] = (
+    "reshape_and_cache",
+    "fused_infer_attention",
+    "kv_load",
+    "rms_norm",
+    "add_rms_norm",
+    "swiglu",
+    "rotary_embedding",
+    "moe_gating_top_k",
+    "moe_init_routing",
+    "moe_finalize_routing",
+    "grouped_matmul",
+    "grouped_matmul_swiglu_quant",
+    "dynamic_quant",
+    "quant_matmul",
+    "weight_quant_matmul",
+)
+
+
+class DeviceOpError(ValueError):
+    """A device op called with arguments outside its contract (shape, dtype or option)."""
+
+
+def _counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(self: BaseDeviceAdaptor, *args: Any, **kwargs: Any) -> Any:
+        active = self._active_ops
+        if name in active:  # an override calling super(): already counted
+            return fn(self, *args, **kwargs)
+        self.call_counts[name] += 1
+        active.add(name)
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            active.discard(name)
+
+    wrapper.__counted__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+class BaseDeviceAdaptor(abc.ABC):
+    """Every device op the plugin uses; one subclass per device family (and the reference)."""
+
+    #: Family name shown by ``vllm-ascend doctor`` (``"reference"``, ``"A2/A3"``, ``"A5"``, ``"310P"``).
+    family: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        self.call_counts: Counter[str] = Counter()
+        self._active_ops: set[str] = set()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in OPS:
+            fn = cls.__dict__.get(name)
+            if fn is not None and not getattr(fn, "__counted__", False):
+                setattr(cls, name, _counted(name, fn))
+
+    def reset_counts(self) -> None:
+        self.call_counts.clear()
+
+    # -- attention and KV cache ------------------------------------------------------------
+    @abc.abstractmethod
+    def reshape_and_cache(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Write ``key``/``value`` ``[T, Hkv, D|Dv]`` into paged caches ``[blocks, block_size, Hkv, D|Dv]`` in place.
+
+        Slot ``s`` goes to block ``s // block_size``, offset ``s % block_size``; slots ``< 0`` are padding and skipped.
+        """
+
+    @abc.abstractmethod
+    def fused_infer_attention(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+        *,
+        causal: bool = True,
+        output: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Paged attention for prefill, decode and chunked prefill; returns ``[T, Hq, Dv]``.
+
+        Request ``b`` owns query rows ``query_start_loc[b]:query_start_loc[b+1]`` and ``seq_lens[b]`` keys
+        (context + new tokens, already in the cache); with ``ctx = seq_len - q_len`` query ``j`` attends to
+        keys ``0..ctx+j`` (all ``seq_len`` keys when ``causal`` is False). Query head ``h`` reads KV head
+        ``h // (Hq // Hkv)``. Computed in fp32, returned in the query dtype; written into ``output[:T]``
+        when ``output`` is given (rows past ``query_start_loc[-1]`` are left untouched).
+        """
+
+    @abc.abstractmethod
+    def kv_load(
+        self,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather each request's first ``seq_lens[b]`` cached tokens into packed ``[sum(seq_lens), Hkv, D|Dv]``."""
+
+    # -- norms, activations, rotary --------------------------------------------------------
+    @abc.abstractmethod
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """``x / sqrt(mean(x**2, -1) + eps) * weight`` accumulated in fp32, in ``x``'s dtype."""
+
+    @abc.abstractmethod
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rms_norm(x + residual), x + residual)``, the sum taken in fp32, both in ``x``'s dtype."""
+
+    @abc.abstractmethod
+    def swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(x[..., :d]) * x[..., d:]`` with ``d = x.shape[-1] // 2``."""
+
+    @abc.abstractmethod
+    def rotary_embedding(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor | None,
+        head_size: int,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rotate the first ``rot_dim`` dims of every head of ``query [T, Hq*D]`` and ``key [T, Hkv*D]``.
+
+        ``cos_sin_cache [max_pos, rot_dim]`` holds cos in its first half and sin in its second (vLLM's
+        convention). Neox style rotates halves ``(x[:r/2], x[r/2:r])``; GPT-J style rotates interleaved
+        pairs ``(x[0::2], x[1::2])``. Returns new tensors of the input shapes and dtypes.
+        """
+
+    # -- MoE -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def moe_gating_top_k(
+        self,
+        router_logits: torch.Tensor,
+        k: int,
+        *,
+        renormalize: bool = True,
+        scoring: str = "softmax",
+        bias: torch.Tensor | None = None,
+        num_groups: int = 1,
+        topk_groups: int = 1,
+        routed_scaling_factor: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Score (softmax or sigmoid over experts) → top-k → renormalise; ``(weights fp32 [T,k], ids int32 [T,k])``.
+
+        ``bias`` (``[E]``) is added to the scores for selection only; the weights are the unbiased
+        scores. With ``num_groups > 1`` the experts are split into equal groups, each group scored by its
+        best expert, and only experts of the ``topk_groups`` best groups are eligible. Weights are
+        multiplied by ``routed_scaling_factor`` last. Ids are sorted by descending selection score.
+        """
+
+    @abc.abstractmethod
+    def moe_init_routing(
+        self, x: torch.Tensor, expert_ids: torch.Tensor, num_experts: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Group token copies by expert: ``(sorted_x [T*k, H], expanded_row_idx [T*k] int32, tokens_per_expert [E] int64)``.
+
+        Copies are ordered by expert id, ties by ``t*k + j`` (stable). ``expanded_row_idx[t*k + j]`` is the
+        row of ``sorted_x`` that holds token ``t``'s ``j``-th choice (a scatter index);
+        ``tokens_per_expert`` are counts (feed ``grouped_matmul`` with ``group_list_type="count"``).
+        """
+
+    @abc.abstractmethod
+    def moe_finalize_routing(
+        self,
+        expert_output: torch.Tensor,
+        expanded_row_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+    ) -> torch.Tensor:
+        """Inverse of :meth:`moe_init_routing`: ``out[t] = sum_j topk_weights[t, j] * expert_output[expanded_row_idx[t*k + j]]``.
+
+        Accumulated in fp32, returned in ``expert_output``'s dtype, shape ``[T, H]``.
+        """
+
+    @abc.abstractmethod
+    def grouped_matmul(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        group_list: torch.Tensor,
+        *,
+        group_list_type: GroupListType = "count",
+    ) -> torch.Tensor:
+        """Per-group matmul: rows of group ``g`` of ``x [M, K]`` times ``weight[g] [K, N]`` → ``[M, N]``.
+
+        ``group_list [G]`` holds row counts (``"count"``) or running ends (``"cumsum"``); rows past the last
+        group are zero in the output.
+        """
+
+    @abc.abstractmethod
+    def grouped_matmul_swiglu_quant(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        group_list: torch.Tensor,
+        weight_scale: torch.Tensor,
+        x_scale: torch.Tensor,
+        *,
+        group_list_type: GroupListType = "cumsum",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """W8A8 grouped matmul → dequant → swiglu → per-token int8 quant.
+
+        ``x`` int8 ``[M, K]`` with per-row ``x_scale [M]``; ``weight`` int8 ``[G, K, 2N]`` with per-channel
+        ``weight_scale [G, 2N]``. Returns ``(int8 [M, N], scale fp32 [M])``; rows past the last group are 0
+        with scale 0.
+        """
+
+    # -- quantization ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def dynamic_quant(
+        self, x: torch.Tensor, *, smooth_scales: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Symmetric per-token int8: ``scale = max|x*s| / 127``, ``q = round(x*s / scale)``; returns ``(q, scale fp32 [..])``.
+
+        ``scale`` has ``x``'s shape without the last dim; an all-zero row gets scale 0 and q 0.
+        """
+
+    @abc.abstractmethod
+    def quant_matmul(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        *,
+        pertoken_scale: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        output_dtype: torch.dtype = torch.bfloat16,
+    ) -> torch.Tensor:
+        """int8 ``x [M, K]`` @ int8 ``weight [K, N]`` in int32, times ``weight_scale [N]`` (and ``pertoken_scale [M]``), plus ``bias``."""
+
+    @abc.abstractmethod
+    def weight_quant_matmul(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        antiquant_scale: torch.Tensor,
+        *,
+        antiquant_offset: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        group_size: int = 0,
+    ) -> torch.Tensor:
+        """Weight-only quant: ``x @ ((weight + offset) * scale) + bias`` with int8 ``weight [K, N]``.
+
+        ``antiquant_scale``/``antiquant_offset`` are ``[N]`` (per channel) or ``[K // group_size, N]`` (per group).
+        Result in ``x``'s dtype.
+        """
+
+
+def check_choice(field: str, value: Any, allowed: Sequence[str]) -> None:
+    """Raise :class:`DeviceOpError` naming ``field`` and the allowed values."""
+    if value not in allowed:
+        raise DeviceOpError(f"{field}={value!r} is invalid; allowed values: {', '.join(allowed)}")

@@ -1,0 +1,261 @@
+"""Hardware profiles: per-family capabilities and implementation choices, as orthogonal dimensions.
+
+Shared logic asks the active profile (``profile.supports(HardwareCapability.BF16)``,
+``profile.weight_layout``, ``profile.eager_only``) instead of testing the family by name.
+A device overlay registered by a sibling (e.g. ``vllm-ascend-310p``) replaces a family's profile.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+from vllm_ascend.core.device.family import AscendDeviceType
+
+
+class HardwareCapability(enum.StrEnum):
+    BF16 = "bf16"  # bfloat16 compute
+    FP8 = "fp8"  # float8 matmul/quant
+    MXFP = "mxfp"  # microscaling formats (MXFP8/MXFP4)
+    INT4 = "int4"  # int4 weights (W4A8/W4A16)
+    TRITON = "triton"  # Triton kernels through triton-ascend
+    MC2 = "mc2"  # fused MoE dispatch/combine communication
+    FUSED_MOE_GATING = "fused_moe_gating"  # npu_moe_gating_top_k
+    FUSED_INFER_ATTENTION = "fused_infer_attention"  # npu_fused_infer_attention_score
+    GRAPH_CAPTURE = "graph_capture"  # ACL graph capture/replay
+    SPARSE_WEIGHT = "sparse_weight"  # sparse/compressed int8 weights (W8A8S/W8A8SC)
+
+
+class AttentionBackendFamily(enum.StrEnum):
+    FIA = "fia"  # npu_fused_infer_attention_score (A2/A3)
+    FIA_V2 = "fia_v2"  # npu_fused_infer_attention_score_v2 (A5)
+    ATB_310P = "atb_310p"  # 310P prompt/incremental flash attention with NZ masks
+    REFERENCE = "reference"  # plain-torch paged attention
+
+
+class CPUBindingMode(enum.StrEnum):
+    NONE = "none"  # do not bind
+    AVERAGE = "average"  # split the visible CPUs evenly across ranks
+    TOPO_AFFINITY = "topo_affinity"  # CPUs from npu-smi's NPU-CPU affinity, extended across NUMA nodes
+    CPU_POOLS_950 = "cpu_pools_950"  # Ascend 950 dedicated CPU pools
+
+
+class DeviceAdaptorFamily(enum.StrEnum):
+    A2A3 = "a2a3"
+    A5 = "a5"
+    _310P = "310p"
+    REFERENCE = "reference"
+
+
+class DeviceAddressingMode(enum.StrEnum):
+    HOST = "host"  # torch's cpu device (reference)
+    DEVICE_LOCAL = "device_local"  # per-card memory, peers over PCIe (310P cards)
+    HCCS_PEER = "hccs_peer"  # peer access over HCCS within a node (A2/A3)
+    UNIFIED = "unified"  # unified addressing across the supernode (A5)
+
+
+class QuantizationBackendFamily(enum.StrEnum):
+    ACLNN_INT = "aclnn_int"  # int8/int4 aclnn matmuls (A2/A3)
+    MXFP = "mxfp"  # MX formats and FP8 (A5), plus int8
+    INT8_310P = "int8_310p"  # int8 incl. sparse/compressed weights (310P)
+    REFERENCE = "reference"  # plain-torch dequant matmuls
+
+
+class WeightLayoutPolicy(enum.StrEnum):
+    ND = "nd"  # weights stay row-major
+    NZ = "nz"  # matmul weights cast to FRACTAL_NZ after loading
+
+
+_DIMENSIONS = {
+    "attention_backend": AttentionBackendFamily,
+    "cpu_binding": CPUBindingMode,
+    "adaptor_family": DeviceAdaptorFamily,
+    "addressing_mode": DeviceAddressingMode,
+    "quant_backend": QuantizationBackendFamily,
+    "weight_layout": WeightLayoutPolicy,
+}
+
+COMMON_QUANT_TYPES = frozenset({"W8A8", "W8A8_DYNAMIC", "W8A16", "W4A8_DYNAMIC", "W4A16"})
+
+
+class ProfileError(ValueError):
+    """An invalid profile field or an unknown capability name."""
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """Immutable capabilities and implementation choices of one SoC family (or the reference device)."""
+
+    name: str
+    device_type: AscendDeviceType | None
+    capabilities: frozenset[HardwareCapability]
+    attention_backend: AttentionBackendFamily
+    cpu_binding: CPUBindingMode
+    adaptor_family: DeviceAdaptorFamily
+    addressing_mode: DeviceAddressingMode
+    quant_backend: QuantizationBackendFamily
+    weight_layout: WeightLayoutPolicy
+    quant_types: frozenset[str] = COMMON_QUANT_TYPES
+    torch_device: str = "npu"
+    dist_backend: str = "hccl"
+    eager_only: bool = False
+    async_scheduling: bool = True
+    pin_memory: bool = True
+    preferred_block_size: int = 128
+    block_size_multiple: int = 16
+    supported_dtypes: tuple[str, ...] = field(default=("float16", "bfloat16", "float32"))
+
+    def __post_init__(self) -> None:
+        for attr, enum_cls in _DIMENSIONS.items():
+            value = getattr(self, attr)
+            if not isinstance(value, enum_cls):
+                allowed = ", ".join(m.value for m in enum_cls)
+                raise ProfileError(f"HardwareProfile.{attr}={value!r} is invalid; allowed values: {allowed}")
+        bad = [c for c in self.capabilities if not isinstance(c, HardwareCapability)]
+        if bad:
+            raise ProfileError(f"HardwareProfile.capabilities has non-capabilities {bad}; allowed: {_capability_names()}")
+        if self.preferred_block_size <= 0 or self.preferred_block_size % self.block_size_multiple:
+            raise ProfileError(
+                f"HardwareProfile.preferred_block_size={self.preferred_block_size} must be a positive multiple "
+                f"of block_size_multiple={self.block_size_multiple}"
+            )
+        bf16 = HardwareCapability.BF16 in self.capabilities
+        if bf16 != ("bfloat16" in self.supported_dtypes):
+            raise ProfileError(f"profile {self.name!r}: the BF16 capability and supported_dtypes disagree")
+
+    def supports(self, capability: HardwareCapability | str) -> bool:
+        """Whether the family has ``capability`` (enum member or its value, e.g. ``"bf16"``)."""
+        if not isinstance(capability, HardwareCapability):
+            try:
+                capability = HardwareCapability(capability)
+            except ValueError:
+                raise ProfileError(f"unknown capability {capability!r}; allowed: {_capability_names()}") from None
+        return capability in self.capabilities
+
+    def supports_quant_type(self, quant_type: str) -> bool:
+        return quant_type.upper() in self.quant_types
+
+    def with_changes(self, **changes: object) -> HardwareProfile:
+        """A copy with some fields replaced (validated again); what overlays use to refine a profile."""
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "device_type": self.device_type.value if self.device_type else None,
+            "capabilities": sorted(c.value for c in self.capabilities),
+            **{attr: getattr(self, attr).value for attr in _DIMENSIONS},
+            "quant_types": sorted(self.quant_types),
+            "torch_device": self.torch_device,
+            "dist_backend": self.dist_backend,
+            "eager_only": self.eager_only,
+            "async_scheduling": self.async_scheduling,
+            "pin_memory": self.pin_memory,
+            "preferred_block_size": self.preferred_block_size,
+            "block_size_multiple": self.block_size_multiple,
+            "supported_dtypes": list(self.supported_dtypes),
+        }
+
+
+def _capability_names() -> str:
+    return ", ".join(c.value for c in HardwareCapability)
+
+
+C = HardwareCapability
+
+A2_PROFILE = HardwareProfile(
+    name="Atlas A2",
+    device_type=AscendDeviceType.A2,
+    capabilities=frozenset({C.BF16, C.INT4, C.TRITON, C.MC2, C.FUSED_MOE_GATING, C.FUSED_INFER_ATTENTION, C.GRAPH_CAPTURE}),
+    attention_backend=AttentionBackendFamily.FIA,
+    cpu_binding=CPUBindingMode.TOPO_AFFINITY,
+    adaptor_family=DeviceAdaptorFamily.A2A3,
+    addressing_mode=DeviceAddressingMode.HCCS_PEER,
+    quant_backend=QuantizationBackendFamily.ACLNN_INT,
+    weight_layout=WeightLayoutPolicy.ND,
+    quant_types=COMMON_QUANT_TYPES | {"W4A4_DYNAMIC", "W8A8_MIX", "FAKQUANT", "INT8_DYNAMIC", "C8"},
+)
+
+A3_PROFILE = A2_PROFILE.with_changes(name="Atlas A3", device_type=AscendDeviceType.A3)
+
+A5_PROFILE = HardwareProfile(
+    name="Ascend 950",
+    device_type=AscendDeviceType.A5,
+    capabilities=frozenset(
+        {C.BF16, C.FP8, C.MXFP, C.INT4, C.TRITON, C.MC2, C.FUSED_MOE_GATING, C.FUSED_INFER_ATTENTION, C.GRAPH_CAPTURE}
+    ),
+    attention_backend=AttentionBackendFamily.FIA_V2,
+    cpu_binding=CPUBindingMode.CPU_POOLS_950,
+    adaptor_family=DeviceAdaptorFamily.A5,
+    addressing_mode=DeviceAddressingMode.UNIFIED,
+    quant_backend=QuantizationBackendFamily.MXFP,
+    weight_layout=WeightLayoutPolicy.ND,
+    quant_types=COMMON_QUANT_TYPES
+    | {"W4A4_MXFP4", "W4A4_MXFP4_FLATQUANT", "W4A8_MXFP", "W8A8_MXFP8", "W8A8FP8_DYNAMIC", "W4A16_MXFP4", "INT8_DYNAMIC"},
+)
+
+#: Core's baseline for 310P: only hardware facts (no bf16, no Triton, no fused gating); the
+#: ``vllm-ascend-310p`` overlay refines it (NZ weights, sparse int8 quant, its adaptor).
+P310_BASE_PROFILE = HardwareProfile(
+    name="Atlas 310P (baseline; install vllm-ascend-310p)",
+    device_type=AscendDeviceType._310P,
+    capabilities=frozenset({C.GRAPH_CAPTURE}),
+    attention_backend=AttentionBackendFamily.ATB_310P,
+    cpu_binding=CPUBindingMode.AVERAGE,
+    adaptor_family=DeviceAdaptorFamily._310P,
+    addressing_mode=DeviceAddressingMode.DEVICE_LOCAL,
+    quant_backend=QuantizationBackendFamily.INT8_310P,
+    weight_layout=WeightLayoutPolicy.ND,
+    quant_types=frozenset({"W8A8"}),
+    supported_dtypes=("float16", "float32"),
+)
+
+#: ``VLLM_ASCEND_DEVICE=reference``: torch's cpu device, gloo, eager only (no graph capture), no
+#: async scheduling or pinned memory; the platform reads these fields instead of hard-coding them.
+REFERENCE_PROFILE = HardwareProfile(
+    name="reference (torch cpu)",
+    device_type=None,
+    capabilities=frozenset({C.BF16, C.INT4}),
+    attention_backend=AttentionBackendFamily.REFERENCE,
+    cpu_binding=CPUBindingMode.NONE,
+    adaptor_family=DeviceAdaptorFamily.REFERENCE,
+    addressing_mode=DeviceAddressingMode.HOST,
+    quant_backend=QuantizationBackendFamily.REFERENCE,
+    weight_layout=WeightLayoutPolicy.ND,
+    quant_types=COMMON_QUANT_TYPES | {"W4A4_DYNAMIC", "W8A8_MIX", "INT8_DYNAMIC"},
+    torch_device="cpu",
+    dist_backend="gloo",
+    eager_only=True,
+    async_scheduling=False,
+    pin_memory=False,
+    preferred_block_size=128,
+)
+
+BUILTIN_PROFILES: dict[AscendDeviceType, HardwareProfile] = {
+    AscendDeviceType.A2: A2_PROFILE,
+    AscendDeviceType.A3: A3_PROFILE,
+    AscendDeviceType.A5: A5_PROFILE,
+    AscendDeviceType._310P: P310_BASE_PROFILE,
+}
+
+
+def get_hardware_profile(device_type: AscendDeviceType | str) -> HardwareProfile:
+    """The profile of a family (an installed overlay's, when one is registered for it).
+
+    ``device_type`` may be an :class:`AscendDeviceType`, its value (``"A3"``), a SOC string, or
+    ``"reference"`` for the reference device.
+    """
+    if isinstance(device_type, str) and device_type.strip().lower() == "reference":
+        return REFERENCE_PROFILE
+    family = AscendDeviceType.parse(device_type)
+    from vllm_ascend.core.device.overlay import active_overlays
+
+    overlay = active_overlays().get(family)
+    return overlay.profile if overlay is not None else BUILTIN_PROFILES[family]
+
+
+def get_current_hardware_profile() -> HardwareProfile:
+    """The profile of the device this process runs on (see :func:`get_device_config`)."""
+    from vllm_ascend.core.device.config import get_device_config
+
+    return get_device_config().profile
