@@ -1,0 +1,112 @@
+"""Backend choice: the Triton kernel or the torch reference, decided per device.
+
+``VLLM_ASCEND_KERNEL_BACKEND`` (read at each call, so tests may change it):
+
+- ``auto`` (default): Triton where it can run on the tensor's device, else the torch reference.
+- ``triton``: Triton or a clear :class:`KernelBackendError` naming the reason.
+- ``torch``: always the reference.
+
+Triton can run on a device when ``import triton`` works and: the device is ``cuda`` (upstream
+Triton); the device is ``npu`` and the installed Triton has an Ascend backend (triton-ascend);
+or the device is ``cpu`` and the kernels were compiled by Triton's interpreter
+(``TRITON_INTERPRET=1`` set before the kernel modules were imported).
+The first fallback to the reference for a device type is logged once.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from vllm_ascend.core.logger import init_logger
+
+logger = init_logger(__name__)
+
+ENV_BACKEND = "VLLM_ASCEND_KERNEL_BACKEND"
+BACKENDS = ("auto", "triton", "torch")
+
+
+class KernelBackendError(RuntimeError):
+    """The requested kernel backend cannot run on the given device."""
+
+
+def requested_backend() -> str:
+    """The validated value of ``VLLM_ASCEND_KERNEL_BACKEND``."""
+    raw = os.environ.get(ENV_BACKEND, "") or "auto"
+    value = raw.strip().lower()
+    if value not in BACKENDS:
+        raise KernelBackendError(f"{ENV_BACKEND}={raw!r} is invalid; allowed values: {', '.join(BACKENDS)}")
+    return value
+
+
+@functools.cache
+def _triton_module() -> Any:
+    try:
+        return importlib.import_module("triton")
+    except Exception as exc:  # ImportError, or a broken install raising anything at import
+        return exc
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def _has_ascend_backend(triton: Any) -> bool:
+    try:
+        backends = importlib.import_module("triton.backends").backends
+    except Exception:
+        return False
+    return any(name in backends for name in ("ascend", "npu"))
+
+
+def triton_unusable_reason(device: torch.device) -> str | None:
+    """``None`` when Triton kernels can run on ``device``, else why not."""
+    triton = _triton_module()
+    if isinstance(triton, BaseException):
+        return f"triton is not importable ({type(triton).__name__}: {triton})"
+    kind = device.type
+    if kind == "cpu":
+        if not _interpreting():
+            return "device is cpu and TRITON_INTERPRET=1 is not set"
+        from vllm_ascend.kernels._triton import compiled_interpreted
+
+        if not compiled_interpreted():
+            return "device is cpu but the kernels were compiled before TRITON_INTERPRET=1 was set"
+        return None
+    if _interpreting():
+        return f"TRITON_INTERPRET=1 runs kernels on the cpu only, not on {kind}"
+    if kind == "cuda":
+        return None
+    if kind == "npu":
+        return None if _has_ascend_backend(triton) else "device is npu but triton has no Ascend backend (triton-ascend)"
+    return f"no Triton backend for device type {kind!r}"
+
+
+_logged_fallbacks: set[str] = set()
+
+
+def use_triton(device: torch.device) -> bool:
+    """Whether the Triton path is taken for tensors on ``device`` under the current setting."""
+    choice = requested_backend()
+    if choice == "torch":
+        return False
+    reason = triton_unusable_reason(device)
+    if reason is None:
+        return True
+    if choice == "triton":
+        raise KernelBackendError(f"{ENV_BACKEND}=triton but Triton cannot run here: {reason}")
+    if device.type not in _logged_fallbacks:
+        _logged_fallbacks.add(device.type)
+        logger.info("vllm_ascend.kernels: using the torch reference kernels on %s (%s)", device.type, reason)
+    return False
+
+
+def dispatch(module: str, name: str, reference: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
+    """Kernel ``name`` for ``device``: ``vllm_ascend.kernels._triton.<module>.<name>`` or ``reference``."""
+    if not use_triton(device):
+        return reference
+    return getattr(importlib.import_module(f"vllm_ascend.kernels._triton.{module}"), name)
