@@ -40,6 +40,9 @@ class NPUPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        from vllm_ascend.core.config import init_ascend_config
+
+        init_ascend_config(vllm_config)
         from vllm_ascend.core.extensions import load_extensions
         from vllm_ascend.core.registry import WORKERS
 
