@@ -10,7 +10,7 @@ from typing import Any
 
 from vllm_ascend.core._version import __version__
 from vllm_ascend.core.cli import CliCommand
-from vllm_ascend.core.device.detection import DeviceMode, detect
+from vllm_ascend.core.device.detection import Detection, DeviceMode, detect
 from vllm_ascend.core.envs import EnvError
 from vllm_ascend.core.extensions import load_extensions
 from vllm_ascend.core.plugin import PLATFORM_QUALNAME
@@ -42,10 +42,16 @@ def collect() -> dict[str, Any]:
     except metadata.PackageNotFoundError:
         torch_version = None
     device: dict[str, Any]
+    detection: Detection | None
     try:
         detection = detect()
     except EnvError as exc:
-        device = {"requested": os.environ.get("VLLM_ASCEND_DEVICE"), "mode": "invalid", "reason": str(exc), "requested_explicitly": True}
+        device = {
+            "requested": os.environ.get("VLLM_ASCEND_DEVICE"),
+            "mode": "invalid",
+            "reason": str(exc),
+            "requested_explicitly": True,
+        }
         detection = None
     else:
         device = {

@@ -1,0 +1,88 @@
+"""Discovery through vLLM's own plugin loader, each case in a fresh process (vLLM caches the platform)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SIBLING_EXTENSIONS = ["ascend310p", "eplb", "kernels", "netloader", "quant", "runner", "specdecode"]
+
+
+def run_py(code: str, device: str | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env.update(HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    if device is not None:
+        env["VLLM_ASCEND_DEVICE"] = device
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_platform_plugin_group_contains_ascend():
+    out = run_py(
+        """
+        import json
+        from vllm.plugins import load_plugins_by_group
+        plugins = load_plugins_by_group("vllm.platform_plugins")
+        print(json.dumps({"names": sorted(plugins), "fn": plugins["ascend"].__module__ + "." + plugins["ascend"].__name__}))
+        """
+    )
+    found = json.loads(out)
+    assert "ascend" in found["names"]
+    assert found["fn"] == "vllm_ascend.core.plugin.register"
+
+
+@pytest.mark.parametrize(
+    ("device", "expected"),
+    [
+        (None, "vllm.platforms.cpu.CpuPlatform"),
+        ("off", "vllm.platforms.cpu.CpuPlatform"),
+        ("reference", "vllm_ascend.core.platform.NPUPlatform"),
+    ],
+)
+def test_current_platform(device, expected):
+    out = run_py(
+        """
+        from vllm.platforms import current_platform
+        cls = type(current_platform)
+        print(f"{cls.__module__}.{cls.__qualname__} {current_platform.device_type}")
+        """,
+        device=device,
+    )
+    qualname, device_type = out.split()
+    assert qualname == expected
+    assert device_type == "cpu"
+
+
+def test_general_plugins_load_every_extension_once():
+    out = run_py(
+        """
+        import json
+        from collections import Counter
+        from vllm_ascend.core import extensions
+        calls = Counter()
+        original = extensions._load_one
+        def counting(ep, *args):
+            calls[ep.name] += 1
+            return original(ep, *args)
+        extensions._load_one = counting
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+        load_general_plugins()
+        from vllm_ascend.core.plugin import load_extensions
+        load_extensions()
+        records = extensions.extension_records()
+        print(json.dumps({"calls": calls, "status": {k: r.status.value for k, r in records.items()}}))
+        """,
+        device="reference",
+    )
+    found = json.loads(out)
+    assert found["calls"] == {name: 1 for name in SIBLING_EXTENSIONS}
+    assert found["status"] == {name: "loaded" for name in SIBLING_EXTENSIONS}

@@ -1,0 +1,159 @@
+"""Selective installs from built wheels, each in a fresh venv.
+
+Third-party dependencies (torch, numpy, scipy, ...) are installed once into a base venv from
+uv's cache; each profile venv sees them through a ``.pth`` file, and pip installs only our
+wheels (``--no-index``), so pip's real resolver decides which of our distributions an install
+line pulls in, without reinstalling torch per profile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SIBLINGS = {
+    "vllm-ascend-core": "vllm_ascend.core",
+    "vllm-ascend-runner": "vllm_ascend.runner",
+    "vllm-ascend-kernels": "vllm_ascend.kernels",
+    "vllm-ascend-quant": "vllm_ascend.quant",
+    "vllm-ascend-eplb": "vllm_ascend.eplb",
+    "vllm-ascend-specdecode": "vllm_ascend.specdecode",
+    "vllm-ascend-netloader": "vllm_ascend.netloader",
+    "vllm-ascend-310p": "vllm_ascend.ascend310p",
+}
+EXTENSION_NAMES = {
+    "vllm-ascend-runner": "runner",
+    "vllm-ascend-kernels": "kernels",
+    "vllm-ascend-quant": "quant",
+    "vllm-ascend-eplb": "eplb",
+    "vllm-ascend-specdecode": "specdecode",
+    "vllm-ascend-netloader": "netloader",
+    "vllm-ascend-310p": "ascend310p",
+}
+DEFAULT = {"vllm-ascend", "vllm-ascend-core", "vllm-ascend-runner", "vllm-ascend-kernels"}
+
+PROBE = r"""
+import importlib, json, sys
+from importlib import metadata
+leaves = %r
+dists = sorted({d.metadata["Name"] for d in metadata.distributions() if d.metadata["Name"].startswith("vllm-ascend")})
+importable = {}
+for dist, leaf in leaves.items():
+    try:
+        importlib.import_module(leaf)
+        importable[leaf] = True
+    except ImportError:
+        importable[leaf] = False
+eps = {g: sorted(ep.name for ep in metadata.entry_points(group=g))
+       for g in ("vllm.platform_plugins", "vllm.general_plugins", "vllm_ascend.extensions")}
+from vllm_ascend.core.extensions import load_extensions
+status = {name: rec.status.value + (":" + rec.reason if rec.reason else "") for name, rec in load_extensions().items()}
+print(json.dumps({"dists": dists, "importable": importable, "entry_points": eps, "status": status}))
+"""
+
+
+def _uv() -> str:
+    found = shutil.which("uv")
+    assert found, "uv must be on PATH (.ci/run installs it)"
+    return found
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, **kw)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheels")
+    _run([_uv(), "build", "--all-packages", "--wheel", "-o", str(out), str(ROOT)], cwd=ROOT)
+    return out
+
+
+@pytest.fixture(scope="session")
+def base_site(tmp_path_factory) -> Path:
+    """A venv holding only the third-party runtime dependencies of every package (from the lock)."""
+    base = tmp_path_factory.mktemp("base") / "venv"
+    reqs = base.parent / "requirements.txt"
+    exported = _run(
+        [_uv(), "export", "--all-packages", "--no-dev", "--no-emit-workspace", "--no-hashes", "--frozen"], cwd=ROOT
+    ).stdout
+    reqs.write_text(exported)
+    _run([_uv(), "venv", "-q", "--python", sys.executable, str(base)])
+    find_links = os.environ.get("PIP_FIND_LINKS", "/opt/wheels")
+    _run(
+        [_uv(), "pip", "install", "-q", "--python", str(base / "bin" / "python"), "--find-links", find_links, "-r", str(reqs)],
+        cwd=base.parent,
+    )
+    site = next((base / "lib").glob("python3.*/site-packages"))
+    return site
+
+
+def install_profile(tmp_path: Path, wheels: Path, base_site: Path, requirement: str) -> dict:
+    venv = tmp_path / "venv"
+    _run([_uv(), "venv", "-q", "--seed", "--python", sys.executable, str(venv)])
+    site = next((venv / "lib").glob("python3.*/site-packages"))
+    (site / "zz_base_deps.pth").write_text(str(base_site) + "\n")
+    py = str(venv / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VLLM_ASCEND_", "VIRTUAL_ENV"))}
+    _run([py, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels), requirement], env=env)
+    probe = _run([py, "-c", PROBE % SIBLINGS], env=env, cwd=tmp_path)
+    report = json.loads(probe.stdout.strip().splitlines()[-1])
+    report["doctor"] = subprocess.run(
+        [str(venv / "bin" / "vllm-ascend"), "doctor", "--json"], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    return report
+
+
+def check(report: dict, expected: set[str]) -> None:
+    assert set(report["dists"]) == expected
+    for dist, leaf in SIBLINGS.items():
+        assert report["importable"][leaf] is (dist in expected), leaf
+    assert report["entry_points"]["vllm.platform_plugins"] == (["ascend"] if "vllm-ascend-core" in expected else [])
+    assert report["entry_points"]["vllm.general_plugins"] == (["ascend"] if "vllm-ascend-core" in expected else [])
+    extensions = sorted(EXTENSION_NAMES[d] for d in expected if d in EXTENSION_NAMES)
+    assert report["entry_points"]["vllm_ascend.extensions"] == extensions
+    assert report["status"] == {name: "loaded" for name in extensions}
+    doctor = report["doctor"]
+    assert doctor.returncode == 0, doctor.stderr
+    listed = sorted(ext["name"] for ext in json.loads(doctor.stdout)["extensions"])
+    assert listed == extensions
+
+
+def test_no_wheel_contains_the_namespace_init(wheels):
+    built = sorted(wheels.glob("*.whl"))
+    assert len(built) == 9
+    tops: dict[str, set[str]] = {}
+    for whl in built:
+        names = zipfile.ZipFile(whl).namelist()
+        assert "vllm_ascend/__init__.py" not in names, whl.name
+        assert whl.name.endswith("-py3-none-any.whl"), whl.name
+        leaves = {n.split("/")[1] for n in names if n.startswith("vllm_ascend/") and n.count("/") >= 2}
+        tops[whl.name] = leaves
+    meta = next(name for name in tops if name.startswith("vllm_ascend-0"))
+    assert tops.pop(meta) == set(), "the meta distribution must carry no code"
+    all_leaves = [leaf for leaves in tops.values() for leaf in leaves]
+    assert len(all_leaves) == len(set(all_leaves)) == 8, tops
+
+
+@pytest.mark.parametrize(
+    ("requirement", "expected"),
+    [
+        ("vllm-ascend", DEFAULT),
+        ("vllm-ascend[quant,eplb]", DEFAULT | {"vllm-ascend-quant", "vllm-ascend-eplb"}),
+        ("vllm-ascend[all]", {"vllm-ascend", *SIBLINGS}),
+        ("vllm-ascend-core", {"vllm-ascend-core"}),
+    ],
+    ids=["default", "quant-eplb", "all", "core-alone"],
+)
+def test_install_profile(tmp_path, wheels, base_site, requirement, expected):
+    check(install_profile(tmp_path, wheels, base_site, requirement), expected)
