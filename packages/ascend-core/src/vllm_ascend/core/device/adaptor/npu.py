@@ -1,0 +1,224 @@
+"""The Atlas A2/A3 adaptor: device ops mapped onto documented ``torch_npu`` ops.
+
+``torch_npu`` is imported inside each op (never at module import), so this module loads on any
+machine. Ops listed in :attr:`A2A3DeviceAdaptor.TORCH_OPS` have no ``torch_npu`` counterpart and run
+the reference's device-agnostic torch code on the NPU tensors.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import ClassVar
+
+import torch
+from vllm_ascend.core.device.adaptor.base import GROUP_LIST_TYPES, SCORING_FUNCS, DeviceOpError, check_choice
+from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+
+#: Size of the compressed causal mask the fused attention ops take with ``sparse_mode=3``.
+CAUSAL_MASK_SIZE = 2048
+
+
+def torch_npu_module() -> ModuleType:
+    """``import torch_npu`` with a clear error where it is missing."""
+    try:
+        import torch_npu
+    except ImportError as exc:
+        raise DeviceOpError(
+            f"the NPU device adaptor needs torch_npu ({exc}); install vllm-ascend[npu] on an Ascend host, "
+            "or set VLLM_ASCEND_DEVICE=reference to run on the CPU"
+        ) from exc
+    return torch_npu
+
+
+def require_contiguous(**tensors: torch.Tensor) -> None:
+    for name, tensor in tensors.items():
+        if not tensor.is_contiguous():
+            raise DeviceOpError(f"{name} must be contiguous for the NPU kernel (got strides {tensor.stride()})")
+
+
+def valid_rows(group_list: torch.Tensor, group_list_type: str, num_rows: int, device: torch.device) -> torch.Tensor:
+    """Row mask ``[M, 1]`` of the rows the groups cover (no host sync)."""
+    check_choice("group_list_type", group_list_type, GROUP_LIST_TYPES)
+    end = group_list.sum() if group_list_type == "count" else group_list[-1]
+    return (torch.arange(num_rows, device=device) < end).unsqueeze(1)
+
+
+class A2A3DeviceAdaptor(ReferenceDeviceAdaptor):
+    """Atlas A2 and A3 (Ascend910B / Ascend910_93): ``torch_npu`` fused ops."""
+
+    family = "A2/A3"
+    TORCH_OPS: ClassVar[frozenset[str]] = frozenset({"kv_load"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._causal_masks: dict[torch.device, torch.Tensor] = {}
+
+    def _causal_mask(self, device: torch.device) -> torch.Tensor:
+        mask = self._causal_masks.get(device)
+        if mask is None:
+            mask = torch.triu(torch.ones(CAUSAL_MASK_SIZE, CAUSAL_MASK_SIZE, dtype=torch.int8, device=device), diagonal=1)
+            self._causal_masks[device] = mask
+        return mask
+
+    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping):
+        torch_npu = torch_npu_module()
+        require_contiguous(key_cache=key_cache, value_cache=value_cache)
+        n = slot_mapping.shape[0]
+        keep = slot_mapping >= 0
+        torch_npu.npu_scatter_pa_kv_cache(
+            key[:n][keep].contiguous(),
+            value[:n][keep].contiguous(),
+            key_cache,
+            value_cache,
+            slot_mapping[keep],
+            cache_mode="Norm",
+        )
+
+    def fused_infer_attention(self, query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale, *, causal=True, output=None):
+        torch_npu = torch_npu_module()
+        require_contiguous(key_cache=key_cache, value_cache=value_cache)
+        num_blocks, block_size, num_kv_heads, _ = key_cache.shape
+        ends = [int(v) for v in query_start_loc[1:].tolist()]
+        num_tokens = query.shape[0]
+        used = ends[-1] if ends else 0
+        out, _ = torch_npu.npu_fused_infer_attention_score(
+            query[:used],
+            key_cache.view(num_blocks, block_size, -1),
+            value_cache.view(num_blocks, block_size, -1),
+            atten_mask=self._causal_mask(query.device) if causal else None,
+            actual_seq_lengths=ends,
+            actual_seq_lengths_kv=[int(v) for v in seq_lens.tolist()],
+            block_table=block_table,
+            num_heads=query.shape[1],
+            num_key_value_heads=num_kv_heads,
+            scale=scale,
+            input_layout="TND",
+            sparse_mode=3 if causal else 0,
+            block_size=block_size,
+        )
+        if output is None:
+            output = query.new_zeros(num_tokens, query.shape[1], value_cache.shape[3])
+        output[:used] = out.view(used, query.shape[1], -1)
+        return output[:num_tokens]
+
+    def rms_norm(self, x, weight, eps):
+        return torch_npu_module().npu_rms_norm(x, weight, epsilon=eps)[0]
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        total = x.float() + residual.float()
+        normed = torch_npu_module().npu_rms_norm(total, weight.float(), epsilon=eps)[0]
+        return normed.to(x.dtype), total.to(x.dtype)
+
+    def swiglu(self, x):
+        return torch_npu_module().npu_swiglu(x, dim=-1)
+
+    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
+        torch_npu = torch_npu_module()
+        rot_dim = cos_sin_cache.shape[-1]
+        cos, sin = cos_sin_cache[positions.long()].chunk(2, dim=-1)
+        if is_neox:
+            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+        else:
+            cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+        # BSND with B=1: r1/r2 are 1S1D.
+        cos, sin = cos.view(1, -1, 1, rot_dim), sin.view(1, -1, 1, rot_dim)
+        mode = "half" if is_neox else "interleave"
+
+        def rotate(x: torch.Tensor) -> torch.Tensor:
+            heads = x.reshape(1, x.shape[0], -1, head_size)
+            rotated = torch_npu.npu_rotary_mul(
+                heads[..., :rot_dim].contiguous(), cos.to(x.dtype), sin.to(x.dtype), rotary_mode=mode
+            )
+            if rot_dim < head_size:
+                rotated = torch.cat((rotated, heads[..., rot_dim:]), dim=-1)
+            return rotated.reshape(x.shape)
+
+        return rotate(query), (rotate(key) if key is not None else None)
+
+    def moe_gating_top_k(self, router_logits, k, *, renormalize=True, scoring="softmax", bias=None, num_groups=1, topk_groups=1, routed_scaling_factor=1.0):
+        check_choice("scoring", scoring, SCORING_FUNCS)
+        _, ids, scores = torch_npu_module().npu_moe_gating_top_k(
+            router_logits,
+            k,
+            bias=bias,
+            k_group=topk_groups,
+            group_count=num_groups,
+            group_select_mode=0,
+            renorm=0,
+            norm_type=SCORING_FUNCS.index(scoring),
+            out_flag=True,
+            routed_scaling_factor=1.0,
+        )
+        weights = scores.float().gather(1, ids.long())
+        if renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-20)
+        return weights * routed_scaling_factor, ids.to(torch.int32)
+
+    def moe_init_routing(self, x, expert_ids, num_experts):
+        num_tokens, k = expert_ids.shape
+        sorted_x, expanded_row_idx, counts, _ = torch_npu_module().npu_moe_init_routing_v2(
+            x,
+            expert_ids.to(torch.int32),
+            active_num=num_tokens * k,
+            expert_num=num_experts,
+            expert_tokens_num_type=1,
+            expert_tokens_num_flag=True,
+            quant_mode=-1,
+            active_expert_range=[0, num_experts],
+            row_idx_type=0,
+        )
+        return sorted_x, expanded_row_idx.to(torch.int32), counts.to(torch.int64)
+
+    def moe_finalize_routing(self, expert_output, expanded_row_idx, topk_weights):
+        num_tokens, k = topk_weights.shape
+        # npu_moe_finalize_routing indexes expanded_src_to_dst_row as [k, T] (i + k * num_rows).
+        src_to_dst = expanded_row_idx.view(num_tokens, k).t().contiguous().view(-1).to(torch.int32)
+        return torch_npu_module().npu_moe_finalize_routing(
+            expert_output,
+            None,
+            None,
+            None,
+            topk_weights.to(expert_output.dtype),
+            src_to_dst,
+            None,
+            drop_pad_mode=0,
+        )
+
+    def grouped_matmul(self, x, weight, group_list, *, group_list_type="count"):
+        check_choice("group_list_type", group_list_type, GROUP_LIST_TYPES)
+        (out,) = torch_npu_module().npu_grouped_matmul(
+            [x],
+            [weight],
+            group_list=group_list.to(torch.int64),
+            split_item=2,
+            group_type=0,
+            group_list_type=1 if group_list_type == "count" else 0,  # the op: 0 = cumsum, 1 = count
+        )
+        return out.masked_fill(~valid_rows(group_list, group_list_type, x.shape[0], x.device), 0)
+
+    def grouped_matmul_swiglu_quant(self, x, weight, group_list, weight_scale, x_scale, *, group_list_type="cumsum"):
+        check_choice("group_list_type", group_list_type, GROUP_LIST_TYPES)
+        ends = group_list.cumsum(0) if group_list_type == "count" else group_list
+        q, scale, _ = torch_npu_module().npu_grouped_matmul_swiglu_quant(
+            x, weight, ends.to(torch.int64), weight_scale, x_scale
+        )
+        valid = valid_rows(ends, "cumsum", x.shape[0], x.device)
+        return q.masked_fill(~valid, 0), scale.masked_fill(~valid.squeeze(1), 0)
+
+    def dynamic_quant(self, x, *, smooth_scales=None):
+        return torch_npu_module().npu_dynamic_quant(x, smooth_scales=smooth_scales)
+
+    def quant_matmul(self, x, weight, weight_scale, *, pertoken_scale=None, bias=None, output_dtype=torch.bfloat16):
+        return torch_npu_module().npu_quant_matmul(
+            x, weight, weight_scale, pertoken_scale=pertoken_scale, bias=bias, output_dtype=output_dtype
+        )
+
+    def weight_quant_matmul(self, x, weight, antiquant_scale, *, antiquant_offset=None, bias=None, group_size=0):
+        return torch_npu_module().npu_weight_quant_batchmatmul(
+            x,
+            weight,
+            antiquant_scale,
+            antiquant_offset=antiquant_offset,
+            bias=bias,
+            antiquant_group_size=group_size,
+        )
