@@ -1,0 +1,31 @@
+"""Expert-parallel load balancing for vLLM Ascend: policies, placement utilities and the
+rebalance lifecycle. Public names load lazily, so importing the package is cheap."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "EplbPolicy": "vllm_ascend.eplb.policy.base",
+    "PolicyFactory": "vllm_ascend.eplb.policy.factory",
+    "DefaultEplb": "vllm_ascend.eplb.policy.default",
+    "RandomLoadBalance": "vllm_ascend.eplb.policy.random",
+    "SwiftBalanceEplb": "vllm_ascend.eplb.policy.swift",
+    "FlashLB": "vllm_ascend.eplb.policy.flashlb",
+    "generate_global_placement": "vllm_ascend.eplb.placement",
+    "generate_log2phy_map": "vllm_ascend.eplb.placement",
+    "init_eplb_config": "vllm_ascend.eplb.config",
+    "expert_file_to_tensor": "vllm_ascend.eplb.expert_map_file",
+    "EplbInputError": "vllm_ascend.eplb.validation",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'vllm_ascend.eplb' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,1 @@
+"""EPLB policies (pure numpy/scipy)."""

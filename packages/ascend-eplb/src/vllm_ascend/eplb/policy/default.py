@@ -1,0 +1,47 @@
+"""Default policy: replicate the hottest experts, pack heaviest-first, keep stayers in place."""
+
+from __future__ import annotations
+
+import numpy as np
+from vllm_ascend.eplb.policy.base import EplbPolicy
+from vllm_ascend.eplb.policy.packing import (
+    align_ranks,
+    expand_replicas,
+    fill_holes,
+    logical_load,
+    rank_loads,
+    replica_counts,
+    swap_refine,
+)
+
+
+class DefaultEplb(EplbPolicy):
+    """Greedy EPLB.
+
+    1. Replicas: each extra slot goes to the expert with the highest per-replica load.
+    2. Packing: replicas, heaviest first, go to the least-loaded rank with a free slot that does
+       not hold that expert yet; then pairwise swaps off the peak rank polish the result.
+    3. Placement: ranks are matched to the old ranks and experts that stay keep their old slots.
+
+    ``changed`` is true when the summed per-layer peak rank load falls below
+    ``improvement_threshold`` (default 0.95) times the current one.
+    """
+
+    def plan(self, table: np.ndarray, workload: np.ndarray, n: int) -> np.ndarray:
+        _, ranks, slots = table.shape
+        load = logical_load(table, workload, n)
+        counts = replica_counts(load, ranks * slots, ranks)
+        items, weights = expand_replicas(load / counts, counts)
+        empty = np.full_like(table, -1)
+        packed, slot_w, stuck = fill_holes(empty, np.zeros(table.shape), items, weights, n)
+        mean = load.sum(axis=1) / ranks
+        packed, _ = swap_refine(packed, slot_w, n, self.option("max_swaps", 32, lo=0), 1e-4 * mean)
+        new = align_ranks(table, np.where(stuck[:, None, None], table, packed), n)
+        return np.where(stuck[:, None, None], table, new)
+
+    def decide(self, old, new, load, before, after):
+        _, priority = super().decide(old, new, load, before, after)
+        threshold = self.option("improvement_threshold", 0.95, lo=0.0, hi=1.0)
+        peak_old = rank_loads(old, load).max(axis=1).sum()
+        peak_new = rank_loads(new, load).max(axis=1).sum()
+        return bool(peak_new < threshold * peak_old), priority

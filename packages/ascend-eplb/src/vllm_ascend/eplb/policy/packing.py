@@ -1,0 +1,294 @@
+"""Vectorised balancing primitives shared by the policies.
+
+Every function works on all MoE layers at once (numpy arrays with a leading ``layers`` axis) so a
+policy's Python loops run over items or swap steps, never over layers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+
+def presence(table: np.ndarray, n: int) -> np.ndarray:
+    """``[layers, ranks, n]`` bool: does the rank hold the expert (holes, i.e. -1, are ignored)?"""
+    layers, ranks = table.shape[:2]
+    has = np.zeros((layers, ranks, n + 1), dtype=bool)
+    li, ri = np.meshgrid(np.arange(layers), np.arange(ranks), indexing="ij")
+    has[li[..., None], ri[..., None], np.where(table < 0, n, table)] = True
+    return has[..., :n]
+
+
+def replica_counts_of(table: np.ndarray, n: int) -> np.ndarray:
+    """``[layers, n]`` number of replicas of each logical expert."""
+    layers = table.shape[0]
+    flat = (np.arange(layers)[:, None] * n + table.reshape(layers, -1)).ravel()
+    return np.bincount(flat, minlength=layers * n).reshape(layers, n)
+
+
+def logical_load(table: np.ndarray, workload: np.ndarray, n: int) -> np.ndarray:
+    """Sum per-slot workload ``[..., layers, ranks, slots]`` into logical loads ``[..., layers, n]``."""
+    lead = workload.shape[:-3]
+    layers = table.shape[0]
+    w = workload.reshape(-1, layers, table[0].size)
+    idx = (np.arange(layers)[:, None] * n + table.reshape(layers, -1)).ravel()
+    out = np.stack([np.bincount(idx, weights=s.ravel(), minlength=layers * n) for s in w])
+    return out.reshape(*lead, layers, n)
+
+
+def replica_counts(load: np.ndarray, total_slots: int, max_per_expert: int,
+                   weight_fn=None) -> np.ndarray:
+    """Give each expert one replica, then hand out the rest one by one to the expert whose
+    priority (default: per-replica load ``load / count``) is highest; no expert gets more than
+    ``max_per_expert`` (one per rank). Minimises the largest per-replica load."""
+    layers, n = load.shape
+    counts = np.ones((layers, n), dtype=np.int64)
+    rows = np.arange(layers)
+    for _ in range(total_slots - n):
+        prio = load / counts if weight_fn is None else weight_fn(load, counts)
+        prio = np.where(counts >= max_per_expert, -np.inf, prio)
+        counts[rows, np.argmax(prio, axis=1)] += 1
+    return counts
+
+
+def expand_replicas(per_replica: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Items ``[layers, width]``: each expert repeated ``counts`` times, heaviest per-replica weight
+    first, padded with -1 (weight 0) where layers have fewer items."""
+    layers, n = counts.shape
+    totals = counts.sum(axis=1)
+    experts = np.repeat(np.tile(np.arange(n), layers), counts.ravel())
+    layer_of = np.repeat(np.arange(layers), totals)
+    pos = np.arange(experts.size) - np.repeat(np.cumsum(totals) - totals, totals)
+    items = np.full((layers, int(totals.max(initial=0))), -1, dtype=np.int64)
+    items[layer_of, pos] = experts
+    weights = np.where(items >= 0, np.take_along_axis(per_replica, np.maximum(items, 0), axis=1), -np.inf)
+    order = np.argsort(-weights, axis=1, kind="stable")
+    weights = np.take_along_axis(weights, order, axis=1)
+    return np.take_along_axis(items, order, axis=1), np.where(np.isfinite(weights), weights, 0.0)
+
+
+def fill_holes(table: np.ndarray, slot_w: np.ndarray, items: np.ndarray, item_w: np.ndarray,
+               n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LPT: put each item (in the given order; -1 = padding) on the least-loaded rank that has a
+    hole (-1 slot) and does not hold that expert yet.
+
+    Returns the filled table, its per-slot weights and a per-layer flag for layers where some item
+    found no rank (their table keeps holes and must be rejected by the caller).
+    """
+    table, slot_w = table.copy(), np.where(table < 0, 0.0, slot_w)
+    layers = table.shape[0]
+    rows = np.arange(layers)
+    has = presence(table, n)
+    free = (table < 0).sum(axis=2)
+    load = slot_w.sum(axis=2)
+    stuck = np.zeros(layers, dtype=bool)
+    for k in range(items.shape[1]):
+        e = items[:, k]
+        act = e >= 0
+        if not act.any():
+            continue
+        ec = np.maximum(e, 0)
+        cand = np.where((free > 0) & ~has[rows, :, ec], load, np.inf)
+        r = np.argmin(cand, axis=1)
+        ok = act & np.isfinite(cand[rows, r])
+        for layer in np.flatnonzero(act & ~ok):
+            stuck[layer] |= not _relocate(table[layer], slot_w[layer], has[layer], load[layer], free[layer],
+                                          int(e[layer]), float(item_w[layer, k]))
+        li, ri, ei = rows[ok], r[ok], ec[ok]
+        si = np.argmax(table[li, ri] < 0, axis=1)
+        table[li, ri, si] = ei
+        slot_w[li, ri, si] = item_w[ok, k]
+        load[li, ri] += item_w[ok, k]
+        free[li, ri] -= 1
+        has[li, ri, ei] = True
+    return table, slot_w, stuck
+
+
+def _relocate(table: np.ndarray, slot_w: np.ndarray, has: np.ndarray, load: np.ndarray, free: np.ndarray,
+              e: int, w: float) -> bool:
+    """One layer, no hole-rank lacks ``e``: move some expert ``x`` from a rank ``b`` lacking ``e``
+    into a hole on rank ``h`` lacking ``x``, then put ``e`` where ``x`` was. Updates in place."""
+    holes = [h for h in np.argsort(load) if free[h] > 0]
+    for b in np.argsort(load):
+        if has[b, e]:
+            continue
+        for s in np.argsort(slot_w[b]):
+            x = table[b, s]
+            if x < 0:
+                continue
+            for h in holes:
+                if h == b or has[h, x]:
+                    continue
+                hs = int(np.argmax(table[h] < 0))
+                table[h, hs], slot_w[h, hs] = x, slot_w[b, s]
+                has[h, x], free[h], load[h] = True, free[h] - 1, load[h] + slot_w[b, s]
+                load[b] += w - slot_w[b, s]
+                has[b, x], has[b, e] = False, True
+                table[b, s], slot_w[b, s] = e, w
+                return True
+    return False
+
+
+def keep_slots(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Reorder each rank of ``new`` so experts it shares with ``old`` keep their old slot; incoming
+    experts take the remaining slots in order."""
+    layers, ranks, slots = new.shape
+    o = old.reshape(-1, slots)
+    w = new.reshape(-1, slots)
+    eq = o[:, :, None] == w[:, None, :]  # [rows, old slot, new slot]
+    kept_old = eq.any(axis=2)
+    kept_new = eq.any(axis=1)
+    out = np.where(kept_old, o, -1)
+    idx = np.arange(slots)
+    free_order = np.argsort(np.where(kept_old, slots + idx, idx), axis=1, kind="stable")
+    inc_order = np.argsort(np.where(kept_new, slots + idx, idx), axis=1, kind="stable")
+    n_inc = (~kept_new).sum(axis=1)
+    rows, pos = np.nonzero(idx[None, :] < n_inc[:, None])
+    out[rows, free_order[rows, pos]] = w[rows, inc_order[rows, pos]]
+    return out.reshape(layers, ranks, slots)
+
+
+def align_ranks(old: np.ndarray, new: np.ndarray, n: int) -> np.ndarray:
+    """Permute the ranks of ``new`` (Hungarian matching on shared experts) to keep most experts in
+    place, then keep shared experts in their old slots."""
+    layers = new.shape[0]
+    old_has = presence(old, n).transpose(0, 2, 1)  # [layers, n, ranks]
+    shared = old_has[np.arange(layers)[:, None, None], new].sum(axis=2)  # [layers, new rank, old rank]
+    aligned = np.empty_like(new)
+    for layer in range(layers):
+        row, col = linear_sum_assignment(shared[layer], maximize=True)
+        aligned[layer, col] = new[layer, row]
+    return keep_slots(old, aligned)
+
+
+def swap_refine(table: np.ndarray, slot_w: np.ndarray, n: int, max_swaps: int, min_gain: np.ndarray,
+                max_moved: np.ndarray | None = None, candidates: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Swap one expert of the most-loaded rank with one of a lightly loaded rank while the pair's
+    peak drops by more than ``min_gain`` (per layer); at most ``max_swaps`` swaps, and at most
+    ``max_moved`` changed slots per layer when given."""
+    table, slot_w = table.copy(), slot_w.copy()
+    layers, ranks, slots = table.shape
+    if ranks < 2:
+        return table, slot_w
+    k = min(candidates, ranks - 1)
+    rows = np.arange(layers)
+    has = presence(table, n)
+    load = slot_w.sum(axis=2)
+    moved = np.zeros(layers, dtype=np.int64)
+    active = np.ones(layers, dtype=bool)
+    r1 = rows[:, None]
+    for _ in range(max_swaps):
+        a = np.argmax(load, axis=1)
+        la = load[rows, a]
+        light = np.argsort(load, axis=1)[:, :k]  # [layers, k]
+        wa, ea = slot_w[rows, a], table[rows, a]  # [layers, slots]
+        wb, eb = slot_w[r1, light], table[r1, light]  # [layers, k, slots]
+        lb = load[r1, light]
+        delta = wa[:, :, None, None] - wb[:, None]  # [layers, slots_a, k, slots_b]
+        peak = np.maximum(la[:, None, None, None] - delta, lb[:, None, :, None] + delta)
+        eb_on_a = np.take_along_axis(has[rows, a], eb.reshape(layers, -1), axis=1).reshape(layers, k, slots)
+        ea_on_b = has[r1[:, :, None], light[:, :, None], ea[:, None, :]]  # [layers, k, slots_a]
+        ok = ~eb_on_a[:, None] & ~ea_on_b.transpose(0, 2, 1)[..., None] & (light != a[:, None])[:, None, :, None]
+        gain = np.where(ok, la[:, None, None, None] - peak, -np.inf).reshape(layers, -1)
+        best = np.argmax(gain, axis=1)
+        go = active & (gain[rows, best] > min_gain)
+        if max_moved is not None:
+            go &= moved + 2 <= max_moved
+        active &= go
+        if not go.any():
+            break
+        li = rows[go]
+        i, kb, j = np.unravel_index(best[go], (slots, k, slots))
+        b = light[li, kb]
+        ai = a[li]
+        e1, e2 = table[li, ai, i], table[li, b, j]
+        w1, w2 = slot_w[li, ai, i], slot_w[li, b, j]
+        table[li, ai, i], table[li, b, j] = e2, e1
+        slot_w[li, ai, i], slot_w[li, b, j] = w2, w1
+        has[li, ai, e1], has[li, b, e2] = False, False
+        has[li, ai, e2], has[li, b, e1] = True, True
+        load[li, ai] += w2 - w1
+        load[li, b] += w1 - w2
+        moved[li] += 2
+    return table, slot_w
+
+
+def slot_weights(table: np.ndarray, load: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
+    """Per-slot share ``load[e] / count[e]`` for a table (replicas split their expert's load evenly)."""
+    n = load.shape[-1]
+    if counts is None:
+        counts = replica_counts_of(table, n)
+    per = load / np.maximum(counts, 1)
+    layers = table.shape[0]
+    return np.take_along_axis(per, table.reshape(layers, -1), axis=1).reshape(table.shape)
+
+
+def rank_loads(table: np.ndarray, load: np.ndarray) -> np.ndarray:
+    """``[layers, ranks]`` load per rank when replicas split their expert's load evenly."""
+    return slot_weights(table, load).sum(axis=2)
+
+
+def imbalance(table: np.ndarray, load: np.ndarray) -> np.ndarray:
+    """Per-layer max/mean rank load (1.0 for an idle layer)."""
+    r = rank_loads(table, load)
+    mean = r.mean(axis=1)
+    return np.where(mean > 0, r.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
+
+
+def moved_slots(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Per layer: number of slots whose logical expert changed."""
+    return (old != new).sum(axis=(1, 2))
+
+
+
+def change_replica_counts(table: np.ndarray, load: np.ndarray, target: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Move from the table's replica counts to ``target`` with few slot changes: surplus replicas
+    leave the most-loaded ranks, missing ones go (heaviest first) to the least-loaded ranks.
+
+    Returns the table, its per-slot weights under ``target`` and the per-layer "stuck" flag.
+    """
+    layers, ranks, slots = table.shape
+    n = load.shape[1]
+    original, current = table, replica_counts_of(table, n)
+    surplus = np.maximum(current - target, 0)
+    deficit = np.maximum(target - current, 0)
+    w = slot_weights(table, load, current)
+    if surplus.any():
+        by_load = np.argsort(np.argsort(-w.sum(axis=2), axis=1), axis=1)  # 0 = most loaded rank
+        flat = table.reshape(layers, -1)
+        key = flat * ranks + np.repeat(by_load, slots, axis=1)
+        order = np.argsort(key, axis=1)
+        e_sorted = np.take_along_axis(flat, order, axis=1)
+        idx = np.broadcast_to(np.arange(flat.shape[1]), flat.shape)
+        starts = np.maximum.accumulate(
+            np.where(np.diff(e_sorted, axis=1, prepend=-1) != 0, idx, 0), axis=1)
+        drop_sorted = (idx - starts) < np.take_along_axis(surplus, e_sorted, axis=1)
+        drop = np.zeros_like(drop_sorted)
+        np.put_along_axis(drop, order, drop_sorted, axis=1)
+        table = np.where(drop.reshape(table.shape), -1, table)
+    per = load / np.maximum(target, 1)
+    w = np.where(table < 0, 0.0, np.take_along_axis(per, np.maximum(table, 0).reshape(layers, -1),
+                                                     axis=1).reshape(table.shape))
+    if not deficit.any():
+        return table, w, np.zeros(layers, dtype=bool)
+    items, item_w = expand_replicas(per, deficit)
+    filled, _, stuck = fill_holes(table, w, items, item_w, n)
+    filled = keep_slots(original, filled)
+    w = np.take_along_axis(per, np.maximum(filled, 0).reshape(layers, -1), axis=1).reshape(table.shape)
+    return filled, np.where(filled < 0, 0.0, w), stuck
+
+
+
+def within_budget(table: np.ndarray, load: np.ndarray, target: np.ndarray, budget: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`change_replica_counts` where it fits ``budget`` changed slots, else the table as is.
+
+    Returns the table, its per-slot weights and the per-layer budget left."""
+    new, w, stuck = change_replica_counts(table, load, target)
+    used = moved_slots(table, new)
+    back = stuck | (used > budget)
+    keep = back[:, None, None]
+    new = np.where(keep, table, new)
+    w = np.where(keep, slot_weights(table, load), w)
+    return new, w, budget - np.where(back, 0, used)

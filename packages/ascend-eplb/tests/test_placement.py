@@ -1,0 +1,141 @@
+"""Initial placement, expert maps, log2phy maps, expert-map JSON files and init_eplb_config."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from vllm_ascend.eplb import (
+    EplbInputError,
+    expert_file_to_tensor,
+    generate_global_placement,
+    generate_log2phy_map,
+    init_eplb_config,
+)
+from vllm_ascend.eplb.config import EplbSettings
+from vllm_ascend.eplb.expert_map_file import expert_map_document, save_expert_map
+from vllm_ascend.eplb.placement import generate_expert_map
+
+
+def test_global_placement_exact():
+    assert generate_global_placement(8, 2, 2).tolist() == [[0, 1, 2, 3, 4], [5, 6, 7, 0, 1]]
+    assert generate_global_placement(4, 2, 0).tolist() == [[0, 1], [2, 3]]
+    assert generate_global_placement(4, 3, 2, num_layers=2).tolist() == [[[0, 1], [2, 3], [0, 1]]] * 2
+
+
+@pytest.mark.parametrize("args, match", [
+    ((9, 2, 0), r"num_experts \+ num_redundant_experts \(9\) must be divisible by num_ranks=2"),
+    ((2, 2, 4), "would hold one expert twice"),
+    ((0, 2, 0), "num_experts must be an integer >= 1"),
+    ((8, 2, -2), "num_redundant_experts must be an integer >= 0"),
+])
+def test_impossible_placement_is_clear_error(args, match):
+    with pytest.raises(EplbInputError, match=match):
+        generate_global_placement(*args)
+
+
+def test_expert_map_and_log2phy():
+    table = generate_global_placement(8, 2, 2, num_layers=1)
+    emap = generate_expert_map(table)
+    assert emap[0, 0].tolist() == [0, 1, 2, 3, 4, -1, -1, -1]
+    assert emap[0, 1].tolist() == [3, 4, -1, -1, -1, 0, 1, 2]
+    log2phy = generate_log2phy_map(table)
+    # own copies first; otherwise the single replica
+    assert log2phy[0, 0].tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert log2phy[0, 1].tolist() == [8, 9, 2, 3, 4, 5, 6, 7]
+    # rank 1 holds neither replica of experts 0/1: it takes replica 1 % 2; with tp_size 3 all ranks take replica 0
+    table = generate_global_placement(4, 3, 2, num_layers=1)  # [[0,1],[2,3],[0,1]]
+    assert generate_log2phy_map(table)[0, 1].tolist() == [4, 5, 2, 3]
+    assert generate_log2phy_map(table, tp_size=3)[0, 1].tolist() == [0, 1, 2, 3]
+    with pytest.raises(EplbInputError, match="tp_size must be a positive divisor"):
+        generate_log2phy_map(table, tp_size=2)
+
+
+def test_log2phy_is_consistent_on_random_tables():
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        ranks, slots = int(rng.integers(2, 6)), int(rng.integers(2, 6))
+        n = int(rng.integers(slots, ranks * slots + 1))
+        table = generate_global_placement(n, ranks, ranks * slots - n, 1)
+        shuffled = rng.permutation(table.ravel()).reshape(table.shape)
+        if all(len(set(r.tolist())) == slots for r in shuffled[0]):
+            table = shuffled
+        log2phy = generate_log2phy_map(table)
+        flat = table.reshape(-1)
+        for r in range(ranks):
+            # every logical expert routes to a physical slot that holds it
+            assert np.array_equal(flat[log2phy[0, r]], np.arange(n))
+
+
+def test_expert_map_file_roundtrip(tmp_path):
+    table = generate_global_placement(8, 2, 2, num_layers=3)
+    path = tmp_path / "map.json"
+    save_expert_map(table, path)
+    tensor, layers, ranks = expert_file_to_tensor(path)
+    assert (layers, ranks) == (3, 2) and tensor.tolist() == table.tolist()
+    assert json.loads(path.read_text())["layer_list"][0]["device_list"][1]["device_expert"] == [5, 6, 7, 0, 1]
+
+
+def _doc():
+    return expert_map_document(generate_global_placement(4, 2, 0, num_layers=2))
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda d: d.pop("moe_layer_count"), "root: missing field 'moe_layer_count'"),
+    (lambda d: d.update(moe_layer_count=3), r"moe_layer_count=3 must be >= 1 and equal len\(layer_list\)=2"),
+    (lambda d: d["layer_list"][1].update(layer_id=5), r"layer_list\[1\].layer_id=5"),
+    (lambda d: d["layer_list"][0].update(device_count="2"), r"layer_list\[0\].device_count must be int"),
+    (lambda d: d["layer_list"][0]["device_list"][0].update(device_expert=[0, -1]),
+     r"device_list\[0\].device_expert must be a non-empty list of expert ids >= 0"),
+    (lambda d: d["layer_list"][0]["device_list"][0].update(device_expert=[0, 1, 2]), "same number of device_expert"),
+    (lambda d: d["layer_list"][0]["device_list"][0].update(device_expert=[0, 0]), "expert map layer 0 has no replica"),
+    (lambda d: d["layer_list"][0]["device_list"][1].pop("device_id"), "missing field 'device_id'"),
+])
+def test_malformed_expert_map_is_clear_error(tmp_path, mutate, match):
+    doc = _doc()
+    mutate(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(EplbInputError, match=match):
+        expert_file_to_tensor(path)
+
+
+def test_unreadable_expert_map_files(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(EplbInputError, match="is not valid JSON"):
+        expert_file_to_tensor(bad)
+    with pytest.raises(EplbInputError, match="cannot be read"):
+        expert_file_to_tensor(tmp_path / "missing.json")
+
+
+def test_init_eplb_config_from_mapping_object_and_file(tmp_path):
+    init = init_eplb_config({"num_redundant_experts": 2, "dynamic_eplb": True}, 8, 2, 4)
+    assert init.global_table.shape == (4, 2, 5) and init.num_redundant_experts == 2
+    assert init.global_table[0].tolist() == [[0, 1, 2, 3, 4], [5, 6, 7, 0, 1]]
+    assert init.expert_map[0, 1, 0] == 3 and init.log2phy[0, 1, 0] == 8 and init.settings.dynamic_eplb
+
+    class Sub:  # an AscendConfig-style sub-config with attributes
+        dynamic_eplb = False
+        expert_map_path = str(tmp_path / "m.json")
+        num_redundant_experts = 0
+
+    save_expert_map(generate_global_placement(8, 2, 2, num_layers=4), Sub.expert_map_path)
+    init = init_eplb_config(Sub(), 8, 2, 4)
+    assert init.num_redundant_experts == 2 and init.slots_per_rank == 5
+    with pytest.raises(EplbInputError, match="the model needs 3 × 2 × 8"):
+        init_eplb_config(Sub(), 8, 2, 3)
+    assert init_eplb_config(None, 4, 2, 1).global_table.tolist() == [[[0, 1], [2, 3]]]
+
+
+@pytest.mark.parametrize("cfg, match", [
+    ({"num_redundant_experts": -1}, "num_redundant_experts must be an integer >= 0"),
+    ({"expert_heat_collection_interval": 0}, "expert_heat_collection_interval must be an integer >= 1"),
+    ({"load_collection_phase": "both"}, r"load_collection_phase must be one of \('all', 'prefill', 'decode'\)"),
+    ({"dynamic_eplb": "yes"}, "dynamic_eplb must be true or false"),
+    ({"dynamic_epbl": True}, r"unknown eplb_config field\(s\) \['dynamic_epbl'\]"),
+])
+def test_bad_settings_are_clear_errors(cfg, match):
+    with pytest.raises(EplbInputError, match=match):
+        EplbSettings.from_any(cfg)

@@ -1,0 +1,173 @@
+"""Policies: exact small cases, invariants on many random and skewed traces, rejection of bad plans."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from vllm_ascend.eplb import DefaultEplb, EplbInputError, FlashLB, PolicyFactory, RandomLoadBalance
+from vllm_ascend.eplb.placement import generate_global_placement
+from vllm_ascend.eplb.policy.base import EplbPolicy
+from vllm_ascend.eplb.policy.packing import imbalance, moved_slots, rank_loads, slot_weights
+from vllm_ascend.eplb.validation import valid_layers
+
+
+def _check_plan(old: np.ndarray, new: np.ndarray, n: int) -> None:
+    assert new.shape == old.shape and new.dtype == np.int64
+    assert valid_layers(old, new, n).all()
+    for layer in new:
+        assert set(layer.ravel().tolist()) == set(range(n))
+        for rank in layer:
+            assert len(set(rank.tolist())) == len(rank)
+
+
+def _trace(rng: np.random.Generator, skewed: bool):
+    ranks = int(rng.choice([2, 3, 4, 8]))
+    slots = int(rng.integers(2, 7))
+    total = ranks * slots
+    n = int(rng.integers(max(2, total - ranks * 2), total + 1))
+    n = max(n, slots)  # a rank must be fillable with distinct experts
+    layers = int(rng.integers(1, 4))
+    if skewed:
+        alpha = rng.uniform(0.5, 1.5)
+        load = np.stack([rng.permutation(1.0 / np.arange(1, n + 1) ** alpha) for _ in range(layers)]) * 1000
+    else:
+        load = rng.random((layers, n)) * 100
+    load[rng.random(load.shape) < 0.05] = 0.0
+    table = generate_global_placement(n, ranks, total - n, layers)
+    shuffled = np.stack([rng.permutation(t.ravel()).reshape(t.shape) for t in table])
+    if all(len(set(r.tolist())) == len(r) for t in shuffled for r in t):
+        table = shuffled
+    return table, load, n
+
+
+@pytest.mark.parametrize("name", ["random", "default", "swift", "flashlb"])
+def test_invariants_on_random_and_skewed_traces(name):
+    rng = np.random.default_rng(1234)
+    for i in range(200):
+        table, load, n = _trace(rng, skewed=i % 2 == 1)
+        policy = PolicyFactory.generate_policy(name, {"seed": 7} if name == "random" else {})
+        before = imbalance(table, load)
+        changed, priority, new = policy.rebalance_experts(table, slot_weights(table, load))
+        _check_plan(table, new, n)
+        assert set(priority.tolist()) <= set(range(table.shape[0]))
+        after = imbalance(new, load)
+        if name in ("swift", "flashlb"):
+            # incremental policies never make a layer worse and stay within the move budget
+            assert np.all(after <= before + 1e-9)
+            assert np.all(moved_slots(table, new) <= 0.3 * table[0].size)
+        if name == "default" and changed:
+            peak_new, peak_old = (rank_loads(t, load).max(axis=1).sum() for t in (new, table))
+            assert peak_new < 0.95 * peak_old
+
+
+def test_default_reaches_lower_bound_on_uniform_loads():
+    rng = np.random.default_rng(0)
+    load = rng.uniform(50, 100, size=(4, 64))
+    table = generate_global_placement(64, 8, 0, 4)
+    _, _, new = DefaultEplb().rebalance_experts(table, slot_weights(table, load))
+    ratio = rank_loads(new, load).max(axis=1) / (load.sum(axis=1) / 8)
+    assert np.all(ratio < 1.01)
+
+
+def test_default_exact_small_cases():
+    table = np.array([[[0, 1], [2, 3]]])
+    changed, priority, new = DefaultEplb().rebalance_experts(table, np.array([[[10.0, 10.0], [1.0, 1.0]]]))
+    assert changed and priority.tolist() == [0]
+    assert new.tolist() == [[[0, 2], [1, 3]]]
+    # one redundant slot goes to the hot expert; its replicas land on different ranks
+    table = np.array([[[0, 1], [2, 0]]])  # expert 0 already has two copies
+    load = np.array([[[15.0, 1.0], [1.0, 15.0]]])
+    changed, _, new = DefaultEplb().rebalance_experts(table, load)
+    assert not changed and new.tolist() == [[[0, 1], [2, 0]]]
+    table = np.array([[[0, 1], [2, 1]]])  # expert 1 (cold) has the spare copy, expert 0 is hot
+    changed, _, new = DefaultEplb().rebalance_experts(table, np.array([[[30.0, 0.5], [1.0, 0.5]]]))
+    assert changed
+    assert sorted(map(sorted, new[0].tolist())) == [[0, 1], [0, 2]]
+    assert rank_loads(new, np.array([[30.0, 1.0, 1.0]])).tolist() == [[16.0, 16.0]]
+
+
+def test_swift_skips_balanced_layers_and_fixes_skewed_ones():
+    table = np.array([[[0, 1], [2, 3]], [[0, 1], [2, 3]]])
+    load = np.array([[[5.0, 5.0], [5.0, 5.0]], [[9.0, 8.0], [1.0, 2.0]]])
+    changed, priority, new = PolicyFactory.generate_policy("swift", {"max_move_fraction": 0.5}).rebalance_experts(
+        table, load)
+    assert changed and priority.tolist() == [1]
+    assert new[0].tolist() == [[0, 1], [2, 3]]
+    assert rank_loads(new[1:], np.array([[9.0, 8.0, 1.0, 2.0]])).max() == 10.0
+
+
+def test_flashlb_uses_history_and_risk():
+    rng = np.random.default_rng(3)
+    table = generate_global_placement(16, 4, 0, 2)
+    # experts 0-3 (all on rank 0) are hot on average; history [samples, layers, ranks, slots]
+    hist = rng.uniform(0, 2, size=(40, 2, 4, 4))
+    hist[:, :, 0, :] += 10
+    policy = FlashLB({"window": 64, "max_move_fraction": 0.5})
+    changed, _, new = policy.rebalance_experts(table, hist)
+    assert changed and len(policy.window) == 40
+    load = hist.sum(axis=0)
+    assert np.all(imbalance(new, np.stack([load[i].ravel() for i in range(2)])) < 1.1)
+    # a single window is appended to the sliding window
+    policy.rebalance_experts(new, slot_weights(new, load.reshape(2, 16)) / 40)
+    assert len(policy.window) == 41
+    with pytest.raises(EplbInputError, match="expert_workload has shape"):
+        policy.rebalance_experts(table, hist[:, :, :3])
+
+
+def test_random_is_seeded_and_valid():
+    table = generate_global_placement(12, 3, 3, 2)
+    load = np.ones(table.shape)
+    a = RandomLoadBalance({"seed": 5}).rebalance_experts(table, load)[2]
+    b = RandomLoadBalance({"seed": 5}).rebalance_experts(table, load)[2]
+    assert np.array_equal(a, b) and not np.array_equal(a, table)
+    _check_plan(table, a, 12)
+
+
+class _BadPlan(EplbPolicy):
+    def __init__(self, plans):
+        super().__init__({})
+        self.plans = plans
+
+    def plan(self, table, workload, n):
+        return self.plans
+
+
+@pytest.mark.parametrize("bad", [
+    [[0, 0], [2, 3]],  # expert twice on a rank, expert 1 dropped
+    [[0, 2], [2, 3]],  # expert 1 dropped
+    [[1, 0], [2, 3]],  # experts move within their rank
+    [[0, 1], [2, 9]],  # id out of range
+])
+def test_bad_plan_keeps_old_layer(bad):
+    table = np.array([[[0, 1], [2, 3]], [[0, 1], [2, 3]]])
+    good = [[0, 2], [1, 3]]
+    changed, _, new = _BadPlan(np.array([bad, good])).rebalance_experts(table, np.ones((2, 2, 2)))
+    assert new[0].tolist() == [[0, 1], [2, 3]]
+    assert new[1].tolist() == good and changed
+
+
+@pytest.mark.parametrize("table, workload, match", [
+    (np.array([[[0, 1], [2, 3]]]), np.full((1, 2, 2), np.nan), "NaN"),
+    (np.array([[[0, 1], [2, 3]]]), -np.ones((1, 2, 2)), "negative load"),
+    (np.array([[[0, 1], [2, 3]]]), np.ones((1, 2, 3)), r"expert_workload has shape \(1, 2, 3\)"),
+    (np.array([[0, 1], [2, 3]]), np.ones((2, 2)), r"current_expert_table must be .*\[layers, ranks, slots\]"),
+    (np.array([[[0, 1], [3, 3]]]), np.ones((1, 2, 2)), "no replica of logical expert 2"),
+    (np.array([[[0, 1], [2, -1]]]), np.ones((1, 2, 2)), "negative expert id"),
+    (np.array([[[0.5, 1], [2, 3]]]), np.ones((1, 2, 2)), "integer logical expert ids"),
+])
+def test_bad_inputs_are_clear_errors(table, workload, match):
+    with pytest.raises(EplbInputError, match=match):
+        DefaultEplb().rebalance_experts(table, workload)
+
+
+def test_factory_names_codes_and_errors():
+    for code, cls_name in enumerate(["RandomLoadBalance", "DefaultEplb", "SwiftBalanceEplb", "FlashLB"]):
+        assert type(PolicyFactory.generate_policy(code)).__name__ == cls_name
+    assert isinstance(PolicyFactory.generate_policy("flashlb", {"risk_z": 1.0}), FlashLB)
+    with pytest.raises(EplbInputError, match="registered names: default, flashlb, random, swift"):
+        PolicyFactory.generate_policy("greedy")
+    with pytest.raises(EplbInputError, match=r"allowed codes: 0 \(random\)"):
+        PolicyFactory.generate_policy(9)
+    with pytest.raises(EplbInputError, match="max_move_fraction"):
+        PolicyFactory.generate_policy("swift", {"max_move_fraction": 2.0}).rebalance_experts(
+            np.array([[[0, 1], [2, 3]]]), np.array([[[9.0, 9.0], [1.0, 1.0]]]))
