@@ -1,0 +1,291 @@
+"""ModelSlim ``quant_model_description.json``: parse, validate and map layers to scheme names.
+
+The description maps every tensor of a quantized checkpoint (``"<prefix>.weight"``,
+``"<prefix>.weight_scale"``, ...) to a type string (``"FLOAT"`` = not quantized) and carries a few
+global keys (``model_quant_type``, ``version``, ``group_size``, ...). Validation collects every
+problem before raising, so one error lists all of them with the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from vllm_ascend.quant import types as qt
+
+DESCRIPTION_FILE = "quant_model_description.json"
+
+DEFAULT_PACKED_MODULES: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+"""Fused module name → the checkpoint shards it is built from (vLLM's packed modules)."""
+
+UNQUANTIZED = "unquantized"
+"""Scheme name of a layer whose weights are ``FLOAT``."""
+
+_EXPERT_WEIGHT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<index>\d+)\.(?P<proj>[^.]+)\.weight$")
+
+
+class QuantDescriptionError(ValueError):
+    """A quant description that cannot be used; ``problems`` lists every issue found."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid quant description {source}: {len(self.problems)} problem(s)\n{lines}")
+
+
+def _positive_int(minimum: int) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            return f"an integer >= {minimum}"
+        return None
+
+    return check
+
+
+def _one_of(allowed: tuple[str, ...]) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if isinstance(value, str) and value in allowed else f"one of {', '.join(allowed)}"
+
+    return check
+
+
+def _non_empty_str(value: Any) -> str | None:
+    return None if isinstance(value, str) and value.strip() else "a non-empty string"
+
+
+def _bool(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "true or false"
+
+
+class QuantDescription:
+    """A validated ModelSlim quant description for one device family.
+
+    ``source`` is the parsed JSON object, a path to the JSON file, or a model directory holding
+    ``quant_model_description.json``. ``family`` is the device family (an ``AscendDeviceType``, its
+    value ``"A2"``/``"A3"``/``"A5"``/``"310P"``, or a SOC name); the 310P-only types W8A8S/W8A8SC are accepted only for ``"310P"``.
+    """
+
+    def __init__(
+        self,
+        source: Mapping[str, Any] | str | os.PathLike[str],
+        *,
+        family: Any = None,
+        packed_modules: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> None:
+        from vllm_ascend.core.device.family import AscendDeviceType
+
+        self.family: str | None = None if family is None else AscendDeviceType.parse(family).value
+        self.packed_modules = dict(DEFAULT_PACKED_MODULES if packed_modules is None else packed_modules)
+        raw, self.source = _read(source)
+        problems: list[str] = []
+        self.tensors: dict[str, str] = {}
+        globals_: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key in _GLOBAL_CHECKS:
+                globals_[key] = value
+            elif isinstance(key, str) and "." in key:
+                self._check_tensor(key, value, problems)
+            else:
+                problems.append(
+                    f"unknown key {key!r}: expected a tensor name ('<prefix>.weight', ...) or one of "
+                    f"the global keys {', '.join(_GLOBAL_CHECKS)}"
+                )
+        if "model_quant_type" not in globals_:
+            problems.append(
+                f"missing required key 'model_quant_type' (one of {', '.join(self._model_types())})"
+            )
+        for key, value in globals_.items():
+            if key == "model_quant_type":
+                problem = self._type_problem(key, value, self._model_types())
+                if problem is not None:
+                    problems.append(problem)
+            elif (expected := _GLOBAL_CHECKS[key](value)) is not None:
+                problems.append(f"{key} = {value!r}: expected {expected}")
+        problems.extend(self._check_fused())
+        if problems:
+            raise QuantDescriptionError(self.source, problems)
+        self.model_quant_type: str = globals_["model_quant_type"]
+        self.version: str | None = globals_.get("version")
+        self.group_size: int | None = globals_.get("group_size")
+        self.fa_quant_type: str | None = globals_.get("fa_quant_type")
+        self.indexer_quant_type: str | None = globals_.get("indexer_quant_type")
+        self.kv_cache_type: str | None = globals_.get("kv_cache_type")
+        self.max_supported_tp: int | None = globals_.get("max_supported_tp")
+        self.is_rot_used: bool = globals_.get("is_rot_used", False)
+
+    def __repr__(self) -> str:
+        return (
+            f"QuantDescription({self.model_quant_type}, {len(self.tensors)} tensors, "
+            f"family={self.family}, source={self.source})"
+        )
+
+    # -- validation ---------------------------------------------------------------------------
+
+    def _model_types(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*qt.linear_types(self.family), *qt.MOE_TYPES)))
+
+    def _type_problem(self, field: str, value: Any, allowed: tuple[str, ...]) -> str | None:
+        if isinstance(value, str) and value in allowed:
+            return None
+        needed = qt.family_requirement(value) if isinstance(value, str) else None
+        if needed is not None:
+            return (
+                f"{field} = {value!r}: {value} is only supported on the {needed} family, "
+                f"this description is for family {self.family}"
+            )
+        return f"{field} = {value!r}: expected one of {', '.join(allowed)}"
+
+    def _check_tensor(self, key: str, value: Any, problems: list[str]) -> None:
+        problem = self._type_problem(key, value, qt.tensor_types(self.family))
+        if problem is None:
+            self.tensors[key] = value
+        else:
+            problems.append(problem)
+
+    def _check_fused(self) -> list[str]:
+        problems: list[str] = []
+        shard_of = {shard: fused for fused, shards in self.packed_modules.items() for shard in shards}
+        groups: dict[str, dict[str, str]] = {}
+        for key, value in self.tensors.items():
+            expert = _EXPERT_WEIGHT.match(key)
+            if expert:
+                label = f"{expert['index']}.{expert['proj']}"
+                groups.setdefault(expert["prefix"], {})[label] = value
+                continue
+            if not key.endswith(".weight"):
+                continue
+            module = key[: -len(".weight")]
+            parent, _, leaf = module.rpartition(".")
+            if leaf in shard_of:
+                fused = f"{parent}.{shard_of[leaf]}" if parent else shard_of[leaf]
+                groups.setdefault(fused, {})[leaf] = value
+        for fused, members in groups.items():
+            if len(set(members.values())) > 1:
+                listing = ", ".join(f"{m}={t}" for m, t in members.items())
+                problems.append(
+                    f"fused layer {fused!r} mixes quant types across its shards ({listing}); "
+                    "all shards must share one type"
+                )
+        return problems
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def tensor_type(self, name: str) -> str:
+        """The type string of tensor ``name``."""
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise KeyError(f"tensor {name!r} is not in the quant description {self.source}") from None
+
+    def layer_type(self, prefix: str, layer_kind: str) -> str:
+        """The quant type of the layer at ``prefix`` (``"FLOAT"`` when unquantized)."""
+        qt.allowed_for(layer_kind, self.family)  # validates layer_kind
+        if layer_kind == "linear":
+            return self._linear_type(prefix)
+        if layer_kind == "moe":
+            return self._moe_type(prefix)
+        return self._attention_type(prefix)
+
+    def scheme_for(self, prefix: str, layer_kind: str) -> str:
+        """The scheme name (``"<layer_kind>:<type>"`` or ``"unquantized"``) for the layer at ``prefix``."""
+        quant_type = self.layer_type(prefix, layer_kind)
+        if quant_type == qt.FLOAT:
+            return UNQUANTIZED
+        allowed = qt.allowed_for(layer_kind, self.family)
+        if quant_type not in allowed:
+            raise QuantDescriptionError(
+                self.source,
+                [
+                    f"layer {prefix!r} has quant type {quant_type!r}, which has no {layer_kind} scheme; "
+                    f"allowed for {layer_kind}: {', '.join(allowed)}"
+                ],
+            )
+        return f"{layer_kind}:{quant_type}"
+
+    def check_tensor_parallel(self, tp_size: int) -> None:
+        """Raise when ``tp_size`` exceeds the description's ``max_supported_tp``."""
+        if self.max_supported_tp is not None and tp_size > self.max_supported_tp:
+            raise ValueError(
+                f"tensor_parallel_size={tp_size} exceeds max_supported_tp={self.max_supported_tp} "
+                f"of the quant description {self.source}"
+            )
+
+    def _linear_type(self, prefix: str) -> str:
+        parent, _, leaf = prefix.rpartition(".")
+        shards = self.packed_modules.get(leaf)
+        if shards is None:
+            return self.tensor_type(f"{prefix}.weight")
+        names = [f"{parent}.{s}.weight" if parent else f"{s}.weight" for s in shards]
+        found = {n: self.tensors[n] for n in names if n in self.tensors}
+        if not found:
+            raise KeyError(
+                f"fused layer {prefix!r}: none of its shards {', '.join(names)} is in the quant "
+                f"description {self.source}"
+            )
+        return next(iter(found.values()))  # shards agree: checked at parse time
+
+    def _moe_type(self, prefix: str) -> str:
+        types = {
+            t for k, t in self.tensors.items() if (m := _EXPERT_WEIGHT.match(k)) and m["prefix"] == prefix
+        }
+        if not types:
+            raise KeyError(
+                f"MoE layer {prefix!r}: no '{prefix}.<expert>.<proj>.weight' entries in the quant "
+                f"description {self.source}"
+            )
+        return types.pop()  # experts agree: checked at parse time
+
+    def _attention_type(self, prefix: str) -> str:
+        attention = set(qt.ATTENTION_TYPES + qt.KV_CACHE_TYPES)
+        types = {t for k, t in self.tensors.items() if k.startswith(f"{prefix}.") and t in attention}
+        if len(types) > 1:
+            raise QuantDescriptionError(
+                self.source,
+                [f"attention layer {prefix!r} mixes attention quant types {', '.join(sorted(types))}"],
+            )
+        if types:
+            return types.pop()
+        return self.fa_quant_type or self.kv_cache_type or qt.FLOAT
+
+
+_GLOBAL_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "model_quant_type": _non_empty_str,  # checked against the family's types in QuantDescription
+    "version": _non_empty_str,
+    "group_size": _positive_int(0),
+    "fa_quant_type": _one_of(qt.ATTENTION_TYPES),
+    "indexer_quant_type": _one_of(qt.ATTENTION_TYPES),
+    "kv_cache_type": _one_of(qt.KV_CACHE_TYPES),
+    "max_supported_tp": _positive_int(1),
+    "is_rot_used": _bool,
+}
+
+
+def _read(source: Mapping[str, Any] | str | os.PathLike[str]) -> tuple[Mapping[str, Any], str]:
+    """The raw JSON object and a label naming where it came from."""
+    if isinstance(source, Mapping):
+        return source, "<dict>"
+    if not isinstance(source, str | os.PathLike):
+        raise TypeError(f"quant description must be a mapping or a path, got {type(source).__name__}")
+    path = Path(source)
+    if path.is_dir():
+        path = path / DESCRIPTION_FILE
+    label = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"quant description not found: {label}") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise QuantDescriptionError(label, [f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"]) from None
+    if not isinstance(raw, dict):
+        raise QuantDescriptionError(label, [f"top level must be a JSON object, got {type(raw).__name__}"])
+    return raw, label

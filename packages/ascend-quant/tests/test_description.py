@@ -1,0 +1,225 @@
+"""QuantDescription: parsing, validation messages, fused-layer checks and scheme selection."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from vllm_ascend.quant.description import UNQUANTIZED, QuantDescription, QuantDescriptionError
+
+
+def _description(**overrides):
+    base = {
+        "model_quant_type": "W8A8_DYNAMIC",
+        "version": "1.0.0",
+        "group_size": 0,
+        "model.embed_tokens.weight": "FLOAT",
+        "model.layers.0.self_attn.q_proj.weight": "W8A8",
+        "model.layers.0.self_attn.q_proj.input_scale": "W8A8",
+        "model.layers.0.self_attn.k_proj.weight": "W8A8",
+        "model.layers.0.self_attn.v_proj.weight": "W8A8",
+        "model.layers.0.self_attn.o_proj.weight": "W8A8_DYNAMIC",
+        "model.layers.0.self_attn.o_proj.weight_scale": "W8A8_DYNAMIC",
+        "model.layers.0.mlp.gate_proj.weight": "W8A8_DYNAMIC",
+        "model.layers.0.mlp.up_proj.weight": "W8A8_DYNAMIC",
+        "model.layers.0.mlp.down_proj.weight": "FLOAT",
+        "model.layers.1.mlp.experts.0.gate_proj.weight": "W4A8_DYNAMIC",
+        "model.layers.1.mlp.experts.0.down_proj.weight": "W4A8_DYNAMIC",
+        "model.layers.1.mlp.experts.1.gate_proj.weight": "W4A8_DYNAMIC",
+        "model.layers.1.mlp.experts.1.down_proj.weight_scale": "W4A8_DYNAMIC",
+        "lm_head.weight": "FLOAT",
+    }
+    base.update(overrides)
+    return base
+
+
+def _problems(raw, **kwargs) -> list[str]:
+    with pytest.raises(QuantDescriptionError) as info:
+        QuantDescription(raw, **kwargs)
+    return info.value.problems
+
+
+def test_parses_globals_and_tensors():
+    d = QuantDescription(
+        _description(max_supported_tp=8, is_rot_used=True, kv_cache_type="C8", fa_quant_type="FAKQuant"),
+        family="Ascend910_9392",
+    )
+    assert d.family == "A3"
+    assert d.model_quant_type == "W8A8_DYNAMIC"
+    assert (d.version, d.group_size, d.max_supported_tp, d.is_rot_used) == ("1.0.0", 0, 8, True)
+    assert (d.kv_cache_type, d.fa_quant_type, d.indexer_quant_type) == ("C8", "FAKQuant", None)
+    assert d.tensor_type("model.embed_tokens.weight") == "FLOAT"
+    assert len(d.tensors) == 15
+
+
+def test_scheme_for_linear_fused_moe_and_float():
+    d = QuantDescription(_description())
+    assert d.scheme_for("model.layers.0.self_attn.o_proj", "linear") == "linear:W8A8_DYNAMIC"
+    assert d.scheme_for("model.layers.0.self_attn.qkv_proj", "linear") == "linear:W8A8"
+    assert d.scheme_for("model.layers.0.mlp.gate_up_proj", "linear") == "linear:W8A8_DYNAMIC"
+    assert d.scheme_for("model.layers.0.mlp.down_proj", "linear") == UNQUANTIZED
+    assert d.scheme_for("model.layers.1.mlp.experts", "moe") == "moe:W4A8_DYNAMIC"
+    assert d.scheme_for("model.layers.0.self_attn", "attention") == UNQUANTIZED
+
+
+def test_attention_scheme_from_fa_type_kv_cache_type_and_tensors():
+    assert QuantDescription(_description(fa_quant_type="FAKQuant")).scheme_for("x.attn", "attention") == (
+        "attention:FAKQuant"
+    )
+    assert QuantDescription(_description(kv_cache_type="C8")).scheme_for("x.attn", "attention") == "attention:C8"
+    d = QuantDescription(_description(**{"model.layers.0.self_attn.fa_k.scale": "FAKQuant"}))
+    assert d.scheme_for("model.layers.0.self_attn", "attention") == "attention:FAKQuant"
+
+
+def test_unknown_type_for_layer_kind_is_a_clear_error():
+    with pytest.raises(QuantDescriptionError) as info:
+        QuantDescription(_description(**{"model.layers.0.mlp.down_proj.weight": "W4A16"})).scheme_for(
+            "model.layers.0.mlp.down_proj", "linear"
+        )
+    assert info.value.problems == [
+        "layer 'model.layers.0.mlp.down_proj' has quant type 'W4A16', which has no linear scheme; allowed for "
+        "linear: W8A8, W8A8_DYNAMIC, W8A16, W4A4_DYNAMIC, W4A4_FLATQUANT_DYNAMIC, W4A4_MXFP4, "
+        "W4A4_MXFP4_FLATQUANT, W4A8_MXFP, W8A8_MXFP8, W8A8_MIX, W8A8FP8_DYNAMIC"
+    ]
+    experts_w8a8 = QuantDescription(_description(**{f"m.experts.0.{p}.weight": "W8A8" for p in ("w1", "w2")}))
+    with pytest.raises(QuantDescriptionError, match=r"layer 'm\.experts' has quant type 'W8A8', which has no moe scheme"):
+        experts_w8a8.scheme_for("m.experts", "moe")
+
+
+def test_bad_layer_kind_and_missing_layers():
+    d = QuantDescription(_description())
+    with pytest.raises(ValueError, match="layer_kind must be one of linear, moe, attention, got 'mlp'"):
+        d.scheme_for("model.layers.0.mlp.down_proj", "mlp")
+    with pytest.raises(KeyError, match=r"tensor 'model\.layers\.9\.fc\.weight' is not in the quant description <dict>"):
+        d.scheme_for("model.layers.9.fc", "linear")
+    with pytest.raises(KeyError, match=r"fused layer 'model\.layers\.7\.self_attn\.qkv_proj': none of its shards"):
+        d.scheme_for("model.layers.7.self_attn.qkv_proj", "linear")
+    with pytest.raises(KeyError, match=r"MoE layer 'model.layers.0.mlp.experts': no"):
+        d.scheme_for("model.layers.0.mlp.experts", "moe")
+
+
+def test_fused_shards_must_share_one_type():
+    problems = _problems(
+        _description(
+            **{
+                "model.layers.0.self_attn.k_proj.weight": "W8A8_DYNAMIC",
+                "model.layers.1.mlp.experts.1.gate_proj.weight": "W8A8_DYNAMIC",
+            }
+        )
+    )
+    assert problems == [
+        "fused layer 'model.layers.0.self_attn.qkv_proj' mixes quant types across its shards "
+        "(q_proj=W8A8, k_proj=W8A8_DYNAMIC, v_proj=W8A8); all shards must share one type",
+        "fused layer 'model.layers.1.mlp.experts' mixes quant types across its shards (0.gate_proj=W4A8_DYNAMIC, "
+        "0.down_proj=W4A8_DYNAMIC, 1.gate_proj=W8A8_DYNAMIC); all shards must share one type",
+    ]
+
+
+def test_gate_up_mismatch_and_custom_packed_modules():
+    raw = _description(**{"model.layers.0.mlp.up_proj.weight": "W8A8"})
+    assert _problems(raw) == [
+        "fused layer 'model.layers.0.mlp.gate_up_proj' mixes quant types across its shards "
+        "(gate_proj=W8A8_DYNAMIC, up_proj=W8A8); all shards must share one type"
+    ]
+    # With no packed modules, gate/up are separate layers and may differ.
+    d = QuantDescription(raw, packed_modules={})
+    assert d.scheme_for("model.layers.0.mlp.up_proj", "linear") == "linear:W8A8"
+
+
+def test_310p_types_only_for_310p_family():
+    raw = _description(
+        model_quant_type="W8A8SC", **{"model.layers.0.mlp.down_proj.weight": "W8A8S"}
+    )
+    assert _problems(raw, family="A2") == [
+        "model.layers.0.mlp.down_proj.weight = 'W8A8S': W8A8S is only supported on the 310P family, "
+        "this description is for family A2",
+        "model_quant_type = 'W8A8SC': W8A8SC is only supported on the 310P family, "
+        "this description is for family A2",
+    ]
+    assert len(_problems(raw)) == 2  # unknown family: not accepted either
+    d = QuantDescription(raw, family="310P")
+    assert d.scheme_for("model.layers.0.mlp.down_proj", "linear") == "linear:W8A8S"
+    with pytest.raises(QuantDescriptionError, match="has quant type 'W8A8S', which has no moe scheme"):
+        QuantDescription(
+            _description(**{f"m.experts.0.{p}.weight": "W8A8S" for p in ("w1", "w2")}), family="310P"
+        ).scheme_for("m.experts", "moe")
+
+
+def test_every_problem_is_reported_with_field_and_allowed_values():
+    raw = {
+        "version": "",
+        "group_size": -1,
+        "max_supported_tp": True,
+        "is_rot_used": "yes",
+        "kv_cache_type": "C4",
+        "fa_quant_type": "FAQuant",
+        "indexer_quant_type": 3,
+        "metadata": {},
+        "model.layers.0.mlp.down_proj.weight": "w8a8",
+    }
+    problems = _problems(raw, family="A2")
+    assert problems[0] == (
+        "unknown key 'metadata': expected a tensor name ('<prefix>.weight', ...) or one of the global keys "
+        "model_quant_type, version, group_size, fa_quant_type, indexer_quant_type, kv_cache_type, "
+        "max_supported_tp, is_rot_used"
+    )
+    assert problems[1].startswith("model.layers.0.mlp.down_proj.weight = 'w8a8': expected one of FLOAT, W8A8,")
+    assert "W8A8S" not in problems[1]
+    assert problems[2].startswith("missing required key 'model_quant_type' (one of W8A8, W8A8_DYNAMIC,")
+    assert problems[3:] == [
+        "version = '': expected a non-empty string",
+        "group_size = -1: expected an integer >= 0",
+        "max_supported_tp = True: expected an integer >= 1",
+        "is_rot_used = 'yes': expected true or false",
+        "kv_cache_type = 'C4': expected one of C8",
+        "fa_quant_type = 'FAQuant': expected one of FAKQuant, INT8_DYNAMIC",
+        "indexer_quant_type = 3: expected one of FAKQuant, INT8_DYNAMIC",
+    ]
+
+
+def test_error_message_lists_all_problems():
+    with pytest.raises(QuantDescriptionError) as info:
+        QuantDescription({"model_quant_type": "W9A9", "x.weight": "INT3"})
+    assert str(info.value) == (
+        "invalid quant description <dict>: 2 problem(s)\n"
+        "  - x.weight = 'INT3': expected one of FLOAT, W8A8, W8A8_DYNAMIC, W8A16, W4A4_DYNAMIC, "
+        "W4A4_FLATQUANT_DYNAMIC, W4A4_MXFP4, W4A4_MXFP4_FLATQUANT, W4A8_MXFP, W8A8_MXFP8, W8A8_MIX, "
+        "W8A8FP8_DYNAMIC, W4A8_DYNAMIC, W4A16, W4A16_MXFP4, FAKQuant, INT8_DYNAMIC, C8\n"
+        "  - model_quant_type = 'W9A9': expected one of W8A8, W8A8_DYNAMIC, W8A16, W4A4_DYNAMIC, "
+        "W4A4_FLATQUANT_DYNAMIC, W4A4_MXFP4, W4A4_MXFP4_FLATQUANT, W4A8_MXFP, W8A8_MXFP8, W8A8_MIX, "
+        "W8A8FP8_DYNAMIC, W4A8_DYNAMIC, W4A16, W4A16_MXFP4"
+    )
+
+
+def test_load_from_file_and_model_dir(tmp_path):
+    (tmp_path / "quant_model_description.json").write_text(json.dumps(_description()))
+    by_dir = QuantDescription(tmp_path)
+    by_file = QuantDescription(str(tmp_path / "quant_model_description.json"))
+    assert by_dir.tensors == by_file.tensors
+    assert by_dir.source == str(tmp_path / "quant_model_description.json")
+    assert repr(by_dir) == f"QuantDescription(W8A8_DYNAMIC, 15 tensors, family=None, source={by_dir.source})"
+
+
+def test_file_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"quant description not found: .*quant_model_description\.json"):
+        QuantDescription(tmp_path)
+    bad = tmp_path / "d.json"
+    bad.write_text('{"model_quant_type": "W8A8",\n "x.weight": }')
+    with pytest.raises(QuantDescriptionError) as info:
+        QuantDescription(bad)
+    assert info.value.problems == ["not valid JSON: Expecting value at line 2 column 14"]
+    assert info.value.source == str(bad)
+    bad.write_text("[1, 2]")
+    with pytest.raises(QuantDescriptionError, match="top level must be a JSON object, got list"):
+        QuantDescription(bad)
+    with pytest.raises(TypeError, match="quant description must be a mapping or a path, got int"):
+        QuantDescription(3)
+
+
+def test_unknown_family_and_tp_limit():
+    with pytest.raises(ValueError, match="unknown SOC_VERSION 'B9'"):
+        QuantDescription(_description(), family="B9")
+    d = QuantDescription(_description(max_supported_tp=4))
+    d.check_tensor_parallel(4)
+    with pytest.raises(ValueError, match="tensor_parallel_size=8 exceeds max_supported_tp=4 of the quant description"):
+        d.check_tensor_parallel(8)
