@@ -75,7 +75,7 @@ def check_ascend_device_type(expected: AscendDeviceType | str | None = None) -> 
             want = AscendDeviceType.parse(expected)
             if config.device_type is not want:
                 got = "the reference device" if config.is_reference else f"{config.device_type.value} ({config.soc_name})"
-                raise DeviceConfigError(f"expected an {want.value} device, running on {got}")
+                raise DeviceConfigError(f"expected the {want.value} family, running on {got}")
     if config.device_type is AscendDeviceType._310P:
         from vllm_ascend.core.device.overlay import active_overlays
 
