@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from vllm_ascend.core.device.family import (
     KNOWN_SOCS,
     AscendDeviceType,

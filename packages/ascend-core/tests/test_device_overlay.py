@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from vllm_ascend.core.device import config as device_config
 from vllm_ascend.core.device.adaptor import get_device_adaptor
 from vllm_ascend.core.device.adaptor.a5 import A5DeviceAdaptor
@@ -74,9 +73,9 @@ def test_registered_object_must_be_an_overlay(registered):
 
 
 def test_overlay_fields_are_validated():
-    with pytest.raises(OverlayError, match="DeviceOverlay.family='A5' is invalid; allowed values: A2, A3, A5, 310P"):
+    with pytest.raises(OverlayError, match=r"DeviceOverlay\.family='A5' is invalid; allowed values: A2, A3, A5, 310P"):
         DeviceOverlay("A5", A5_PROFILE, A5DeviceAdaptor)
-    with pytest.raises(OverlayError, match="DeviceOverlay for A3 carries a profile for <AscendDeviceType.A5"):
+    with pytest.raises(OverlayError, match=r"DeviceOverlay for A3 carries a profile for <AscendDeviceType\.A5"):
         DeviceOverlay(AscendDeviceType.A3, A5_PROFILE, A5DeviceAdaptor)
-    with pytest.raises(OverlayError, match="DeviceOverlay.adaptor must be a BaseDeviceAdaptor subclass, got <class 'dict'>"):
+    with pytest.raises(OverlayError, match=r"DeviceOverlay\.adaptor must be a BaseDeviceAdaptor subclass, got <class 'dict'>"):
         DeviceOverlay(AscendDeviceType.A5, A5_PROFILE, dict)

@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from vllm_ascend.core.device.adaptor.base import OPS, DeviceOpError
 from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
 
