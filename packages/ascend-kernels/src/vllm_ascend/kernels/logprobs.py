@@ -27,12 +27,13 @@ def compute_topk_logprobs_torch(
     logits: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Reference of :func:`compute_topk_logprobs`."""
-    lp = torch.log_softmax(logits.to(torch.float32), dim=-1)
+    x = logits.to(torch.float32)
+    lse = torch.logsumexp(x, dim=1, keepdim=True)
     chosen = token_ids.to(torch.int64).unsqueeze(1)
-    chosen_lp = lp.gather(1, chosen)
-    top_lp, top_ids = lp.topk(num_logprobs, dim=1)
-    ranks = (lp > chosen_lp).sum(dim=1) + 1
-    return torch.cat([chosen, top_ids], dim=1), torch.cat([chosen_lp, top_lp], dim=1), ranks
+    chosen_x = x.gather(1, chosen)
+    top_x, top_ids = x.topk(num_logprobs, dim=1)
+    ranks = (x > chosen_x).sum(dim=1) + 1
+    return torch.cat([chosen, top_ids], dim=1), torch.cat([chosen_x, top_x], dim=1) - lse, ranks
 
 
 def compute_topk_logprobs(
@@ -43,7 +44,7 @@ def compute_topk_logprobs(
     ``logits``: ``[B, V]`` float32/bfloat16/float16; ``token_ids``: ``[B]`` int (the sampled tokens);
     ``num_logprobs`` >= 0. Returns ``(ids [B, 1 + n] int64, logprobs [B, 1 + n] float32,
     ranks [B] int64)``: column 0 is the chosen token, columns 1.. the top ``n`` in descending order;
-    ``rank = 1 + #{tokens with a strictly larger logprob}``. On the Triton path the log-sum-exp and
+    ``rank = 1 + #{tokens with a strictly larger logit}``. On the Triton path the log-sum-exp and
     ranks come from one fused pass over the row; the top-``n`` ids come from ``torch.topk``.
     """
     impl = dispatch("logprobs", "compute_topk_logprobs", compute_topk_logprobs_torch, logits.device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import triton
+import triton.language as tl
 
 
 @triton.jit
@@ -24,9 +25,18 @@ def num_chunks(vocab_size: int, block: int) -> int:
 
 @triton.jit
 def hash32(x):
-    """The 32-bit mixer of ``vllm_ascend.kernels.gumbel`` on ``tl.uint32`` values."""
+    """The 32-bit mixer of ``vllm_ascend.kernels.gumbel`` (wrapping ``uint32`` arithmetic)."""
+    x = x.to(tl.uint32)
     x = x ^ (x >> 16)
     x = x * 0x7FEB352D
     x = x ^ (x >> 15)
     x = x * 0x846CA68B
     return x ^ (x >> 16)
+
+
+def check_logits(logits) -> None:
+    """The vocabulary kernels need a 2-D tensor whose rows are contiguous."""
+    if logits.dim() != 2 or (logits.shape[1] > 1 and logits.stride(1) != 1):
+        raise ValueError(
+            f"expected [B, V] logits with contiguous rows, got shape {tuple(logits.shape)} stride {logits.stride()}"
+        )

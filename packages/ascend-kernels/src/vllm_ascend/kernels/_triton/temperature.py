@@ -1,0 +1,31 @@
+"""Triton :func:`vllm_ascend.kernels.apply_temperature`."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from vllm_ascend.kernels._triton.common import check_logits, vocab_block
+
+
+@triton.jit
+def _temperature_kernel(logits_ptr, row_stride, temp_ptr, vocab, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    t = tl.load(temp_ptr + row)
+    mask = offs < tl.where((t > 0) & (t != 1.0), vocab, 0)
+    ptr = logits_ptr + row.to(tl.int64) * row_stride + offs
+    x = tl.load(ptr, mask=mask).to(tl.float32)
+    tl.store(ptr, (x / t).to(logits_ptr.dtype.element_ty), mask=mask)
+
+
+def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    check_logits(logits)
+    rows, vocab = logits.shape
+    if rows == 0:
+        return logits
+    block = vocab_block(vocab, 4096)
+    _temperature_kernel[(rows, triton.cdiv(vocab, block))](
+        logits, logits.stride(0), temperature.to(torch.float32), vocab, BLOCK=block, num_warps=8
+    )
+    return logits
