@@ -34,6 +34,24 @@ def _platform_check(mode: DeviceMode) -> str:
     return ""
 
 
+def _device_details(mode: DeviceMode) -> tuple[dict[str, Any], str]:
+    """The active profile, SOC and adaptor as plain data, and a problem text when they cannot be resolved."""
+    try:
+        from vllm_ascend.core.device.adaptor import get_device_adaptor
+        from vllm_ascend.core.device.config import check_ascend_device_type
+
+        config = check_ascend_device_type()
+        adaptor = type(get_device_adaptor())
+    except Exception as exc:
+        return {"soc": None, "profile": None, "adaptor": None}, f"device {mode.value}: {type(exc).__name__}: {exc}"
+    details = {
+        "soc": config.soc_name,
+        "profile": config.profile.as_dict(),
+        "adaptor": {"class": f"{adaptor.__module__}.{adaptor.__qualname__}", "family": adaptor.family},
+    }
+    return details, ""
+
+
 def collect() -> dict[str, Any]:
     """Everything the doctor reports, as plain data."""
     found = installed_vllm()
@@ -61,10 +79,13 @@ def collect() -> dict[str, Any]:
             "requested_explicitly": detection.explicitly_requested,
         }
     problem = ""
+    device.update({"soc": None, "profile": None, "adaptor": None})
     if detection is None:
         problem = device["reason"]
     elif detection.active:
-        problem = _platform_check(detection.mode)
+        details, problem = _device_details(detection.mode)
+        device.update(details)
+        problem = problem or _platform_check(detection.mode)
     elif detection.explicitly_requested:
         problem = detection.reason
     device["platform"] = PLATFORM_QUALNAME if detection is not None and detection.active and not problem else None
@@ -104,6 +125,7 @@ def render(report: dict[str, Any]) -> str:
         f"torch             {report['torch'] or 'not installed'}",
         f"device            {device['mode']} (VLLM_ASCEND_DEVICE={device['requested']}): {device['reason']}",
         f"platform          {device['platform'] or 'inactive'}" + (f" -- {device['problem']}" if device["problem"] else ""),
+        *_profile_lines(device),
         "",
     ]
     rows = [("extension", "dist", "version", "status", "detail")]
@@ -118,6 +140,29 @@ def render(report: dict[str, Any]) -> str:
         if i == 0:
             lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 6)
     return "\n".join(lines)
+
+
+def _profile_lines(device: dict[str, Any]) -> list[str]:
+    profile, adaptor = device["profile"], device["adaptor"]
+    if profile is None or adaptor is None:
+        return []
+    soc = f" on {device['soc']}" if device["soc"] else ""
+    traits = [
+        f"attention={profile['attention_backend']}",
+        f"quant={profile['quant_backend']}",
+        f"weights={profile['weight_layout']}",
+        f"cpu-binding={profile['cpu_binding']}",
+        f"addressing={profile['addressing_mode']}",
+        f"dist={profile['dist_backend']}",
+        f"block={profile['preferred_block_size']}",
+    ]
+    if profile["eager_only"]:
+        traits.append("eager-only")
+    return [
+        f"profile           {profile['name']}{soc}: {', '.join(traits)}",
+        f"capabilities      {', '.join(profile['capabilities']) or 'none'}",
+        f"adaptor           {adaptor['class']} ({adaptor['family']})",
+    ]
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
