@@ -1,0 +1,1 @@
+"""vLLM Ascend runner: NPU worker, model runner, attention backend, custom ops and sampler."""

@@ -1,0 +1,1 @@
+"""The Ascend attention backend (paged KV cache through the device adaptor)."""

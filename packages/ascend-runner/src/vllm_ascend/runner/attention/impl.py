@@ -1,0 +1,104 @@
+"""Attention forward: KV cache write by ``reshape_and_cache``, attention by ``fused_infer_attention``."""
+
+from __future__ import annotations
+
+import torch
+from vllm.config import get_current_vllm_config
+from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
+from vllm_ascend.core.device.adaptor import get_device_adaptor
+from vllm_ascend.runner.attention.backend import AttentionConfigError, check_supported
+from vllm_ascend.runner.attention.metadata import AscendAttentionMetadata
+
+
+def split_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views ``[blocks, block_size, Hkv, D]`` / ``[.., Dv]`` of a layer's ``[blocks, Hkv, block_size, D+Dv]`` cache."""
+    token_major = kv_cache.transpose(1, 2)
+    return token_major[..., :head_size], token_major[..., head_size:]
+
+
+class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
+    """Decoder self-attention (MHA/GQA/MQA) for prefill, chunked prefill and decode."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        **kwargs,
+    ) -> None:
+        model_config = get_current_vllm_config().model_config
+        check_supported(head_size, model_config.dtype if model_config else torch.get_default_dtype(), kv_cache_dtype)
+        unsupported = {
+            "alibi_slopes": alibi_slopes is not None,
+            "sliding_window": sliding_window is not None,
+            "logits_soft_cap": bool(logits_soft_cap),
+            "kv_sharing_target_layer_name": kv_sharing_target_layer_name is not None,
+        }
+        for field, used in unsupported.items():
+            if used:
+                raise AttentionConfigError(f"{field} is not supported by the Ascend attention backend; allowed: None")
+        if attn_type != AttentionType.DECODER:
+            raise AttentionConfigError(
+                f"attn_type={attn_type!r} is not supported by the Ascend attention backend; "
+                f"allowed: {AttentionType.DECODER.value!r}"
+            )
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        if self.num_heads % self.num_kv_heads != 0:
+            raise AttentionConfigError(
+                f"num_heads={num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+
+    def do_kv_cache_update(
+        self,
+        layer: torch.nn.Module,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        key_cache, value_cache = split_kv_cache(kv_cache, self.head_size)
+        n = slot_mapping.shape[0]
+        get_device_adaptor().reshape_and_cache(key[:n], value[:n], key_cache, value_cache, slot_mapping)
+
+    def forward(
+        self,
+        layer: AttentionLayer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AscendAttentionMetadata,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if output_scale is not None or output_block_scale is not None:
+            raise AttentionConfigError("fused output quantization is not supported by the Ascend attention backend")
+        if attn_metadata is None:  # profile / dummy run: no KV cache is bound yet
+            return output.zero_()
+        n = attn_metadata.num_actual_tokens
+        key_cache, value_cache = split_kv_cache(kv_cache, self.head_size)
+        get_device_adaptor().fused_infer_attention(
+            query[:n],
+            key_cache,
+            value_cache,
+            attn_metadata.block_table,
+            attn_metadata.query_start_loc_cpu,
+            attn_metadata.seq_lens_cpu,
+            self.scale,
+            causal=attn_metadata.causal,
+            output=output[:n],
+        )
+        return output

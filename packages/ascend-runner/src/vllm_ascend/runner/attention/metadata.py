@@ -1,0 +1,76 @@
+"""Per-step attention metadata and its builder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
+
+
+@dataclass
+class AscendAttentionMetadata:
+    """What one forward step's attention needs.
+
+    ``query_start_loc_cpu`` ``[B+1]`` and ``seq_lens_cpu`` ``[B]`` are host tensors (the fused op
+    takes actual sequence lengths on the host); ``block_table`` ``[B, blocks]`` and
+    ``slot_mapping`` ``[T]`` live on the device. ``num_actual_tokens`` excludes padding.
+    """
+
+    num_reqs: int
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc_cpu: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    causal: bool = True
+
+    @property
+    def num_decodes(self) -> int:
+        """Requests with a single new token."""
+        q_lens = self.query_start_loc_cpu[1:] - self.query_start_loc_cpu[:-1]
+        return int((q_lens == 1).sum())
+
+
+class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendAttentionMetadata]):
+    """Builds :class:`AscendAttentionMetadata` from vLLM's common metadata."""
+
+    _cudagraph_support = AttentionCGSupport.NEVER
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.block_size = kv_cache_spec.block_size
+        self.exact_host_seq_lens = vllm_config.speculative_config is None
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> AscendAttentionMetadata:
+        common = common_attn_metadata
+        num_reqs = common.num_reqs
+        query_start_loc_cpu = common.query_start_loc_cpu[: num_reqs + 1].to(torch.int64)
+        num_actual_tokens = int(query_start_loc_cpu[-1])
+        if self.exact_host_seq_lens and common.seq_lens_cpu_upper_bound is not None:
+            # Without speculative decoding the host copy is exact.
+            seq_lens_cpu = common.seq_lens_cpu_upper_bound[:num_reqs].to(torch.int64)
+        else:
+            seq_lens_cpu = common.seq_lens[:num_reqs].to("cpu", torch.int64)
+        max_seq_len = int(seq_lens_cpu.max()) if num_reqs else 0
+        max_blocks = -(-max_seq_len // self.block_size)
+        q_lens = query_start_loc_cpu[1:] - query_start_loc_cpu[:-1]
+        causal = common.causal if isinstance(common.causal, bool) else bool(common.causal.all())
+        return AscendAttentionMetadata(
+            num_reqs=num_reqs,
+            num_actual_tokens=num_actual_tokens,
+            max_query_len=int(q_lens.max()) if num_reqs else 0,
+            max_seq_len=max_seq_len,
+            query_start_loc_cpu=query_start_loc_cpu,
+            seq_lens_cpu=seq_lens_cpu,
+            block_table=common.block_table_tensor[:num_reqs, :max_blocks],
+            slot_mapping=common.slot_mapping[:num_actual_tokens],
+            causal=causal,
+        )

@@ -1,0 +1,64 @@
+"""Register the Ascend custom ops and layers with vLLM (idempotent, once per process)."""
+
+from __future__ import annotations
+
+import threading
+
+from vllm.model_executor.custom_op import CustomOp, PluggableLayer, op_registry_oot
+from vllm_ascend.runner.ops.activation import AscendSiluAndMul
+from vllm_ascend.runner.ops.layernorm import AscendRMSNorm
+from vllm_ascend.runner.ops.linear import (
+    AscendColumnParallelLinear,
+    AscendMergedColumnParallelLinear,
+    AscendParallelLMHead,
+    AscendQKVParallelLinear,
+    AscendReplicatedLinear,
+    AscendRowParallelLinear,
+    AscendVocabParallelEmbedding,
+)
+from vllm_ascend.runner.ops.rotary_embedding import AscendRotaryEmbedding
+
+#: vLLM class name -> the Ascend replacement. CustomOps dispatch to ``forward_oot``.
+CUSTOM_OPS: dict[str, type] = {
+    "RMSNorm": AscendRMSNorm,
+    "SiluAndMul": AscendSiluAndMul,
+    "RotaryEmbedding": AscendRotaryEmbedding,
+}
+#: vLLM class name -> the Ascend replacement for pluggable layers (replaced at instantiation).
+PLUGGABLE_LAYERS: dict[str, type] = {
+    "VocabParallelEmbedding": AscendVocabParallelEmbedding,
+    "ParallelLMHead": AscendParallelLMHead,
+    "ReplicatedLinear": AscendReplicatedLinear,
+    "ColumnParallelLinear": AscendColumnParallelLinear,
+    "MergedColumnParallelLinear": AscendMergedColumnParallelLinear,
+    "QKVParallelLinear": AscendQKVParallelLinear,
+    "RowParallelLinear": AscendRowParallelLinear,
+}
+
+_lock = threading.Lock()
+
+
+def register_custom_ops() -> None:
+    """Put every Ascend op/layer into vLLM's out-of-tree registry; a name already taken by ours is skipped.
+
+    Raises ``RuntimeError`` when another plugin already registered a different class under one of the names.
+    """
+    with _lock:
+        for table, register in ((CUSTOM_OPS, CustomOp.register_oot), (PLUGGABLE_LAYERS, PluggableLayer.register_oot)):
+            for name, cls in table.items():
+                existing = op_registry_oot.get(name)
+                if existing is cls:
+                    continue
+                if existing is not None:
+                    raise RuntimeError(
+                        f"vLLM's out-of-tree op {name!r} is already registered to {existing.__module__}."
+                        f"{existing.__qualname__}; cannot register {cls.__qualname__}"
+                    )
+                register(cls, name=name)
+
+
+def enable_custom_ops(custom_ops: list[str]) -> None:
+    """Force-enable the Ascend custom ops in a compilation config's ``custom_ops`` list (in place)."""
+    for name in CUSTOM_OPS:
+        if f"-{name}" not in custom_ops and f"+{name}" not in custom_ops:
+            custom_ops.append(f"+{name}")

@@ -1,0 +1,1 @@
+"""Sampling on the device through the kernels package."""

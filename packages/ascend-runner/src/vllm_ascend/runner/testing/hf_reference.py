@@ -1,0 +1,37 @@
+"""HF transformers oracle: greedy continuations and per-step logits on the same weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class GreedyResult:
+    """Generated ids per prompt and, per generated step, the full-vocabulary logits (float32)."""
+
+    token_ids: list[list[int]]
+    logits: list[torch.Tensor]
+
+
+@torch.inference_mode()
+def hf_greedy(model_dir: Path | str, prompts: list[list[int]], max_new_tokens: int) -> GreedyResult:
+    """Greedy decoding with full re-computation each step (no cache, ignores EOS), one prompt at a time."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    all_ids: list[list[int]] = []
+    all_logits: list[torch.Tensor] = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt], dtype=torch.long)
+        steps = []
+        for _ in range(max_new_tokens):
+            logits = model(input_ids=ids).logits[0, -1].float()
+            steps.append(logits)
+            ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
+        all_ids.append(ids[0, len(prompt) :].tolist())
+        all_logits.append(torch.stack(steps))
+    return GreedyResult(all_ids, all_logits)

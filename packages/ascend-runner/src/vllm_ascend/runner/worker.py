@@ -1,0 +1,212 @@
+"""NPUWorker: vLLM's GPU worker driving an Ascend NPU or the reference device.
+
+Device lifecycle (``init_device``), KV cache sizing from a profile run, warm-up without graph
+capture, and sleep/wake-up that really releases memory: sleep level 1 backs the weights up in
+host memory and releases the device copies and the KV cache; level 2 releases the weights
+without a backup (reload them after waking, as in vLLM). On the reference device "releasing"
+shrinks the tensors' storages to zero bytes; waking re-allocates them in place, so every view
+(per-layer KV caches, tied weights) stays valid.
+"""
+
+from __future__ import annotations
+
+import gc
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from vllm.config import VllmConfig
+from vllm.platforms import current_platform
+from vllm.utils.mem_utils import format_gib
+from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
+from vllm.v1.worker.worker_base import CompilationTimes
+from vllm_ascend.core.logger import init_logger
+from vllm_ascend.runner import device_context
+from vllm_ascend.runner.block_table import TRITON_KERNEL_OVERRIDES
+from vllm_ascend.runner.model_runner import NPUModelRunner
+from vllm_ascend.runner.ops.registry import enable_custom_ops, register_custom_ops
+
+logger = init_logger(__name__)
+
+ATTENTION_BACKEND = "vllm_ascend.runner.attention.backend.AscendAttentionBackend"
+SLEEP_LEVELS = (1, 2)
+
+
+def _unique_storages(tensors: list[torch.Tensor]) -> list[torch.UntypedStorage]:
+    seen: dict[int, torch.UntypedStorage] = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if storage.nbytes() > 0:
+            seen.setdefault(storage.data_ptr(), storage)
+    return list(seen.values())
+
+
+class _ReleasedStorage:
+    """A storage shrunk to zero bytes, with what is needed to re-allocate (and refill) it."""
+
+    def __init__(self, storage: torch.UntypedStorage, keep_contents: bool) -> None:
+        self.storage = storage
+        self.nbytes = storage.nbytes()
+        self.backup: torch.UntypedStorage | None = None
+        if keep_contents:
+            self.backup = storage.clone() if storage.device.type == "cpu" else storage.cpu()
+        storage.resize_(0)
+
+    def restore(self) -> None:
+        self.storage.resize_(self.nbytes)
+        if self.backup is not None:
+            self.storage.copy_(self.backup)
+        else:
+            self.storage.fill_(0)
+
+
+class NPUWorker(Worker):
+    """The V1 worker for Ascend."""
+
+    @classmethod
+    def attention_backend_qualname(cls) -> str:
+        return ATTENTION_BACKEND
+
+    @classmethod
+    def triton_kernel_overrides(cls) -> dict[str, Any]:
+        return dict(TRITON_KERNEL_OVERRIDES)
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        local_rank: int,
+        rank: int,
+        distributed_init_method: str,
+        is_driver_worker: bool = False,
+    ) -> None:
+        register_custom_ops()
+        enable_custom_ops(vllm_config.compilation_config.custom_ops)
+        device_context.install_accelerator_shims()
+        super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker)
+        self._sleep_weights: list[_ReleasedStorage] = []
+        self._sleep_kv: list[_ReleasedStorage] = []
+        self.sleep_level = 0
+
+    # -- device ----------------------------------------------------------------------------
+    def init_device(self) -> None:
+        if current_platform.is_reference():
+            self.device = torch.device("cpu")
+        else:
+            self.device = torch.device(f"npu:{self.local_rank}")
+            current_platform.set_device(self.device)
+        current_platform.check_if_supports_dtype(self.model_config.dtype)
+        init_worker_distributed_environment(
+            self.vllm_config, self.rank, self.distributed_init_method, self.local_rank, current_platform.dist_backend
+        )
+        set_random_seed(self.model_config.seed)
+        self._init_workspace_and_model_runner()
+
+    def _make_model_runner(self) -> NPUModelRunner:
+        return NPUModelRunner(self.vllm_config, self.device)
+
+    def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:
+        # Sleep mode releases tensors directly (see sleep()); no allocator pool is involved.
+        return nullcontext()
+
+    # -- memory and KV cache ---------------------------------------------------------------
+    @torch.inference_mode()
+    def determine_available_memory(self) -> int:
+        """Bytes for the KV cache: ``kv_cache_memory_bytes`` if set, else what the profile run leaves.
+
+        Without an explicit size the budget is ``gpu_memory_utilization`` of the device memory
+        (host RAM on the reference device) minus what the process uses after a profile run.
+        """
+        self.model_runner.profile_run()
+        explicit = self.cache_config.kv_cache_memory_bytes
+        if explicit:
+            logger.info("KV cache: %s GiB as configured (kv_cache_memory_bytes)", format_gib(explicit))
+            return int(explicit)
+        gc.collect()
+        total = current_platform.get_device_total_memory(self.local_rank)
+        used = current_platform.get_current_memory_usage(self.device)
+        budget = int(total * self.cache_config.gpu_memory_utilization - used)
+        if budget <= 0:
+            raise ValueError(
+                f"no memory left for the KV cache: gpu_memory_utilization={self.cache_config.gpu_memory_utilization} "
+                f"of {format_gib(total)} GiB is below the {format_gib(used)} GiB in use; raise "
+                "gpu_memory_utilization or set kv_cache_memory_bytes (VLLM_CPU_KVCACHE_SPACE on the reference device)"
+            )
+        logger.info("KV cache: %s GiB (profiled)", format_gib(budget))
+        return budget
+
+    def initialize_cache(self, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
+        """Record the KV block counts chosen by the engine."""
+        self.cache_config.num_gpu_blocks = num_gpu_blocks
+        self.cache_config.num_cpu_blocks = num_cpu_blocks
+
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
+        self.initialize_cache(kv_cache_config.num_blocks, 0)
+        super().initialize_from_config(kv_cache_config)
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        """Warm up (one dummy forward + sampler run), no graph capture; then reset the seed."""
+        self.model_runner.warm_up()
+        set_random_seed(self.model_config.seed, self.parallel_config.data_parallel_index)
+        return CompilationTimes(
+            language_model=self.compilation_config.compilation_time,
+            encoder=self.compilation_config.encoder_compilation_time,
+        )
+
+    # -- sleep mode ------------------------------------------------------------------------
+    def _kv_cache_tensors(self) -> list[torch.Tensor]:
+        caches = self.model_runner.kv_caches
+        return [t for t in caches if isinstance(t, torch.Tensor)]
+
+    def sleep(self, level: int = 1) -> None:
+        """Release the KV cache and the weights (backed up on the host at level 1)."""
+        if level not in SLEEP_LEVELS:
+            raise ValueError(f"sleep level={level} is invalid; allowed: {', '.join(map(str, SLEEP_LEVELS))}")
+        if self.sleep_level:
+            raise RuntimeError(f"the worker is already asleep (level {self.sleep_level}); call wake_up() first")
+        device_context.synchronize()
+        before = current_platform.get_current_memory_usage(self.device)
+        model = self.model_runner.model
+        if level == 2:
+            self._sleep_saved_buffers = {name: buf.cpu().clone() for name, buf in model.named_buffers()}
+        self._sleep_kv = [_ReleasedStorage(s, keep_contents=False) for s in _unique_storages(self._kv_cache_tensors())]
+        self._sleep_weights = [
+            _ReleasedStorage(s, keep_contents=level == 1) for s in _unique_storages(list(model.parameters()))
+        ]
+        self.sleep_level = level
+        gc.collect()
+        after = current_platform.get_current_memory_usage(self.device)
+        released = sum(r.nbytes for r in self._sleep_kv + self._sleep_weights)
+        logger.info(
+            "Sleep level %d released %s GiB of tensors (memory in use %s -> %s GiB)",
+            level, format_gib(released), format_gib(int(before)), format_gib(int(after)),
+        )  # fmt: skip
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Re-allocate what sleep released: ``tags`` picks ``weights`` and/or ``kv_cache`` (default both)."""
+        allowed = ("weights", "kv_cache")
+        tags = list(allowed) if tags is None else tags
+        unknown = [t for t in tags if t not in allowed]
+        if unknown:
+            raise ValueError(f"wake_up tags {unknown} are invalid; allowed: {', '.join(allowed)}")
+        if "weights" in tags:
+            for released in self._sleep_weights:
+                released.restore()
+            self._sleep_weights = []
+            if self._sleep_saved_buffers:
+                for name, buf in self.model_runner.model.named_buffers():
+                    if name in self._sleep_saved_buffers:
+                        buf.data.copy_(self._sleep_saved_buffers[name])
+                self._sleep_saved_buffers = {}
+        if "kv_cache" in tags:
+            for released in self._sleep_kv:
+                released.restore()
+            self._sleep_kv = []
+        if not self._sleep_weights and not self._sleep_kv:
+            self.sleep_level = 0
+        device_context.synchronize()
+
+    def discard(self, tags: tuple[str, ...]) -> None:
+        raise RuntimeError("selective discard is not supported by the Ascend worker; use sleep(level=2)")
+
