@@ -128,3 +128,24 @@ def test_310p_without_its_overlay_names_the_missing_distribution(monkeypatch):
 def test_npu_adaptor_without_torch_npu_is_a_clear_error():
     with pytest.raises(DeviceOpError, match=r"the NPU device adaptor needs torch_npu .*VLLM_ASCEND_DEVICE=reference"):
         A2A3DeviceAdaptor().rms_norm(torch.ones(2, 4), torch.ones(4), 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("name", "module"),
+    [
+        ("AscendDeviceType", "family"),
+        ("HardwareProfile", "profile"),
+        ("get_hardware_profile", "profile"),
+        ("get_current_hardware_profile", "profile"),
+        ("DeviceConfig", "config"),
+        ("get_device_config", "config"),
+        ("get_device_adaptor", "adaptor"),
+    ],
+)
+def test_lazy_exports_from_vllm_ascend_core(name, module):
+    import importlib
+
+    import vllm_ascend.core as core
+
+    assert name in dir(core)
+    assert getattr(core, name) is getattr(importlib.import_module(f"vllm_ascend.core.device.{module}"), name)
