@@ -7,11 +7,13 @@ is downloaded once (``pip download --no-deps``) into a cache folder and read wit
 from __future__ import annotations
 
 import ast
+import inspect
 import os
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 import warnings
 import zipfile
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ class OpSignature:
     positional: list[str] = field(default_factory=list)  # before '*', in order
     keyword_only: list[str] = field(default_factory=list)
     required: set[str] = field(default_factory=set)
+    supported_products: str | None = None  # the doc's 支持的型号 (supported products) section, when it has one
 
     @property
     def names(self) -> set[str]:
@@ -107,6 +110,8 @@ def parse_op_docs(source: str) -> dict[str, OpSignature]:
         name, doc = (arg.value for arg in node.args[:2])  # type: ignore[attr-defined]
         sig = parse_signature(name, doc)
         if sig is not None and name not in ops:
+            section = re.search(r"支持的型号[:：]?\s*\n(.*?)(?:\n\s*\n|调用示例|$)", doc, re.S)
+            sig.supported_products = section.group(1) if section else None
             ops[name] = sig
     return ops
 
@@ -239,3 +244,26 @@ def test_npu_adaptors_map_every_op_or_say_it_runs_torch(cls):
 
     inherited_reference = {op for op in OPS if getattr(cls, op) is getattr(ReferenceDeviceAdaptor, op)}
     assert inherited_reference == set(cls.TORCH_OPS)
+
+
+def _calls_reached_by(cls: type, op: str) -> list[NpuCall]:
+    fn = getattr(cls, op)
+    fn = getattr(fn, "__wrapped__", fn)
+    source = textwrap.dedent(inspect.getsource(fn))
+    return npu_calls(source, f"{fn.__module__}.{fn.__qualname__}")
+
+
+def test_310p_adaptor_reaches_only_ops_documented_for_310p(npu_ops):
+    """Where an op's doc lists its supported products, it must list the Atlas inference series (310P)."""
+    overlay = pytest.importorskip("vllm_ascend.ascend310p.overlay")
+    cls = overlay.Ascend310PDeviceAdaptor
+    reached = [call for op in OPS for call in _calls_reached_by(cls, op)]
+    assert {c.op for c in reached} >= {"npu_prompt_flash_attention", "npu_grouped_matmul"}
+    unsupported = [
+        f"{c.where}: torch_npu.{c.op} (supported: {' '.join(npu_ops[c.op].supported_products.split())})"
+        for c in reached
+        if npu_ops[c.op].supported_products is not None and "Atlas 推理系列" not in npu_ops[c.op].supported_products
+    ]
+    assert not unsupported, "\n".join(unsupported)
+    scatter = npu_ops["npu_scatter_pa_kv_cache"].supported_products
+    assert scatter is not None and "Atlas 推理系列" not in scatter  # why 310P keeps reshape_and_cache in torch
