@@ -7,6 +7,7 @@ fp32 per request, so results do not depend on how requests are batched.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -33,7 +34,7 @@ def group_bounds(group_list: torch.Tensor, group_list_type: str, num_rows: int) 
     check_choice("group_list_type", group_list_type, GROUP_LIST_TYPES)
     _require(group_list.dim() == 1, f"group_list must be 1-D, got shape {tuple(group_list.shape)}")
     values = [int(v) for v in group_list.tolist()]
-    ends = list(_running_sum(values)) if group_list_type == "count" else values
+    ends = list(itertools.accumulate(values)) if group_list_type == "count" else values
     bounds, start = [], 0
     for g, end in enumerate(ends):
         _require(end >= start, f"group_list ({group_list_type}) must be non-negative/non-decreasing; group {g} ends at {end} < {start}")
@@ -41,14 +42,6 @@ def group_bounds(group_list: torch.Tensor, group_list_type: str, num_rows: int) 
         start = end
     _require(start <= num_rows, f"group_list covers {start} rows but x has only {num_rows}")
     return bounds
-
-
-def _running_sum(values: list[int]) -> list[int]:
-    total, out = 0, []
-    for v in values:
-        total += v
-        out.append(total)
-    return out
 
 
 def _per_token_int8(xf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,7 +180,7 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
 
         def rotate(x: torch.Tensor) -> torch.Tensor:
-            _require(x.shape[-1] % head_size == 0 or x.shape[-1] == head_size, f"tensor of shape {tuple(x.shape)} is not a multiple of head_size={head_size}")
+            _require(x.shape[-1] % head_size == 0, f"tensor of shape {tuple(x.shape)} is not a multiple of head_size={head_size}")
             heads = x.reshape(x.shape[0], -1, head_size).float()
             rot, rest = heads[..., :rot_dim], heads[..., rot_dim:]
             if is_neox:
