@@ -45,7 +45,56 @@ def _csv(raw: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _bool(name: str) -> Callable[[str], bool]:
+    def parse(raw: str) -> bool:
+        value = raw.strip().lower()
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        raise EnvError(f"{name}={raw!r} is invalid; allowed values: {', '.join(_TRUE + _FALSE)}")
+
+    return parse
+
+
+def _int(name: str, low: int, high: int | None = None) -> Callable[[str], int]:
+    allowed = f"an integer >= {low}" + (f" and <= {high}" if high is not None else "")
+
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise EnvError(f"{name}={raw!r} is invalid; allowed: {allowed}") from None
+        if value < low or (high is not None and value > high):
+            raise EnvError(f"{name}={raw!r} is out of range; allowed: {allowed}")
+        return value
+
+    return parse
+
+
+def _int_choice(name: str, allowed: tuple[int, ...]) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        text = raw.strip()
+        if text not in {str(a) for a in allowed}:
+            raise EnvError(f"{name}={raw!r} is invalid; allowed values: {', '.join(map(str, allowed))}")
+        return int(text)
+
+    return parse
+
+
+def _text(raw: str) -> str:
+    return raw.strip()
+
+
 DEVICE_MODES = ("auto", "npu", "reference", "off")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_COLOR_MODES = ("auto", "always", "never")
+MOE_COMM_METHODS = ("auto", "allgather", "alltoall", "mc2", "naive_multicast")
+NZ_MODES = (0, 1, 2)
 
 _VARS: dict[str, EnvVar] = {
     v.name: v
@@ -62,6 +111,61 @@ _VARS: dict[str, EnvVar] = {
             (),
             _csv,
             "Comma-separated extension names (e.g. eplb,netloader) that core must not load.",
+        ),
+        EnvVar(
+            "VLLM_ASCEND_LOG_LEVEL",
+            "info",
+            _choice("VLLM_ASCEND_LOG_LEVEL", LOG_LEVELS),
+            "Level of the vllm_ascend loggers.",
+        ),
+        EnvVar(
+            "VLLM_ASCEND_LOG_COLOR",
+            "auto",
+            _choice("VLLM_ASCEND_LOG_COLOR", LOG_COLOR_MODES),
+            "auto: colour level names only when stderr is a terminal (and NO_COLOR is unset); "
+            "always / never force it.",
+        ),
+        EnvVar(
+            "VLLM_ASCEND_LOG_FILE",
+            None,
+            _text,
+            "Also write vllm_ascend logs to this file, rotated by size.",
+        ),
+        EnvVar(
+            "VLLM_ASCEND_LOG_FILE_MAX_BYTES",
+            64 << 20,
+            _int("VLLM_ASCEND_LOG_FILE_MAX_BYTES", 1024),
+            "Size in bytes at which the log file is rotated.",
+        ),
+        EnvVar(
+            "VLLM_ASCEND_LOG_FILE_BACKUP_COUNT",
+            5,
+            _int("VLLM_ASCEND_LOG_FILE_BACKUP_COUNT", 0, 1000),
+            "Rotated log files kept (file.1 ... file.N); 0 truncates instead.",
+        ),
+        EnvVar(
+            "VLLM_ASCEND_BATCH_INVARIANT",
+            False,
+            _bool("VLLM_ASCEND_BATCH_INVARIANT"),
+            "Make reductions bitwise independent of the batch size (RL, numerical alignment).",
+        ),
+        EnvVar(
+            "VLLM_ASCEND_MOE_COMM_METHOD",
+            "auto",
+            _choice("VLLM_ASCEND_MOE_COMM_METHOD", MOE_COMM_METHODS),
+            "Force the MoE communication method instead of choosing it per device family and batch.",
+        ),
+        EnvVar(
+            "VLLM_ASCEND_ENABLE_NZ",
+            1,
+            _int_choice("VLLM_ASCEND_ENABLE_NZ", NZ_MODES),
+            "Matmul weights in FRACTAL_NZ layout: 0 never, 1 quantized weights only, 2 all weights.",
+        ),
+        EnvVar(
+            "VLLM_ASCEND_NPU_SMI",
+            "npu-smi",
+            _text,
+            "The npu-smi command used to read NPU/CPU topology for CPU binding.",
         ),
     )
 }

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from vllm_ascend.core.config.schema import ConfigError, Section, option
+from vllm_ascend.core.config.schema import ConfigError, Section, meta, option
 from vllm_ascend.core.config.sections import (
     AscendCompilationConfig,
     BatchJobSchedConfig,
@@ -29,14 +29,21 @@ from vllm_ascend.core.config.sections import (
     SparseKVOffloadConfig,
     XliteGraphConfig,
 )
-from vllm_ascend.core.family import current_family, family_name
+from vllm_ascend.core.device.family import AscendDeviceType
+from vllm_ascend.core.family import current_family
 from vllm_ascend.core.logger import init_logger
 
 logger = init_logger(__name__)
 
-MEGAMOE_FAMILIES = ("A3", "A5")
+_A2, _A3, _A5 = AscendDeviceType.A2, AscendDeviceType.A3, AscendDeviceType.A5
+MEGAMOE_FAMILIES = (_A3, _A5)
 # Hierarchical MC2 (intra-node HCCS, inter-node RoCE) exists for A2 clusters; A3/A5 supernodes are full mesh.
-MC2_ALGORITHM_FAMILIES = {"auto": ("A2", "A3", "A5"), "fullmesh": ("A2", "A3", "A5"), "hierarchy": ("A2",)}
+# 310P has no MC2 at all.
+MC2_ALGORITHM_FAMILIES = {"auto": (_A2, _A3, _A5), "fullmesh": (_A2, _A3, _A5), "hierarchy": (_A2,)}
+
+
+def _names(families: tuple[AscendDeviceType, ...]) -> str:
+    return ", ".join(f.value for f in families)
 
 
 @dataclass(frozen=True)
@@ -45,28 +52,42 @@ class AscendConfig(Section):
 
     PATH: ClassVar[str] = "additional_config"
 
-    ascend_compilation_config: AscendCompilationConfig = option(
-        factory=AscendCompilationConfig, doc="Graph compilation and fusion."
+    ascend_compilation_config: AscendCompilationConfig = field(
+        default_factory=AscendCompilationConfig, metadata=meta("Graph compilation and fusion.")
     )
-    eplb_config: EplbConfig = option(factory=EplbConfig, doc="Expert-parallel load balancing.")
-    rejection_sampler_config: RejectionSamplerConfig = option(
-        factory=RejectionSamplerConfig, doc="Speculative verification."
+    eplb_config: EplbConfig = field(
+        default_factory=EplbConfig, metadata=meta("Expert-parallel load balancing.")
     )
-    rl_config: RlConfig = option(factory=RlConfig, doc="RL rollout defaults.")
-    dynamic_spec_config: DynamicSpecConfig = option(factory=DynamicSpecConfig, doc="Dynamic speculation.")
-    finegrained_tp_config: FinegrainedTPConfig = option(factory=FinegrainedTPConfig, doc="Per-layer TP sizes.")
-    xlite_graph_config: XliteGraphConfig = option(factory=XliteGraphConfig, doc="xlite graph runtime.")
-    profiling_chunk_config: ProfilingChunkConfig = option(
-        factory=ProfilingChunkConfig, doc="Latency-model prefill chunking."
+    rejection_sampler_config: RejectionSamplerConfig = field(
+        default_factory=RejectionSamplerConfig, metadata=meta("Speculative verification.")
     )
-    batch_job_sched_config: BatchJobSchedConfig = option(factory=BatchJobSchedConfig, doc="Batch-job scheduling.")
-    short_request_first_config: ShortRequestFirstConfig = option(
-        factory=ShortRequestFirstConfig, doc="Short-request-first scheduling."
+    rl_config: RlConfig = field(default_factory=RlConfig, metadata=meta("RL rollout defaults."))
+    dynamic_spec_config: DynamicSpecConfig = field(
+        default_factory=DynamicSpecConfig, metadata=meta("Dynamic speculation.")
     )
-    dyntra_lb_config: DyntraLBConfig = option(factory=DyntraLBConfig, doc="DP request balancing.")
-    scheduler_config: SchedulerConfig = option(factory=SchedulerConfig, doc="Scheduler choice.")
-    sparse_kv_offload_config: SparseKVOffloadConfig = option(
-        factory=SparseKVOffloadConfig, doc="Sparse KV offload."
+    finegrained_tp_config: FinegrainedTPConfig = field(
+        default_factory=FinegrainedTPConfig, metadata=meta("Per-layer TP sizes.")
+    )
+    xlite_graph_config: XliteGraphConfig = field(
+        default_factory=XliteGraphConfig, metadata=meta("xlite graph runtime.")
+    )
+    profiling_chunk_config: ProfilingChunkConfig = field(
+        default_factory=ProfilingChunkConfig, metadata=meta("Latency-model prefill chunking.")
+    )
+    batch_job_sched_config: BatchJobSchedConfig = field(
+        default_factory=BatchJobSchedConfig, metadata=meta("Batch-job scheduling.")
+    )
+    short_request_first_config: ShortRequestFirstConfig = field(
+        default_factory=ShortRequestFirstConfig, metadata=meta("Short-request-first scheduling.")
+    )
+    dyntra_lb_config: DyntraLBConfig = field(
+        default_factory=DyntraLBConfig, metadata=meta("DP request balancing.")
+    )
+    scheduler_config: SchedulerConfig = field(
+        default_factory=SchedulerConfig, metadata=meta("Scheduler choice.")
+    )
+    sparse_kv_offload_config: SparseKVOffloadConfig = field(
+        default_factory=SparseKVOffloadConfig, metadata=meta("Sparse KV offload.")
     )
     enable_shared_expert_dp: bool = option(False, doc="Run shared experts data-parallel instead of TP.")
     multistream_overlap_shared_expert: bool = option(
@@ -78,7 +99,9 @@ class AscendConfig(Section):
         "auto", choices=tuple(MC2_ALGORITHM_FAMILIES), doc="MC2 dispatch/combine algorithm."
     )
     enable_megamoe: bool = option(False, doc="Fused dispatch+expert+combine MoE kernel (A3/A5, EP only).")
-    dump_config_path: str | None = option(None, doc="Write the effective config as JSON to this file at start.")
+    dump_config_path: str | None = option(
+        None, doc="Write the effective config as JSON to this file at start."
+    )
 
     def _validate(self) -> None:
         p = self.PATH
@@ -87,8 +110,10 @@ class AscendConfig(Section):
                 f"{p}.xlite_graph_config.enabled = true conflicts with "
                 f"{p}.ascend_compilation_config.enable_npugraph_ex = true (two graph runtimes); enable one"
             )
-        if self.sparse_kv_offload_config.enabled and self.sparse_kv_offload_config.kv_cache_dtype == "c8" and (
-            self.enable_kv_nz
+        if (
+            self.sparse_kv_offload_config.enabled
+            and self.sparse_kv_offload_config.kv_cache_dtype == "c8"
+            and (self.enable_kv_nz)
         ):
             raise ConfigError(
                 f"{p}.sparse_kv_offload_config.kv_cache_dtype = 'c8' is incompatible with "
@@ -121,7 +146,9 @@ class AscendConfig(Section):
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(self.to_json() + "\n", encoding="utf-8")
         except OSError as exc:
-            raise ConfigError(f"{self.PATH}.dump_config_path = {str(path)!r} cannot be written: {exc}") from exc
+            raise ConfigError(
+                f"{self.PATH}.dump_config_path = {str(path)!r} cannot be written: {exc}"
+            ) from exc
         return target
 
     # ---- checks against vLLM's config and the device ---------------------------------------
@@ -132,26 +159,26 @@ class AscendConfig(Section):
         Returns the config with derived values filled in (defaults that depend on vLLM's config);
         raises :class:`ConfigError` naming both sides of any conflict.
         """
-        fam = family_name(family) if family is not None else None
+        fam = AscendDeviceType.parse(family) if family is not None else None
         derived = self._check_family(fam)
         if vllm_config is None:
             return derived
         return derived._check_vllm(vllm_config)
 
-    def _check_family(self, fam: str | None) -> AscendConfig:
+    def _check_family(self, fam: AscendDeviceType | None) -> AscendConfig:
         p = self.PATH
         if fam is None:
             return self
-        allowed = MC2_ALGORITHM_FAMILIES[self.mc2_comm_algorithm]
-        if fam not in allowed:
+        if fam not in MC2_ALGORITHM_FAMILIES[self.mc2_comm_algorithm] and self.mc2_comm_algorithm != "auto":
+            available = [a for a, fams in MC2_ALGORITHM_FAMILIES.items() if fam in fams]
             raise ConfigError(
-                f"{p}.mc2_comm_algorithm = {self.mc2_comm_algorithm!r} is not available on {fam}; "
-                f"allowed on {fam}: {', '.join(repr(a) for a, f in MC2_ALGORITHM_FAMILIES.items() if fam in f)}"
+                f"{p}.mc2_comm_algorithm = {self.mc2_comm_algorithm!r} is not available on {fam.value}; "
+                f"allowed on {fam.value}: {', '.join(repr(a) for a in available) or 'auto (MC2 is not used)'}"
             )
         if self.enable_megamoe and fam not in MEGAMOE_FAMILIES:
             raise ConfigError(
-                f"{p}.enable_megamoe = true is not supported on {fam}; supported families: "
-                f"{', '.join(MEGAMOE_FAMILIES)}"
+                f"{p}.enable_megamoe = true is not supported on {fam.value}; supported families: "
+                f"{_names(MEGAMOE_FAMILIES)}"
             )
         return self
 
@@ -169,8 +196,10 @@ class AscendConfig(Section):
 
         eplb = self.eplb_config
         if eplb.enabled and not ep:
-            key = "dynamic_eplb" if eplb.dynamic_eplb else (
-                "expert_map_path" if eplb.expert_map_path is not None else "num_redundant_experts"
+            key = (
+                "dynamic_eplb"
+                if eplb.dynamic_eplb
+                else ("expert_map_path" if eplb.expert_map_path is not None else "num_redundant_experts")
             )
             raise ConfigError(f"{p}.eplb_config.{key} {need_ep}")
         if self.mc2_comm_algorithm != "auto" and not ep:
@@ -193,7 +222,9 @@ class AscendConfig(Section):
                 f"{p}.dyntra_lb_config.enabled = true requires data_parallel_size >= 2 (got {dp})"
             )
         if self.enable_shared_expert_dp and tp < 2:
-            raise ConfigError(f"{p}.enable_shared_expert_dp = true requires tensor_parallel_size >= 2 (got {tp})")
+            raise ConfigError(
+                f"{p}.enable_shared_expert_dp = true requires tensor_parallel_size >= 2 (got {tp})"
+            )
 
         if self.rejection_sampler_config.verify_method != "strict" and spec is None:
             raise ConfigError(
@@ -204,7 +235,9 @@ class AscendConfig(Section):
         changes: dict[str, Any] = {}
         if dyn.enabled:
             if spec is None or num_spec is None:
-                raise ConfigError(f"{p}.dynamic_spec_config.enabled = true requires speculative decoding (vLLM speculative_config)")
+                raise ConfigError(
+                    f"{p}.dynamic_spec_config.enabled = true requires speculative decoding (vLLM speculative_config)"
+                )
             if dyn.max_num_speculative_tokens is None:
                 changes["dynamic_spec_config"] = dyn.replace(
                     max_num_speculative_tokens=max(num_spec, dyn.min_num_speculative_tokens, 1)
@@ -237,7 +270,7 @@ class AscendConfig(Section):
 
 def supports_megamoe(config: AscendConfig, family: Any, expert_parallel: bool) -> bool:
     """Whether the fused MegaMoE path may run: asked for, on an A3/A5 device, with EP."""
-    return config.enable_megamoe and expert_parallel and family_name(family) in MEGAMOE_FAMILIES
+    return config.enable_megamoe and expert_parallel and AscendDeviceType.parse(family) in MEGAMOE_FAMILIES
 
 
 _config: AscendConfig | None = None
@@ -259,7 +292,9 @@ def _additional_config_of(source: Any) -> Mapping[str, Any] | None:
         value = source.additional_config
         if value is None or isinstance(value, Mapping):
             return value
-        raise ConfigError(f"additional_config must be a JSON object (dict), got {type(value).__name__} {value!r}")
+        raise ConfigError(
+            f"additional_config must be a JSON object (dict), got {type(value).__name__} {value!r}"
+        )
     raise ConfigError(
         f"init_ascend_config expects a vLLM VllmConfig, a dict or a JSON string, got {type(source).__name__}"
     )

@@ -20,25 +20,22 @@ class ConfigError(ValueError):
     """Invalid Ascend configuration; the message names the key path and the allowed values."""
 
 
-_UNSET = object()
-
-
-def option(
-    default: Any = _UNSET,
-    *,
+def meta(
     doc: str,
+    *,
     ge: float | None = None,
     gt: float | None = None,
     le: float | None = None,
     choices: tuple[Any, ...] | None = None,
     aliases: Mapping[str, Any] | None = None,
-    factory: Any = None,
-) -> Any:
-    """A config field: default (or default ``factory``), help text and constraints."""
-    metadata = {"doc": doc, "ge": ge, "gt": gt, "le": le, "choices": choices, "aliases": aliases}
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
+) -> dict[str, Any]:
+    """Field metadata: help text and constraints (for ``dataclasses.field(metadata=...)``)."""
+    return {"doc": doc, "ge": ge, "gt": gt, "le": le, "choices": choices, "aliases": aliases}
+
+
+def option(default: Any, *, doc: str, **constraints: Any) -> Any:
+    """A scalar config field: default, help text and constraints (see :func:`meta`)."""
+    return dataclasses.field(default=default, metadata=meta(doc, **constraints))
 
 
 def _describe(value: Any) -> str:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
-from vllm_ascend.core.config.schema import ConfigError, Section, option
+from vllm_ascend.core.config.schema import ConfigError, Section, meta, option
 
 EPLB_POLICIES = {"random": 0, "default": 1, "swift": 2, "flashlb": 3}
 
@@ -19,7 +19,9 @@ class AscendFusionConfig(Section):
     fuse_norm_quant: bool = option(True, doc="Fuse (Add)RMSNorm followed by (dynamic/MX) quantization.")
     fuse_qknorm_rope: bool = option(True, doc="Fuse Q/K RMSNorm followed by rotary embedding.")
     fuse_muls_add: bool = option(True, doc="Fuse x * scale + y into one muls_add op.")
-    fold_allgather_chunk: bool = option(True, doc="Fold all_gather followed by its inverse chunk into identity.")
+    fold_allgather_chunk: bool = option(
+        True, doc="Fold all_gather followed by its inverse chunk into identity."
+    )
     eliminate_noop: bool = option(True, doc="Drop view/reshape nodes that do not change the shape.")
 
 
@@ -30,17 +32,24 @@ class AscendCompilationConfig(Section):
     PATH: ClassVar[str] = "additional_config.ascend_compilation_config"
 
     enable_graph_fusion: bool = option(True, doc="Run the pattern-matching fusion passes.")
-    enable_npugraph_ex: bool = option(False, doc="Compile through the NPU graph extension instead of fusion passes.")
-    compile_ranges_split_points: tuple[int, ...] = option(
-        factory=tuple, doc="Token counts at which compiled graphs are split into ranges (strictly increasing)."
+    enable_npugraph_ex: bool = option(
+        False, doc="Compile through the NPU graph extension instead of fusion passes."
     )
-    fusion: AscendFusionConfig = option(factory=AscendFusionConfig, doc="Individual fusion pass switches.")
+    compile_ranges_split_points: tuple[int, ...] = field(
+        default_factory=tuple,
+        metadata=meta("Token counts at which compiled graphs are split into ranges (strictly increasing)."),
+    )
+    fusion: AscendFusionConfig = field(
+        default_factory=AscendFusionConfig, metadata=meta("Individual fusion pass switches.")
+    )
 
     def _validate(self) -> None:
         points = self.compile_ranges_split_points
         for i, point in enumerate(points):
             if point < 1:
-                raise ConfigError(f"{self.PATH}.compile_ranges_split_points[{i}] = {point} is out of range; allowed: >= 1")
+                raise ConfigError(
+                    f"{self.PATH}.compile_ranges_split_points[{i}] = {point} is out of range; allowed: >= 1"
+                )
             if i and point <= points[i - 1]:
                 raise ConfigError(
                     f"{self.PATH}.compile_ranges_split_points must be strictly increasing; "
@@ -146,7 +155,9 @@ class RlConfig(Section):
     batch_invariant: bool | None = option(
         None, doc="Bitwise batch-size-invariant results (default: on when enabled)."
     )
-    sleep_level: int = option(1, choices=(1, 2), doc="Sleep mode level between rollouts: 1 offload, 2 discard weights.")
+    sleep_level: int = option(
+        1, choices=(1, 2), doc="Sleep mode level between rollouts: 1 offload, 2 discard weights."
+    )
 
     def _validate(self) -> None:
         if self.batch_invariant is None:
@@ -276,8 +287,12 @@ class SchedulerConfig(Section):
 
     PATH: ClassVar[str] = "additional_config.scheduler_config"
 
-    recompute_scheduler_enable: bool = option(False, doc="Use the recompute scheduler (preempt by recompute).")
-    scheduler_cls: str | None = option(None, doc="Qualified name 'package.module.Class' of a custom scheduler.")
+    recompute_scheduler_enable: bool = option(
+        False, doc="Use the recompute scheduler (preempt by recompute)."
+    )
+    scheduler_cls: str | None = option(
+        None, doc="Qualified name 'package.module.Class' of a custom scheduler."
+    )
 
     def _validate(self) -> None:
         if self.scheduler_cls is not None:
