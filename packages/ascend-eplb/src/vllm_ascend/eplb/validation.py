@@ -26,7 +26,7 @@ def as_expert_table(table: object, name: str = "current_expert_table") -> np.nda
     if arr.min() < 0:
         raise EplbInputError(f"{name} holds negative expert id {int(arr.min())}; allowed ids are 0..n-1")
     n = int(arr.max()) + 1
-    present = _presence(arr, n).any(axis=1)  # [layers, n]
+    present = _all_present(arr, n)
     if not present.all():
         layer, expert = np.argwhere(~present)[0]
         raise EplbInputError(
@@ -62,16 +62,17 @@ def _to_numpy(x: object) -> np.ndarray:
     return np.asarray(x)
 
 
-def _presence(table: np.ndarray, n: int) -> np.ndarray:
-    """``[layers, ranks, n]`` count of each logical expert on each rank."""
-    layers, ranks, _ = table.shape
-    flat = (np.arange(layers * ranks)[:, None] * n + table.reshape(layers * ranks, -1)).ravel()
-    return np.bincount(flat, minlength=layers * ranks * n).reshape(layers, ranks, n)
+def _all_present(table: np.ndarray, n: int) -> np.ndarray:
+    """``[layers, n]`` bool: does the layer hold the expert anywhere?"""
+    layers = table.shape[0]
+    flat = (np.arange(layers)[:, None] * n + table.reshape(layers, -1)).ravel()
+    return np.bincount(flat, minlength=layers * n).reshape(layers, n) > 0
 
 
 def duplicated_on_rank(table: np.ndarray, n: int) -> np.ndarray:
     """Per layer: does some rank hold one logical expert more than once?"""
-    return (_presence(table, n) > 1).any(axis=(1, 2))
+    rows = np.sort(table, axis=2)
+    return (rows[..., 1:] == rows[..., :-1]).any(axis=(1, 2))
 
 
 def local_slots(table: np.ndarray, n: int) -> np.ndarray:
@@ -93,8 +94,7 @@ def valid_layers(old: np.ndarray, new: np.ndarray, n: int) -> np.ndarray:
         return np.zeros(old.shape[0], dtype=bool)
     in_range = ((new >= 0) & (new < n)).all(axis=(1, 2))
     safe = np.clip(new, 0, n - 1)
-    counts = _presence(safe, n)
-    ok = in_range & (counts > 0).any(axis=1).all(axis=1) & ~(counts > 1).any(axis=(1, 2))
-    old_slot, new_slot = local_slots(old, n), local_slots(safe, n)
-    moved_locally = ((old_slot >= 0) & (new_slot >= 0) & (old_slot != new_slot)).any(axis=(1, 2))
+    ok = in_range & _all_present(safe, n).all(axis=1) & ~duplicated_on_rank(safe, n)
+    same = old[..., :, None] == safe[..., None, :]  # [layers, ranks, old slot, new slot]
+    moved_locally = (same & ~np.eye(old.shape[2], dtype=bool)).any(axis=(1, 2, 3))
     return ok & ~moved_locally

@@ -6,9 +6,8 @@ import numpy as np
 from vllm_ascend.eplb.policy.base import EplbPolicy
 from vllm_ascend.eplb.policy.packing import (
     align_ranks,
-    expand_replicas,
-    fill_holes,
     logical_load,
+    lpt_pack,
     rank_loads,
     replica_counts,
     swap_refine,
@@ -31,11 +30,9 @@ class DefaultEplb(EplbPolicy):
         _, ranks, slots = table.shape
         load = logical_load(table, workload, n)
         counts = replica_counts(load, ranks * slots, ranks)
-        items, weights = expand_replicas(load / counts, counts)
-        empty = np.full_like(table, -1)
-        packed, slot_w, stuck = fill_holes(empty, np.zeros(table.shape), items, weights, n)
+        packed, slot_w, stuck = lpt_pack(load, counts, ranks, slots)
         mean = load.sum(axis=1) / ranks
-        packed, _ = swap_refine(packed, slot_w, n, self.option("max_swaps", 32, lo=0), 1e-4 * mean)
+        packed, _ = swap_refine(packed, slot_w, n, self.option("max_swaps", 100, lo=0), 1e-4 * mean)
         new = align_ranks(table, np.where(stuck[:, None, None], table, packed), n)
         return np.where(stuck[:, None, None], table, new)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+SWAP_SEARCH = 512
+
 
 def presence(table: np.ndarray, n: int) -> np.ndarray:
     """``[layers, ranks, n]`` bool: does the rank hold the expert (holes, i.e. -1, are ignored)?"""
@@ -104,6 +106,14 @@ def fill_holes(table: np.ndarray, slot_w: np.ndarray, items: np.ndarray, item_w:
     return table, slot_w, stuck
 
 
+def lpt_pack(load: np.ndarray, counts: np.ndarray, ranks: int, slots: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Fresh LPT packing of every replica into an empty ``[layers, ranks, slots]`` table."""
+    items, weights = expand_replicas(load / counts, counts)
+    empty = np.full((load.shape[0], ranks, slots), -1, dtype=np.int64)
+    return fill_holes(empty, np.zeros(empty.shape), items, weights, load.shape[1])
+
+
 def _relocate(table: np.ndarray, slot_w: np.ndarray, has: np.ndarray, load: np.ndarray, free: np.ndarray,
               e: int, w: float) -> bool:
     """One layer, no hole-rank lacks ``e``: move some expert ``x`` from a rank ``b`` lacking ``e``
@@ -162,45 +172,47 @@ def align_ranks(old: np.ndarray, new: np.ndarray, n: int) -> np.ndarray:
 
 
 def swap_refine(table: np.ndarray, slot_w: np.ndarray, n: int, max_swaps: int, min_gain: np.ndarray,
-                max_moved: np.ndarray | None = None, candidates: int = 8) -> tuple[np.ndarray, np.ndarray]:
+                max_moved: np.ndarray | None = None, candidates: int | None = 8) -> tuple[np.ndarray, np.ndarray]:
     """Swap one expert of the most-loaded rank with one of a lightly loaded rank while the pair's
     peak drops by more than ``min_gain`` (per layer); at most ``max_swaps`` swaps, and at most
-    ``max_moved`` changed slots per layer when given."""
+    ``max_moved`` changed slots per layer when given. The ``candidates`` lightest ranks are the partners;
+    ``None`` picks as many as keep one step near ``SWAP_SEARCH`` candidate pairs per layer."""
     table, slot_w = table.copy(), slot_w.copy()
     layers, ranks, slots = table.shape
     if ranks < 2:
         return table, slot_w
-    k = min(candidates, ranks - 1)
-    rows = np.arange(layers)
+    k = min(ranks - 1, candidates or max(8, SWAP_SEARCH // slots**2))
     has = presence(table, n)
     load = slot_w.sum(axis=2)
     moved = np.zeros(layers, dtype=np.int64)
-    active = np.ones(layers, dtype=bool)
-    r1 = rows[:, None]
+    min_gain = np.broadcast_to(min_gain, (layers,))
+    rows = np.arange(layers)
     for _ in range(max_swaps):
-        a = np.argmax(load, axis=1)
-        la = load[rows, a]
-        light = np.argsort(load, axis=1)[:, :k]  # [layers, k]
-        wa, ea = slot_w[rows, a], table[rows, a]  # [layers, slots]
-        wb, eb = slot_w[r1, light], table[r1, light]  # [layers, k, slots]
-        lb = load[r1, light]
-        delta = wa[:, :, None, None] - wb[:, None]  # [layers, slots_a, k, slots_b]
-        peak = np.maximum(la[:, None, None, None] - delta, lb[:, None, :, None] + delta)
-        eb_on_a = np.take_along_axis(has[rows, a], eb.reshape(layers, -1), axis=1).reshape(layers, k, slots)
-        ea_on_b = has[r1[:, :, None], light[:, :, None], ea[:, None, :]]  # [layers, k, slots_a]
-        ok = ~eb_on_a[:, None] & ~ea_on_b.transpose(0, 2, 1)[..., None] & (light != a[:, None])[:, None, :, None]
-        gain = np.where(ok, la[:, None, None, None] - peak, -np.inf).reshape(layers, -1)
-        best = np.argmax(gain, axis=1)
-        go = active & (gain[rows, best] > min_gain)
         if max_moved is not None:
-            go &= moved + 2 <= max_moved
-        active &= go
-        if not go.any():
+            rows = rows[moved[rows] + 2 <= max_moved[rows]]
+        if not rows.size:
             break
-        li = rows[go]
-        i, kb, j = np.unravel_index(best[go], (slots, k, slots))
-        b = light[li, kb]
-        ai = a[li]
+        m, r1 = rows.size, rows[:, None]
+        lr = load[rows]
+        a = np.argmax(lr, axis=1)
+        la = lr[np.arange(m), a]
+        light = np.argpartition(lr, k - 1, axis=1)[:, :k]  # [m, k]
+        wa, ea = slot_w[rows, a], table[rows, a]  # [m, slots]
+        wb, eb = slot_w[r1, light], table[r1, light]  # [m, k, slots]
+        lb = lr[np.arange(m)[:, None], light]
+        delta = wa[:, :, None, None] - wb[:, None]  # [m, slots_a, k, slots_b]
+        peak = np.maximum(la[:, None, None, None] - delta, lb[:, None, :, None] + delta)
+        eb_on_a = has[r1, a[:, None], eb.reshape(m, -1)].reshape(m, k, slots)
+        ea_on_b = has[r1[:, :, None], light[:, :, None], ea[:, None, :]]  # [m, k, slots_a]
+        ok = ~eb_on_a[:, None] & ~ea_on_b.transpose(0, 2, 1)[..., None] & (light != a[:, None])[:, None, :, None]
+        gain = np.where(ok, la[:, None, None, None] - peak, -np.inf).reshape(m, -1)
+        best = np.argmax(gain, axis=1)
+        go = gain[np.arange(m), best] > min_gain[rows]
+        rows, a, light, best = rows[go], a[go], light[go], best[go]  # a layer without a gain is done
+        if not rows.size:
+            break
+        i, kb, j = np.unravel_index(best, (slots, k, slots))
+        li, ai, b = rows, a, light[np.arange(rows.size), kb]
         e1, e2 = table[li, ai, i], table[li, b, j]
         w1, w2 = slot_w[li, ai, i], slot_w[li, b, j]
         table[li, ai, i], table[li, b, j] = e2, e1

@@ -27,7 +27,7 @@ class SwiftBalanceEplb(EplbPolicy):
     Layers with max/mean below ``skip_threshold`` (1.01) are left alone. Replica counts are
     re-allocated (surplus copies leave the hottest ranks, new copies land on the coolest ranks that
     lack them); then the hottest rank swaps experts with cooler ranks while a swap lowers the pair's
-    peak by at least ``min_swap_gain`` (1%) of the mean rank load, up to ``max_swaps`` (100) swaps and
+    peak by at least ``min_swap_gain`` (0.2%; upstream uses 1%) of the mean rank load, up to ``max_swaps`` (100) swaps and
     ``max_move_fraction`` (0.3) of the layer's slots. A layer keeps the new plan only if its
     imbalance improves.
     """
@@ -46,7 +46,8 @@ class SwiftBalanceEplb(EplbPolicy):
         new, slot_w, budget = within_budget(table, load, target, budget)
         mean = load.sum(axis=1) / ranks
         new, _ = swap_refine(new, slot_w, n, self.option("max_swaps", 100, lo=0),
-                             self.option("min_swap_gain", 0.01, lo=0.0) * mean, max_moved=budget)
+                             self.option("min_swap_gain", 0.002, lo=0.0) * mean, max_moved=budget,
+                             candidates=None)
         new = keep_slots(table, new)
         keep = ~todo | (imbalance(new, load) >= before)
         return np.where(keep[:, None, None], table, new)
