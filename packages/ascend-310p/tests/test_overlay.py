@@ -56,7 +56,10 @@ def test_profile_refinements():
     assert {"W8A8S", "W8A8SC"} <= p.quant_types and not p.supports_quant_type("W4A8_DYNAMIC")
     # untouched dimensions come from core's baseline
     base = BUILTIN_PROFILES[AscendDeviceType._310P]
-    assert (p.attention_backend, p.addressing_mode) == (AttentionBackendFamily.ATB_310P, DeviceAddressingMode.DEVICE_LOCAL)
+    assert (p.attention_backend, p.addressing_mode) == (
+        AttentionBackendFamily.ATB_310P,
+        DeviceAddressingMode.DEVICE_LOCAL,
+    )
     assert base.weight_layout is WeightLayoutPolicy.ND and base.quant_types == frozenset({"W8A8"})
 
 
@@ -67,9 +70,9 @@ def test_310p_device_gets_the_overlay_adaptor(on_310p):
 
 
 def test_ops_without_a_310p_kernel_run_the_reference_code():
-    assert {op for op in OPS if getattr(Ascend310PDeviceAdaptor, op) is getattr(ReferenceDeviceAdaptor, op)} == set(
-        Ascend310PDeviceAdaptor.TORCH_OPS
-    )
+    assert {
+        op for op in OPS if getattr(Ascend310PDeviceAdaptor, op) is getattr(ReferenceDeviceAdaptor, op)
+    } == set(Ascend310PDeviceAdaptor.TORCH_OPS)
     torch.manual_seed(0)
     logits, x = torch.randn(5, 8), torch.randn(5, 16)
 
@@ -80,7 +83,12 @@ def test_ops_without_a_310p_kernel_run_the_reference_code():
     adaptor = Ascend310PDeviceAdaptor()
     for got, want in zip(run(adaptor), run(ReferenceDeviceAdaptor()), strict=True):
         assert torch.equal(got, want)
-    assert adaptor.call_counts == {"moe_gating_top_k": 1, "moe_init_routing": 1, "dynamic_quant": 1, "swiglu": 1}
+    assert adaptor.call_counts == {
+        "moe_gating_top_k": 1,
+        "moe_init_routing": 1,
+        "dynamic_quant": 1,
+        "swiglu": 1,
+    }
 
 
 def test_reshape_and_cache_runs_in_torch_and_skips_padding():
@@ -94,13 +102,29 @@ def test_reshape_and_cache_runs_in_torch_and_skips_padding():
 def test_attention_is_float16_only():
     adaptor = Ascend310PDeviceAdaptor()
     kc = vc = torch.zeros(2, 4, 1, 8, dtype=torch.bfloat16)
-    with pytest.raises(DeviceOpError, match=r"Atlas 310P attention runs in float16 only, got query dtype torch\.bfloat16"):
+    with pytest.raises(
+        DeviceOpError, match=r"Atlas 310P attention runs in float16 only, got query dtype torch\.bfloat16"
+    ):
         adaptor.fused_infer_attention(
-            torch.zeros(1, 1, 8, dtype=torch.bfloat16), kc, vc, torch.zeros(1, 2, dtype=torch.int32), torch.tensor([0, 1]), torch.tensor([1]), 1.0
+            torch.zeros(1, 1, 8, dtype=torch.bfloat16),
+            kc,
+            vc,
+            torch.zeros(1, 2, dtype=torch.int32),
+            torch.tensor([0, 1]),
+            torch.tensor([1]),
+            1.0,
         )
-    with pytest.raises(DeviceOpError, match="the NPU device adaptor needs torch_npu"):  # fp16 goes to the NPU kernel
+    with pytest.raises(
+        DeviceOpError, match="the NPU device adaptor needs torch_npu"
+    ):  # fp16 goes to the NPU kernel
         adaptor.fused_infer_attention(
-            torch.zeros(1, 1, 8).half(), kc.half(), vc.half(), torch.zeros(1, 2, dtype=torch.int32), torch.tensor([0, 1]), torch.tensor([1]), 1.0
+            torch.zeros(1, 1, 8).half(),
+            kc.half(),
+            vc.half(),
+            torch.zeros(1, 2, dtype=torch.int32),
+            torch.tensor([0, 1]),
+            torch.tensor([1]),
+            1.0,
         )
 
 

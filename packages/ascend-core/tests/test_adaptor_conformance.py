@@ -41,7 +41,9 @@ class OpSignature:
     positional: list[str] = field(default_factory=list)  # before '*', in order
     keyword_only: list[str] = field(default_factory=list)
     required: set[str] = field(default_factory=set)
-    supported_products: str | None = None  # the doc's 支持的型号 (supported products) section, when it has one
+    supported_products: str | None = (
+        None  # the doc's 支持的型号 (supported products) section, when it has one
+    )
 
     @property
     def names(self) -> set[str]:
@@ -129,13 +131,22 @@ def torch_npu_wheel() -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     pip = shutil.which("pip") or shutil.which("pip3")
     cmd = [pip] if pip else [sys.executable, "-m", "pip"]
-    cmd += ["download", "--no-deps", "--only-binary=:all:", f"torch-npu=={TORCH_NPU_VERSION}", "-d", str(folder)]
+    cmd += [
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        f"torch-npu=={TORCH_NPU_VERSION}",
+        "-d",
+        str(folder),
+    ]
     if sys.version_info[:2] != (3, 11):  # any 3.11 wheel carries the same docs
         cmd += ["--python-version", "3.11", "--platform", "manylinux_2_28_x86_64"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     wheels = sorted(folder.glob(f"torch_npu-{TORCH_NPU_VERSION}-*.whl"))
     if proc.returncode != 0 or not wheels:
-        pytest.fail(f"could not download torch-npu=={TORCH_NPU_VERSION} with {' '.join(cmd)}:\n{proc.stderr[-2000:]}")
+        pytest.fail(
+            f"could not download torch-npu=={TORCH_NPU_VERSION} with {' '.join(cmd)}:\n{proc.stderr[-2000:]}"
+        )
     return wheels[0]
 
 
@@ -158,17 +169,32 @@ class NpuCall:
 def _is_torch_npu(node: ast.expr) -> bool:
     if isinstance(node, ast.Name):
         return node.id == "torch_npu"
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "torch_npu_module"
+    return (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "torch_npu_module"
+    )
 
 
 def npu_calls(source: str, filename: str) -> list[NpuCall]:
     calls = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_torch_npu(node.func.value):
-            if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and _is_torch_npu(node.func.value)
+        ):
+            if any(isinstance(a, ast.Starred) for a in node.args) or any(
+                k.arg is None for k in node.keywords
+            ):
                 calls.append(NpuCall(f"{filename}:{node.lineno}", node.func.attr, -1, ()))
                 continue
-            calls.append(NpuCall(f"{filename}:{node.lineno}", node.func.attr, len(node.args), tuple(k.arg for k in node.keywords)))
+            calls.append(
+                NpuCall(
+                    f"{filename}:{node.lineno}",
+                    node.func.attr,
+                    len(node.args),
+                    tuple(k.arg for k in node.keywords),
+                )
+            )
     return calls
 
 
@@ -177,14 +203,20 @@ def violations(call: NpuCall, ops: dict[str, OpSignature]) -> list[str]:
     if sig is None:
         return [f"{call.where}: torch_npu.{call.op} is not a documented torch_npu op"]
     if call.num_positional < 0:
-        return [f"{call.where}: torch_npu.{call.op} is called with *args/**kwargs; arguments cannot be checked"]
+        return [
+            f"{call.where}: torch_npu.{call.op} is called with *args/**kwargs; arguments cannot be checked"
+        ]
     problems = []
     if call.num_positional > len(sig.positional):
-        problems.append(f"{call.where}: torch_npu.{call.op} takes {len(sig.positional)} positional arguments, got {call.num_positional}")
+        problems.append(
+            f"{call.where}: torch_npu.{call.op} takes {len(sig.positional)} positional arguments, got {call.num_positional}"
+        )
     given = set(sig.positional[: call.num_positional])
     for kw in call.keywords:
         if kw not in sig.names:
-            problems.append(f"{call.where}: torch_npu.{call.op} has no parameter {kw!r} (declared: {', '.join(sig.positional + sig.keyword_only)})")
+            problems.append(
+                f"{call.where}: torch_npu.{call.op} has no parameter {kw!r} (declared: {', '.join(sig.positional + sig.keyword_only)})"
+            )
         elif kw in given:
             problems.append(f"{call.where}: torch_npu.{call.op} gets {kw!r} both positionally and by keyword")
         given.add(kw)
@@ -207,7 +239,9 @@ def test_the_wheel_documents_the_ops_we_rely_on(npu_ops):
     assert len(npu_ops) > 150
     fia = npu_ops["npu_fused_infer_attention_score"]
     assert fia.positional == ["query", "key", "value"] and fia.required == {"query", "key", "value"}
-    assert {"block_table", "actual_seq_lengths_kv", "num_key_value_heads", "sparse_mode"} <= set(fia.keyword_only)
+    assert {"block_table", "actual_seq_lengths_kv", "num_key_value_heads", "sparse_mode"} <= set(
+        fia.keyword_only
+    )
     gating = npu_ops["npu_moe_gating_top_k"]  # documented without the torch_npu. prefix and without '*'
     assert gating.positional[:2] == ["x", "k"] and gating.required == {"x", "k"}
 
@@ -262,8 +296,11 @@ def test_310p_adaptor_reaches_only_ops_documented_for_310p(npu_ops):
     unsupported = [
         f"{c.where}: torch_npu.{c.op} (supported: {' '.join(npu_ops[c.op].supported_products.split())})"
         for c in reached
-        if npu_ops[c.op].supported_products is not None and "Atlas 推理系列" not in npu_ops[c.op].supported_products
+        if npu_ops[c.op].supported_products is not None
+        and "Atlas 推理系列" not in npu_ops[c.op].supported_products
     ]
     assert not unsupported, "\n".join(unsupported)
     scatter = npu_ops["npu_scatter_pa_kv_cache"].supported_products
-    assert scatter is not None and "Atlas 推理系列" not in scatter  # why 310P keeps reshape_and_cache in torch
+    assert (
+        scatter is not None and "Atlas 推理系列" not in scatter
+    )  # why 310P keeps reshape_and_cache in torch

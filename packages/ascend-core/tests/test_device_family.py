@@ -50,7 +50,12 @@ def test_any_ascend950_variant_is_a5(soc):
 
 @pytest.mark.parametrize(
     ("name", "family"),
-    [("Ascend910B3", "A2"), ("  Ascend910_9392\n", "A3"), ("Ascend310P3 (Atlas 300I Duo)", "310P"), ("Ascend950PR_9579", "A5")],
+    [
+        ("Ascend910B3", "A2"),
+        ("  Ascend910_9392\n", "A3"),
+        ("Ascend310P3 (Atlas 300I Duo)", "310P"),
+        ("Ascend950PR_9579", "A5"),
+    ],
 )
 def test_runtime_soc_names(name, family):
     assert device_type_from_runtime_soc(name).value == family

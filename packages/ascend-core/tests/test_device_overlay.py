@@ -62,20 +62,31 @@ def test_lazy_path_overlay_is_resolved(registered):
 def test_two_overlays_for_one_family_are_an_error(registered):
     registered("test_a5_one", TUNED_A5)
     registered("test_a5_two", DeviceOverlay(AscendDeviceType.A5, A5_PROFILE, A5DeviceAdaptor))
-    with pytest.raises(OverlayError, match="device overlays 'test_a5_one' and 'test_a5_two' both claim family A5"):
+    with pytest.raises(
+        OverlayError, match="device overlays 'test_a5_one' and 'test_a5_two' both claim family A5"
+    ):
         active_overlays()
 
 
 def test_registered_object_must_be_an_overlay(registered):
     registered("test_not_overlay", {"family": "A5"})
-    with pytest.raises(OverlayError, match=r"device overlay 'test_not_overlay' \(registered by vllm-ascend-testdist\) is a dict, expected vllm_ascend.core.device.overlay.DeviceOverlay"):
+    with pytest.raises(
+        OverlayError,
+        match=r"device overlay 'test_not_overlay' \(registered by vllm-ascend-testdist\) is a dict, expected vllm_ascend.core.device.overlay.DeviceOverlay",
+    ):
         active_overlays()
 
 
 def test_overlay_fields_are_validated():
-    with pytest.raises(OverlayError, match=r"DeviceOverlay\.family='A5' is invalid; allowed values: A2, A3, A5, 310P"):
+    with pytest.raises(
+        OverlayError, match=r"DeviceOverlay\.family='A5' is invalid; allowed values: A2, A3, A5, 310P"
+    ):
         DeviceOverlay("A5", A5_PROFILE, A5DeviceAdaptor)
-    with pytest.raises(OverlayError, match=r"DeviceOverlay for A3 carries a profile for <AscendDeviceType\.A5"):
+    with pytest.raises(
+        OverlayError, match=r"DeviceOverlay for A3 carries a profile for <AscendDeviceType\.A5"
+    ):
         DeviceOverlay(AscendDeviceType.A3, A5_PROFILE, A5DeviceAdaptor)
-    with pytest.raises(OverlayError, match=r"DeviceOverlay\.adaptor must be a BaseDeviceAdaptor subclass, got <class 'dict'>"):
+    with pytest.raises(
+        OverlayError, match=r"DeviceOverlay\.adaptor must be a BaseDeviceAdaptor subclass, got <class 'dict'>"
+    ):
         DeviceOverlay(AscendDeviceType.A5, A5_PROFILE, dict)

@@ -53,13 +53,18 @@ def test_supports_capabilities_by_member_and_name():
     assert A2_PROFILE.supports(HardwareCapability.BF16) and A2_PROFILE.supports("bf16")
     assert not A2_PROFILE.supports("fp8") and A5_PROFILE.supports("fp8") and A5_PROFILE.supports("mxfp")
     assert get_hardware_profile("A3").supports("mc2")
-    with pytest.raises(ProfileError, match=r"unknown capability 'warp'; allowed: bf16, fp8, mxfp, int4, triton"):
+    with pytest.raises(
+        ProfileError, match=r"unknown capability 'warp'; allowed: bf16, fp8, mxfp, int4, triton"
+    ):
         A2_PROFILE.supports("warp")
 
 
 def test_profiles_differ_along_the_orthogonal_dimensions():
     a2, a5 = get_hardware_profile(AscendDeviceType.A2), get_hardware_profile("Ascend950PR_9599")
-    assert (a2.attention_backend, a5.attention_backend) == (AttentionBackendFamily.FIA, AttentionBackendFamily.FIA_V2)
+    assert (a2.attention_backend, a5.attention_backend) == (
+        AttentionBackendFamily.FIA,
+        AttentionBackendFamily.FIA_V2,
+    )
     assert a2.as_dict()["adaptor_family"] == "a2a3" and a5.as_dict()["adaptor_family"] == "a5"
     assert a2.as_dict()["addressing_mode"] == "hccs_peer" and a5.as_dict()["cpu_binding"] == "cpu_pools_950"
     assert a5.supports_quant_type("w8a8_mxfp8") and not a2.supports_quant_type("W8A8_MXFP8")
@@ -69,15 +74,26 @@ def test_profiles_differ_along_the_orthogonal_dimensions():
 def test_reference_profile_carries_what_the_platform_reads():
     p = get_hardware_profile("reference")
     assert p is REFERENCE_PROFILE
-    assert (p.torch_device, p.dist_backend, p.eager_only, p.async_scheduling, p.pin_memory) == ("cpu", "gloo", True, False, False)
+    assert (p.torch_device, p.dist_backend, p.eager_only, p.async_scheduling, p.pin_memory) == (
+        "cpu",
+        "gloo",
+        True,
+        False,
+        False,
+    )
     assert p.preferred_block_size % p.block_size_multiple == 0
     assert p.device_type is None and not p.supports("graph_capture")
 
 
 def test_profile_fields_are_validated():
-    with pytest.raises(ProfileError, match=r"HardwareProfile.attention_backend='fia' is invalid; allowed values: fia, fia_v2, atb_310p, reference"):
+    with pytest.raises(
+        ProfileError,
+        match=r"HardwareProfile.attention_backend='fia' is invalid; allowed values: fia, fia_v2, atb_310p, reference",
+    ):
         A2_PROFILE.with_changes(attention_backend="fia")
-    with pytest.raises(ProfileError, match="preferred_block_size=24 must be a positive multiple of block_size_multiple=16"):
+    with pytest.raises(
+        ProfileError, match="preferred_block_size=24 must be a positive multiple of block_size_multiple=16"
+    ):
         A2_PROFILE.with_changes(preferred_block_size=24)
     with pytest.raises(ProfileError, match="the BF16 capability and supported_dtypes disagree"):
         A2_PROFILE.with_changes(supported_dtypes=("float16",))
@@ -102,7 +118,11 @@ def test_inactive_platform_has_no_device_config(monkeypatch):
 
 @pytest.mark.parametrize(
     ("soc", "family", "adaptor_cls"),
-    [("Ascend910B2", "A2", A2A3DeviceAdaptor), ("Ascend910_9382", "A3", A2A3DeviceAdaptor), ("Ascend950PR_9599", "A5", A5DeviceAdaptor)],
+    [
+        ("Ascend910B2", "A2", A2A3DeviceAdaptor),
+        ("Ascend910_9382", "A3", A2A3DeviceAdaptor),
+        ("Ascend950PR_9599", "A5", A5DeviceAdaptor),
+    ],
 )
 def test_npu_family_resolved_at_run_time_picks_its_adaptor(monkeypatch, soc, family, adaptor_cls):
     on_npu(monkeypatch, soc)
@@ -119,14 +139,21 @@ def test_310p_without_its_overlay_names_the_missing_distribution(monkeypatch):
     monkeypatch.setattr(overlay, "active_overlays", dict)
     on_npu(monkeypatch, "Ascend310P3")
     assert get_hardware_profile("310P").quant_types == frozenset({"W8A8"})  # core's baseline
-    with pytest.raises(DeviceConfigError, match=r"install the vllm-ascend-310p distribution \(pip install 'vllm-ascend\[310p\]'\)"):
+    with pytest.raises(
+        DeviceConfigError,
+        match=r"install the vllm-ascend-310p distribution \(pip install 'vllm-ascend\[310p\]'\)",
+    ):
         check_ascend_device_type()
-    with pytest.raises(DeviceOpError, match="no core adaptor for the 310p family: install the vllm-ascend-310p"):
+    with pytest.raises(
+        DeviceOpError, match="no core adaptor for the 310p family: install the vllm-ascend-310p"
+    ):
         get_device_adaptor()
 
 
 def test_npu_adaptor_without_torch_npu_is_a_clear_error():
-    with pytest.raises(DeviceOpError, match=r"the NPU device adaptor needs torch_npu .*VLLM_ASCEND_DEVICE=reference"):
+    with pytest.raises(
+        DeviceOpError, match=r"the NPU device adaptor needs torch_npu .*VLLM_ASCEND_DEVICE=reference"
+    ):
         A2A3DeviceAdaptor().rms_norm(torch.ones(2, 4), torch.ones(4), 1e-6)
 
 
@@ -149,3 +176,11 @@ def test_lazy_exports_from_vllm_ascend_core(name, module):
 
     assert name in dir(core)
     assert getattr(core, name) is getattr(importlib.import_module(f"vllm_ascend.core.device.{module}"), name)
+
+
+def test_expecting_reference_on_an_npu_is_an_error(monkeypatch):
+    on_npu(monkeypatch, "Ascend910B4")
+    with pytest.raises(
+        DeviceConfigError, match=r"expected the reference device, running on A2 \(Ascend910B4\)"
+    ):
+        check_ascend_device_type("reference")

@@ -20,7 +20,11 @@ REFERENCE_ADAPTOR = "vllm_ascend.core.device.adaptor.reference.ReferenceDeviceAd
 def run_doctor(*args: str, device: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "VLLM_ASCEND_DEVICE": device}
     return subprocess.run(
-        [sys.executable, "-m", "vllm_ascend.core.cli", "doctor", *args], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-m", "vllm_ascend.core.cli", "doctor", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
 
 
@@ -31,7 +35,11 @@ def test_json_report_has_the_reference_profile_and_adaptor():
     assert device["adaptor"] == {"class": REFERENCE_ADAPTOR, "family": "reference"}
     profile = device["profile"]
     assert profile["name"] == "reference (torch cpu)" and profile["eager_only"] is True
-    assert (profile["torch_device"], profile["dist_backend"], profile["attention_backend"]) == ("cpu", "gloo", "reference")
+    assert (profile["torch_device"], profile["dist_backend"], profile["attention_backend"]) == (
+        "cpu",
+        "gloo",
+        "reference",
+    )
     assert device["soc"] is None
 
 
@@ -40,7 +48,9 @@ def test_table_shows_profile_and_adaptor_lines():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     profile = next(line for line in lines if line.startswith("profile "))
-    assert profile.startswith("profile           reference (torch cpu): attention=reference, quant=reference, weights=nd")
+    assert profile.startswith(
+        "profile           reference (torch cpu): attention=reference, quant=reference, weights=nd"
+    )
     assert profile.endswith("dist=gloo, block=128, eager-only")
     assert f"adaptor           {REFERENCE_ADAPTOR} (reference)" in lines
 
@@ -72,10 +82,16 @@ def test_npu_details_name_the_family_profile_and_adaptor(npu):
     details, problem = doctor._device_details(DeviceMode.NPU)
     assert problem == ""
     assert details["soc"] == "Ascend910_9392" and details["profile"]["name"] == "Atlas A3"
-    assert details["adaptor"] == {"class": "vllm_ascend.core.device.adaptor.npu.A2A3DeviceAdaptor", "family": "A2/A3"}
+    assert details["adaptor"] == {
+        "class": "vllm_ascend.core.device.adaptor.npu.A2A3DeviceAdaptor",
+        "family": "A2/A3",
+    }
     lines = doctor._profile_lines({"platform": None, "problem": "", **details})
     assert lines[0].startswith("profile           Atlas A3 on Ascend910_9392: attention=fia, quant=aclnn_int")
-    assert lines[1] == "capabilities      bf16, fused_infer_attention, fused_moe_gating, graph_capture, int4, mc2, triton"
+    assert (
+        lines[1]
+        == "capabilities      bf16, fused_infer_attention, fused_moe_gating, graph_capture, int4, mc2, triton"
+    )
 
 
 def test_npu_310p_without_overlay_is_a_problem(npu, monkeypatch):
@@ -83,4 +99,6 @@ def test_npu_310p_without_overlay_is_a_problem(npu, monkeypatch):
     npu("Ascend310P3")
     details, problem = doctor._device_details(DeviceMode.NPU)
     assert details["profile"] is None
-    assert problem.startswith("device npu: DeviceConfigError: this is an Atlas 310P device: install the vllm-ascend-310p")
+    assert problem.startswith(
+        "device npu: DeviceConfigError: this is an Atlas 310P device: install the vllm-ascend-310p"
+    )

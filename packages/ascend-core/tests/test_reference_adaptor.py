@@ -54,7 +54,11 @@ def dense_attention(q, k, v, scale, causal=True):
     if causal:
         mask = torch.ones(q_len, s, dtype=torch.bool).tril(diagonal=s - q_len)
     out = F.scaled_dot_product_attention(
-        q.double().transpose(0, 1), k.double().transpose(0, 1), v.double().transpose(0, 1), attn_mask=mask, scale=scale
+        q.double().transpose(0, 1),
+        k.double().transpose(0, 1),
+        v.double().transpose(0, 1),
+        attn_mask=mask,
+        scale=scale,
     )
     return out.transpose(0, 1)
 
@@ -75,7 +79,9 @@ def test_paged_attention_equals_dense_causal_attention(ref, seqs, q_lens, hq, hk
     qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()])
     query = torch.randn(int(qsl[-1]), hq, d)
     scale = 1 / math.sqrt(d)
-    out = ref.fused_infer_attention(query, key_cache, value_cache, block_table, qsl, torch.tensor(seqs), scale)
+    out = ref.fused_infer_attention(
+        query, key_cache, value_cache, block_table, qsl, torch.tensor(seqs), scale
+    )
     assert out.shape == (query.shape[0], hq, dv)
     for b in range(len(seqs)):
         expected = dense_attention(query[qsl[b] : qsl[b + 1]], dk[b], dv_[b], scale)
@@ -86,9 +92,18 @@ def test_non_causal_attention_sees_all_keys(ref):
     key_cache, value_cache, block_table, dk, dv = build_paged(ref, [12], 4, 8, 2, 8, 8)
     query = torch.randn(5, 2, 8)
     out = ref.fused_infer_attention(
-        query, key_cache, value_cache, block_table, torch.tensor([0, 5]), torch.tensor([12]), 0.3, causal=False
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        torch.tensor([0, 5]),
+        torch.tensor([12]),
+        0.3,
+        causal=False,
     )
-    torch.testing.assert_close(out.double(), dense_attention(query, dk[0], dv[0], 0.3, causal=False), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out.double(), dense_attention(query, dk[0], dv[0], 0.3, causal=False), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_attention_writes_into_output_and_keeps_padding_rows(ref):
@@ -96,17 +111,28 @@ def test_attention_writes_into_output_and_keeps_padding_rows(ref):
     query = torch.randn(8, 2, 8)  # 2 padded rows past query_start_loc[-1]
     output = torch.full((10, 2, 8), 7.0)
     res = ref.fused_infer_attention(
-        query, key_cache, value_cache, block_table, torch.tensor([0, 6]), torch.tensor([6]), 0.5, output=output
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        torch.tensor([0, 6]),
+        torch.tensor([6]),
+        0.5,
+        output=output,
     )
     assert res.shape == (8, 2, 8) and res.data_ptr() == output.data_ptr()
-    torch.testing.assert_close(output[:6].double(), dense_attention(query[:6], dk[0], dv[0], 0.5), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        output[:6].double(), dense_attention(query[:6], dk[0], dv[0], 0.5), atol=1e-5, rtol=1e-5
+    )
     assert torch.all(output[6:] == 7.0)
 
 
 def test_attention_fp32_accumulation_bf16_output(ref):
     key_cache, value_cache, block_table, dk, dv = build_paged(ref, [10], 4, 4, 2, 8, 8, dtype=torch.bfloat16)
     query = torch.randn(10, 4, 8).bfloat16()
-    out = ref.fused_infer_attention(query, key_cache, value_cache, block_table, torch.tensor([0, 10]), torch.tensor([10]), 0.35)
+    out = ref.fused_infer_attention(
+        query, key_cache, value_cache, block_table, torch.tensor([0, 10]), torch.tensor([10]), 0.35
+    )
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), dense_attention(query, dk[0], dv[0], 0.35), atol=1e-2, rtol=1e-2)
 
@@ -114,11 +140,17 @@ def test_attention_fp32_accumulation_bf16_output(ref):
 def test_attention_rejects_bad_inputs(ref):
     kc, vc, bt, _, _ = build_paged(ref, [8], 4, 4, 2, 8, 8)
     with pytest.raises(DeviceOpError, match=r"query heads \(3\) must be a multiple of KV heads \(2\)"):
-        ref.fused_infer_attention(torch.randn(8, 3, 8), kc, vc, bt, torch.tensor([0, 8]), torch.tensor([8]), 1.0)
+        ref.fused_infer_attention(
+            torch.randn(8, 3, 8), kc, vc, bt, torch.tensor([0, 8]), torch.tensor([8]), 1.0
+        )
     with pytest.raises(DeviceOpError, match=r"query length 8 must be within \[0, seq_len=4\]"):
-        ref.fused_infer_attention(torch.randn(8, 2, 8), kc, vc, bt, torch.tensor([0, 8]), torch.tensor([4]), 1.0)
+        ref.fused_infer_attention(
+            torch.randn(8, 2, 8), kc, vc, bt, torch.tensor([0, 8]), torch.tensor([4]), 1.0
+        )
     with pytest.raises(DeviceOpError, match="needs 5 blocks of 4 but block_table has 4 columns"):
-        ref.fused_infer_attention(torch.randn(1, 2, 8), kc, vc, bt, torch.tensor([0, 1]), torch.tensor([17]), 1.0)
+        ref.fused_infer_attention(
+            torch.randn(1, 2, 8), kc, vc, bt, torch.tensor([0, 1]), torch.tensor([17]), 1.0
+        )
 
 
 # -- reshape_and_cache / kv_load -----------------------------------------------------------------
@@ -142,9 +174,13 @@ def test_reshape_and_cache_writes_exactly_the_given_slots(ref):
 def test_reshape_and_cache_rejects_out_of_range_and_mismatched_heads(ref):
     key_cache, value_cache = flat_cache_views(2, 4, 2, 8, 8)
     with pytest.raises(DeviceOpError, match="slot 8 is out of range for a cache of 2 blocks x 4"):
-        ref.reshape_and_cache(torch.randn(1, 2, 8), torch.randn(1, 2, 8), key_cache, value_cache, torch.tensor([8]))
+        ref.reshape_and_cache(
+            torch.randn(1, 2, 8), torch.randn(1, 2, 8), key_cache, value_cache, torch.tensor([8])
+        )
     with pytest.raises(DeviceOpError, match="key_cache has 2 KV heads, expected 3"):
-        ref.reshape_and_cache(torch.randn(1, 3, 8), torch.randn(1, 3, 8), key_cache, value_cache, torch.tensor([0]))
+        ref.reshape_and_cache(
+            torch.randn(1, 3, 8), torch.randn(1, 3, 8), key_cache, value_cache, torch.tensor([0])
+        )
 
 
 def test_kv_load_gathers_each_request_in_order(ref):
@@ -208,7 +244,9 @@ def test_rotary_equals_complex_rotation(ref, is_neox, rot_dim):
     torch.testing.assert_close(q_out, expected(q, hq), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(k_out, expected(k, hkv), atol=1e-5, rtol=1e-5)
     if rot_dim < head_size:  # the tail of each head is untouched
-        assert torch.equal(q_out.view(t, hq, head_size)[..., rot_dim:], q.view(t, hq, head_size)[..., rot_dim:])
+        assert torch.equal(
+            q_out.view(t, hq, head_size)[..., rot_dim:], q.view(t, hq, head_size)[..., rot_dim:]
+        )
 
 
 # -- MoE -------------------------------------------------------------------------------------------
@@ -278,7 +316,9 @@ def test_grouped_matmul_equals_per_group_matmul(ref):
     expected = torch.cat([x[:4] @ w[0], x[4:9] @ w[2], torch.zeros(1, 5)])
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(ref.grouped_matmul(x, w, counts.cumsum(0), group_list_type="cumsum"), expected)
-    with pytest.raises(DeviceOpError, match="group_list_type='sizes' is invalid; allowed values: count, cumsum"):
+    with pytest.raises(
+        DeviceOpError, match="group_list_type='sizes' is invalid; allowed values: count, cumsum"
+    ):
         ref.grouped_matmul(x, w, counts, group_list_type="sizes")
     with pytest.raises(DeviceOpError, match="group_list covers 11 rows but x has only 10"):
         ref.grouped_matmul(x, w, torch.tensor([4, 2, 5]))
@@ -313,7 +353,9 @@ def test_grouped_matmul_swiglu_quant_matches_dequant_swiglu_requant(ref):
     for g, (lo, hi) in enumerate([(0, 3), (3, 6)]):
         y = (x[lo:hi].double() @ w[g].double()) * xs[lo:hi, None].double() * ws[g].double()
         act = y[:, :4] * torch.sigmoid(y[:, :4]) * y[:, 4:]
-        assert torch.all((q[lo:hi].double() * scale[lo:hi, None].double() - act).abs() <= scale[lo:hi, None] * 0.5 + 1e-6)
+        assert torch.all(
+            (q[lo:hi].double() * scale[lo:hi, None].double() - act).abs() <= scale[lo:hi, None] * 0.5 + 1e-6
+        )
     assert torch.all(q[6] == 0) and scale[6] == 0
 
 
@@ -322,7 +364,9 @@ def test_quant_matmul_and_weight_quant_matmul_equal_dequantised_matmul(ref):
     w = torch.randint(-128, 128, (8, 4), dtype=torch.int8)
     ws, ts, bias = torch.rand(4), torch.rand(3), torch.randn(4)
     out = ref.quant_matmul(x, w, ws, pertoken_scale=ts, bias=bias, output_dtype=torch.float32)
-    torch.testing.assert_close(out, ((x.double() @ w.double()) * ws.double() * ts.double()[:, None] + bias.double()).float())
+    torch.testing.assert_close(
+        out, ((x.double() @ w.double()) * ws.double() * ts.double()[:, None] + bias.double()).float()
+    )
     a = torch.randn(2, 8)
     scale, offset = torch.rand(2, 4), torch.randn(2, 4)
     out = ref.weight_quant_matmul(a, w, scale, antiquant_offset=offset, group_size=4)
@@ -347,4 +391,8 @@ def test_every_op_is_counted_once_per_call(ref):
     wrapped = Wrapped()
     torch.testing.assert_close(wrapped.swiglu(x), 2 * ref.swiglu(x))
     assert wrapped.call_counts == {"swiglu": 1}
-    assert set(OPS) <= {n for n in dir(ReferenceDeviceAdaptor) if getattr(getattr(ReferenceDeviceAdaptor, n), "__counted__", False)}
+    assert set(OPS) <= {
+        n
+        for n in dir(ReferenceDeviceAdaptor)
+        if getattr(getattr(ReferenceDeviceAdaptor, n), "__counted__", False)
+    }

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from vllm_ascend.core.extensions import ExtensionDescriptor
 from vllm_ascend.ascend310p._version import __version__
+from vllm_ascend.core.extensions import ExtensionDescriptor
 
 
 def register() -> None:
@@ -17,7 +17,7 @@ EXTENSION = ExtensionDescriptor(
     name="ascend310p",
     version=__version__,
     core_requires=">=0.1,<0.2",
-    provides=('device_overlays',),
+    provides=("device_overlays",),
     register=register,
     description="Atlas 310P device overlay (profile and adaptor)",
 )

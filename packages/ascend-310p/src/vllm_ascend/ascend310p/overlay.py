@@ -62,7 +62,19 @@ class Ascend310PDeviceAdaptor(A2A3DeviceAdaptor):
     grouped_matmul_swiglu_quant = ReferenceDeviceAdaptor.grouped_matmul_swiglu_quant
     dynamic_quant = ReferenceDeviceAdaptor.dynamic_quant
 
-    def fused_infer_attention(self, query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale, *, causal=True, output=None):
+    def fused_infer_attention(
+        self,
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        scale,
+        *,
+        causal=True,
+        output=None,
+    ):
         if query.dtype != torch.float16:
             raise DeviceOpError(f"Atlas 310P attention runs in float16 only, got query dtype {query.dtype}")
         torch_npu = torch_npu_module()
@@ -84,7 +96,9 @@ class Ascend310PDeviceAdaptor(A2A3DeviceAdaptor):
             mask = None
             if causal:
                 rows = torch.arange(q_len, device=query.device).unsqueeze(1) + (seq_len - q_len)
-                mask = (torch.arange(seq_len, device=query.device).unsqueeze(0) > rows).view(1, 1, q_len, seq_len)
+                mask = (torch.arange(seq_len, device=query.device).unsqueeze(0) > rows).view(
+                    1, 1, q_len, seq_len
+                )
             out = torch_npu.npu_prompt_flash_attention(
                 query[q_start:q_end].unsqueeze(0).contiguous(),
                 key,

@@ -43,7 +43,11 @@ def _device_details(mode: DeviceMode) -> tuple[dict[str, Any], str]:
         config = check_ascend_device_type()
         adaptor = type(get_device_adaptor())
     except Exception as exc:
-        return {"soc": None, "profile": None, "adaptor": None}, f"device {mode.value}: {type(exc).__name__}: {exc}"
+        return {
+            "soc": None,
+            "profile": None,
+            "adaptor": None,
+        }, f"device {mode.value}: {type(exc).__name__}: {exc}"
     details = {
         "soc": config.soc_name,
         "profile": config.profile.as_dict(),
@@ -88,7 +92,9 @@ def collect() -> dict[str, Any]:
         problem = problem or _platform_check(detection.mode)
     elif detection.explicitly_requested:
         problem = detection.reason
-    device["platform"] = PLATFORM_QUALNAME if detection is not None and detection.active and not problem else None
+    device["platform"] = (
+        PLATFORM_QUALNAME if detection is not None and detection.active and not problem else None
+    )
     device["problem"] = problem
     return {
         "core": __version__,
@@ -124,7 +130,8 @@ def render(report: dict[str, Any]) -> str:
         ),
         f"torch             {report['torch'] or 'not installed'}",
         f"device            {device['mode']} (VLLM_ASCEND_DEVICE={device['requested']}): {device['reason']}",
-        f"platform          {device['platform'] or 'inactive'}" + (f" -- {device['problem']}" if device["problem"] else ""),
+        f"platform          {device['platform'] or 'inactive'}"
+        + (f" -- {device['problem']}" if device["problem"] else ""),
         *_profile_lines(device),
         "",
     ]

@@ -31,6 +31,12 @@ class DeviceConfig:
     def torch_device(self) -> str:
         return self.profile.torch_device
 
+    def describe(self) -> str:
+        """``"the reference device"`` or ``"A3 (Ascend910_9392)"``."""
+        if self.device_type is None:
+            return "the reference device"
+        return f"{self.device_type.value} ({self.soc_name})"
+
 
 def runtime_soc_name() -> str:
     """The SOC name of NPU 0 as torch_npu reports it (imports torch_npu)."""
@@ -68,14 +74,11 @@ def check_ascend_device_type(expected: AscendDeviceType | str | None = None) -> 
     """
     config = get_device_config()
     if expected is not None:
-        if isinstance(expected, str) and expected.strip().lower() == "reference":
-            if not config.is_reference:
-                raise DeviceConfigError(f"expected the reference device, running on {config.device_type.value} ({config.soc_name})")
-        else:
-            want = AscendDeviceType.parse(expected)
-            if config.device_type is not want:
-                got = "the reference device" if config.is_reference else f"{config.device_type.value} ({config.soc_name})"
-                raise DeviceConfigError(f"expected the {want.value} family, running on {got}")
+        wants_reference = isinstance(expected, str) and expected.strip().lower() == "reference"
+        want = None if wants_reference else AscendDeviceType.parse(expected)
+        if config.device_type is not want:
+            wanted = "the reference device" if want is None else f"the {want.value} family"
+            raise DeviceConfigError(f"expected {wanted}, running on {config.describe()}")
     if config.device_type is AscendDeviceType._310P:
         from vllm_ascend.core.device.overlay import active_overlays
 

@@ -32,7 +32,14 @@ class AscendDeviceType(enum.StrEnum):
 
 
 _A2_SOCS = ("Ascend910B1", "Ascend910B2", "Ascend910B2C", "Ascend910B3", "Ascend910B4", "Ascend910B4-1")
-_A3_SOCS = ("Ascend910_9391", "Ascend910_9392", "Ascend910_9381", "Ascend910_9382", "Ascend910_9372", "Ascend910_9362")
+_A3_SOCS = (
+    "Ascend910_9391",
+    "Ascend910_9392",
+    "Ascend910_9381",
+    "Ascend910_9382",
+    "Ascend910_9372",
+    "Ascend910_9362",
+)
 _310P_SOCS = ("Ascend310P1", "Ascend310P2", "Ascend310P3", "Ascend310P4", "Ascend310P5", "Ascend310P7")
 _A5_PREFIX = "Ascend950"
 

@@ -32,13 +32,17 @@ class DeviceOverlay:
             allowed = ", ".join(m.value for m in AscendDeviceType)
             raise OverlayError(f"DeviceOverlay.family={self.family!r} is invalid; allowed values: {allowed}")
         if not isinstance(self.profile, HardwareProfile):
-            raise OverlayError(f"DeviceOverlay.profile must be a HardwareProfile, got {type(self.profile).__name__}")
+            raise OverlayError(
+                f"DeviceOverlay.profile must be a HardwareProfile, got {type(self.profile).__name__}"
+            )
         if self.profile.device_type is not self.family:
             raise OverlayError(
                 f"DeviceOverlay for {self.family.value} carries a profile for {self.profile.device_type!r}"
             )
         if not (isinstance(self.adaptor, type) and issubclass(self.adaptor, BaseDeviceAdaptor)):
-            raise OverlayError(f"DeviceOverlay.adaptor must be a BaseDeviceAdaptor subclass, got {self.adaptor!r}")
+            raise OverlayError(
+                f"DeviceOverlay.adaptor must be a BaseDeviceAdaptor subclass, got {self.adaptor!r}"
+            )
 
 
 def active_overlays() -> dict[AscendDeviceType, DeviceOverlay]:
@@ -57,6 +61,8 @@ def active_overlays() -> dict[AscendDeviceType, DeviceOverlay]:
             )
         if overlay.family in found:
             other = found[overlay.family][0]
-            raise OverlayError(f"device overlays {other!r} and {name!r} both claim family {overlay.family.value}")
+            raise OverlayError(
+                f"device overlays {other!r} and {name!r} both claim family {overlay.family.value}"
+            )
         found[overlay.family] = (name, overlay)
     return {family: overlay for family, (_, overlay) in found.items()}

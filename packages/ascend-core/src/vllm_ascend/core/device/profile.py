@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from vllm_ascend.core.device.family import AscendDeviceType
 
@@ -113,7 +114,9 @@ class HardwareProfile:
                 raise ProfileError(f"HardwareProfile.{attr}={value!r} is invalid; allowed values: {allowed}")
         bad = [c for c in self.capabilities if not isinstance(c, HardwareCapability)]
         if bad:
-            raise ProfileError(f"HardwareProfile.capabilities has non-capabilities {bad}; allowed: {_capability_names()}")
+            raise ProfileError(
+                f"HardwareProfile.capabilities has non-capabilities {bad}; allowed: {_capability_names()}"
+            )
         if self.preferred_block_size <= 0 or self.preferred_block_size % self.block_size_multiple:
             raise ProfileError(
                 f"HardwareProfile.preferred_block_size={self.preferred_block_size} must be a positive multiple "
@@ -129,13 +132,15 @@ class HardwareProfile:
             try:
                 capability = HardwareCapability(capability)
             except ValueError:
-                raise ProfileError(f"unknown capability {capability!r}; allowed: {_capability_names()}") from None
+                raise ProfileError(
+                    f"unknown capability {capability!r}; allowed: {_capability_names()}"
+                ) from None
         return capability in self.capabilities
 
     def supports_quant_type(self, quant_type: str) -> bool:
         return quant_type.upper() in self.quant_types
 
-    def with_changes(self, **changes: object) -> HardwareProfile:
+    def with_changes(self, **changes: Any) -> HardwareProfile:
         """A copy with some fields replaced (validated again); what overlays use to refine a profile."""
         return replace(self, **changes)
 
@@ -166,7 +171,9 @@ C = HardwareCapability
 A2_PROFILE = HardwareProfile(
     name="Atlas A2",
     device_type=AscendDeviceType.A2,
-    capabilities=frozenset({C.BF16, C.INT4, C.TRITON, C.MC2, C.FUSED_MOE_GATING, C.FUSED_INFER_ATTENTION, C.GRAPH_CAPTURE}),
+    capabilities=frozenset(
+        {C.BF16, C.INT4, C.TRITON, C.MC2, C.FUSED_MOE_GATING, C.FUSED_INFER_ATTENTION, C.GRAPH_CAPTURE}
+    ),
     attention_backend=AttentionBackendFamily.FIA,
     cpu_binding=CPUBindingMode.TOPO_AFFINITY,
     adaptor_family=DeviceAdaptorFamily.A2A3,
@@ -182,7 +189,17 @@ A5_PROFILE = HardwareProfile(
     name="Ascend 950",
     device_type=AscendDeviceType.A5,
     capabilities=frozenset(
-        {C.BF16, C.FP8, C.MXFP, C.INT4, C.TRITON, C.MC2, C.FUSED_MOE_GATING, C.FUSED_INFER_ATTENTION, C.GRAPH_CAPTURE}
+        {
+            C.BF16,
+            C.FP8,
+            C.MXFP,
+            C.INT4,
+            C.TRITON,
+            C.MC2,
+            C.FUSED_MOE_GATING,
+            C.FUSED_INFER_ATTENTION,
+            C.GRAPH_CAPTURE,
+        }
     ),
     attention_backend=AttentionBackendFamily.FIA_V2,
     cpu_binding=CPUBindingMode.CPU_POOLS_950,
@@ -191,7 +208,15 @@ A5_PROFILE = HardwareProfile(
     quant_backend=QuantizationBackendFamily.MXFP,
     weight_layout=WeightLayoutPolicy.ND,
     quant_types=COMMON_QUANT_TYPES
-    | {"W4A4_MXFP4", "W4A4_MXFP4_FLATQUANT", "W4A8_MXFP", "W8A8_MXFP8", "W8A8FP8_DYNAMIC", "W4A16_MXFP4", "INT8_DYNAMIC"},
+    | {
+        "W4A4_MXFP4",
+        "W4A4_MXFP4_FLATQUANT",
+        "W4A8_MXFP",
+        "W8A8_MXFP8",
+        "W8A8FP8_DYNAMIC",
+        "W4A16_MXFP4",
+        "INT8_DYNAMIC",
+    },
 )
 
 #: Core's baseline for 310P: only hardware facts (no bf16, no Triton, no fused gating); the

@@ -17,7 +17,19 @@ class A5DeviceAdaptor(A2A3DeviceAdaptor):
 
     family = "A5"
 
-    def fused_infer_attention(self, query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale, *, causal=True, output=None):
+    def fused_infer_attention(
+        self,
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        scale,
+        *,
+        causal=True,
+        output=None,
+    ):
         torch_npu = torch_npu_module()
         require_contiguous(key_cache=key_cache, value_cache=value_cache)
         num_blocks, block_size, num_kv_heads, _ = key_cache.shape
@@ -44,7 +56,9 @@ class A5DeviceAdaptor(A2A3DeviceAdaptor):
         output[:used] = out.view(used, num_heads, -1)
         return output[:num_tokens]
 
-    def grouped_matmul_swiglu_quant(self, x, weight, group_list, weight_scale, x_scale, *, group_list_type="cumsum"):
+    def grouped_matmul_swiglu_quant(
+        self, x, weight, group_list, weight_scale, x_scale, *, group_list_type="cumsum"
+    ):
         check_choice("group_list_type", group_list_type, GROUP_LIST_TYPES)
         torch_npu = torch_npu_module()
         (hidden,) = torch_npu.npu_grouped_matmul(

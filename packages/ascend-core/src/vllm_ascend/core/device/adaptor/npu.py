@@ -33,10 +33,14 @@ def torch_npu_module() -> ModuleType:
 def require_contiguous(**tensors: torch.Tensor) -> None:
     for name, tensor in tensors.items():
         if not tensor.is_contiguous():
-            raise DeviceOpError(f"{name} must be contiguous for the NPU kernel (got strides {tensor.stride()})")
+            raise DeviceOpError(
+                f"{name} must be contiguous for the NPU kernel (got strides {tensor.stride()})"
+            )
 
 
-def valid_rows(group_list: torch.Tensor, group_list_type: str, num_rows: int, device: torch.device) -> torch.Tensor:
+def valid_rows(
+    group_list: torch.Tensor, group_list_type: str, num_rows: int, device: torch.device
+) -> torch.Tensor:
     """Row mask ``[M, 1]`` of the rows the groups cover (no host sync)."""
     check_choice("group_list_type", group_list_type, GROUP_LIST_TYPES)
     end = group_list.sum() if group_list_type == "count" else group_list[-1]
@@ -56,7 +60,9 @@ class A2A3DeviceAdaptor(ReferenceDeviceAdaptor):
     def _causal_mask(self, device: torch.device) -> torch.Tensor:
         mask = self._causal_masks.get(device)
         if mask is None:
-            mask = torch.triu(torch.ones(CAUSAL_MASK_SIZE, CAUSAL_MASK_SIZE, dtype=torch.int8, device=device), diagonal=1)
+            mask = torch.triu(
+                torch.ones(CAUSAL_MASK_SIZE, CAUSAL_MASK_SIZE, dtype=torch.int8, device=device), diagonal=1
+            )
             self._causal_masks[device] = mask
         return mask
 
@@ -74,7 +80,19 @@ class A2A3DeviceAdaptor(ReferenceDeviceAdaptor):
             cache_mode="Norm",
         )
 
-    def fused_infer_attention(self, query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale, *, causal=True, output=None):
+    def fused_infer_attention(
+        self,
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        scale,
+        *,
+        causal=True,
+        output=None,
+    ):
         torch_npu = torch_npu_module()
         require_contiguous(key_cache=key_cache, value_cache=value_cache)
         num_blocks, block_size, num_kv_heads, _ = key_cache.shape
@@ -135,7 +153,18 @@ class A2A3DeviceAdaptor(ReferenceDeviceAdaptor):
 
         return rotate(query), (rotate(key) if key is not None else None)
 
-    def moe_gating_top_k(self, router_logits, k, *, renormalize=True, scoring="softmax", bias=None, num_groups=1, topk_groups=1, routed_scaling_factor=1.0):
+    def moe_gating_top_k(
+        self,
+        router_logits,
+        k,
+        *,
+        renormalize=True,
+        scoring="softmax",
+        bias=None,
+        num_groups=1,
+        topk_groups=1,
+        routed_scaling_factor=1.0,
+    ):
         check_choice("scoring", scoring, SCORING_FUNCS)
         _, ids, scores = torch_npu_module().npu_moe_gating_top_k(
             router_logits,
@@ -196,7 +225,9 @@ class A2A3DeviceAdaptor(ReferenceDeviceAdaptor):
         )
         return out.masked_fill(~valid_rows(group_list, group_list_type, x.shape[0], x.device), 0)
 
-    def grouped_matmul_swiglu_quant(self, x, weight, group_list, weight_scale, x_scale, *, group_list_type="cumsum"):
+    def grouped_matmul_swiglu_quant(
+        self, x, weight, group_list, weight_scale, x_scale, *, group_list_type="cumsum"
+    ):
         check_choice("group_list_type", group_list_type, GROUP_LIST_TYPES)
         ends = group_list.cumsum(0) if group_list_type == "count" else group_list
         q, scale, _ = torch_npu_module().npu_grouped_matmul_swiglu_quant(
@@ -208,12 +239,16 @@ class A2A3DeviceAdaptor(ReferenceDeviceAdaptor):
     def dynamic_quant(self, x, *, smooth_scales=None):
         return torch_npu_module().npu_dynamic_quant(x, smooth_scales=smooth_scales)
 
-    def quant_matmul(self, x, weight, weight_scale, *, pertoken_scale=None, bias=None, output_dtype=torch.bfloat16):
+    def quant_matmul(
+        self, x, weight, weight_scale, *, pertoken_scale=None, bias=None, output_dtype=torch.bfloat16
+    ):
         return torch_npu_module().npu_quant_matmul(
             x, weight, weight_scale, pertoken_scale=pertoken_scale, bias=bias, output_dtype=output_dtype
         )
 
-    def weight_quant_matmul(self, x, weight, antiquant_scale, *, antiquant_offset=None, bias=None, group_size=0):
+    def weight_quant_matmul(
+        self, x, weight, antiquant_scale, *, antiquant_offset=None, bias=None, group_size=0
+    ):
         return torch_npu_module().npu_weight_quant_batchmatmul(
             x,
             weight,

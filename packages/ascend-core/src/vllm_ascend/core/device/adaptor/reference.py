@@ -37,7 +37,10 @@ def group_bounds(group_list: torch.Tensor, group_list_type: str, num_rows: int) 
     ends = list(itertools.accumulate(values)) if group_list_type == "count" else values
     bounds, start = [], 0
     for g, end in enumerate(ends):
-        _require(end >= start, f"group_list ({group_list_type}) must be non-negative/non-decreasing; group {g} ends at {end} < {start}")
+        _require(
+            end >= start,
+            f"group_list ({group_list_type}) must be non-negative/non-decreasing; group {g} ends at {end} < {start}",
+        )
         bounds.append((start, end))
         start = end
     _require(start <= num_rows, f"group_list covers {start} rows but x has only {num_rows}")
@@ -57,9 +60,14 @@ def _silu_mul(xf: torch.Tensor) -> torch.Tensor:
 
 
 def _check_paged_cache(name: str, cache: torch.Tensor, num_kv_heads: int | None = None) -> None:
-    _require(cache.dim() == 4, f"{name} must be [num_blocks, block_size, num_kv_heads, head_size], got shape {tuple(cache.shape)}")
+    _require(
+        cache.dim() == 4,
+        f"{name} must be [num_blocks, block_size, num_kv_heads, head_size], got shape {tuple(cache.shape)}",
+    )
     if num_kv_heads is not None:
-        _require(cache.shape[2] == num_kv_heads, f"{name} has {cache.shape[2]} KV heads, expected {num_kv_heads}")
+        _require(
+            cache.shape[2] == num_kv_heads, f"{name} has {cache.shape[2]} KV heads, expected {num_kv_heads}"
+        )
 
 
 def _blocks_for(block_table: torch.Tensor, b: int, seq_len: int, block_size: int) -> torch.Tensor:
@@ -78,14 +86,26 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
 
     # -- attention and KV cache ------------------------------------------------------------
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping):
-        _require(key.dim() == 3 and value.dim() == 3, f"key/value must be [T, Hkv, D], got {tuple(key.shape)} and {tuple(value.shape)}")
+        _require(
+            key.dim() == 3 and value.dim() == 3,
+            f"key/value must be [T, Hkv, D], got {tuple(key.shape)} and {tuple(value.shape)}",
+        )
         _check_paged_cache("key_cache", key_cache, key.shape[1])
         _check_paged_cache("value_cache", value_cache, value.shape[1])
-        _require(key.shape[2] == key_cache.shape[3], f"key head size {key.shape[2]} != key_cache head size {key_cache.shape[3]}")
-        _require(value.shape[2] == value_cache.shape[3], f"value head size {value.shape[2]} != value_cache head size {value_cache.shape[3]}")
+        _require(
+            key.shape[2] == key_cache.shape[3],
+            f"key head size {key.shape[2]} != key_cache head size {key_cache.shape[3]}",
+        )
+        _require(
+            value.shape[2] == value_cache.shape[3],
+            f"value head size {value.shape[2]} != value_cache head size {value_cache.shape[3]}",
+        )
         _require(slot_mapping.dim() == 1, f"slot_mapping must be 1-D, got shape {tuple(slot_mapping.shape)}")
         n = slot_mapping.shape[0]
-        _require(n <= key.shape[0] and n <= value.shape[0], f"slot_mapping has {n} slots but key/value have {key.shape[0]}/{value.shape[0]} tokens")
+        _require(
+            n <= key.shape[0] and n <= value.shape[0],
+            f"slot_mapping has {n} slots but key/value have {key.shape[0]}/{value.shape[0]} tokens",
+        )
         num_blocks, block_size = key_cache.shape[:2]
         slots = slot_mapping.long()
         keep = slots >= 0
@@ -93,25 +113,57 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         if slots.numel() == 0:
             return
         top = int(slots.max())
-        _require(top < num_blocks * block_size, f"slot {top} is out of range for a cache of {num_blocks} blocks x {block_size}")
+        _require(
+            top < num_blocks * block_size,
+            f"slot {top} is out of range for a cache of {num_blocks} blocks x {block_size}",
+        )
         blocks, offsets = slots // block_size, slots % block_size
         key_cache[blocks, offsets] = key[:n][keep].to(key_cache.dtype)
         value_cache[blocks, offsets] = value[:n][keep].to(value_cache.dtype)
 
-    def fused_infer_attention(self, query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale, *, causal=True, output=None):
+    def fused_infer_attention(
+        self,
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        scale,
+        *,
+        causal=True,
+        output=None,
+    ):
         _require(query.dim() == 3, f"query must be [T, Hq, D], got shape {tuple(query.shape)}")
         _check_paged_cache("key_cache", key_cache)
         _check_paged_cache("value_cache", value_cache, key_cache.shape[2])
         num_tokens, num_heads, head_size = query.shape
         num_kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
-        _require(num_heads % num_kv_heads == 0, f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})")
-        _require(key_cache.shape[3] == head_size, f"query head size {head_size} != key_cache head size {key_cache.shape[3]}")
-        _require(block_table.dim() == 2, f"block_table must be [B, max_blocks], got shape {tuple(block_table.shape)}")
+        _require(
+            num_heads % num_kv_heads == 0,
+            f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})",
+        )
+        _require(
+            key_cache.shape[3] == head_size,
+            f"query head size {head_size} != key_cache head size {key_cache.shape[3]}",
+        )
+        _require(
+            block_table.dim() == 2,
+            f"block_table must be [B, max_blocks], got shape {tuple(block_table.shape)}",
+        )
         starts = [int(v) for v in query_start_loc.tolist()]
         lens = [int(v) for v in seq_lens.tolist()]
-        _require(len(starts) == len(lens) + 1, f"query_start_loc has {len(starts)} entries, expected len(seq_lens) + 1 = {len(lens) + 1}")
-        _require(len(lens) <= block_table.shape[0], f"{len(lens)} requests but block_table has {block_table.shape[0]} rows")
-        _require(starts[-1] <= num_tokens, f"query_start_loc ends at {starts[-1]} but query has {num_tokens} rows")
+        _require(
+            len(starts) == len(lens) + 1,
+            f"query_start_loc has {len(starts)} entries, expected len(seq_lens) + 1 = {len(lens) + 1}",
+        )
+        _require(
+            len(lens) <= block_table.shape[0],
+            f"{len(lens)} requests but block_table has {block_table.shape[0]} rows",
+        )
+        _require(
+            starts[-1] <= num_tokens, f"query_start_loc ends at {starts[-1]} but query has {num_tokens} rows"
+        )
         head_size_v = value_cache.shape[3]
         if output is None:
             output = query.new_zeros(num_tokens, num_heads, head_size_v)
@@ -124,7 +176,10 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         for b, seq_len in enumerate(lens):
             q_start, q_end = starts[b], starts[b + 1]
             q_len = q_end - q_start
-            _require(0 <= q_len <= seq_len, f"request {b}: query length {q_len} must be within [0, seq_len={seq_len}]")
+            _require(
+                0 <= q_len <= seq_len,
+                f"request {b}: query length {q_len} must be within [0, seq_len={seq_len}]",
+            )
             if q_len == 0:
                 continue
             blocks = _blocks_for(block_table, b, seq_len, block_size)
@@ -152,20 +207,31 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
             keys.append(key_cache[blocks].flatten(0, 1)[:seq_len])
             values.append(value_cache[blocks].flatten(0, 1)[:seq_len])
         if not keys:
-            return key_cache.new_empty(0, *key_cache.shape[2:]), value_cache.new_empty(0, *value_cache.shape[2:])
+            return key_cache.new_empty(0, *key_cache.shape[2:]), value_cache.new_empty(
+                0, *value_cache.shape[2:]
+            )
         return torch.cat(keys), torch.cat(values)
 
     # -- norms, activations, rotary --------------------------------------------------------
     def rms_norm(self, x, weight, eps):
-        _require(weight.shape[-1] == x.shape[-1], f"weight has {weight.shape[-1]} elements, x's last dim is {x.shape[-1]}")
+        _require(
+            weight.shape[-1] == x.shape[-1],
+            f"weight has {weight.shape[-1]} elements, x's last dim is {x.shape[-1]}",
+        )
         xf = x.float()
         normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
         return (normed * weight.float()).to(x.dtype)
 
     def add_rms_norm(self, x, residual, weight, eps):
-        _require(x.shape == residual.shape, f"x {tuple(x.shape)} and residual {tuple(residual.shape)} must have the same shape")
+        _require(
+            x.shape == residual.shape,
+            f"x {tuple(x.shape)} and residual {tuple(residual.shape)} must have the same shape",
+        )
         total = x.float() + residual.float()
-        _require(weight.shape[-1] == x.shape[-1], f"weight has {weight.shape[-1]} elements, x's last dim is {x.shape[-1]}")
+        _require(
+            weight.shape[-1] == x.shape[-1],
+            f"weight has {weight.shape[-1]} elements, x's last dim is {x.shape[-1]}",
+        )
         normed = total * torch.rsqrt(total.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
         return normed.to(x.dtype), total.to(x.dtype)
 
@@ -175,12 +241,18 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
 
     def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
         rot_dim = cos_sin_cache.shape[-1]
-        _require(rot_dim % 2 == 0 and rot_dim <= head_size, f"cos_sin_cache rot_dim={rot_dim} must be even and <= head_size={head_size}")
+        _require(
+            rot_dim % 2 == 0 and rot_dim <= head_size,
+            f"cos_sin_cache rot_dim={rot_dim} must be even and <= head_size={head_size}",
+        )
         cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
 
         def rotate(x: torch.Tensor) -> torch.Tensor:
-            _require(x.shape[-1] % head_size == 0, f"tensor of shape {tuple(x.shape)} is not a multiple of head_size={head_size}")
+            _require(
+                x.shape[-1] % head_size == 0,
+                f"tensor of shape {tuple(x.shape)} is not a multiple of head_size={head_size}",
+            )
             heads = x.reshape(x.shape[0], -1, head_size).float()
             rot, rest = heads[..., :rot_dim], heads[..., rot_dim:]
             if is_neox:
@@ -194,19 +266,41 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         return rotate(query), (rotate(key) if key is not None else None)
 
     # -- MoE -------------------------------------------------------------------------------
-    def moe_gating_top_k(self, router_logits, k, *, renormalize=True, scoring="softmax", bias=None, num_groups=1, topk_groups=1, routed_scaling_factor=1.0):
+    def moe_gating_top_k(
+        self,
+        router_logits,
+        k,
+        *,
+        renormalize=True,
+        scoring="softmax",
+        bias=None,
+        num_groups=1,
+        topk_groups=1,
+        routed_scaling_factor=1.0,
+    ):
         check_choice("scoring", scoring, SCORING_FUNCS)
-        _require(router_logits.dim() == 2, f"router_logits must be [T, E], got shape {tuple(router_logits.shape)}")
+        _require(
+            router_logits.dim() == 2, f"router_logits must be [T, E], got shape {tuple(router_logits.shape)}"
+        )
         num_experts = router_logits.shape[1]
         _require(1 <= k <= num_experts, f"k={k} must be within [1, num_experts={num_experts}]")
         logits = router_logits.float()
         scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
         select = scores if bias is None else scores + bias.float()
         if num_groups > 1:
-            _require(num_experts % num_groups == 0, f"num_experts={num_experts} must be divisible by num_groups={num_groups}")
-            _require(1 <= topk_groups <= num_groups, f"topk_groups={topk_groups} must be within [1, num_groups={num_groups}]")
+            _require(
+                num_experts % num_groups == 0,
+                f"num_experts={num_experts} must be divisible by num_groups={num_groups}",
+            )
+            _require(
+                1 <= topk_groups <= num_groups,
+                f"topk_groups={topk_groups} must be within [1, num_groups={num_groups}]",
+            )
             per_group = num_experts // num_groups
-            _require(k <= topk_groups * per_group, f"k={k} exceeds the {topk_groups * per_group} experts of the selected groups")
+            _require(
+                k <= topk_groups * per_group,
+                f"k={k} exceeds the {topk_groups * per_group} experts of the selected groups",
+            )
             group_scores = select.view(-1, num_groups, per_group).amax(dim=-1)
             top_groups = group_scores.topk(topk_groups, dim=-1).indices
             keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, top_groups, True)
@@ -218,10 +312,16 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         return weights * routed_scaling_factor, ids.to(torch.int32)
 
     def moe_init_routing(self, x, expert_ids, num_experts):
-        _require(x.dim() == 2 and expert_ids.dim() == 2 and x.shape[0] == expert_ids.shape[0], f"x must be [T, H] and expert_ids [T, k]; got {tuple(x.shape)} and {tuple(expert_ids.shape)}")
+        _require(
+            x.dim() == 2 and expert_ids.dim() == 2 and x.shape[0] == expert_ids.shape[0],
+            f"x must be [T, H] and expert_ids [T, k]; got {tuple(x.shape)} and {tuple(expert_ids.shape)}",
+        )
         flat = expert_ids.reshape(-1).long()
         if flat.numel():
-            _require(int(flat.min()) >= 0 and int(flat.max()) < num_experts, f"expert ids must be within [0, num_experts={num_experts})")
+            _require(
+                int(flat.min()) >= 0 and int(flat.max()) < num_experts,
+                f"expert ids must be within [0, num_experts={num_experts})",
+            )
         k = expert_ids.shape[1]
         order = torch.argsort(flat, stable=True)
         expanded_row_idx = torch.empty_like(order)
@@ -231,24 +331,47 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
 
     def moe_finalize_routing(self, expert_output, expanded_row_idx, topk_weights):
         num_tokens, k = topk_weights.shape
-        _require(expanded_row_idx.numel() == num_tokens * k, f"expanded_row_idx has {expanded_row_idx.numel()} entries, expected T*k = {num_tokens * k}")
+        _require(
+            expanded_row_idx.numel() == num_tokens * k,
+            f"expanded_row_idx has {expanded_row_idx.numel()} entries, expected T*k = {num_tokens * k}",
+        )
         rows = expert_output[expanded_row_idx.long()].float().view(num_tokens, k, -1)
         return (rows * topk_weights.float().unsqueeze(-1)).sum(dim=1).to(expert_output.dtype)
 
     def grouped_matmul(self, x, weight, group_list, *, group_list_type: GroupListType = "count"):
-        _require(weight.dim() == 3 and x.dim() == 2 and weight.shape[1] == x.shape[1], f"x must be [M, K] and weight [G, K, N]; got {tuple(x.shape)} and {tuple(weight.shape)}")
-        _require(group_list.numel() == weight.shape[0], f"group_list has {group_list.numel()} groups but weight has {weight.shape[0]}")
+        _require(
+            weight.dim() == 3 and x.dim() == 2 and weight.shape[1] == x.shape[1],
+            f"x must be [M, K] and weight [G, K, N]; got {tuple(x.shape)} and {tuple(weight.shape)}",
+        )
+        _require(
+            group_list.numel() == weight.shape[0],
+            f"group_list has {group_list.numel()} groups but weight has {weight.shape[0]}",
+        )
         out = x.new_zeros(x.shape[0], weight.shape[2])
         for g, (start, end) in enumerate(group_bounds(group_list, group_list_type, x.shape[0])):
             if end > start:
                 out[start:end] = (x[start:end].float() @ weight[g].float()).to(x.dtype)
         return out
 
-    def grouped_matmul_swiglu_quant(self, x, weight, group_list, weight_scale, x_scale, *, group_list_type: GroupListType = "cumsum"):
-        _require(x.dtype == torch.int8 and weight.dtype == torch.int8, f"x and weight must be int8, got {x.dtype} and {weight.dtype}")
-        _require(weight.dim() == 3 and weight.shape[1] == x.shape[1] and weight.shape[2] % 2 == 0, f"weight must be [G, K, 2N] with K={x.shape[1]}, got {tuple(weight.shape)}")
-        _require(tuple(weight_scale.shape) == (weight.shape[0], weight.shape[2]), f"weight_scale must be [G, 2N] = {(weight.shape[0], weight.shape[2])}, got {tuple(weight_scale.shape)}")
-        _require(x_scale.shape == (x.shape[0],), f"x_scale must be [M] = ({x.shape[0]},), got {tuple(x_scale.shape)}")
+    def grouped_matmul_swiglu_quant(
+        self, x, weight, group_list, weight_scale, x_scale, *, group_list_type: GroupListType = "cumsum"
+    ):
+        _require(
+            x.dtype == torch.int8 and weight.dtype == torch.int8,
+            f"x and weight must be int8, got {x.dtype} and {weight.dtype}",
+        )
+        _require(
+            weight.dim() == 3 and weight.shape[1] == x.shape[1] and weight.shape[2] % 2 == 0,
+            f"weight must be [G, K, 2N] with K={x.shape[1]}, got {tuple(weight.shape)}",
+        )
+        _require(
+            tuple(weight_scale.shape) == (weight.shape[0], weight.shape[2]),
+            f"weight_scale must be [G, 2N] = {(weight.shape[0], weight.shape[2])}, got {tuple(weight_scale.shape)}",
+        )
+        _require(
+            x_scale.shape == (x.shape[0],),
+            f"x_scale must be [M] = ({x.shape[0]},), got {tuple(x_scale.shape)}",
+        )
         rows, half = x.shape[0], weight.shape[2] // 2
         q_out = torch.zeros(rows, half, dtype=torch.int8, device=x.device)
         scale_out = torch.zeros(rows, dtype=torch.float32, device=x.device)
@@ -265,13 +388,24 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         _require(x.dim() >= 2, f"dynamic_quant needs x with at least 2 dims, got shape {tuple(x.shape)}")
         xf = x.float()
         if smooth_scales is not None:
-            _require(smooth_scales.shape == (x.shape[-1],), f"smooth_scales must be [{x.shape[-1]}], got {tuple(smooth_scales.shape)}")
+            _require(
+                smooth_scales.shape == (x.shape[-1],),
+                f"smooth_scales must be [{x.shape[-1]}], got {tuple(smooth_scales.shape)}",
+            )
             xf = xf * smooth_scales.float()
         return _per_token_int8(xf)
 
-    def quant_matmul(self, x, weight, weight_scale, *, pertoken_scale=None, bias=None, output_dtype=torch.bfloat16):
-        _require(x.dtype == torch.int8 and weight.dtype == torch.int8, f"x and weight must be int8, got {x.dtype} and {weight.dtype}")
-        _require(weight.dim() == 2 and x.shape[-1] == weight.shape[0], f"x [..., K] and weight [K, N] disagree: {tuple(x.shape)} vs {tuple(weight.shape)}")
+    def quant_matmul(
+        self, x, weight, weight_scale, *, pertoken_scale=None, bias=None, output_dtype=torch.bfloat16
+    ):
+        _require(
+            x.dtype == torch.int8 and weight.dtype == torch.int8,
+            f"x and weight must be int8, got {x.dtype} and {weight.dtype}",
+        )
+        _require(
+            weight.dim() == 2 and x.shape[-1] == weight.shape[0],
+            f"x [..., K] and weight [K, N] disagree: {tuple(x.shape)} vs {tuple(weight.shape)}",
+        )
         acc = (x.reshape(-1, x.shape[-1]).to(torch.int32) @ weight.to(torch.int32)).double()
         out = acc * weight_scale.double().reshape(-1)
         if pertoken_scale is not None:
@@ -280,8 +414,13 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
             out = out + bias.double()
         return out.to(output_dtype).reshape(*x.shape[:-1], weight.shape[1])
 
-    def weight_quant_matmul(self, x, weight, antiquant_scale, *, antiquant_offset=None, bias=None, group_size=0):
-        _require(weight.dim() == 2 and x.shape[-1] == weight.shape[0], f"x [..., K] and weight [K, N] disagree: {tuple(x.shape)} vs {tuple(weight.shape)}")
+    def weight_quant_matmul(
+        self, x, weight, antiquant_scale, *, antiquant_offset=None, bias=None, group_size=0
+    ):
+        _require(
+            weight.dim() == 2 and x.shape[-1] == weight.shape[0],
+            f"x [..., K] and weight [K, N] disagree: {tuple(x.shape)} vs {tuple(weight.shape)}",
+        )
         k_dim = weight.shape[0]
         w = weight.float()
 
@@ -289,9 +428,15 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
             p = param.float()
             if group_size > 0:
                 groups = math.ceil(k_dim / group_size)
-                _require(p.shape == (groups, weight.shape[1]), f"{name} must be [{groups}, {weight.shape[1]}] for group_size={group_size}, got {tuple(p.shape)}")
+                _require(
+                    p.shape == (groups, weight.shape[1]),
+                    f"{name} must be [{groups}, {weight.shape[1]}] for group_size={group_size}, got {tuple(p.shape)}",
+                )
                 return p.repeat_interleave(group_size, dim=0)[:k_dim]
-            _require(p.numel() in (1, weight.shape[1]), f"{name} must be per-tensor or [{weight.shape[1]}], got {tuple(p.shape)}")
+            _require(
+                p.numel() in (1, weight.shape[1]),
+                f"{name} must be per-tensor or [{weight.shape[1]}], got {tuple(p.shape)}",
+            )
             return p.reshape(-1)
 
         if antiquant_offset is not None:
