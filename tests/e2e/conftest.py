@@ -1,0 +1,118 @@
+"""End-to-end fixtures: real vLLM in-process on the reference device, tiny local models.
+
+The environment is fixed before vLLM is imported: engine in-process, a small KV cache, no hub
+access, the plugin on the reference device. Models are built once per session under pytest's
+temporary directory (seconds; no downloads).
+"""
+
+from __future__ import annotations
+
+import os
+
+for _name, _value in {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_ASCEND_DEVICE": "reference",
+    "TOKENIZERS_PARALLELISM": "false",
+}.items():
+    os.environ.setdefault(_name, _value)
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from vllm_ascend.runner.testing.tiny_models import build_tiny_model, llama_spec, qwen3_spec  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tiny_models_root: Path) -> Path:
+    """Qwen3 (tied embeddings), hidden 128, 2 layers, 4 heads / 2 KV heads of 32, vocab 512."""
+    return build_tiny_model(qwen3_spec(), tiny_models_root)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_models_root: Path) -> Path:
+    """Llama (untied LM head), same geometry as the Qwen3 model."""
+    return build_tiny_model(llama_spec(), tiny_models_root)
+
+
+#: Four prompts of different lengths; the last three share a prefix of more than two 16-token blocks.
+RUNNER_PROMPTS = (
+    "the quick ascend kernel",
+    "river mountain forest ocean cloud rain snow wind stone light shadow morning evening winter summer "
+    "red green blue yellow black white quick slow small large bright dark warm cold",
+    "river mountain forest ocean cloud rain snow wind stone light shadow morning evening winter summer "
+    "red green blue yellow black white quick slow small large bright dark warm cold old new first last runs",
+    "river mountain forest ocean cloud rain snow wind stone light shadow morning evening winter summer "
+    "red green blue yellow black white quick slow small large bright dark warm cold tensor",
+)
+
+
+def _token_ids(model_dir: Path) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return [tokenizer(text)["input_ids"] for text in RUNNER_PROMPTS]
+
+
+@pytest.fixture(scope="session")
+def qwen3_prompts(tiny_qwen3: Path) -> list[list[int]]:
+    return _token_ids(tiny_qwen3)
+
+
+@pytest.fixture(scope="session")
+def llama_prompts(tiny_llama: Path) -> list[list[int]]:
+    return _token_ids(tiny_llama)
+
+
+@pytest.fixture
+def make_llm():
+    """Build ``vllm.LLM`` on a tiny model (fp32, block size 16, 64 MiB KV cache); shut it down afterwards."""
+    built = []
+
+    def factory(model_dir: Path, **overrides):
+        from vllm import LLM
+
+        kwargs = dict(
+            model=str(model_dir),
+            dtype="float32",
+            block_size=16,
+            max_model_len=256,
+            kv_cache_memory_bytes=64 << 20,
+            seed=0,
+        )
+        kwargs.update(overrides)
+        llm = LLM(**kwargs)
+        built.append(llm)
+        return llm
+
+    yield factory
+    import gc
+
+    for llm in built:
+        llm.llm_engine.engine_core.shutdown()
+    built.clear()
+    gc.collect()
+
+
+#: Tokens generated per prompt in the HF comparisons.
+MAX_NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="session")
+def qwen3_hf(tiny_qwen3: Path, qwen3_prompts: list[list[int]]):
+    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+
+    return hf_greedy(tiny_qwen3, qwen3_prompts, MAX_NEW_TOKENS)
+
+
+@pytest.fixture(scope="session")
+def llama_hf(tiny_llama: Path, llama_prompts: list[list[int]]):
+    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+
+    return hf_greedy(tiny_llama, llama_prompts, MAX_NEW_TOKENS)

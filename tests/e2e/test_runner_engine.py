@@ -1,0 +1,153 @@
+"""One engine on the reference device: our classes ran, sampling, logprobs and sleep mode are real."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3):
+    from vllm import LLM
+
+    engine = LLM(
+        model=str(tiny_qwen3),
+        dtype="float32",
+        block_size=16,
+        max_model_len=256,
+        kv_cache_memory_bytes=64 << 20,
+        seed=0,
+        enable_sleep_mode=True,
+    )
+    yield engine
+    engine.llm_engine.engine_core.shutdown()
+    del engine
+    gc.collect()
+
+
+def _worker(llm):
+    return llm.collective_rpc(lambda wrapper: wrapper.worker)[0]
+
+
+def _generate(llm, prompts, **params):
+    from vllm import SamplingParams
+
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(**params), use_tqdm=False)
+    return [o.outputs[0] for o in outputs]
+
+
+def test_our_platform_worker_runner_backend_and_ops_ran(llm, qwen3_prompts):
+    from vllm.platforms import current_platform
+    from vllm_ascend.core.device.adaptor import get_device_adaptor
+    from vllm_ascend.core.platform import NPUPlatform
+    from vllm_ascend.runner.attention.impl import AscendAttentionImpl
+    from vllm_ascend.runner.block_table import MultiGroupBlockTable
+    from vllm_ascend.runner.input_batch import NPUInputBatch
+    from vllm_ascend.runner.model_runner import NPUModelRunner
+    from vllm_ascend.runner.ops import activation, layernorm, linear, rotary_embedding
+    from vllm_ascend.runner.sample.sampler import AscendSampler
+    from vllm_ascend.runner.worker import NPUWorker
+
+    assert type(current_platform) is NPUPlatform
+    worker = _worker(llm)
+    assert type(worker) is NPUWorker
+    runner = worker.model_runner
+    assert type(runner) is NPUModelRunner
+    assert type(runner.input_batch) is NPUInputBatch
+    assert type(runner.input_batch.block_table) is MultiGroupBlockTable
+    assert type(runner.sampler) is AscendSampler
+
+    modules = list(runner.model.modules())
+    kinds = {type(m) for m in modules}
+    expected = {
+        layernorm.AscendRMSNorm,
+        activation.AscendSiluAndMul,
+        rotary_embedding.AscendRotaryEmbedding,
+        linear.AscendQKVParallelLinear,
+        linear.AscendMergedColumnParallelLinear,
+        linear.AscendRowParallelLinear,
+        linear.AscendVocabParallelEmbedding,
+        linear.AscendParallelLMHead,
+    }
+    assert expected <= kinds, expected - kinds
+    attention_impls = {type(m.impl) for m in modules if type(m).__name__ == "Attention"}
+    assert attention_impls == {AscendAttentionImpl}
+    assert all(
+        type(m.quant_method) is linear.AscendUnquantizedLinearMethod
+        for m in modules
+        if isinstance(m, linear._AscendLinearMixin)
+    )
+    assert {m.attn_backend.get_name() for m in modules if type(m).__name__ == "Attention"} == {"CUSTOM"}
+
+    adaptor = get_device_adaptor()
+    before = adaptor.call_counts.copy()
+    _generate(llm, qwen3_prompts[:2], max_tokens=3, temperature=0.0, ignore_eos=True)
+    delta = adaptor.call_counts - before
+    layers = len(runner.model.model.layers)
+    # 2 requests x 3 steps: one prefill step and two decode steps (the batch runs together).
+    for op in ("reshape_and_cache", "fused_infer_attention", "rotary_embedding", "swiglu"):
+        assert delta[op] >= 3 * layers, (op, delta)
+    assert delta["rms_norm"] > 0 and delta["add_rms_norm"] > 0, delta
+
+
+def test_logprobs_match_hf_log_softmax(llm, qwen3_prompts, qwen3_hf):
+    outputs = _generate(llm, qwen3_prompts, max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=5)
+    for out, hf_ids, hf_logits in zip(outputs, qwen3_hf.token_ids, qwen3_hf.logits, strict=True):
+        assert list(out.token_ids) == hf_ids[:4]
+        for step, step_logprobs in enumerate(out.logprobs):
+            ref = torch.log_softmax(hf_logits[step].double(), dim=-1)
+            top = torch.topk(ref, 5).indices.tolist()
+            assert set(top) <= set(step_logprobs), (step, top, list(step_logprobs))
+            for token_id, lp in step_logprobs.items():
+                assert abs(lp.logprob - ref[token_id].item()) < 1e-4, (step, token_id, lp.logprob, ref[token_id])
+            assert step_logprobs[out.token_ids[step]].rank == 1
+
+
+def test_seeded_sampling_is_reproducible(llm, qwen3_prompts):
+    params = dict(max_tokens=10, temperature=1.0, top_k=50, top_p=0.95, min_p=0.01, ignore_eos=True)
+    first = [o.token_ids for o in _generate(llm, qwen3_prompts, seed=1234, **params)]
+    again = [o.token_ids for o in _generate(llm, qwen3_prompts, seed=1234, **params)]
+    alone = [o.token_ids for o in _generate(llm, qwen3_prompts[2:3], seed=1234, **params)]
+    other = [o.token_ids for o in _generate(llm, qwen3_prompts, seed=99, **params)]
+    assert first == again
+    assert alone == first[2:3]  # the seed, not the batch, decides the tokens
+    assert first != other
+
+
+def test_sampling_parameters_take_effect(llm, qwen3_prompts, qwen3_hf):
+    greedy_first = [ids[0] for ids in qwen3_hf.token_ids]
+    # top_k=1 is greedy whatever the temperature.
+    top1 = _generate(llm, qwen3_prompts, max_tokens=1, temperature=2.0, top_k=1, seed=7)
+    assert [o.token_ids[0] for o in top1] == greedy_first
+    # A bad word equal to the greedy first token bans it (through the bad-words kernel).
+    tokenizer = llm.get_tokenizer()
+    row = next(i for i, t in enumerate(greedy_first) if tokenizer(tokenizer.decode([t]))["input_ids"] == [t])
+    word = tokenizer.decode([greedy_first[row]])
+    banned = _generate(llm, qwen3_prompts[row : row + 1], max_tokens=1, temperature=0.0, bad_words=[word])
+    assert banned[0].token_ids[0] != greedy_first[row]
+    # A negative logit bias on it does the same (vLLM's logits processor before our sampler).
+    biased = _generate(llm, qwen3_prompts[:1], max_tokens=1, temperature=0.0, logit_bias={greedy_first[0]: -100.0})
+    assert biased[0].token_ids[0] != greedy_first[0]
+    # A large repetition penalty prevents repeating any prompt or output token.
+    penalised = _generate(llm, qwen3_prompts[:1], max_tokens=8, temperature=0.0, repetition_penalty=50.0,
+                          ignore_eos=True)  # fmt: skip
+    seen = set(qwen3_prompts[0])
+    for token in penalised[0].token_ids:
+        assert token not in seen
+        seen.add(token)
+
+
+def test_sleep_releases_memory_and_wake_up_restores(llm, qwen3_prompts, qwen3_hf):
+    worker = _worker(llm)
+    kv = worker.model_runner.kv_caches[0]
+    weight = worker.model_runner.model.model.embed_tokens.weight
+    assert kv.untyped_storage().nbytes() > 0
+    llm.sleep(level=1)
+    assert kv.untyped_storage().nbytes() == 0
+    assert weight.untyped_storage().nbytes() == 0
+    llm.wake_up()
+    assert kv.untyped_storage().nbytes() > 0
+    outputs = _generate(llm, qwen3_prompts, max_tokens=12, temperature=0.0, ignore_eos=True)
+    assert [list(o.token_ids) for o in outputs] == qwen3_hf.token_ids
