@@ -1,8 +1,9 @@
 """Gumbel-max sampling with per-request seeds and positions (reproducible on every backend).
 
 The noise of token ``v`` in a row is ``-log(-log(u))`` with ``u = ((h >> 8) + 0.5) / 2**24`` and
-``h = hash32(row_key ^ hash32(v))``, ``row_key = hash32(hash32(hash32(seed_lo) ^ seed_hi) ^ pos_lo)``
-where ``hash32`` is a 32-bit integer mixer (xor-shift / multiply). Only wrapping 32-bit multiply,
+``h = hash32(row_key ^ (v * 0x9E3779B9 mod 2**32))``,
+``row_key = hash32(hash32(hash32(seed_lo) ^ seed_hi) ^ pos_lo)`` where ``hash32`` is a 32-bit integer
+mixer (xor-shift / multiply). Only wrapping 32-bit multiply,
 xor and shifts are used, so the torch reference and the Triton kernel draw bit-identical ``u``.
 """
 
@@ -14,6 +15,7 @@ from vllm_ascend.kernels._backend import dispatch
 MASK32 = 0xFFFFFFFF
 HASH_M1 = 0x7FEB352D
 HASH_M2 = 0x846CA68B
+TOKEN_MIX = 0x9E3779B9
 
 
 def hash32_torch(x: torch.Tensor) -> torch.Tensor:
@@ -35,8 +37,8 @@ def row_keys_torch(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor
 def gumbel_noise_torch(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """``[B, vocab_size]`` float32 Gumbel noise, identical to what the Triton kernel draws."""
     keys = row_keys_torch(seeds, positions).unsqueeze(1)
-    token_hash = hash32_torch(torch.arange(vocab_size, dtype=torch.int64, device=seeds.device)).unsqueeze(0)
-    h = hash32_torch(keys ^ token_hash)
+    token_mix = (torch.arange(vocab_size, dtype=torch.int64, device=seeds.device) * TOKEN_MIX) & MASK32
+    h = hash32_torch(keys ^ token_mix.unsqueeze(0))
     u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
     return -torch.log(-torch.log(u))
 

@@ -19,8 +19,12 @@ def vocab_block(vocab_size: int, cap: int = 8192) -> int:
     return min(triton.next_power_of_2(vocab_size), 1024 if IS_INTERPRETED else cap)
 
 
-def num_chunks(vocab_size: int, block: int) -> int:
-    return triton.cdiv(vocab_size, block)
+ROW_WARPS = 16
+
+
+def row_block(vocab_size: int) -> int:
+    """Tile of the one-program-per-row kernels, which loop over the row (tuned on an H200)."""
+    return min(triton.next_power_of_2(vocab_size), 256 if IS_INTERPRETED else 2048)
 
 
 @triton.jit

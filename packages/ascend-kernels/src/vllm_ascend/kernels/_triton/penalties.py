@@ -1,10 +1,12 @@
 """Triton :func:`vllm_ascend.kernels.apply_penalties`: sparse bincount, then claim-and-apply.
 
-Pass 1 scatters the history into a cached ``[B, V]`` int32 scratch that is all zeros between calls:
-output occurrences add 1, prompt occurrences set bit 30. Pass 2 visits the same history entries;
-the first visitor of a (row, token) takes the count with an atomic exchange against 0 (restoring
-the scratch), and only that visitor rewrites the logit, so duplicates never apply twice. Both
-passes cost ``O(B * (P + O))``; the logits are touched only at history tokens.
+One program per row, one launch. Phase 1 scatters the row's history into a cached ``[B, V]`` int32
+scratch that is all zeros between calls: output occurrences add 1, prompt occurrences set bit 30.
+After a block barrier, phase 2 visits the same history entries; the first visitor of a token takes
+the count with an atomic exchange against 0 (restoring the scratch), and only that visitor
+rewrites the logit, so duplicates never apply twice. Cost ``O(B * (P + O))``; the logits are
+touched only at history tokens. Calls must not run concurrently on two streams of one device
+(they share the scratch).
 """
 
 from __future__ import annotations
@@ -39,40 +41,38 @@ def _history_entry(prompt_ptr, prompt_stride, prompt_len, output_ptr, output_str
 
 
 @triton.jit
-def _count_kernel(
-    prompt_ptr, prompt_stride, prompt_len, output_ptr, output_stride, output_len, counts_ptr, vocab,
-    BLOCK: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    tok, valid, is_output = _history_entry(
-        prompt_ptr, prompt_stride, prompt_len, output_ptr, output_stride, output_len, row, offs, vocab
-    )
-    ptr = counts_ptr + row * vocab + tok
-    tl.atomic_add(ptr, tl.full([BLOCK], 1, tl.int32), mask=valid & is_output)
-    tl.atomic_or(ptr, tl.full([BLOCK], 1 << 30, tl.int32), mask=valid & ~is_output)
-
-
-@triton.jit
-def _apply_kernel(
+def _penalties_kernel(
     logits_ptr, row_stride, prompt_ptr, prompt_stride, prompt_len, output_ptr, output_stride, output_len,
     counts_ptr, rep_ptr, freq_ptr, pres_ptr, vocab, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    tok, valid, _ = _history_entry(
-        prompt_ptr, prompt_stride, prompt_len, output_ptr, output_stride, output_len, row, offs, vocab
-    )
-    claimed = tl.atomic_xchg(counts_ptr + row * vocab + tok, tl.zeros([BLOCK], tl.int32), mask=valid)
-    owner = valid & (claimed != 0)
-    count = (claimed & ((1 << 30) - 1)).to(tl.float32)
+    counts_row = counts_ptr + row * vocab
+    history = prompt_len + output_len
+    for start in range(0, history, BLOCK):
+        tok, valid, is_output = _history_entry(
+            prompt_ptr, prompt_stride, prompt_len, output_ptr, output_stride, output_len, row,
+            start + tl.arange(0, BLOCK), vocab,
+        )
+        tl.atomic_add(counts_row + tok, tl.full([BLOCK], 1, tl.int32), mask=valid & is_output)
+        tl.atomic_or(counts_row + tok, tl.full([BLOCK], 1 << 30, tl.int32), mask=valid & ~is_output)
+    tl.debug_barrier()
     rep = tl.load(rep_ptr + row)
-    ptr = logits_ptr + row * row_stride + tok
-    x = tl.load(ptr, mask=owner, other=0.0).to(tl.float32)
-    x = tl.where(x > 0, x / rep, x * rep)
-    x = x - tl.load(freq_ptr + row) * count
-    x = x - tl.load(pres_ptr + row) * (count > 0).to(tl.float32)
-    tl.store(ptr, x.to(logits_ptr.dtype.element_ty), mask=owner)
+    freq = tl.load(freq_ptr + row)
+    pres = tl.load(pres_ptr + row)
+    for start in range(0, history, BLOCK):
+        tok, valid, _ = _history_entry(
+            prompt_ptr, prompt_stride, prompt_len, output_ptr, output_stride, output_len, row,
+            start + tl.arange(0, BLOCK), vocab,
+        )
+        claimed = tl.atomic_xchg(counts_row + tok, tl.zeros([BLOCK], tl.int32), mask=valid)
+        owner = valid & (claimed != 0)
+        count = (claimed & ((1 << 30) - 1)).to(tl.float32)
+        ptr = logits_ptr + row * row_stride + tok
+        x = tl.load(ptr, mask=owner, other=0.0).to(tl.float32)
+        x = tl.where(x > 0, x / rep, x * rep)
+        x = x - freq * count
+        x = x - pres * (count > 0).to(tl.float32)
+        tl.store(ptr, x.to(logits_ptr.dtype.element_ty), mask=owner)
 
 
 def apply_penalties(
@@ -95,13 +95,10 @@ def apply_penalties(
     if rows == 0 or history == 0:
         return logits
     counts = _zeroed_scratch(rows * vocab, logits.device)
-    block = min(1024, triton.next_power_of_2(history))
-    grid = (rows, triton.cdiv(history, block))
-    hist = (prompt, prompt.stride(0), prompt.shape[1], output, output.stride(0), output.shape[1])
-    _count_kernel[grid](*hist, counts, vocab, BLOCK=block, num_warps=4)
     f32 = torch.float32
-    _apply_kernel[grid](
-        logits, logits.stride(0), *hist, counts, repetition_penalty.to(f32), frequency_penalty.to(f32),
-        presence_penalty.to(f32), vocab, BLOCK=block, num_warps=4,
+    _penalties_kernel[(rows,)](
+        logits, logits.stride(0), prompt, prompt.stride(0), prompt.shape[1], output, output.stride(0),
+        output.shape[1], counts, repetition_penalty.to(f32), frequency_penalty.to(f32), presence_penalty.to(f32),
+        vocab, BLOCK=min(1024, triton.next_power_of_2(history)), num_warps=4,
     )
     return logits

@@ -1,0 +1,406 @@
+"""Benchmark of ``vllm_ascend.kernels`` on a GPU: correctness at real sizes and speed vs torch.
+
+Run from the repository root on a machine with a CUDA GPU, torch and triton (vLLM not needed):
+
+    python benchmarks/kernels.py [--quick] [--compile] [--json PATH]
+
+For each kernel and size it prints: µs per call (median, L2 flushed before each call), the memory
+floor (bytes that must move ÷ the measured device-to-device copy bandwidth, read + write counted),
+× floor, the torch-eager peer's µs and the speed-up over it (and over ``torch.compile`` of the same
+eager code with ``--compile``), plus a correctness check against the package's torch reference.
+In-place kernels are restored from a pristine copy before every timed call (the copy and an L2 flush
+are outside the timed region), so each call sees the same fresh input. "host µs" is the Python and
+launch cost per call, which bounds the latency when the GPU is otherwise idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+for src in ("packages/ascend-kernels/src", "packages/ascend-core/src"):
+    if str(ROOT / src) not in sys.path:
+        sys.path.insert(0, str(ROOT / src))
+
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
+import vllm_ascend.kernels as K  # noqa: E402
+from vllm_ascend.kernels import (  # noqa: E402
+    conv1d,
+    gdn_gating,
+    gumbel,
+    kv_zero,
+    logprobs,
+    min_p,
+    penalties,
+    slot_mapping,
+    temperature,
+    top_k_top_p,
+)
+
+DEV = torch.device("cuda")
+ROWS: list[dict] = []
+_FLUSH = None
+
+
+def _flush() -> None:
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device=DEV)
+    _FLUSH.zero_()
+
+
+def bench(fn: Callable[[], object], restore: Callable[[], object] | None = None, reps: int = 40) -> float:
+    """Median µs of ``fn``; ``restore`` (untimed) runs before each call when given."""
+    if restore is None:
+        return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
+    restore()
+    fn()
+    times = []
+    for _ in range(reps):
+        restore()
+        _flush()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def host_us(fn: Callable[[], object], calls: int = 20) -> float:
+    """Host (Python + launch) µs per call: the floor of a call's latency when the GPU is idle."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+def measure_bandwidth() -> tuple[float, float]:
+    """(copy GB/s counting read + write, write-only GB/s) on 1 GiB buffers."""
+    n = 1 << 30
+    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device=DEV)
+    dst = torch.empty_like(src)
+    copy_us = triton.testing.do_bench(lambda: dst.copy_(src), warmup=20, rep=100, return_mode="median") * 1e3
+    fill_us = triton.testing.do_bench(lambda: dst.zero_(), warmup=20, rep=100, return_mode="median") * 1e3
+    return 2 * n / copy_us / 1e3, n / fill_us / 1e3
+
+
+def record(op, shape, dtype, us, floor_us, eager_us, compiled_us, check, note="", host=None):
+    row = {
+        "op": op, "shape": shape, "dtype": str(dtype).replace("torch.", ""), "us": us, "host_us": host,
+        "floor_us": floor_us,
+        "x_floor": us / floor_us if floor_us else None, "eager_us": eager_us,
+        "vs_eager": eager_us / us if eager_us else None, "compiled_us": compiled_us,
+        "vs_compile": compiled_us / us if compiled_us else None, "check": check, "note": note,
+    }
+    ROWS.append(row)
+    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    print(
+        f"| {op} | {shape} | {row['dtype']} | {us:.1f} | {fmt(floor_us, '.1f')} | {fmt(row['x_floor'], '.2f')} | "
+        f"{fmt(eager_us, '.1f')} | {fmt(row['vs_eager'], '.2f')} | {fmt(compiled_us, '.1f')} | "
+        f"{fmt(row['vs_compile'], '.2f')} | {fmt(host, '.0f')} | {check} |",
+        flush=True,
+    )
+
+
+# ---- eager peers: the plain torch code a sampler would otherwise run -------------------------
+
+
+def eager_temperature(x, t):
+    return x.div_(t.unsqueeze(1))
+
+
+def eager_gumbel(x, t):
+    q = x.float() / t.unsqueeze(1)
+    g = -torch.log(-torch.log(torch.rand_like(q).clamp_(1e-10, 1.0)))
+    return (q + g).argmax(dim=1)
+
+
+def eager_min_p(x, mp):
+    probs = torch.softmax(x.float(), dim=1)
+    keep = probs >= probs.max(dim=1, keepdim=True).values * mp.unsqueeze(1)
+    return x.masked_fill_(~keep, float("-inf"))
+
+
+def eager_top_k_top_p(x, k, p):
+    vals, idx = x.float().sort(dim=1, descending=False)
+    kth = vals.gather(1, (x.shape[1] - k.long()).unsqueeze(1))
+    vals.masked_fill_(vals < kth, float("-inf"))
+    cum = vals.softmax(dim=1).cumsum(dim=1)
+    drop = cum <= 1 - p.unsqueeze(1)
+    drop[:, -1] = False
+    vals.masked_fill_(drop, float("-inf"))
+    return x.copy_(vals.scatter(1, idx, vals).to(x.dtype))
+
+
+def eager_token_logprobs(x, ids):
+    return torch.log_softmax(x.float(), dim=1).gather(1, ids.unsqueeze(1)).squeeze(1)
+
+
+def _compiled(fn):
+    return torch.compile(fn, dynamic=True)
+
+
+# ---- correctness helpers --------------------------------------------------------------------
+
+
+def max_diff(a, b):
+    a, b = a.float(), b.float()
+    both_inf = torch.isinf(a) & torch.isinf(b) & (torch.sign(a) == torch.sign(b))
+    d = torch.where(both_inf, torch.zeros_like(a), (a - b).abs())
+    return d.max().item() if d.numel() else 0.0
+
+
+def ulps_ok(a, b, dtype):
+    """Within 1 ulp of the output dtype (relative), or exactly equal infinities."""
+    a, b = a.float(), b.float()
+    eps = {torch.float32: 2.0**-22, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}[dtype]
+    both_inf = torch.isinf(a) & torch.isinf(b) & (torch.sign(a) == torch.sign(b))
+    ok = both_inf | ((a - b).abs() <= eps * torch.maximum(a.abs(), b.abs()) + 1e-30)
+    return int((~ok).sum().item())
+
+
+# ---- benchmarks -----------------------------------------------------------------------------
+
+
+def sampling_suite(batch, vocab, dtype, bw, use_compile):
+    shape = f"{batch}x{vocab}"
+    es = torch.tensor([], dtype=dtype).element_size()
+    rw = 2 * batch * vocab * es / bw / 1e3  # µs to read and write the logits once
+    ro = batch * vocab * es / bw / 1e3
+    logits = (torch.randn(batch, vocab, device=DEV) * 3).to(dtype)
+    temp = torch.rand(batch, device=DEV) * 1.5 + 0.25
+    temp[::7] = 0.0
+    seeds = torch.randint(0, 2**62, (batch,), device=DEV)
+    pos = torch.randint(0, 4096, (batch,), device=DEV)
+    compiled = {}
+
+    def peer(name, fn, *args):
+        if not use_compile or dtype != torch.float32:
+            return None
+        if name not in compiled:
+            compiled[name] = _compiled(fn)
+        try:
+            return bench(lambda: compiled[name](*args))
+        except Exception as exc:  # torch.compile is best effort here
+            print(f"# torch.compile {name} failed: {type(exc).__name__}: {exc}", flush=True)
+            return None
+
+    # temperature
+    a, b = logits.clone(), logits.clone()
+    K.apply_temperature(a, temp)
+    temperature.apply_temperature_torch(b, temp)
+    check = f"ulp-off={ulps_ok(a, b, dtype)}"
+    work = logits.clone()
+    tpos = temp.clamp(min=0.5)
+    restore = lambda: work.copy_(logits)  # noqa: E731
+    us = bench(lambda: K.apply_temperature(work, tpos), restore)
+    eager = bench(lambda: eager_temperature(work, tpos), restore)
+    record("temperature(inplace)", shape, dtype, us, rw, eager, peer("temp", eager_temperature, work, tpos), check,
+           host=host_us(lambda: K.apply_temperature(work, tpos)))
+
+    # gumbel
+    got = K.gumbel_sample(logits, temp, seeds, pos)
+    ref = gumbel.gumbel_sample_torch(logits, temp, seeds, pos)
+    check = f"mismatch={int((got != ref).sum())}/{batch}"
+    us = bench(lambda: K.gumbel_sample(logits, temp, seeds, pos))
+    eager = bench(lambda: eager_gumbel(logits, tpos))
+    record("gumbel_sample(+temp)", shape, dtype, us, ro, eager, peer("gumbel", eager_gumbel, logits, tpos), check,
+           host=host_us(lambda: K.gumbel_sample(logits, temp, seeds, pos)))
+
+    # min_p
+    mp = torch.rand(batch, device=DEV) * 0.2
+    a, b = logits.clone(), logits.clone()
+    K.apply_min_p(a, mp)
+    min_p.apply_min_p_torch(b, mp)
+    check = f"mask-off={int((torch.isinf(a) != torch.isinf(b)).sum())}"
+    us = bench(lambda: K.apply_min_p(work, mp), restore)
+    eager = bench(lambda: eager_min_p(work, mp), restore)
+    record("min_p(inplace)", shape, dtype, us, rw, eager, peer("min_p", eager_min_p, work, mp), check,
+           host=host_us(lambda: K.apply_min_p(work, mp)))
+
+    # top-k / top-p (restored before each call: the cost depends on the input)
+    k = torch.randint(1, 200, (batch,), device=DEV, dtype=torch.int32)
+    p = torch.rand(batch, device=DEV) * 0.2 + 0.79
+    for label, kk, pp in (("topk_topp", k, p), ("topp_only", None, p)):
+        a, b = logits.clone(), logits.clone()
+        K.apply_top_k_top_p(a, kk, pp)
+        top_k_top_p.apply_top_k_top_p_torch(b, kk, pp)
+        kept_a, kept_b = torch.isfinite(a).sum(1), torch.isfinite(b).sum(1)
+        check = f"rows-off={int((kept_a != kept_b).sum())} kept~{int(kept_b.float().median())}"
+        us = bench(lambda kk=kk, pp=pp: K.apply_top_k_top_p(work, kk, pp), restore)
+        kk_e = kk if kk is not None else torch.full_like(k, vocab)
+        eager = bench(lambda kk_e=kk_e, pp=pp: eager_top_k_top_p(work, kk_e, pp), restore)
+        host = host_us(lambda kk=kk, pp=pp: K.apply_top_k_top_p(work, kk, pp))
+        record(label, shape, dtype, us, rw, eager, None, check, host=host)
+
+    # penalties (history: 512 prompt + 128 output tokens per row)
+    prompt = torch.randint(0, vocab, (batch, 512), device=DEV)
+    output = torch.randint(0, vocab, (batch, 128), device=DEV)
+    rep = torch.rand(batch, device=DEV) + 0.5
+    freq = torch.rand(batch, device=DEV) * 0.5
+    pres = torch.rand(batch, device=DEV) * 0.5
+    a, b = logits.clone(), logits.clone()
+    K.apply_penalties(a, prompt, output, rep, freq, pres)
+    penalties.apply_penalties_torch(b, prompt, output, rep, freq, pres)
+    check = f"ulp-off={ulps_ok(a, b, dtype)}"
+    args = (prompt, output, rep, freq, pres)
+    us = bench(lambda: K.apply_penalties(work, *args), restore)
+    eager = bench(lambda: penalties.apply_penalties_torch(work, *args), restore)
+    record("penalties", shape, dtype, us, rw, eager, peer("pen", penalties.apply_penalties_torch, work, *args), check,
+           "sparse: touches history tokens only", host=host_us(lambda: K.apply_penalties(work, *args)))
+
+    # logprobs
+    ids = torch.randint(0, vocab, (batch,), device=DEV)
+    got = K.compute_token_logprobs(logits, ids)
+    ref = logprobs.compute_token_logprobs_torch(logits, ids)
+    check = f"maxdiff={max_diff(got, ref):.1e}"
+    us = bench(lambda: K.compute_token_logprobs(logits, ids))
+    eager = bench(lambda: eager_token_logprobs(logits, ids))
+    record("token_logprobs", shape, dtype, us, ro, eager, peer("lp", eager_token_logprobs, logits, ids), check,
+           host=host_us(lambda: K.compute_token_logprobs(logits, ids)))
+
+    got = K.compute_topk_logprobs(logits, 20, ids)
+    ref = logprobs.compute_topk_logprobs_torch(logits, 20, ids)
+    check = f"ranks-off={int((got[2] != ref[2]).sum())} lp-diff={max_diff(got[1], ref[1]):.1e}"
+    us = bench(lambda: K.compute_topk_logprobs(logits, 20, ids))
+    eager = bench(lambda: logprobs.compute_topk_logprobs_torch(logits, 20, ids))
+    record("topk_logprobs(k=20)", shape, dtype, us, ro, eager, None, check,
+           host=host_us(lambda: K.compute_topk_logprobs(logits, 20, ids)))
+
+
+def cache_suite(bw, write_bw):
+    # 8 layers of [2, 1024 blocks, 128 tokens, 4 heads, 128] bf16: 2 MiB per block id over all layers.
+    layers = [torch.randn(2, 1024, 128, 4, 128, device=DEV).to(torch.bfloat16) for _ in range(8)]
+    for n in (16, 256):
+        ids = torch.randperm(1024, device=DEV)[:n]
+        a = [t.clone() for t in layers]
+        b = [t.clone() for t in layers]
+        K.zero_kv_blocks(a, ids, 1)
+        kv_zero.zero_kv_blocks_torch(b, ids, 1)
+        check = "exact" if all(torch.equal(x, y) for x, y in zip(a, b, strict=True)) else "MISMATCH"
+        del a, b
+        nbytes = n * 8 * 2 * 128 * 4 * 128 * 2
+        us = bench(lambda ids=ids: K.zero_kv_blocks(layers, ids, 1))
+        eager = bench(lambda ids=ids: kv_zero.zero_kv_blocks_torch(layers, ids, 1))
+        floor = nbytes / write_bw / 1e3
+        record("zero_kv_blocks", f"{n} blocks x 8 layers", torch.bfloat16, us, floor, eager, None, check,
+               f"{nbytes / us / 1e3:.0f} GB/s = {nbytes / us / 1e3 / write_bw:.0%} of write bw")
+
+    reqs, max_blocks, tokens = 256, 512, 8192
+    table = torch.randint(0, 1 << 20, (reqs, max_blocks), device=DEV, dtype=torch.int32)
+    req = torch.randint(0, reqs, (tokens,), device=DEV)
+    pos = torch.randint(0, 128 * 64, (tokens,), device=DEV)
+    for world, rank in ((1, 0), (4, 1)):
+        got = K.compute_slot_mapping(table, req, pos, 128, world, rank, 1)
+        ref = slot_mapping.compute_slot_mapping_torch(table, req, pos, 128, world, rank, 1)
+        check = "exact" if torch.equal(got, ref) else "MISMATCH"
+        us = bench(lambda w=world, r=rank: K.compute_slot_mapping(table, req, pos, 128, w, r, 1))
+        eager = bench(lambda w=world, r=rank: slot_mapping.compute_slot_mapping_torch(table, req, pos, 128, w, r, 1))
+        floor = tokens * (8 + 8 + 4 + 8) / bw / 1e3
+        record("slot_mapping" + ("(dcp4)" if world > 1 else ""), f"{tokens} tokens", torch.int64, us, floor, eager,
+               None, check)
+
+
+def sequence_suite(bw):
+    dim, width, seqs, total = 8192, 4, 8, 8192
+    x = torch.randn(dim, total, device=DEV).to(torch.bfloat16)
+    w = torch.randn(dim, width, device=DEV).to(torch.bfloat16)
+    bias = torch.randn(dim, device=DEV).to(torch.bfloat16)
+    states = torch.randn(64, dim, width - 1, device=DEV).to(torch.bfloat16)
+    qsl = torch.linspace(0, total, seqs + 1, device=DEV).to(torch.int32)
+    idx = torch.randperm(64, device=DEV)[:seqs].to(torch.int32)
+    init = torch.rand(seqs, device=DEV) > 0.5
+    s1, s2 = states.clone(), states.clone()
+    got = K.causal_conv1d_fn(x, w, bias, s1, qsl, idx, init)
+    ref = conv1d.causal_conv1d_fn_torch(x, w, bias, s2, qsl, idx, init)
+    check = f"ulp-off={ulps_ok(got, ref, torch.bfloat16)} state-off={ulps_ok(s1, s2, torch.bfloat16)}"
+    us = bench(lambda: K.causal_conv1d_fn(x, w, bias, s1, qsl, idx, init))
+    eager = bench(lambda: conv1d.causal_conv1d_fn_torch(x, w, bias, s2, qsl, idx, init))
+    record("causal_conv1d_fn", f"D{dim} T{total} N{seqs}", torch.bfloat16, us, 2 * x.numel() * 2 / bw / 1e3, eager,
+           None, check, "eager = per-sequence reference loop")
+
+    batch = 256
+    xu = torch.randn(batch, dim, device=DEV).to(torch.bfloat16)
+    states = torch.randn(batch, dim, width - 1, device=DEV).to(torch.bfloat16)
+    lines = torch.randperm(batch, device=DEV).to(torch.int32)
+    s1, s2 = states.clone(), states.clone()
+    got = K.causal_conv1d_update(xu, s1, w, bias, "silu", lines)
+    ref = conv1d.causal_conv1d_update_torch(xu, s2, w, bias, "silu", lines)
+    check = f"ulp-off={ulps_ok(got, ref, torch.bfloat16)} state-off={ulps_ok(s1, s2, torch.bfloat16)}"
+    us = bench(lambda: K.causal_conv1d_update(xu, s1, w, bias, "silu", lines))
+    eager = bench(lambda: conv1d.causal_conv1d_update_torch(xu, s2, w, bias, "silu", lines))
+    nbytes = (2 * xu.numel() + 2 * states.numel()) * 2
+    record("causal_conv1d_update", f"B{batch} D{dim}", torch.bfloat16, us, nbytes / bw / 1e3, eager, None, check,
+           "eager = per-row reference loop")
+
+    tokens, heads = 8192, 32
+    a_log = torch.randn(heads, device=DEV)
+    dt_bias = torch.randn(heads, device=DEV)
+    a = torch.randn(tokens, heads, device=DEV).to(torch.bfloat16)
+    b = torch.randn(tokens, heads, device=DEV).to(torch.bfloat16)
+    g1, be1 = K.fused_gdn_gating(a_log, a, b, dt_bias)
+    g2, be2 = gdn_gating.fused_gdn_gating_torch(a_log, a, b, dt_bias)
+    check = f"g-maxdiff={max_diff(g1, g2):.1e} beta-ulp-off={ulps_ok(be1, be2, torch.bfloat16)}"
+    us = bench(lambda: K.fused_gdn_gating(a_log, a, b, dt_bias))
+    eager = bench(lambda: gdn_gating.fused_gdn_gating_torch(a_log, a, b, dt_bias))
+    nbytes = tokens * heads * (2 + 2 + 4 + 2)
+    record("fused_gdn_gating", f"T{tokens} H{heads}", torch.bfloat16, us, nbytes / bw / 1e3, eager, None, check)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile of the eager peers (fp32)")
+    parser.add_argument("--only", default="", help="comma list of suites: sampling,cache,sequence")
+    parser.add_argument("--json", default=os.environ.get("OUT", "") and os.path.join(os.environ["OUT"], "kernels.json"))
+    args = parser.parse_args()
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    if not K.use_triton(DEV):
+        raise SystemExit("Triton cannot run on this device; nothing to benchmark")
+    bw, write_bw = measure_bandwidth()
+    name = torch.cuda.get_device_name()
+    print(f"# {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {name}, torch {torch.__version__}, "
+          f"triton {triton.__version__}")
+    print(f"# copy bandwidth {bw:.0f} GB/s (read + write), write bandwidth {write_bw:.0f} GB/s")
+    print("| op | shape | dtype | µs | floor µs | × floor | eager µs | × vs eager | compile µs | × vs compile "
+          "| host µs | check |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    suites = set(filter(None, args.only.split(","))) or {"sampling", "cache", "sequence"}
+    if "sampling" in suites:
+        batches = (1, 64, 1024) if args.quick else (1, 64, 256, 1024)
+        for vocab in (32000, 151936):
+            for batch in batches:
+                for dtype in (torch.float32, torch.bfloat16):
+                    sampling_suite(batch, vocab, dtype, bw, args.compile)
+    if "cache" in suites:
+        cache_suite(bw, write_bw)
+    if "sequence" in suites:
+        sequence_suite(bw)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": name, "copy_gbps": bw, "write_gbps": write_bw,
+                                               "rows": ROWS}, indent=1))
+    bad = [r for r in ROWS if "MISMATCH" in r["check"]]
+    if bad or any(math.isnan(r["us"]) for r in ROWS):
+        raise SystemExit(f"{len(bad)} correctness failures")
+
+
+if __name__ == "__main__":
+    main()
