@@ -86,3 +86,16 @@ def test_parse_family_names_and_socs(text, member):
 def test_parse_rejects_unknown_family():
     with pytest.raises(UnknownSocError, match="unknown SOC_VERSION 'A9'"):
         AscendDeviceType.parse("A9")
+
+
+def test_detection_and_family_parsing_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, vllm_ascend.core.device.detection, vllm_ascend.core.device.family as f; "
+        "f.device_type_from_soc_version('Ascend910B1'); print(sorted(m for m in ('torch', 'torch_npu') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
