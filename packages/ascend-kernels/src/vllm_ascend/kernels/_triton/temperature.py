@@ -16,7 +16,7 @@ def _temperature_kernel(logits_ptr, row_stride, temp_ptr, vocab, BLOCK: tl.const
     mask = offs < tl.where((t > 0) & (t != 1.0), vocab, 0)
     ptr = logits_ptr + row.to(tl.int64) * row_stride + offs
     x = tl.load(ptr, mask=mask).to(tl.float32)
-    tl.store(ptr, (x / t).to(logits_ptr.dtype.element_ty), mask=mask)
+    tl.store(ptr, (x / tl.where(t > 0, t, 1.0)).to(logits_ptr.dtype.element_ty), mask=mask)
 
 
 def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:

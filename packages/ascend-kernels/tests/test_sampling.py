@@ -1,0 +1,140 @@
+"""Sampling kernels (Triton, interpreted) against their torch references on fresh random inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import vllm_ascend.kernels as K
+from vllm_ascend.kernels import gumbel, logprobs, min_p, temperature, top_k_top_p
+from vllm_ascend.kernels._triton import top_k_top_p as tkp_triton
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _logits(gen, rows, vocab, dtype, scale=3.0):
+    return (torch.randn(rows, vocab, generator=gen) * scale).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_temperature(gen, dtype, close_ulp):
+    logits = _logits(gen, 5, 300, dtype)
+    temp = torch.rand(5, generator=gen) * 1.5 + 0.1
+    temp[1] = 0.0  # greedy row: untouched
+    temp[3] = 1.0
+    got, want = logits.clone(), logits.clone()
+    assert K.apply_temperature(got, temp) is got
+    temperature.apply_temperature_torch(want, temp)
+    close_ulp(got, want)
+    assert torch.equal(got[1], logits[1]) and not torch.equal(got[0], logits[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale_first", [True, False])
+def test_gumbel_matches_reference_with_the_same_noise(gen, dtype, scale_first):
+    rows, vocab = 6, 700
+    logits = _logits(gen, rows, vocab, dtype, scale=1.0)
+    temp = torch.rand(rows, generator=gen) + 0.3
+    temp[2] = 0.0
+    seeds = torch.randint(-(2**63), 2**63 - 1, (rows,), generator=gen)
+    pos = torch.randint(0, 1 << 40, (rows,), generator=gen)
+    got = K.gumbel_sample(logits, temp, seeds, pos, scale_first)
+    want = gumbel.gumbel_sample_torch(logits, temp, seeds, pos, scale_first)
+    assert got.dtype == torch.int64 and torch.equal(got, want)
+    assert got[2] == logits[2].float().argmax()  # greedy row
+    assert torch.equal(K.gumbel_sample(logits, temp, seeds, pos, scale_first), got)  # reproducible
+
+
+def test_gumbel_position_and_seed_change_the_draw(gen):
+    rows, vocab = 64, 16
+    logits = torch.zeros(rows, vocab)
+    temp = torch.ones(rows)
+    seeds = torch.full((rows,), 1234)
+    pos = torch.arange(rows)
+    by_position = K.gumbel_sample(logits, temp, seeds, pos)
+    assert len(set(by_position.tolist())) > 8  # uniform logits: positions give different draws
+    by_seed = K.gumbel_sample(logits, temp, torch.arange(rows), torch.zeros(rows, dtype=torch.long))
+    assert len(set(by_seed.tolist())) > 8
+
+
+def test_gumbel_is_distributed_as_softmax_of_scaled_logits(gen):
+    vocab, draws, t = 8, 3000, 0.7
+    row = torch.randn(vocab, generator=gen)
+    logits = row.expand(draws, vocab).contiguous()
+    temp = torch.full((draws,), t)
+    seeds = torch.full((draws,), int(torch.randint(0, 2**62, (1,), generator=gen)))
+    tokens = K.gumbel_sample(logits, temp, seeds, torch.arange(draws))
+    observed = torch.bincount(tokens, minlength=vocab).double()
+    expected = torch.softmax(row.double() / t, 0) * draws
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2 < 29.88, f"chi-square {chi2:.1f} with 7 dof (p < 1e-4): {observed.tolist()} vs {expected.tolist()}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_min_p(gen, dtype):
+    logits = _logits(gen, 5, 333, dtype)
+    mp = torch.rand(5, generator=gen) * 0.3
+    mp[0] = 0.0
+    got, want = logits.clone(), logits.clone()
+    K.apply_min_p(got, mp)
+    min_p.apply_min_p_torch(want, mp)
+    assert torch.equal(got, want)
+    assert torch.isinf(got[1:]).any() and not torch.isinf(got[0]).any()
+
+
+def _top_k_top_p_case(gen, rows, vocab, dtype, ties):
+    logits = _logits(gen, rows, vocab, dtype)
+    if ties:
+        logits = logits.round()  # many equal values, also at the thresholds
+    logits[0, :: 3] = float("-inf")  # earlier filters may have masked tokens
+    k = torch.randint(1, vocab // 2, (rows,), generator=gen, dtype=torch.int32)
+    k[1] = 0  # top-k off
+    k[2] = tkp_triton.CAP + 10  # more candidates than the scratch holds
+    p = torch.rand(rows, generator=gen) * 0.7 + 0.25
+    p[3] = 1.0  # top-p off
+    return logits, k, p
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("which", ["k", "p", "kp"])
+def test_top_k_top_p_matches_the_sort_reference(gen, dtype, ties, which):
+    logits, k, p = _top_k_top_p_case(gen, 5, 256, dtype, ties)
+    k = k if "k" in which else None
+    p = p if "p" in which else None
+    got, want = logits.clone(), logits.clone()
+    assert K.apply_top_k_top_p(got, k, p) is got
+    top_k_top_p.apply_top_k_top_p_torch(want, k, p)
+    assert torch.equal(torch.isinf(got), torch.isinf(want)), (torch.isfinite(got).sum(1), torch.isfinite(want).sum(1))
+    assert torch.equal(got, want)
+    if which == "k":
+        kept = torch.isfinite(got).sum(1)
+        assert kept[4] >= k[4] and kept[1] == torch.isfinite(logits[1]).sum()
+
+
+def test_top_k_keeps_exactly_k_distinct_values(gen):
+    logits = torch.randperm(200, generator=gen).float().unsqueeze(0)
+    k = torch.tensor([17])
+    K.apply_top_k_top_p(logits, k, None)
+    assert sorted(logits[torch.isfinite(logits)].tolist()) == [float(v) for v in range(183, 200)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_token_logprobs(gen, dtype):
+    logits = _logits(gen, 4, 500, dtype)
+    for ids in (torch.randint(0, 500, (4,), generator=gen), torch.randint(0, 500, (4, 3), generator=gen)):
+        got = K.compute_token_logprobs(logits, ids)
+        want = logprobs.compute_token_logprobs_torch(logits, ids)
+        assert got.shape == ids.shape and got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_topk_logprobs_with_ranks(gen, dtype):
+    logits = _logits(gen, 4, 400, dtype)
+    chosen = torch.randint(0, 400, (4,), generator=gen)
+    chosen[0] = logits[0].float().argmax()
+    ids, vals, ranks = K.compute_topk_logprobs(logits, 5, chosen)
+    ref_ids, ref_vals, ref_ranks = logprobs.compute_topk_logprobs_torch(logits, 5, chosen)
+    assert torch.equal(ids, ref_ids) and torch.equal(ranks, ref_ranks)
+    torch.testing.assert_close(vals, ref_vals, rtol=1e-5, atol=1e-5)
+    assert ranks[0] == 1 and ids[:, 0].tolist() == chosen.tolist()
