@@ -34,20 +34,33 @@ def server_env(device: str | None, base: dict[str, str] | None = None) -> dict[s
     return env
 
 
-def _configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="model directory or Hugging Face id")
+def _add_device_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device",
         choices=DEVICES,
         default=None,
         help="sets VLLM_ASCEND_DEVICE (default: keep the environment's value)",
     )
+
+
+def split_device(device: str | None, vllm_args: list[str]) -> tuple[str | None, list[str]]:
+    """Take ``--device`` out of the arguments given after the model (it is ours, not vLLM's)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    _add_device_option(parser)
+    known, rest = parser.parse_known_args(vllm_args)
+    return known.device or device, rest
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    _add_device_option(parser)
+    parser.add_argument("model", help="model directory or Hugging Face id")
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="arguments for vLLM's OpenAI server")
 
 
 def _run(args: argparse.Namespace) -> int:
-    argv = server_command(args.model, list(args.vllm_args))
-    os.execve(argv[0], argv, server_env(args.device))
+    device, vllm_args = split_device(args.device, list(args.vllm_args))
+    argv = server_command(args.model, vllm_args)
+    os.execve(argv[0], argv, server_env(device))
     return 0  # not reached: execve replaces the process
 
 
