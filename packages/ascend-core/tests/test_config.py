@@ -250,3 +250,18 @@ def test_lazy_exports_from_core():
     assert core.init_ascend_config is init_ascend_config
     assert core.get_ascend_config is get_ascend_config
     assert core.clear_ascend_config is clear_ascend_config
+
+
+@pytest.mark.parametrize("mode", ["reference", "off"])
+def test_family_checks_are_skipped_without_a_device_family(monkeypatch, mode):
+    from vllm_ascend.core.device.config import clear_device_caches
+    from vllm_ascend.core.family import current_family
+
+    monkeypatch.setenv("VLLM_ASCEND_DEVICE", mode)
+    clear_device_caches()
+    try:
+        assert current_family() is None
+        # 'hierarchy' is A2-only, but with no family known only the family-independent checks run
+        assert init_ascend_config({"mc2_comm_algorithm": "hierarchy"}).mc2_comm_algorithm == "hierarchy"
+    finally:
+        clear_device_caches()

@@ -123,3 +123,19 @@ def test_unknown_attribute_and_duplicate_declaration():
         envs.VLLM_ASCEND_NOPE  # noqa: B018
     with pytest.raises(EnvError, match="VLLM_ASCEND_LOG_LEVEL is declared twice"):
         envs.declare(EnvVar("VLLM_ASCEND_LOG_LEVEL", "x", str, "dup"))
+
+
+def test_check_environment_validates_set_values_and_reports_unknown_names():
+    env = {
+        "VLLM_ASCEND_LOG_LEVEL": "debug",
+        "VLLM_ASCEND_LOG_LEVLE": "debug",
+        "VLLM_ASCEND_ZZZ": "1",
+        "VLLM_ASCEND_ENABLE_NZ": "",
+        "PATH": "/bin",
+    }
+    assert envs.check_environment(env) == [
+        "unknown environment variable VLLM_ASCEND_LOG_LEVLE is ignored; did you mean VLLM_ASCEND_LOG_LEVEL?",
+        "unknown environment variable VLLM_ASCEND_ZZZ is ignored",
+    ]
+    with pytest.raises(EnvError, match=r"^VLLM_ASCEND_ENABLE_NZ='7' is invalid; allowed values: 0, 1, 2$"):
+        envs.check_environment({"VLLM_ASCEND_ENABLE_NZ": "7"})

@@ -7,8 +7,9 @@ variable and the allowed values.
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,6 +181,29 @@ def declare(var: EnvVar) -> None:
 
 def variables() -> dict[str, EnvVar]:
     return dict(_VARS)
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Validate every declared variable that is set; return a note per unknown ``VLLM_ASCEND_*`` name.
+
+    Bad values raise :class:`EnvError`; unknown names (typos are otherwise silently ignored)
+    are reported with the closest declared name.
+    """
+    env = os.environ if environ is None else environ
+    notes: list[str] = []
+    for name, raw in env.items():
+        var = _VARS.get(name)
+        if var is not None:
+            if raw != "":
+                var.parse(raw)
+        elif name.startswith("VLLM_ASCEND_"):
+            # Compare without the shared prefix, which would make every name look close.
+            prefix = "VLLM_ASCEND_"
+            suffixes = [v[len(prefix) :] for v in _VARS if v.startswith(prefix)]
+            close = difflib.get_close_matches(name[len(prefix) :], suffixes, n=1, cutoff=0.6)
+            hint = f"; did you mean {prefix}{close[0]}?" if close else ""
+            notes.append(f"unknown environment variable {name} is ignored{hint}")
+    return sorted(notes)
 
 
 def __getattr__(name: str) -> Any:

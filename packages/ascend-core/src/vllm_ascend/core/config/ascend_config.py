@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from vllm_ascend.core.config.schema import ConfigError, Section, meta, option
+from vllm_ascend.core.config.schema import ConfigError, Section, field_meta, option
 from vllm_ascend.core.config.sections import (
     AscendCompilationConfig,
     BatchJobSchedConfig,
@@ -53,41 +53,41 @@ class AscendConfig(Section):
     PATH: ClassVar[str] = "additional_config"
 
     ascend_compilation_config: AscendCompilationConfig = field(
-        default_factory=AscendCompilationConfig, metadata=meta("Graph compilation and fusion.")
+        default_factory=AscendCompilationConfig, metadata=field_meta("Graph compilation and fusion.")
     )
     eplb_config: EplbConfig = field(
-        default_factory=EplbConfig, metadata=meta("Expert-parallel load balancing.")
+        default_factory=EplbConfig, metadata=field_meta("Expert-parallel load balancing.")
     )
     rejection_sampler_config: RejectionSamplerConfig = field(
-        default_factory=RejectionSamplerConfig, metadata=meta("Speculative verification.")
+        default_factory=RejectionSamplerConfig, metadata=field_meta("Speculative verification.")
     )
-    rl_config: RlConfig = field(default_factory=RlConfig, metadata=meta("RL rollout defaults."))
+    rl_config: RlConfig = field(default_factory=RlConfig, metadata=field_meta("RL rollout defaults."))
     dynamic_spec_config: DynamicSpecConfig = field(
-        default_factory=DynamicSpecConfig, metadata=meta("Dynamic speculation.")
+        default_factory=DynamicSpecConfig, metadata=field_meta("Dynamic speculation.")
     )
     finegrained_tp_config: FinegrainedTPConfig = field(
-        default_factory=FinegrainedTPConfig, metadata=meta("Per-layer TP sizes.")
+        default_factory=FinegrainedTPConfig, metadata=field_meta("Per-layer TP sizes.")
     )
     xlite_graph_config: XliteGraphConfig = field(
-        default_factory=XliteGraphConfig, metadata=meta("xlite graph runtime.")
+        default_factory=XliteGraphConfig, metadata=field_meta("xlite graph runtime.")
     )
     profiling_chunk_config: ProfilingChunkConfig = field(
-        default_factory=ProfilingChunkConfig, metadata=meta("Latency-model prefill chunking.")
+        default_factory=ProfilingChunkConfig, metadata=field_meta("Latency-model prefill chunking.")
     )
     batch_job_sched_config: BatchJobSchedConfig = field(
-        default_factory=BatchJobSchedConfig, metadata=meta("Batch-job scheduling.")
+        default_factory=BatchJobSchedConfig, metadata=field_meta("Batch-job scheduling.")
     )
     short_request_first_config: ShortRequestFirstConfig = field(
-        default_factory=ShortRequestFirstConfig, metadata=meta("Short-request-first scheduling.")
+        default_factory=ShortRequestFirstConfig, metadata=field_meta("Short-request-first scheduling.")
     )
     dyntra_lb_config: DyntraLBConfig = field(
-        default_factory=DyntraLBConfig, metadata=meta("DP request balancing.")
+        default_factory=DyntraLBConfig, metadata=field_meta("DP request balancing.")
     )
     scheduler_config: SchedulerConfig = field(
-        default_factory=SchedulerConfig, metadata=meta("Scheduler choice.")
+        default_factory=SchedulerConfig, metadata=field_meta("Scheduler choice.")
     )
     sparse_kv_offload_config: SparseKVOffloadConfig = field(
-        default_factory=SparseKVOffloadConfig, metadata=meta("Sparse KV offload.")
+        default_factory=SparseKVOffloadConfig, metadata=field_meta("Sparse KV offload.")
     )
     enable_shared_expert_dp: bool = option(False, doc="Run shared experts data-parallel instead of TP.")
     multistream_overlap_shared_expert: bool = option(

@@ -20,7 +20,7 @@ class ConfigError(ValueError):
     """Invalid Ascend configuration; the message names the key path and the allowed values."""
 
 
-def meta(
+def field_meta(
     doc: str,
     *,
     ge: float | None = None,
@@ -35,7 +35,7 @@ def meta(
 
 def option(default: Any, *, doc: str, **constraints: Any) -> Any:
     """A scalar config field: default, help text and constraints (see :func:`meta`)."""
-    return dataclasses.field(default=default, metadata=meta(doc, **constraints))
+    return dataclasses.field(default=default, metadata=field_meta(doc, **constraints))
 
 
 def _describe(value: Any) -> str:

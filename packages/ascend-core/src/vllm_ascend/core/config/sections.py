@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from vllm_ascend.core.config.schema import ConfigError, Section, meta, option
+from vllm_ascend.core.config.schema import ConfigError, Section, field_meta, option
 
 EPLB_POLICIES = {"random": 0, "default": 1, "swift": 2, "flashlb": 3}
 
@@ -37,10 +37,12 @@ class AscendCompilationConfig(Section):
     )
     compile_ranges_split_points: tuple[int, ...] = field(
         default_factory=tuple,
-        metadata=meta("Token counts at which compiled graphs are split into ranges (strictly increasing)."),
+        metadata=field_meta(
+            "Token counts at which compiled graphs are split into ranges (strictly increasing)."
+        ),
     )
     fusion: AscendFusionConfig = field(
-        default_factory=AscendFusionConfig, metadata=meta("Individual fusion pass switches.")
+        default_factory=AscendFusionConfig, metadata=field_meta("Individual fusion pass switches.")
     )
 
     def _validate(self) -> None:
