@@ -6,7 +6,9 @@ import pytest
 from vllm_ascend.core.cpu_binding import (
     CpuAlloc,
     CpuBindingError,
+    CpuPools,
     bind_cpus,
+    build_ascend_950_cpu_pools,
     cpu_to_mask,
     format_cpu_list,
     parse_cpu_list,
@@ -172,16 +174,74 @@ def test_visible_devices_map_local_rank_to_npu():
 def test_bind_cpus_applies_the_plan(monkeypatch):
     monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "2,3")
     calls = []
-    cpus = bind_cpus(
+    pools = bind_cpus(
         1,
+        mode="topo_affinity",
         info_text=A2_INFO,
         topo_text=A2_TOPO,
         available=range(16),
         numa_nodes=NUMA,
         setaffinity=lambda pid, cpus: calls.append((pid, cpus)),
     )
-    assert cpus == [12, 13, 14, 15]
+    assert pools == CpuPools(main=[12, 13, 14, 15], poll=[])
     assert calls == [(0, {12, 13, 14, 15})]
+
+
+def _bind(mode, rank=1, **kw):
+    calls = []
+    pools = bind_cpus(
+        rank,
+        mode=mode,
+        info_text=A2_INFO,
+        topo_text=kw.pop("topo_text", A2_TOPO),
+        available=kw.pop("available", range(16)),
+        numa_nodes=NUMA,
+        setaffinity=lambda pid, cpus: calls.append(cpus),
+        **kw,
+    )
+    return pools, calls
+
+
+def test_average_mode_ignores_topology(monkeypatch):
+    monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
+    # NPU 1's node is 0-7, but average mode splits 0..11 over 4 NPUs in order; no topo text is read
+    pools, calls = _bind("average", available=range(12), topo_text="not npu-smi output")
+    assert pools == CpuPools(main=[3, 4, 5], poll=[]) and calls == [{3, 4, 5}]
+
+
+def test_ascend_950_pools_reserve_poll_cpus(monkeypatch):
+    monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
+    pools, calls = _bind("cpu_pools_950", rank=2, poll_cpus=2)
+    assert pools == CpuPools(main=[8, 9], poll=[10, 11]) and calls == [{8, 9}]
+    assert build_ascend_950_cpu_pools([5, 3, 4, 6]) == CpuPools(main=[3, 4, 5], poll=[6])
+    with pytest.raises(CpuBindingError) as info:
+        build_ascend_950_cpu_pools([0, 1], poll_cpus=2)
+    assert (
+        str(info.value)
+        == "an Ascend 950 CPU pool needs more than poll_cpus=2 CPUs (>= 1) per rank, got 2: 0-1"
+    )
+
+
+def test_none_mode_binds_nothing_and_unknown_mode_is_an_error():
+    pools, calls = _bind("none")
+    assert pools is None and calls == []
+    with pytest.raises(CpuBindingError) as info:
+        _bind("numa")
+    assert (
+        str(info.value)
+        == "CPU binding mode 'numa' is unknown; allowed: none, average, topo_affinity, cpu_pools_950"
+    )
+
+
+def test_mode_defaults_to_the_device_profile(monkeypatch):
+    from vllm_ascend.core.device.config import clear_device_caches
+
+    monkeypatch.setenv("VLLM_ASCEND_DEVICE", "reference")  # the reference profile does not bind
+    clear_device_caches()
+    try:
+        assert bind_cpus(0, info_text=A2_INFO, setaffinity=lambda pid, cpus: pytest.fail("bound")) is None
+    finally:
+        clear_device_caches()
 
 
 def test_bind_cpus_warns_and_returns_none_when_refused(monkeypatch, caplog):
@@ -196,7 +256,13 @@ def test_bind_cpus_warns_and_returns_none_when_refused(monkeypatch, caplog):
     logging.getLogger("vllm_ascend").propagate = True
     try:
         result = bind_cpus(
-            0, info_text=A2_INFO, topo_text=A2_TOPO, available=range(16), numa_nodes=NUMA, setaffinity=refuse
+            0,
+            mode="topo_affinity",
+            info_text=A2_INFO,
+            topo_text=A2_TOPO,
+            available=range(16),
+            numa_nodes=NUMA,
+            setaffinity=refuse,
         )
     finally:
         logging.getLogger("vllm_ascend").propagate = False
@@ -209,7 +275,14 @@ def test_bind_cpus_rejects_a_rank_beyond_the_listed_npus(monkeypatch):
     with pytest.raises(
         CpuBindingError, match="NPU 7 \\(local rank 0\\) is not among the 4 NPUs npu-smi lists"
     ):
-        bind_cpus(0, info_text=A2_INFO, topo_text=A2_TOPO, available=range(16), numa_nodes=NUMA)
+        bind_cpus(
+            0,
+            mode="topo_affinity",
+            info_text=A2_INFO,
+            topo_text=A2_TOPO,
+            available=range(16),
+            numa_nodes=NUMA,
+        )
 
 
 def test_bind_cpus_really_sets_affinity_within_the_current_set(monkeypatch):
@@ -220,9 +293,9 @@ def test_bind_cpus_really_sets_affinity_within_the_current_set(monkeypatch):
     topo = "      NPU0  CPU Affinity\nNPU0  X     " + format_cpu_list(before) + "\n"
     info = "| 0     910B3               | OK   |\n| 0                         | 0000:C1:00.0  | 0 |\n"
     try:
-        cpus = bind_cpus(0, info_text=info, topo_text=topo, numa_nodes={})
-        assert cpus == sorted(before)
-        assert os.sched_getaffinity(0) == set(cpus)
+        pools = bind_cpus(0, mode="topo_affinity", info_text=info, topo_text=topo, numa_nodes={})
+        assert pools.main == sorted(before)
+        assert os.sched_getaffinity(0) == set(pools.main)
     finally:
         os.sched_setaffinity(0, before)
 
@@ -232,7 +305,7 @@ def test_missing_npu_smi_is_a_clear_error(monkeypatch):
     with pytest.raises(
         CpuBindingError, match=r"`/nonexistent/npu-smi info` failed: .*set VLLM_ASCEND_NPU_SMI"
     ):
-        bind_cpus(0)
+        bind_cpus(0, mode="topo_affinity")
 
 
 def test_read_numa_nodes_from_a_sysfs_tree(tmp_path):

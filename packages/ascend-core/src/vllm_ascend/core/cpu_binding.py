@@ -1,10 +1,17 @@
 """Bind each worker to CPUs close to its NPU, from ``npu-smi`` output.
 
 ``npu-smi info`` lists the NPUs (id, chip, name, bus id); ``npu-smi info -t topo`` has a
-``CPU Affinity`` column giving the CPUs of each NPU's NUMA node. NPUs sharing a node split that
-node's usable CPUs evenly (:meth:`CpuAlloc.average_distribute`); a rank left with fewer than
-``min_cpus`` CPUs borrows unused CPUs from the nearest NUMA nodes (:meth:`CpuAlloc.extend_numa`).
-Without affinity information all usable CPUs are split evenly across the NPUs.
+``CPU Affinity`` column giving the CPUs of each NPU's NUMA node. The binding mode comes from the
+device's hardware profile (``CPUBindingMode``):
+
+- ``topo_affinity``: NPUs sharing a node split that node's usable CPUs evenly
+  (:meth:`CpuAlloc.average_distribute`); a rank left with fewer than ``min_cpus`` CPUs borrows
+  unused CPUs from the nearest NUMA nodes (:meth:`CpuAlloc.extend_numa`);
+- ``average``: all usable CPUs split evenly across the NPUs, ignoring topology;
+- ``cpu_pools_950``: as ``topo_affinity``, then each rank's set is split into a main pool (the
+  worker) and a poll pool reserved for communication polling threads
+  (:func:`build_ascend_950_cpu_pools`);
+- ``none``: no binding.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from vllm_ascend.core import envs
+from vllm_ascend.core.device.profile import CPUBindingMode
 from vllm_ascend.core.logger import init_logger
 
 logger = init_logger(__name__)
@@ -242,43 +250,92 @@ def visible_npu_index(rank_local: int, visible: str | None = None) -> int:
     return ids[rank_local]
 
 
+@dataclass(frozen=True)
+class CpuPools:
+    """An Ascend 950 rank's CPUs: ``main`` for the worker, ``poll`` for communication polling threads."""
+
+    main: list[int]
+    poll: list[int]
+
+
+def build_ascend_950_cpu_pools(cpus: Sequence[int], poll_cpus: int = 1) -> CpuPools:
+    """Reserve the last ``poll_cpus`` CPUs of a rank's set for polling; the rest run the worker."""
+    ordered = sorted(cpus)
+    if poll_cpus < 1 or len(ordered) <= poll_cpus:
+        raise CpuBindingError(
+            f"an Ascend 950 CPU pool needs more than poll_cpus={poll_cpus} CPUs (>= 1) per rank, "
+            f"got {len(ordered)}: {format_cpu_list(ordered) or 'none'}"
+        )
+    return CpuPools(main=ordered[:-poll_cpus], poll=ordered[-poll_cpus:])
+
+
+def _current_binding_mode() -> CPUBindingMode:
+    from vllm_ascend.core.device.profile import get_current_hardware_profile
+
+    return get_current_hardware_profile().cpu_binding
+
+
 def bind_cpus(
     rank_local: int,
     *,
+    mode: CPUBindingMode | str | None = None,
     info_text: str | None = None,
     topo_text: str | None = None,
     available: Sequence[int] | None = None,
     numa_nodes: dict[int, list[int]] | None = None,
     min_cpus: int = 1,
+    poll_cpus: int = 1,
     setaffinity: Callable[[int, set[int]], None] = os.sched_setaffinity,
-) -> list[int] | None:
+) -> CpuPools | None:
     """Bind this process to the CPUs planned for local rank ``rank_local``'s NPU.
 
-    Texts default to running npu-smi; ``available`` to this process's current affinity.
-    Returns the CPUs bound, or None when the OS refused (logged as a warning: e.g. a container
-    without ``CAP_SYS_NICE`` or a cpuset that excludes them).
+    ``mode`` defaults to the running device's profile; texts default to running npu-smi;
+    ``available`` to this process's current affinity. Returns the rank's pools (``poll`` is
+    empty outside ``cpu_pools_950``; the process is bound to ``main``), or None when the mode is
+    ``none`` or the OS refused (a warning: e.g. no ``CAP_SYS_NICE``, or a cpuset excluding them).
     """
+    try:
+        binding = CPUBindingMode(mode) if mode is not None else _current_binding_mode()
+    except ValueError:
+        allowed = ", ".join(m.value for m in CPUBindingMode)
+        raise CpuBindingError(f"CPU binding mode {mode!r} is unknown; allowed: {allowed}") from None
+    if binding is CPUBindingMode.NONE:
+        return None
     info = parse_npu_info(info_text if info_text is not None else _run_npu_smi())
-    topo = topo_text if topo_text is not None else _run_npu_smi("-t", "topo")
     npu = visible_npu_index(rank_local)
     if npu >= len(info):
         raise CpuBindingError(
             f"NPU {npu} (local rank {rank_local}) is not among the {len(info)} NPUs npu-smi lists"
         )
+    affinity: dict[int, list[int]] = {}
+    if binding is not CPUBindingMode.AVERAGE:
+        affinity = parse_topo_affinity(topo_text if topo_text is not None else _run_npu_smi("-t", "topo"))
     alloc = CpuAlloc(
         num_npus=len(info),
         available=sorted(available if available is not None else os.sched_getaffinity(0)),
-        affinity=parse_topo_affinity(topo),
+        affinity=affinity,
         numa_nodes=numa_nodes if numa_nodes is not None else read_numa_nodes(),
         min_cpus=min_cpus,
     )
     cpus = alloc.plan()[npu]
+    pools = (
+        build_ascend_950_cpu_pools(cpus, poll_cpus)
+        if binding is CPUBindingMode.CPU_POOLS_950
+        else CpuPools(main=cpus, poll=[])
+    )
     try:
-        setaffinity(0, set(cpus))
+        setaffinity(0, set(pools.main))
     except OSError as exc:
         logger.warning(
-            "CPU binding of rank %d to CPUs %s refused: %s", rank_local, format_cpu_list(cpus), exc
+            "CPU binding of rank %d to CPUs %s refused: %s", rank_local, format_cpu_list(pools.main), exc
         )
         return None
-    logger.info("Rank %d (NPU %d) bound to CPUs %s", rank_local, npu, format_cpu_list(cpus))
-    return cpus
+    logger.info(
+        "Rank %d (NPU %d) bound to CPUs %s (%s)%s",
+        rank_local,
+        npu,
+        format_cpu_list(pools.main),
+        binding.value,
+        f", poll CPUs {format_cpu_list(pools.poll)}" if pools.poll else "",
+    )
+    return pools
