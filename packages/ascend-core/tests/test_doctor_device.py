@@ -30,8 +30,8 @@ def run_doctor(*args: str, device: str) -> subprocess.CompletedProcess:
 
 def test_json_report_has_the_reference_profile_and_adaptor():
     proc = run_doctor("--json", device="reference")
-    assert proc.returncode == 0, proc.stderr
     device = json.loads(proc.stdout)["device"]
+    assert proc.returncode == 0, device["problem"]
     assert device["adaptor"] == {"class": REFERENCE_ADAPTOR, "family": "reference"}
     profile = device["profile"]
     assert profile["name"] == "reference (torch cpu)" and profile["eager_only"] is True
@@ -45,7 +45,7 @@ def test_json_report_has_the_reference_profile_and_adaptor():
 
 def test_table_shows_profile_and_adaptor_lines():
     proc = run_doctor(device="reference")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, proc.stdout
     lines = proc.stdout.splitlines()
     profile = next(line for line in lines if line.startswith("profile "))
     assert profile.startswith(
