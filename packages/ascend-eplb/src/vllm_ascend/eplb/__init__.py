@@ -18,6 +18,13 @@ _EXPORTS = {
     "init_eplb_config": "vllm_ascend.eplb.config",
     "expert_file_to_tensor": "vllm_ascend.eplb.expert_map_file",
     "EplbInputError": "vllm_ascend.eplb.validation",
+    "EplbWorker": "vllm_ascend.eplb.worker",
+    "EplbProcess": "vllm_ascend.eplb.worker",
+    "EplbUpdator": "vllm_ascend.eplb.updator",
+    "VllmEplbAdaptor": "vllm_ascend.eplb.adaptor",
+    "D2DExpertWeightLoader": "vllm_ascend.eplb.d2d",
+    "AscendEPLBController": "vllm_ascend.eplb.controller",
+    "EplbMetrics": "vllm_ascend.eplb.metrics",
 }
 
 __all__ = sorted(_EXPORTS)
