@@ -83,3 +83,11 @@ def test_load_object_forms_and_errors():
     assert load_object("os.path.join") is os.path.join
     with pytest.raises(ValueError, match="invalid object path 'nodots'"):
         load_object("nodots")
+
+
+def test_owner_returns_to_core_after_a_block():
+    reg = make()
+    with registering_as("vllm-ascend-eplb"):
+        reg.register("inside", dict)
+    reg.register("outside", list)
+    assert (reg.owner("inside"), reg.owner("outside")) == ("vllm-ascend-eplb", "vllm-ascend-core")

@@ -36,7 +36,7 @@ _state = threading.local()
 
 
 def _current_owner() -> str:
-    return getattr(_state, "owner", "vllm-ascend-core")
+    return getattr(_state, "owner", None) or "vllm-ascend-core"
 
 
 @contextmanager
