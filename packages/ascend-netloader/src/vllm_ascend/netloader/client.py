@@ -1,0 +1,239 @@
+"""The loading side: fetch a seed's manifest and tensors, verify checksums, retry transient failures.
+
+One ``httpx.Client`` is reused for every request. Tensors are streamed through ``POST /batch``
+and written straight into the destination memory; each tensor's sha256 is checked before it is
+handed out, and a tensor whose bytes do not match is fetched again on its own. Connection
+failures, timeouts and 5xx answers are retried ``retries`` times with exponential back-off, after
+which :class:`PeerUnavailable` says why, so a caller can fall back to another loader.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+import httpx
+import torch
+from vllm_ascend.netloader.manifest import Manifest, ManifestError, TensorEntry
+from vllm_ascend.netloader.protocol import MEDIA_TYPE, FrameReader, MessageType, ProtocolError, encode
+
+T = TypeVar("T")
+
+
+class NetLoaderError(RuntimeError):
+    """Weights could not be obtained from the seed."""
+
+
+class PeerUnavailable(NetLoaderError):
+    """The seed could not be reached or kept failing after the retries."""
+
+
+class ChecksumError(NetLoaderError):
+    """A tensor's bytes kept disagreeing with the manifest's sha256."""
+
+
+def byte_view(tensor: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU tensor's memory."""
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
+class SeedClient:
+    """Client of one seed at ``source`` (``http://host:port``)."""
+
+    def __init__(self, source: str, timeout: float = 30.0, retries: int = 3, backoff: float = 0.2) -> None:
+        self.source = source.rstrip("/")
+        self.retries = retries
+        self.backoff = backoff
+        self._http = httpx.Client(base_url=self.source, timeout=timeout)
+        self._manifest: Manifest | None = None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SeedClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport --------------------------------------------------------------------------
+
+    def _check_retry(self, what: str, exc: Exception, failures: int) -> None:
+        """Raise unless ``exc`` is transient and retries are left; otherwise back off."""
+        if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code < 500:
+            raise NetLoaderError(f"{what}: seed {self.source} answered {_describe(exc.response)}") from None
+        if failures > self.retries:
+            raise PeerUnavailable(
+                f"{what}: seed {self.source} failed {failures} attempts; last error: {type(exc).__name__}: {exc}"
+            ) from None
+        time.sleep(self.backoff * 2 ** (failures - 1))
+
+    def _retrying(self, what: str, action: Callable[[], T]) -> T:
+        """Run ``action``, retrying transport errors, 5xx answers and truncated streams."""
+        failures = 0
+        while True:
+            try:
+                return action()
+            except (httpx.HTTPStatusError, httpx.TransportError, ProtocolError) as exc:
+                failures += 1
+                self._check_retry(what, exc, failures)
+
+    def _get(self, path: str, **params: Any) -> httpx.Response:
+        response = self._http.get(path, params=params or None)
+        response.raise_for_status()
+        return response
+
+    # -- manifest ---------------------------------------------------------------------------
+
+    def fetch_manifest(self) -> Manifest:
+        """The seed's validated manifest (cached for the client's lifetime)."""
+        if self._manifest is None:
+            response = self._retrying("fetching the manifest", lambda: self._get("/manifest"))
+            try:
+                data = response.json()
+            except ValueError as exc:
+                raise ManifestError([f"manifest from {self.source} is not JSON: {exc}"]) from None
+            self._manifest = Manifest.from_dict(data)
+        return self._manifest
+
+    # -- tensors ----------------------------------------------------------------------------
+
+    def fetch_tensor(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """One tensor through ``GET /tensors/{name}``, verified (into ``out`` when given)."""
+        entry = self.fetch_manifest().entry(name)
+        target = entry.empty() if out is None else out
+        entry.check_target(target)
+        staging = target if _is_direct(target) else entry.empty()
+        view = byte_view(staging)
+        for attempt in range(self.retries + 1):
+            raw = self._retrying(f"fetching tensor {name!r}", lambda: self._get(f"/tensors/{name}").content)
+            if len(raw) != entry.nbytes:
+                raise ProtocolError(f"tensor {name!r}: the seed sent {len(raw)} bytes, the manifest says {entry.nbytes}")
+            view[:] = raw
+            digest = hashlib.sha256(view).hexdigest()
+            if digest == entry.sha256:
+                break
+            if attempt == self.retries:
+                raise ChecksumError(_checksum_message(entry, digest, self.retries + 1))
+        if staging is not target:
+            target.copy_(staging)
+        return target
+
+    def fetch_into(self, targets: Mapping[str, torch.Tensor]) -> int:
+        """Fill every tensor of ``targets`` (name → preallocated tensor) from the seed; returns bytes."""
+        manifest = self.fetch_manifest()
+        entries = manifest.select(targets)
+        problems: list[str] = []
+        for entry in entries:
+            try:
+                entry.check_target(targets[entry.name])
+            except ManifestError as exc:
+                problems.extend(exc.problems)
+        if problems:
+            raise ManifestError(problems)
+        staging = {e.name: (targets[e.name] if _is_direct(targets[e.name]) else e.empty()) for e in entries}
+        for entry in self._verified(entries, staging):
+            if staging[entry.name] is not targets[entry.name]:
+                targets[entry.name].copy_(staging[entry.name])
+        return sum(e.nbytes for e in entries)
+
+    def iter_tensors(self, names: list[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, CPU tensor)`` for ``names`` (default: all) in stream order, each verified."""
+        manifest = self.fetch_manifest()
+        entries = list(manifest.tensors) if names is None else manifest.select(names)
+        buffers: dict[str, torch.Tensor] = {}
+        for entry in self._verified(entries, buffers):
+            yield entry.name, buffers.pop(entry.name)
+
+    def _verified(self, entries: list[TensorEntry], buffers: dict[str, torch.Tensor]) -> Iterator[TensorEntry]:
+        """Stream ``entries`` into ``buffers`` (allocated on demand), yielding each once verified.
+
+        A broken stream is resumed after the last whole tensor, at most ``retries`` times.
+        """
+        done, failures = 0, 0
+        while done < len(entries):
+            try:
+                for entry in self._stream(entries[done:], buffers):
+                    digest = hashlib.sha256(byte_view(buffers[entry.name])).hexdigest()
+                    if digest != entry.sha256:
+                        self.fetch_tensor(entry.name, buffers[entry.name])
+                    done += 1
+                    yield entry
+            except (httpx.HTTPStatusError, httpx.TransportError, ProtocolError) as exc:
+                failures += 1
+                self._check_retry("streaming tensors", exc, failures)
+
+    def _stream(self, entries: list[TensorEntry], buffers: dict[str, torch.Tensor]) -> Iterator[TensorEntry]:
+        """One ``POST /batch`` for ``entries``: yields each entry once all its bytes have arrived."""
+        if not entries:
+            return
+        body = encode(MessageType.TENSOR_REQUEST, {"names": [e.name for e in entries]})
+        with self._http.stream("POST", "/batch", content=body, headers={"content-type": MEDIA_TYPE}) as response:
+            if response.status_code >= 400:
+                response.read()
+                response.raise_for_status()
+            reader = FrameReader(response.iter_bytes(1 << 20))
+            pending = iter(entries)
+            current: TensorEntry | None = None
+            filled = 0
+            total = 0
+            while (frame := reader.next()) is not None:
+                header = frame.header
+                if frame.type is MessageType.ERROR:
+                    raise NetLoaderError(f"seed {self.source} reported an error: {header['message']}")
+                if frame.type is MessageType.END:
+                    if current is not None or next(pending, None) is not None or header["bytes"] != total:
+                        raise ProtocolError(
+                            f"END frame after {total} bytes, but {sum(e.nbytes for e in entries)} were requested"
+                        )
+                    return
+                if frame.type is not MessageType.TENSOR:
+                    raise ProtocolError(f"unexpected {frame.type.name} frame from the seed")
+                if current is None:
+                    current = next(pending, None)
+                    filled = 0
+                    if current is None:
+                        raise ProtocolError(f"unexpected TENSOR frame for {header['name']!r} after the last tensor")
+                if (header["name"], header["start"], header["offset"]) != (
+                    current.name, filled, current.offset + filled
+                ):
+                    raise ProtocolError(
+                        f"TENSOR frame out of order: got {header['name']!r} at byte {header['start']} "
+                        f"(stream offset {header['offset']}), expected {current.name!r} at byte {filled} "
+                        f"(stream offset {current.offset + filled})"
+                    )
+                if filled + header["length"] > current.nbytes:
+                    raise ProtocolError(
+                        f"TENSOR frame for {current.name!r} overruns the tensor: bytes {filled}.."
+                        f"{filled + header['length']} of {current.nbytes}"
+                    )
+                if current.name not in buffers:
+                    buffers[current.name] = current.empty()
+                reader.readinto(byte_view(buffers[current.name])[filled : filled + header["length"]])
+                filled += header["length"]
+                total += header["length"]
+                if filled == current.nbytes:
+                    yield current
+                    current = None
+            raise ProtocolError(f"truncated stream: ended after {total} bytes without an END frame")
+
+
+def _is_direct(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "cpu" and tensor.is_contiguous()
+
+
+def _checksum_message(entry: TensorEntry, digest: str, attempts: int) -> str:
+    return (
+        f"tensor {entry.name!r}: sha256 mismatch after {attempts} attempts "
+        f"(manifest {entry.sha256}, received {digest})"
+    )
+
+
+def _describe(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail", response.text)
+    except ValueError:
+        detail = response.text
+    return f"{response.status_code}: {detail}"

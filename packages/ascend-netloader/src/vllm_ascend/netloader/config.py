@@ -1,0 +1,48 @@
+"""``model_loader_extra_config`` of the ``netloader`` load format, validated."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+_PREFIX = "model_loader_extra_config"
+
+
+@dataclass(frozen=True)
+class NetLoaderConfig:
+    """Where the seed is (``source``, ``http://host:port``), the per-request ``timeout`` (s) and ``retries``."""
+
+    source: str
+    timeout: float = 30.0
+    retries: int = 3
+
+    @classmethod
+    def from_extra_config(cls, extra: Any) -> NetLoaderConfig:
+        if not isinstance(extra, Mapping):
+            raise ValueError(f"{_PREFIX} must be a dict for load format 'netloader', got {type(extra).__name__}")
+        allowed = ("source", "timeout", "retries")
+        unknown = sorted(set(extra) - set(allowed))
+        if unknown:
+            raise ValueError(f"{_PREFIX}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}")
+        if "source" not in extra:
+            raise ValueError(f"{_PREFIX}.source is required for load format 'netloader' (e.g. 'http://10.0.0.2:18080')")
+        source = extra["source"]
+        parts = urlsplit(source) if isinstance(source, str) else None
+        try:
+            port = parts.port if parts is not None else None
+        except ValueError:
+            port = None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+            raise ValueError(
+                f"{_PREFIX}.source = {source!r}: expected an http:// or https:// URL with host and port, "
+                "e.g. 'http://10.0.0.2:18080'"
+            )
+        timeout = extra.get("timeout", cls.timeout)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(f"{_PREFIX}.timeout = {timeout!r}: expected a positive number of seconds")
+        retries = extra.get("retries", cls.retries)
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"{_PREFIX}.retries = {retries!r}: expected an integer >= 0")
+        return cls(source.rstrip("/"), float(timeout), retries)

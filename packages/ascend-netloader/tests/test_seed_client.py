@@ -1,0 +1,186 @@
+"""Seed server and client over loopback: bitwise copies, recovery from damage, exact failures."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import socket
+
+import httpx
+import pytest
+import torch
+from fastapi import FastAPI
+from safetensors.torch import save_file
+from vllm_ascend.netloader.client import ChecksumError, NetLoaderError, PeerUnavailable, SeedClient
+from vllm_ascend.netloader.manifest import Manifest, ManifestError
+from vllm_ascend.netloader.protocol import MEDIA_TYPE, MessageType, encode
+from vllm_ascend.netloader.seed_server import SeedServer, create_app, load_checkpoint
+
+CHUNK = 1000  # the conftest seed's chunk size
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    def raw(t: torch.Tensor) -> list[int]:
+        return t.contiguous().reshape(-1).view(torch.uint8).tolist()
+
+    return a.dtype == b.dtype and a.shape == b.shape and raw(a) == raw(b)
+
+
+def test_manifest_and_bitwise_stream(seed, state_dict):
+    with SeedClient(seed.url) as client:
+        manifest = client.fetch_manifest()
+        assert manifest == Manifest.from_state_dict(state_dict)[0]
+        got = dict(client.iter_tensors())
+    assert list(got) == list(state_dict)
+    assert all(bitwise_equal(got[n], state_dict[n]) for n in state_dict)
+    assert state_dict["embed.weight"].numel() * 2 > CHUNK  # several frames for one tensor
+
+
+def test_fetch_into_preallocated_and_subset(seed, state_dict):
+    targets = {n: torch.empty_like(t) for n, t in state_dict.items()}
+    noncontiguous = torch.empty(16, 24).t()  # a strided target gets its bytes through a staging copy
+    targets["layers.0.linear.weight"] = noncontiguous
+    with SeedClient(seed.url) as client:
+        assert client.fetch_into(targets) == Manifest.from_state_dict(state_dict)[0].total_bytes
+        names = ["step", "mask"]
+        assert [n for n, _ in client.iter_tensors(names)] == ["mask", "step"]  # stream order
+        single = client.fetch_tensor("layers.0.q.weight")
+    assert all(bitwise_equal(targets[n], state_dict[n]) for n in state_dict)
+    assert bitwise_equal(single, state_dict["layers.0.q.weight"])
+
+
+def test_target_mismatch_is_reported_before_any_transfer(seed):
+    with SeedClient(seed.url) as client, pytest.raises(ManifestError) as info:
+        client.fetch_into({"step": torch.empty(1, dtype=torch.int32), "nope": torch.empty(1)})
+    assert info.value.problems == ["tensor 'nope' is not served by the seed"]
+    with SeedClient(seed.url) as client, pytest.raises(ManifestError) as info:
+        client.fetch_into({"step": torch.empty(1, dtype=torch.int32)})
+    assert info.value.problems == [
+        "tensor 'step': the seed serves int64, the target is torch.int32",
+        "tensor 'step': the seed serves shape [], the target has [1]",
+    ]
+
+
+def test_tensor_ranges_and_http_errors(seed, state_dict):
+    raw = state_dict["layers.0.linear.weight"].numpy().tobytes()
+    with httpx.Client(base_url=seed.url) as http:
+        assert http.get("/tensors/layers.0.linear.weight", params={"start": 8, "end": 40}).content == raw[8:40]
+        assert http.get("/health").json() == {"status": "ok", "tensors": 8, "bytes": len(
+            b"".join(bytes(v) for v in Manifest.from_state_dict(state_dict)[1].values()))}
+        r = http.get("/tensors/layers.0.linear.weight", params={"start": 8, "end": 4000})
+        assert (r.status_code, r.json()["detail"]) == (
+            416, "byte range [8, 4000) is outside tensor 'layers.0.linear.weight' of 1536 bytes")
+        r = http.get("/tensors/nope")
+        assert (r.status_code, r.json()["detail"]) == (404, "tensor 'nope' is not served by this seed")
+        r = http.post("/batch", content=b"GET / HTTP/1.1\r\n\r\n", headers={"content-type": MEDIA_TYPE})
+        assert (r.status_code, r.json()["detail"]) == (400, "bad frame magic b'GET ', expected b'VANL'")
+        r = http.post("/batch", content=encode(MessageType.TENSOR_REQUEST, {"names": ["step", "nope"]}))
+        assert (r.status_code, r.json()["detail"]) == (
+            400, "invalid weight manifest: tensor 'nope' is not served by the seed")
+        r = http.post("/batch", content=encode(MessageType.END, {"tensors": 0, "bytes": 0}))
+        assert (r.status_code, r.json()["detail"]) == (400, "expected one TENSOR_REQUEST frame, got a END frame")
+        r = http.post("/batch", content=encode(MessageType.TENSOR_REQUEST, {"names": []})[:20])
+        assert (r.status_code, r.json()["detail"]) == (
+            400, "truncated frame: stream ended after 2 of 12 TENSOR_REQUEST header bytes")
+
+
+def test_transient_corruption_is_refetched(fresh_state_dict, tamper):
+    sd = fresh_state_dict
+    app = tamper(create_app(sd, CHUNK), "flip", at=300, times=1)
+    with SeedServer(app) as server, SeedClient(server.url, backoff=0) as client:
+        got = dict(client.iter_tensors())
+    assert all(bitwise_equal(got[n], sd[n]) for n in sd)
+    assert app.paths == ["/manifest", "/batch", "/tensors/embed.weight"]  # only the damaged tensor again
+
+
+def test_persistent_corruption_fails_with_checksums(fresh_state_dict):
+    sd = fresh_state_dict
+    app = create_app(sd, CHUNK)
+    expected = hashlib.sha256(sd["layers.0.linear.weight"].numpy().tobytes()).hexdigest()
+    sd["layers.0.linear.weight"][0, 0] += 1  # the served bytes are the tensor's memory
+    received = hashlib.sha256(sd["layers.0.linear.weight"].numpy().tobytes()).hexdigest()
+    with SeedServer(app) as server, SeedClient(server.url, retries=2, backoff=0) as client:
+        with pytest.raises(ChecksumError) as info:
+            dict(client.iter_tensors())
+    assert str(info.value) == (
+        f"tensor 'layers.0.linear.weight': sha256 mismatch after 3 attempts (manifest {expected}, received {received})"
+    )
+
+
+def test_truncated_stream_resumes_after_last_whole_tensor(fresh_state_dict, tamper):
+    sd = fresh_state_dict
+    # every /batch answer is cut after 2500 bytes: only resuming after the last whole tensor completes
+    app = tamper(create_app(sd, CHUNK), "cut", at=2500, times=100)
+    with SeedServer(app) as server, SeedClient(server.url, retries=10, backoff=0) as client:
+        got = dict(client.iter_tensors())
+    assert all(bitwise_equal(got[n], sd[n]) for n in sd)
+    assert app.paths.count("/batch") == 3
+
+
+def test_persistently_truncated_stream_gives_up(fresh_state_dict, tamper):
+    sd = fresh_state_dict
+    with SeedServer(tamper(create_app(sd, CHUNK), "cut", at=100, times=10)) as server, SeedClient(
+        server.url, retries=1, backoff=0
+    ) as client:
+        with pytest.raises(PeerUnavailable) as info:
+            dict(client.iter_tensors())
+    assert str(info.value) == (
+        f"streaming tensors: seed {server.url} failed 2 attempts; last error: ProtocolError: "
+        "truncated TENSOR payload for 'embed.weight': stream ended after 24 of 1000 bytes"
+    )
+
+
+def test_unreachable_peer():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound but not listening: connections are refused
+        with SeedClient(f"http://127.0.0.1:{port}", retries=1, backoff=0) as client:
+            with pytest.raises(PeerUnavailable) as info:
+                client.fetch_manifest()
+    assert re.fullmatch(
+        rf"fetching the manifest: seed http://127\.0\.0\.1:{port} failed 2 attempts; last error: ConnectError: .+",
+        str(info.value),
+    )
+
+
+def test_bad_manifest_and_client_errors_from_peer():
+    app = FastAPI()
+    good = Manifest.from_state_dict({"w": torch.zeros(2)})[0].to_dict()
+    good["tensors"][0]["nbytes"] = 9
+
+    @app.get("/manifest")
+    def manifest():
+        return good
+
+    with SeedServer(app) as server, SeedClient(server.url) as client:
+        with pytest.raises(ManifestError) as info:
+            client.fetch_manifest()
+    assert str(info.value) == (
+        "invalid weight manifest: tensors[0] ('w').nbytes = 9: expected 8 (shape [2] × 4 bytes of float32)"
+    )
+    with SeedServer(FastAPI()) as server, SeedClient(server.url) as client:
+        with pytest.raises(NetLoaderError) as info:
+            client.fetch_manifest()
+    assert str(info.value) == f"fetching the manifest: seed {server.url} answered 404: Not Found"
+
+
+def test_checkpoint_directory_is_served_bitwise(tmp_path, fresh_state_dict):
+    sd = fresh_state_dict
+    del sd["empty"]  # safetensors stores no zero-size tensors in some versions; keep the test about bytes
+    names = list(sd)
+    save_file({n: sd[n] for n in names[:4]}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({n: sd[n] for n in names[4:]}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    loaded = load_checkpoint(tmp_path)
+    with SeedServer.serving(loaded) as server, SeedClient(server.url) as client:
+        got = dict(client.iter_tensors())
+    assert sorted(got) == sorted(sd) and all(bitwise_equal(got[n], sd[n]) for n in sd)
+    save_file({names[0]: sd[names[0]]}, str(tmp_path / "model-extra.safetensors"))
+    with pytest.raises(ValueError, match=f"tensor '{names[0]}' appears in more than one file of"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no safetensors checkpoint at"):
+        load_checkpoint(tmp_path / "missing")
+
+
+def test_bad_chunk_size():
+    with pytest.raises(ValueError, match="chunk_bytes must be positive, got 0"):
+        create_app({}, 0)
