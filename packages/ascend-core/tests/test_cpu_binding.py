@@ -315,3 +315,13 @@ def test_read_numa_nodes_from_a_sysfs_tree(tmp_path):
     (tmp_path / "possible").write_text("0-1\n")
     assert read_numa_nodes(str(tmp_path)) == {0: [0, 1, 2, 3], 1: [4, 5, 6, 7, 16]}
     assert read_numa_nodes(str(tmp_path / "missing")) == {}
+
+
+@pytest.mark.parametrize(("machine", "arm"), [("aarch64", True), ("arm64", True), ("x86_64", False)])
+def test_is_arm_cpu(monkeypatch, machine, arm):
+    import platform
+
+    from vllm_ascend.core.cpu_binding import is_arm_cpu
+
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    assert is_arm_cpu() is arm

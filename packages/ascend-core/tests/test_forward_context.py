@@ -310,3 +310,17 @@ def test_override_envs_and_init(monkeypatch):
     assert "HCCL_DETERMINISTIC" not in os.environ
     assert bi.init_batch_invariance(True) is True
     assert os.environ["HCCL_DETERMINISTIC"] == "true" and os.environ["VLLM_BATCH_INVARIANT"] == "1"
+
+
+def test_mc2_mask_lives_on_the_reference_device_cpu(monkeypatch):
+    from vllm_ascend.core.device.config import clear_device_caches
+
+    monkeypatch.setenv("VLLM_ASCEND_DEVICE", "reference")
+    clear_device_caches()
+    try:
+        cfg = _cfg(tp=2, ep=True, max_num_seqs=8)
+        with set_ascend_forward_context(None, cfg, 4, num_actual_tokens=3, family="A3", tp_rank=1) as state:
+            assert state.moe_comm_type is MC2
+            assert state.mc2_mask.device.type == "cpu" and state.mc2_mask.tolist() == [True, False]
+    finally:
+        clear_device_caches()

@@ -72,6 +72,16 @@ def mc2_capacity_for(vllm_config: Any) -> int:
     )
 
 
+def _mask_device() -> str:
+    """Where the MC2 mask lives: the running device's torch device, else the CPU."""
+    from vllm_ascend.core.device.config import DeviceConfigError, get_device_config
+
+    try:
+        return get_device_config().torch_device
+    except DeviceConfigError:
+        return "cpu"
+
+
 def _is_moe(vllm_config: Any) -> bool:
     return getattr(vllm_config.parallel_config, "is_moe_model", None) is not False
 
@@ -121,7 +131,7 @@ def set_ascend_forward_context(
     if vllm_config is not None and _is_moe(vllm_config):
         tp, dp, ep = _parallel_sizes(vllm_config)
         if get_mc2_tokens_capacity() is None:
-            set_mc2_tokens_capacity(mc2_capacity_for(vllm_config))
+            set_mc2_tokens_capacity(mc2_capacity_for(vllm_config), _mask_device())
         capacity = get_mc2_tokens_capacity() or 0
         fam = current_family() if family is _AUTO else family
         state.moe_comm_type = moe_comm_type or select_moe_comm_method(num_tokens, fam, ep, dp, capacity)

@@ -106,7 +106,7 @@ def _coerce_scalar(value: Any, hint: Any, path: str) -> Any:
         if isinstance(value, Mapping):
             return hint.from_dict(value)
         raise ConfigError(
-            f"{path} must be a JSON object (allowed keys: {', '.join(sorted(hint.keys()))}), got {_describe(value)}"
+            f"{path} must be a JSON object (allowed keys: {', '.join(sorted(hint.option_names()))}), got {_describe(value)}"
         )
     raise TypeError(f"unsupported config field type {hint!r} at {path}")
 
@@ -166,7 +166,7 @@ class Section:
         """Checks between fields of this section (override in sections that have any)."""
 
     @classmethod
-    def keys(cls) -> list[str]:
+    def option_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
@@ -176,7 +176,7 @@ class Section:
             data = {}
         if not isinstance(data, Mapping):
             raise ConfigError(f"{cls.PATH} must be a JSON object, got {_describe(data)}")
-        allowed = cls.keys()
+        allowed = cls.option_names()
         for key in data:
             if key not in allowed:
                 raise ConfigError(unknown_key_message(cls.PATH, str(key), allowed))
