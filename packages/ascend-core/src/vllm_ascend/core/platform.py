@@ -180,7 +180,9 @@ class NPUPlatform(Platform):
 
     @classmethod
     def apply_config_platform_defaults(cls, vllm_config: VllmConfig) -> None:
-        """On the reference device decide eager mode early, so custom ops default to on."""
+        """Pick vLLM's V1 model runner (the runner's NPUModelRunner extends it) unless the user chose;
+        on the reference device decide eager mode early, so custom ops default to on."""
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         if not _REFERENCE:
             return
         from vllm.config import CompilationMode, CUDAGraphMode

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from vllm.config import get_current_vllm_config
+from vllm.config import get_current_vllm_config_or_none
 from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
 from vllm_ascend.core.device.adaptor import get_device_adaptor
 from vllm_ascend.runner.attention.backend import AttentionConfigError, check_supported
@@ -33,7 +33,8 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
         kv_sharing_target_layer_name: str | None = None,
         **kwargs,
     ) -> None:
-        model_config = get_current_vllm_config().model_config
+        config = get_current_vllm_config_or_none()
+        model_config = config.model_config if config is not None else None
         check_supported(head_size, model_config.dtype if model_config else torch.get_default_dtype(), kv_cache_dtype)
         unsupported = {
             "alibi_slopes": alibi_slopes is not None,

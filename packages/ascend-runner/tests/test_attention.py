@@ -1,0 +1,125 @@
+"""Attention backend: metadata from vLLM's common metadata, paged forward vs dense attention, errors."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm_ascend.runner.attention.backend import AscendAttentionBackend, AttentionConfigError, check_supported
+from vllm_ascend.runner.attention.impl import AscendAttentionImpl
+from vllm_ascend.runner.attention.metadata import AscendAttentionMetadataBuilder
+
+BS, HQ, HKV, D, NUM_BLOCKS = 16, 4, 2, 32, 12
+
+
+def _builder() -> AscendAttentionMetadataBuilder:
+    spec = SimpleNamespace(block_size=BS)
+    config = SimpleNamespace(speculative_config=None)
+    return AscendAttentionMetadataBuilder(spec, ["layer.0"], config, torch.device("cpu"))
+
+
+def _common(q_lens, seq_lens, block_table, padded_tokens=None):
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    n = int(qsl[-1])
+    slot_mapping = torch.full((padded_tokens or n,), -1, dtype=torch.int64)
+    seq = torch.tensor(seq_lens, dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=seq, num_reqs=len(q_lens),
+        num_actual_tokens=padded_tokens or n, max_query_len=max(q_lens), max_seq_len=max(seq_lens),
+        block_table_tensor=block_table, slot_mapping=slot_mapping, seq_lens_cpu_upper_bound=seq,
+    )  # fmt: skip
+
+
+def test_metadata_trims_padding_and_block_table():
+    table = torch.arange(3 * 8, dtype=torch.int32).view(3, 8)
+    md = _builder().build(0, _common([5, 1], [21, 40], table, padded_tokens=8))
+    assert md.num_reqs == 2 and md.num_actual_tokens == 6
+    assert md.query_start_loc_cpu.tolist() == [0, 5, 6]
+    assert md.seq_lens_cpu.tolist() == [21, 40]
+    assert md.block_table.shape == (2, 3)  # ceil(40 / 16) blocks are read
+    assert md.slot_mapping.shape == (6,)
+    assert md.max_query_len == 5 and md.max_seq_len == 40 and md.num_decodes == 1
+
+
+def _dense_reference(q, k_all, v_all, ctx_lens, scale):
+    """Causal attention of each request's new queries over its full key sequence (GQA)."""
+    out = []
+    for qb, kb, vb, ctx in zip(q, k_all, v_all, ctx_lens, strict=True):
+        kb = kb.repeat_interleave(HQ // HKV, dim=1)
+        vb = vb.repeat_interleave(HQ // HKV, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", qb, kb) * scale
+        allowed = torch.arange(kb.shape[0])[None, :] <= (ctx + torch.arange(qb.shape[0]))[:, None]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        out.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), vb))
+    return torch.cat(out)
+
+
+def test_kv_update_then_forward_equals_dense_attention():
+    gen = torch.Generator().manual_seed(0)
+    impl = AscendAttentionImpl(HQ, D, 1 / math.sqrt(D), HKV)
+    kv_cache = torch.zeros(NUM_BLOCKS, HKV, BS, 2 * D)  # vLLM's per-layer [blocks, H, block_size, D + Dv]
+    # Request 0: 20 cached tokens + 5 new (chunked prefill); request 1: 33 cached + 1 new (decode).
+    ctx, new = [20, 33], [5, 1]
+    tables = [[3, 7], [1, 4, 9]]
+    block_table = torch.zeros(2, 4, dtype=torch.int32)
+    for r, blocks in enumerate(tables):
+        block_table[r, : len(blocks)] = torch.tensor(blocks)
+    k_all = [torch.randn(c + n, HKV, D, generator=gen) for c, n in zip(ctx, new, strict=True)]
+    v_all = [torch.randn(c + n, HKV, D, generator=gen) for c, n in zip(ctx, new, strict=True)]
+
+    def slots(r, positions):
+        return torch.tensor([tables[r][p // BS] * BS + p % BS for p in positions])
+
+    # Write the context, then the new tokens, through do_kv_cache_update (padding slot -1 skipped).
+    for r in range(2):
+        impl.do_kv_cache_update(None, k_all[r][: ctx[r]], v_all[r][: ctx[r]], kv_cache, slots(r, range(ctx[r])))
+    new_k = torch.cat([k_all[r][ctx[r] :] for r in range(2)] + [torch.randn(2, HKV, D)])
+    new_v = torch.cat([v_all[r][ctx[r] :] for r in range(2)] + [torch.randn(2, HKV, D)])
+    new_slots = torch.cat([slots(r, range(ctx[r], ctx[r] + new[r])) for r in range(2)] + [torch.tensor([-1, -1])])
+    impl.do_kv_cache_update(None, new_k, new_v, kv_cache, new_slots)
+
+    md = _builder().build(0, _common(new, [c + n for c, n in zip(ctx, new, strict=True)], block_table, 8))
+    q = torch.randn(8, HQ, D, generator=gen)
+    output = torch.full((8, HQ, D), 7.0)
+    impl.forward(None, q, new_k, new_v, kv_cache, md, output)
+    ref = _dense_reference([q[:5], q[5:6]], k_all, v_all, ctx, 1 / math.sqrt(D))
+    torch.testing.assert_close(output[:6], ref, atol=1e-5, rtol=1e-5)
+    assert (output[6:] == 7.0).all()  # padding rows untouched
+
+
+def test_profile_run_without_metadata_returns_zeros():
+    impl = AscendAttentionImpl(HQ, D, 0.1, HKV)
+    out = torch.ones(3, HQ, D)
+    impl.forward(None, torch.randn(3, HQ, D), None, None, torch.zeros(1), None, out)
+    assert (out == 0).all()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((24, torch.float32, "auto"), r"head_size=24 .*allowed: multiples of 16 from 16 to 512"),
+        ((1024, torch.float32, "auto"), r"head_size=1024"),
+        ((64, torch.float64, "auto"), r"dtype=torch.float64 .*allowed: float16, bfloat16, float32"),
+        ((64, torch.float16, "fp8"), r"kv_cache_dtype='fp8' .*allowed: auto, float16, bfloat16"),
+    ],
+)
+def test_unsupported_configurations_name_field_and_allowed_values(args, message):
+    with pytest.raises(AttentionConfigError, match=message):
+        check_supported(*args)
+
+
+def test_unsupported_attention_features_are_refused():
+    with pytest.raises(AttentionConfigError, match="sliding_window is not supported.*allowed: None"):
+        AscendAttentionImpl(HQ, D, 0.1, HKV, sliding_window=128)
+    with pytest.raises(AttentionConfigError, match="attn_type='encoder_only'"):
+        AscendAttentionImpl(HQ, D, 0.1, HKV, attn_type="encoder_only")
+
+
+def test_backend_identity():
+    assert AscendAttentionBackend.get_name() == "CUSTOM"
+    assert AscendAttentionBackend.forward_includes_kv_cache_update is False
+    assert AscendAttentionBackend.get_impl_cls() is AscendAttentionImpl
+    assert AscendAttentionBackend.supports_block_size(128) and not AscendAttentionBackend.supports_block_size(8)

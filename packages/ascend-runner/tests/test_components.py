@@ -1,0 +1,72 @@
+"""Custom-op registration, the KV block zeroer, name patching and the serve command line."""
+
+from __future__ import annotations
+
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm.model_executor.custom_op import op_registry_oot
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm_ascend.runner.kv_zeroer import AscendKVBlockZeroer, block_major_view
+from vllm_ascend.runner.ops.registry import (
+    CUSTOM_OPS,
+    PLUGGABLE_LAYERS,
+    enable_custom_ops,
+    register_custom_ops,
+)
+from vllm_ascend.runner.patching import replaced_names
+from vllm_ascend.runner.serve import server_command, server_env, split_device
+
+
+def test_custom_op_registration_is_idempotent_and_refuses_conflicts(monkeypatch):
+    register_custom_ops()
+    register_custom_ops()
+    for name, cls in {**CUSTOM_OPS, **PLUGGABLE_LAYERS}.items():
+        assert op_registry_oot[name] is cls
+    monkeypatch.setitem(op_registry_oot, "RMSNorm", type("OtherRMSNorm", (), {}))
+    with pytest.raises(RuntimeError, match="'RMSNorm' is already registered to .*OtherRMSNorm"):
+        register_custom_ops()
+    ops = ["none", "-SiluAndMul"]
+    enable_custom_ops(ops)
+    assert ops == ["none", "-SiluAndMul", "+RMSNorm", "+RotaryEmbedding"]
+
+
+def test_kv_zeroer_zeroes_only_the_given_blocks_of_every_layer():
+    spec = FullAttentionSpec(block_size=4, num_kv_heads=2, head_size=8, dtype=torch.float32)
+    flat = torch.ones(2 * 6 * 4 * 2 * 16)
+    # Two layers of a token-major pool, viewed [blocks, H, block_size, D + Dv] like vLLM does.
+    layers = [flat.view(2, 6, 4, 2, 16)[i].permute(0, 2, 1, 3) for i in range(2)]
+    ctx = {f"l{i}": SimpleNamespace(kv_cache=kv) for i, kv in enumerate(layers)}
+    group = SimpleNamespace(kv_cache_spec=spec, kv_cache_group_id=0, layer_names=["l0", "l1"], kernel_block_stride=0)
+    zeroer = AscendKVBlockZeroer(torch.device("cpu"), [group], [4], ctx, num_blocks=6)
+    assert len(zeroer.caches) == 2 and zeroer.caches[0][0].is_contiguous()
+    zeroer.zero_block_ids([1, 4])
+    for kv in layers:
+        assert (kv[[1, 4]] == 0).all() and (kv[[0, 2, 3, 5]] == 1).all()
+    with pytest.raises(ValueError, match=r"block ids must lie in \[0, 6\)"):
+        zeroer.zero_block_ids([6])
+    assert block_major_view(layers[0]).shape == (6, 4, 2, 16)
+
+
+def test_replaced_names_restores_and_rejects_unknown_names():
+    module = types.ModuleType("m")
+    module.Thing = int
+    with replaced_names(module, {"Thing": float}):
+        assert module.Thing is float
+    assert module.Thing is int
+    with pytest.raises(AttributeError, match="m has no Missing"):
+        with replaced_names(module, {"Missing": float}):
+            pass
+
+
+def test_serve_command_line():
+    device, rest = split_device(None, ["--port", "8001", "--device", "reference", "--dtype", "float32"])
+    assert device == "reference" and rest == ["--port", "8001", "--dtype", "float32"]
+    argv = server_command("/m", rest)
+    assert argv[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
+    env = server_env("reference", {})
+    assert env["VLLM_ASCEND_DEVICE"] == "reference" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    with pytest.raises(ValueError, match="--device='gpu' is invalid; allowed values: auto, npu, reference"):
+        server_env("gpu", {})
