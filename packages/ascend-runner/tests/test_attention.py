@@ -112,7 +112,7 @@ def test_unsupported_configurations_name_field_and_allowed_values(args, message)
 
 
 def test_unsupported_attention_features_are_refused():
-    with pytest.raises(AttentionConfigError, match="sliding_window is not supported.*allowed: None"):
+    with pytest.raises(AttentionConfigError, match=r"sliding_window is not supported.*allowed: None"):
         AscendAttentionImpl(HQ, D, 0.1, HKV, sliding_window=128)
     with pytest.raises(AttentionConfigError, match="attn_type='encoder_only'"):
         AscendAttentionImpl(HQ, D, 0.1, HKV, attn_type="encoder_only")

@@ -26,7 +26,7 @@ def test_custom_op_registration_is_idempotent_and_refuses_conflicts(monkeypatch)
     for name, cls in {**CUSTOM_OPS, **PLUGGABLE_LAYERS}.items():
         assert op_registry_oot[name] is cls
     monkeypatch.setitem(op_registry_oot, "RMSNorm", type("OtherRMSNorm", (), {}))
-    with pytest.raises(RuntimeError, match="'RMSNorm' is already registered to .*OtherRMSNorm"):
+    with pytest.raises(RuntimeError, match=r"'RMSNorm' is already registered to .*OtherRMSNorm"):
         register_custom_ops()
     ops = ["none", "-SiluAndMul"]
     enable_custom_ops(ops)
