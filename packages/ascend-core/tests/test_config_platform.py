@@ -98,5 +98,7 @@ def test_platform_rejects_bad_additional_config_with_the_config_message(tmp_path
     good = results["good"]["ascend"]
     assert good is not None, results["good"]["error"]
     assert good["enable_kv_nz"] is True and good["eplb_config"]["eplb_policy_type"] == 3
-    if results["good"]["error"] is not None:  # only failures after the config step are acceptable here
-        assert "additional_config" not in results["good"]["error"]
+    # With the runner installed the engine config is complete; in a core-only install the platform's
+    # next step (worker lookup) is the only acceptable failure.
+    error = results["good"]["error"]
+    assert error is None or "vllm-ascend-runner" in error, error
