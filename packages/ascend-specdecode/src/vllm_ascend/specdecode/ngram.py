@@ -6,9 +6,9 @@ the most recent earlier occurrence wins and the (up to) ``k`` tokens that follow
 Proposals never extend the sequence beyond ``max_model_len``.
 
 All requests are searched together: one comparison of the batch's token matrix against each
-request's last token yields the candidate end positions, and each further n-gram length only
-filters the surviving candidates, so the work after the first pass is proportional to the number
-of partial matches rather than to the context length.
+request's last token yields the candidate end positions; the match length of every candidate
+(up to ``max_n``) is then measured with one gather, so the work after the first pass is
+proportional to the number of candidates rather than to the context length.
 """
 
 from __future__ import annotations
@@ -29,6 +29,20 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
         raise NgramConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
+
+
+def _equal_positions(tokens: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Sorted flat indices where ``tokens[r, c] == values[r]``.
+
+    Matches are sparse, so the boolean mask is scanned as 64-bit words (8 flags at a time) and only
+    non-zero words are expanded, which is several times faster than ``np.flatnonzero`` on the mask.
+    """
+    size = tokens.size
+    mask = np.zeros(-(-size // 8) * 8, dtype=bool)
+    np.equal(tokens, values[:, None], out=mask[:size].reshape(tokens.shape))
+    words = np.flatnonzero(mask.view(np.uint64) != 0)
+    flat = (words[:, None] * 8 + np.arange(8)).ravel()
+    return flat[mask[flat]]
 
 
 class NgramProposer:
@@ -126,39 +140,34 @@ class NgramProposer:
         if width <= 0:
             return
         tokens = token_ids[start:stop]
-        row_ids = np.arange(stop - start)
-        last = tokens[row_ids, np.maximum(lengths - 1, 0)]
-        flat = np.flatnonzero(tokens[:, :width] == last[:, None])
-        rows, cols = np.divmod(flat, width)
+        last = tokens[np.arange(stop - start), np.maximum(lengths - 1, 0)]
+        rows, cols = np.divmod(_equal_positions(tokens[:, :width], last), width)
         keep = cols < lengths[rows] - 1
         rows, cols = rows[keep], cols[keep]
-
-        best_end = np.full(stop - start, -1, dtype=np.int64)
-        for n in range(1, self.max_n + 1):
-            if n > 1:
-                back = cols - (n - 1)
-                ok = back >= 0
-                rows, cols, back = rows[ok], cols[ok], back[ok]
-                ok = tokens[rows, back] == tokens[rows, lengths[rows] - n]
-                rows, cols = rows[ok], cols[ok]
-            if rows.size == 0:
-                break
-            if n >= self.min_n:
-                # candidates are sorted by (row, col): the last of each row is its most recent match
-                ends = np.flatnonzero(np.append(rows[1:] != rows[:-1], True))
-                best_end[rows[ends]] = cols[ends]
-
-        found = np.flatnonzero(best_end >= 0)
-        if found.size == 0:
+        if rows.size == 0:
             return
-        first = best_end[found] + 1
+        # match length of each candidate end position against the context's suffix, capped at max_n
+        back = np.arange(1, self.max_n)
+        earlier = cols[:, None] - back
+        suffix = (lengths[rows] - 1)[:, None] - back
+        equal = (earlier >= 0) & (
+            tokens[rows[:, None], np.maximum(earlier, 0)] == tokens[rows[:, None], np.maximum(suffix, 0)]
+        )
+        match = 1 + np.cumprod(equal, axis=1).sum(axis=1)
+        ok = match >= self.min_n
+        rows, cols, match = rows[ok], cols[ok], match[ok]
+        if rows.size == 0:
+            return
+        # per row (rows are sorted): the longest match, and among those the most recent
+        key = match * (width + 1) + cols
+        firsts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
+        found = rows[firsts]
+        first = np.maximum.reduceat(key, firsts) % (width + 1) + 1
         n_tokens = lengths[found]
         take = np.minimum(np.minimum(k, n_tokens - first), self.max_model_len - n_tokens)
         offsets = np.arange(k)
-        index = np.minimum(first[:, None] + offsets, n_tokens[:, None] - 1)
-        values = tokens[found[:, None], index]
-        valid = offsets < take[:, None]
-        drafts[start + found] = np.where(valid, values, -1)
+        values = tokens[found[:, None], np.minimum(first[:, None] + offsets, n_tokens[:, None] - 1)]
+        drafts[start + found] = np.where(offsets < take[:, None], values, -1)
         counts[start + found] = take
 
     def propose(
@@ -178,4 +187,4 @@ class NgramProposer:
         drafts, counts = self.propose_batch(
             token_ids_cpu, num_tokens_no_spec[:batch], num_speculative_tokens, active
         )
-        return [row[:c].tolist() for row, c in zip(drafts, counts.tolist(), strict=True)]
+        return [row[:c] for row, c in zip(drafts.tolist(), counts.tolist(), strict=True)]
