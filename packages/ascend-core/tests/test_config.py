@@ -265,3 +265,15 @@ def test_family_checks_are_skipped_without_a_device_family(monkeypatch, mode):
         assert init_ascend_config({"mc2_comm_algorithm": "hierarchy"}).mc2_comm_algorithm == "hierarchy"
     finally:
         clear_device_caches()
+
+
+def test_worker_process_builds_the_config_from_vllms_current_config():
+    pytest.importorskip("vllm")
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    vllm_config = VllmConfig(additional_config={"enable_kv_nz": True, "eplb_config": {"eplb_policy_type": 0}})
+    clear_ascend_config()  # as in a worker process: the platform hook ran elsewhere
+    with set_current_vllm_config(vllm_config):
+        config = get_ascend_config()
+    assert config.enable_kv_nz is True and config.eplb_config.policy_name == "random"
+    assert get_ascend_config() is config

@@ -113,7 +113,7 @@ class AscendConfig(Section):
         if (
             self.sparse_kv_offload_config.enabled
             and self.sparse_kv_offload_config.kv_cache_dtype == "c8"
-            and (self.enable_kv_nz)
+            and self.enable_kv_nz
         ):
             raise ConfigError(
                 f"{p}.sparse_kv_offload_config.kv_cache_dtype = 'c8' is incompatible with "
@@ -320,9 +320,24 @@ def init_ascend_config(source: Any = None, family: Any = None) -> AscendConfig:
     return config
 
 
+def _current_vllm_config() -> Any:
+    try:
+        from vllm.config.vllm import get_current_vllm_config_or_none
+    except ImportError:
+        return None
+    return get_current_vllm_config_or_none()
+
+
 def get_ascend_config() -> AscendConfig:
-    """The process-wide config; raises if :func:`init_ascend_config` has not run in this process."""
+    """The process-wide config.
+
+    In a process where the platform hook did not run (a vLLM worker process), it is built on
+    first use from vLLM's current config (set while vLLM constructs the model).
+    """
     if _config is None:
+        current = _current_vllm_config()
+        if current is not None:
+            return init_ascend_config(current)
         raise RuntimeError(
             "Ascend config is not initialised in this process: call init_ascend_config(vllm_config) "
             "(NPUPlatform.check_and_update_config does this)"
