@@ -22,9 +22,13 @@ def vocab_block(vocab_size: int, cap: int = 8192) -> int:
 ROW_WARPS = 16
 
 
-def row_block(vocab_size: int) -> int:
-    """Tile of the one-program-per-row kernels, which loop over the row (tuned on an H200)."""
-    return min(triton.next_power_of_2(vocab_size), 256 if IS_INTERPRETED else 2048)
+def row_block(vocab_size: int, cap: int = 2048) -> int:
+    """Tile of the one-program-per-row kernels (``cap`` tuned per kernel on an H200).
+
+    Those kernels loop over their row and load tile ``i + 1`` before working on tile ``i``: with one
+    program per row, the loads in flight per program, not the number of programs, bound bandwidth.
+    """
+    return min(triton.next_power_of_2(vocab_size), 256 if IS_INTERPRETED else cap)
 
 
 @triton.jit

@@ -24,10 +24,13 @@ def _gumbel_kernel(
     key = hash32(key ^ (pos & 0xFFFFFFFF).to(tl.uint32))
     best_val = tl.full([BLOCK], float("-inf"), tl.float32)
     best_idx = tl.zeros([BLOCK], tl.int32)
+    offs = tl.arange(0, BLOCK)
+    nxt = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
     for start in range(0, vocab, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < vocab
-        x = tl.load(row_ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        x = nxt.to(tl.float32)
+        nxt = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < vocab, other=float("-inf"))
         if APPLY_TEMPERATURE:
             x = x / tl.where(random_row, t, 1.0)
         h = hash32(key ^ (offs.to(tl.uint32) * 0x9E3779B9))

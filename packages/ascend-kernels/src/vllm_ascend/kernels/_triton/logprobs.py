@@ -14,9 +14,12 @@ def _row_lse(row_ptr, vocab, chosen, COUNT_ABOVE: tl.constexpr, BLOCK: tl.conste
     run_max = tl.full([BLOCK], float("-inf"), tl.float32)
     run_sum = tl.zeros([BLOCK], tl.float32)
     above = tl.zeros([BLOCK], tl.int32)
+    offs = tl.arange(0, BLOCK)
+    nxt = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
     for start in range(0, vocab, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+        x = nxt.to(tl.float32)
+        offs = start + BLOCK + tl.arange(0, BLOCK)
+        nxt = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
         new_max = tl.maximum(run_max, x)
         safe = tl.where(new_max > float("-inf"), new_max, 0.0)
         run_sum = run_sum * tl.exp(run_max - safe) + tl.exp(x - safe)
@@ -51,6 +54,11 @@ def _lse_rank_kernel(logits_ptr, row_stride, chosen_ptr, lse_ptr, rank_ptr, voca
     tl.store(rank_ptr + row, above.to(tl.int64) + 1)
 
 
+def _lse_block(rows: int, vocab: int) -> int:
+    # Few rows: few programs, so each needs more bytes in flight (H200: 8192 best up to ~128 rows).
+    return row_block(vocab, 8192 if rows <= 128 else 4096)
+
+
 def compute_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     check_logits(logits)
     rows, vocab = logits.shape
@@ -59,7 +67,7 @@ def compute_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> tor
     if out.numel():
         _token_logprob_kernel[(rows,)](
             logits, logits.stride(0), ids, ids.shape[1], out, vocab, IDS=triton.next_power_of_2(ids.shape[1]),
-            BLOCK=row_block(vocab), num_warps=ROW_WARPS,
+            BLOCK=_lse_block(rows, vocab), num_warps=ROW_WARPS,
         )
     return out.reshape(token_ids.shape)
 
@@ -74,7 +82,7 @@ def compute_topk_logprobs(
     ranks = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows:
         _lse_rank_kernel[(rows,)](
-            logits, logits.stride(0), chosen, lse, ranks, vocab, BLOCK=row_block(vocab), num_warps=ROW_WARPS
+            logits, logits.stride(0), chosen, lse, ranks, vocab, BLOCK=_lse_block(rows, vocab), num_warps=ROW_WARPS
         )
     top_x, top_ids = logits.topk(num_logprobs, dim=1)
     ids = torch.cat([chosen.unsqueeze(1), top_ids], dim=1)

@@ -15,15 +15,22 @@ def _min_p_kernel(logits_ptr, row_stride, minp_ptr, vocab, BLOCK: tl.constexpr):
     mp = tl.load(minp_ptr + row)
     limit = tl.where(mp > 0, vocab, 0)
     row_max = tl.full([BLOCK], float("-inf"), tl.float32)
+    offs = tl.arange(0, BLOCK)
+    nxt = tl.load(row_ptr + offs, mask=offs < limit, other=float("-inf"))
     for start in range(0, limit, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        row_max = tl.maximum(row_max, tl.load(row_ptr + offs, mask=offs < limit, other=float("-inf")).to(tl.float32))
+        x = nxt.to(tl.float32)
+        offs = start + BLOCK + tl.arange(0, BLOCK)
+        nxt = tl.load(row_ptr + offs, mask=offs < limit, other=float("-inf"))
+        row_max = tl.maximum(row_max, x)
     threshold = tl.max(row_max, 0) + tl.log(tl.where(mp > 0, mp, 1.0))
+    offs = tl.arange(0, BLOCK)
+    nxt = tl.load(row_ptr + offs, mask=offs < limit, other=0.0)
     for start in range(0, limit, BLOCK):
+        x = nxt.to(tl.float32)
         offs = start + tl.arange(0, BLOCK)
-        mask = offs < limit
-        x = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(row_ptr + offs, tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty), mask=mask & (x < threshold))
+        nxt = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < limit, other=0.0)
+        tl.store(row_ptr + offs, tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty),
+                 mask=(offs < limit) & (x < threshold))
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

@@ -5,16 +5,20 @@ One program per row, one launch. The kept set is ``{x >= t}``; the search narrow
 
 1. Row pass: max, smallest finite value, finite count and the softmax normaliser.
 2. Coarse passes over the whole row: per pivot, the count (top-k) or probability mass (top-p) of
-   ``{x >= pivot}``; the last pivot still reaching the target becomes ``lo`` and the next one
-   ``top``. They stop once at most ``CAP`` elements are ``>= lo``.
-3. One pass copies those candidates to a per-row scratch.
-4. Exact passes over the scratch (a few hundred to ``CAP`` values) also gather, per pivot, the
-   smallest element ``>= pivot`` and the largest ``< pivot``, so ``lo`` and ``top`` become element
-   values; the search ends when they meet. Ties are therefore kept exactly as a sort would keep them.
-   Top-p runs on the distribution left by top-k (its candidates are already in the scratch).
+   ``{x >= pivot}``; the last pivot still reaching the target becomes ``lo`` and the next one the
+   exclusive bound ``hi``. They stop once the bucket ``[lo, hi)`` holds at most ``CAP`` elements.
+3. One pass copies the candidates to a per-row scratch: every element ``>= lo`` when they fit
+   (top-p then reuses them after top-k), else the bucket, whose count and mass above ``hi`` are
+   carried as a base.
+4. Exact passes over the scratch also gather, per pivot, the smallest element ``>= pivot`` and the
+   largest ``< pivot``, so ``lo`` and ``top`` become element values; the search ends when they
+   meet. Ties are therefore kept exactly as a sort would keep them. Top-p runs on the distribution
+   left by top-k.
 5. A last pass writes ``-inf`` below the threshold (only dropped elements are written).
 
-Rows whose candidates never fit in ``CAP`` (e.g. ``k > CAP``) run the exact passes on the whole row.
+Rows whose bucket never fits ``CAP`` (massive ties) run the exact passes on the whole row. Masses
+are float32 sums, so a top-p threshold can differ from a float64 sort where the cumulative mass
+is within rounding of ``p``.
 """
 
 from __future__ import annotations
@@ -36,9 +40,12 @@ def _row_stats(row_ptr, vocab, BLOCK: tl.constexpr):
     run_sum = tl.zeros([BLOCK], tl.float32)
     mn = tl.full([BLOCK], float("inf"), tl.float32)
     finite = tl.zeros([BLOCK], tl.int32)
+    offs = tl.arange(0, BLOCK)
+    nxt = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
     for start in range(0, vocab, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+        x = nxt.to(tl.float32)
+        offs = start + BLOCK + tl.arange(0, BLOCK)
+        nxt = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
         ok = x > float("-inf")
         new_max = tl.maximum(run_max, x)
         safe = tl.where(new_max > float("-inf"), new_max, 0.0)
@@ -68,9 +75,12 @@ def _pivot_pass(src_ptr, n, piv, row_max, floor, lo, EXACT: tl.constexpr, BY_MAS
     above_min = tl.full([NP], float("inf"), tl.float32)
     below_max = tl.full([NP], float("-inf"), tl.float32)
     mass_lo = tl.zeros([BLOCK], tl.float32)
+    offs = tl.arange(0, BLOCK)
+    nxt = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf"))
     for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
+        x = nxt.to(tl.float32)
+        offs = start + BLOCK + tl.arange(0, BLOCK)
+        nxt = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf"))
         x = tl.where(x >= floor, x, float("-inf"))
         ge = x[:, None] >= piv[None, :]
         cnt += tl.sum(ge.to(tl.int32), 0)
@@ -85,70 +95,97 @@ def _pivot_pass(src_ptr, n, piv, row_max, floor, lo, EXACT: tl.constexpr, BY_MAS
 
 
 @triton.jit
-def _coarse_search(row_ptr, vocab, lo, top, count_lo, row_max, floor, target_count, target_mass, cap,
-                   BY_MASS: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr):
-    """Narrow ``[lo, top]`` over the whole row until at most ``cap`` elements are ``>= lo``."""
-    idx = tl.arange(0, NP)
-    passes = tl.zeros([], tl.int32)
-    searching = (count_lo > cap) & (lo < top)
-    while searching:
-        piv = _pivots(lo, top, NP)
-        cnt, mass, _, _, _ = _pivot_pass(row_ptr, vocab, piv, row_max, floor, lo, False, BY_MASS, NP, BLOCK)
-        if BY_MASS:
-            reached = mass >= target_mass
-        else:
-            reached = cnt >= target_count
-        j = tl.sum(reached.to(tl.int32), 0)
-        count_lo = tl.where(j == 0, count_lo, tl.sum(tl.where(idx == j - 1, cnt, 0), 0))
-        new_lo = tl.where(j == 0, lo, tl.sum(tl.where(idx == j - 1, piv, 0.0), 0))
-        top = tl.where(j == NP, top, tl.sum(tl.where(idx == j, piv, 0.0), 0))
-        lo = tl.where(j == NP, top, new_lo)
-        passes += 1
-        searching = (count_lo > cap) & (lo < top) & (passes < MAX_PASSES)
-    return lo, top, count_lo
+def _take(vec, idx, j, default):
+    """``vec[j]`` (``default`` when ``j`` is out of range) for a small vector and scalar ``j``."""
+    return tl.sum(tl.where(idx == j, vec, 0), 0) + tl.where((j >= 0) & (j < vec.shape[0]), 0, default)
 
 
 @triton.jit
-def _exact_search(src_ptr, n, lo, top, row_max, floor, target_count, target_mass, BY_MASS: tl.constexpr,
-                  NP: tl.constexpr, BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr):
-    """Largest element ``v`` in ``[lo, top]`` whose ``{x >= v}`` reaches the count or mass target.
+def _reached(cnt, mass, base_count, base_mass, target_count, target_mass, BY_MASS: tl.constexpr):
+    if BY_MASS:
+        return mass + base_mass >= target_mass
+    return cnt + base_count >= target_count
 
-    ``lo`` need not be an element (it stays put until a pivot above it reaches the target)."""
+
+@triton.jit
+def _compact(row_ptr, vocab, lo, hi, dst_ptr, BLOCK: tl.constexpr):
+    """Copy the row's elements in ``[lo, hi)`` to ``dst`` (order kept); returns how many."""
+    base = tl.zeros([], tl.int32)
+    for start in range(0, vocab, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+        keep = (x >= lo) & (x < hi)
+        pos = tl.cumsum(keep.to(tl.int32), 0)
+        tl.store(dst_ptr + base + pos - 1, x.to(dst_ptr.dtype.element_ty), mask=keep)
+        base += tl.sum(keep.to(tl.int32), 0)
+    return base
+
+
+@triton.jit
+def _select(row_ptr, vocab, cand_ptr, n_ready, cap, lo, count_lo, row_max, floor, target_count, target_mass,
+            BY_MASS: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr):
+    """Threshold ``t`` (largest element whose ``{x >= t}`` reaches the target), ``#{x >= t}``, and the
+    number of elements ``>= t`` left in the scratch (``-1`` when the scratch does not hold them all).
+
+    ``n_ready >= 0`` says the scratch already holds every element ``>= lo`` (``n_ready`` of them)."""
     idx = tl.arange(0, NP)
+    inf = float("inf")
+    hi = tl.full([], inf, tl.float32)  # exclusive upper end of the candidate bucket [lo, hi)
+    count_hi = tl.zeros([], tl.int32)
+    mass_hi = tl.zeros([], tl.float32)
+    passes = tl.zeros([], tl.int32)
+    # Coarse passes over the row until the bucket [lo, hi) fits the scratch.
+    searching = (n_ready < 0) & (count_lo - count_hi > cap) & (lo < row_max)
+    while searching:
+        top = tl.minimum(hi, row_max)
+        piv = _pivots(lo, top, NP)
+        cnt, mass, _, _, _ = _pivot_pass(row_ptr, vocab, piv, row_max, floor, lo, False, BY_MASS, NP, BLOCK)
+        j = tl.sum(_reached(cnt, mass, 0, 0.0, target_count, target_mass, BY_MASS).to(tl.int32), 0)
+        count_lo = tl.where(j == 0, count_lo, _take(cnt, idx, j - 1, 0))
+        lo = tl.where(j == 0, lo, _take(piv, idx, j - 1, 0.0))
+        count_hi = _take(cnt, idx, j, 0)
+        mass_hi = _take(mass, idx, j, 0.0)
+        hi = _take(piv, idx, j, inf)
+        passes += 1
+        searching = (count_lo - count_hi > cap) & (lo < tl.minimum(hi, row_max)) & (passes < MAX_PASSES)
+    # Candidates: the scratch when they fit (the whole tail >= lo if possible), else the row itself.
+    src_ptr = row_ptr
+    n = vocab
+    base_count = tl.zeros([], tl.int32)
+    base_mass = tl.zeros([], tl.float32)
+    tail_in_scratch = tl.zeros([], tl.int32)
+    if n_ready >= 0:
+        src_ptr = cand_ptr
+        n = n_ready
+        tail_in_scratch = 1
+    elif count_lo <= cap:
+        n = _compact(row_ptr, vocab, lo, inf, cand_ptr, BLOCK)
+        src_ptr = cand_ptr
+        tail_in_scratch = 1
+    elif count_lo - count_hi <= cap:
+        n = _compact(row_ptr, vocab, lo, hi, cand_ptr, BLOCK)
+        src_ptr = cand_ptr
+        base_count = count_hi
+        base_mass = mass_hi
+    # Exact passes: lo and top become elements until they meet.
+    top = tl.minimum(hi, row_max)
     passes = tl.zeros([], tl.int32)
     searching = lo < top
     while searching:
         piv = _pivots(lo, top, NP)
         cnt, mass, above_min, below_max, _ = _pivot_pass(src_ptr, n, piv, row_max, floor, lo, True, BY_MASS, NP,
                                                          BLOCK)
-        if BY_MASS:
-            reached = mass >= target_mass
-        else:
-            reached = cnt >= target_count
-        j = tl.sum(reached.to(tl.int32), 0)
-        new_lo = tl.where(j == 0, lo, tl.max(tl.where(idx == j - 1, above_min, float("-inf")), 0))
-        new_top = tl.max(tl.where(idx == j, below_max, float("-inf")), 0)
+        j = tl.sum(_reached(cnt, mass, base_count, base_mass, target_count, target_mass, BY_MASS).to(tl.int32), 0)
+        count_lo = tl.where(j == 0, count_lo, _take(cnt, idx, j - 1, 0) + base_count)
+        new_lo = tl.where(j == 0, lo, _take(above_min, idx, j - 1, 0.0))
+        new_top = _take(below_max, idx, j, -inf)
         done = (j == NP) | (new_lo >= new_top)
         answer = tl.where(j == NP, top, new_lo)
         lo = tl.where(done, answer, new_lo)
         top = tl.where(done, answer, new_top)
         passes += 1
         searching = (lo < top) & (passes < MAX_PASSES)
-    return lo
-
-
-@triton.jit
-def _compact(row_ptr, vocab, lo, dst_ptr, BLOCK: tl.constexpr):
-    """Copy the row's elements ``>= lo`` to ``dst`` (order kept); returns how many."""
-    base = tl.zeros([], tl.int32)
-    for start in range(0, vocab, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
-        keep = x >= lo
-        pos = tl.cumsum(keep.to(tl.int32), 0)
-        tl.store(dst_ptr + base + pos - 1, x.to(dst_ptr.dtype.element_ty), mask=keep)
-        base += tl.sum(keep.to(tl.int32), 0)
-    return base
+    return lo, count_lo, tl.where(tail_in_scratch == 1, n, -1)
 
 
 @triton.jit
@@ -161,41 +198,28 @@ def _top_k_top_p_kernel(
     cand_ptr = scratch_ptr + row.to(tl.int64) * cap
     row_max, row_min, finite, z = _row_stats(row_ptr, vocab, BLOCK)
     threshold = tl.full([], float("-inf"), tl.float32)
-    # Candidates for the exact search: the whole row until the scratch holds every element >= lo.
-    src_ptr = row_ptr
-    n = vocab
-    compacted = tl.zeros([], tl.int32)
-    lo = row_min
+    count = finite
+    n_ready = tl.full([], -1, tl.int32)
     if HAS_K:
         k = tl.load(k_ptr + row).to(tl.int32)
         if (k > 0) & (k < finite):
-            lo, top, count_lo = _coarse_search(row_ptr, vocab, row_min, row_max, finite, row_max, float("-inf"), k,
-                                               0.0, cap, False, NP, BLOCK, MAX_PASSES)
-            if count_lo <= cap:
-                n = _compact(row_ptr, vocab, lo, cand_ptr, BLOCK)
-                src_ptr = cand_ptr
-                compacted = 1
-            threshold = _exact_search(src_ptr, n, lo, top, row_max, float("-inf"), k, 0.0, False, NP, BLOCK,
-                                      MAX_PASSES)
+            threshold, count, n_ready = _select(row_ptr, vocab, cand_ptr, n_ready, cap, row_min, finite, row_max,
+                                                float("-inf"), k, 0.0, False, NP, BLOCK, MAX_PASSES)
     if HAS_P:
         p = tl.load(p_ptr + row)
         if (p < 1.0) & (finite > 0):
-            lo = tl.maximum(threshold, row_min)
-            if threshold > float("-inf"):
-                _, _, _, _, kept_mass = _pivot_pass(src_ptr, n, _pivots(lo, row_max, NP), row_max, threshold, lo,
-                                                    False, True, NP, BLOCK)
-                target = p * kept_mass
-            else:
-                target = p * z
-            top = row_max
-            if compacted == 0:
-                lo, top, count_lo = _coarse_search(row_ptr, vocab, lo, row_max, finite, row_max, threshold, 0,
-                                                   target, cap, True, NP, BLOCK, MAX_PASSES)
-                if count_lo <= cap:
-                    n = _compact(row_ptr, vocab, lo, cand_ptr, BLOCK)
-                    src_ptr = cand_ptr
-            threshold = _exact_search(src_ptr, n, lo, top, row_max, threshold, 0, target, True, NP, BLOCK,
-                                      MAX_PASSES)
+            target = p * z
+            if threshold > float("-inf"):  # top-p over what top-k kept
+                if n_ready >= 0:
+                    _, _, _, _, kept = _pivot_pass(cand_ptr, n_ready, _pivots(threshold, row_max, NP), row_max,
+                                                   threshold, threshold, False, True, NP, BLOCK)
+                else:
+                    _, _, _, _, kept = _pivot_pass(row_ptr, vocab, _pivots(threshold, row_max, NP), row_max,
+                                                   threshold, threshold, False, True, NP, BLOCK)
+                target = p * kept
+            threshold, count, n_ready = _select(row_ptr, vocab, cand_ptr, n_ready, cap,
+                                                tl.maximum(threshold, row_min), count, row_max, threshold, 0, target,
+                                                True, NP, BLOCK, MAX_PASSES)
     if threshold > float("-inf"):
         for start in range(0, vocab, BLOCK):
             offs = start + tl.arange(0, BLOCK)
@@ -220,10 +244,12 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     rows, vocab = logits.shape
     if rows == 0 or (k is None and p is None):
         return logits
-    block = min(triton.next_power_of_2(vocab), 128 if IS_INTERPRETED else 1024)
+    # H200: few rows want big tiles (bytes in flight per program), many rows want small ones.
+    block, warps = (4096, 16) if rows <= 128 else (1024, 4)
+    block = min(triton.next_power_of_2(vocab), 128 if IS_INTERPRETED else block)
     _top_k_top_p_kernel[(rows,)](
         logits, logits.stride(0), k if k is not None else logits, p.to(torch.float32) if p is not None else logits,
         _candidates(rows, logits), vocab, CAP, HAS_K=k is not None, HAS_P=p is not None, NP=NUM_PIVOTS,
-        BLOCK=block, MAX_PASSES=MAX_PASSES, num_warps=8,
+        BLOCK=block, MAX_PASSES=MAX_PASSES, num_warps=warps,
     )
     return logits
