@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -86,12 +87,10 @@ def _is_moe(vllm_config: Any) -> bool:
     return getattr(vllm_config.parallel_config, "is_moe_model", None) is not False
 
 
-def _vllm_config_type() -> type | None:
-    try:
-        from vllm.config import VllmConfig
-    except ImportError:
-        return None
-    return VllmConfig
+def _is_vllm_config(obj: Any) -> bool:
+    """Whether ``obj`` is vLLM's ``VllmConfig`` (without importing vLLM: one exists only if it is loaded)."""
+    module = sys.modules.get("vllm.config")
+    return module is not None and isinstance(obj, module.VllmConfig)
 
 
 @contextlib.contextmanager
@@ -114,7 +113,8 @@ def set_ascend_forward_context(
     ``num_tokens`` is the padded token count of this rank, ``num_actual_tokens`` the real ones
     (default: all). The MoE method is chosen from the family (default: the running device),
     the parallel config and the MC2 capacity unless ``moe_comm_type`` is given; an MC2 forward
-    also gets its padding mask (this ``tp_rank``'s slice). Extra keyword arguments go to vLLM's ``set_forward_context``.
+    also gets its padding mask (this ``tp_rank``'s slice). Extra keyword arguments go to vLLM's
+    ``set_forward_context``.
     """
     actual = num_tokens if num_actual_tokens is None else num_actual_tokens
     state = AscendForwardState(
@@ -139,9 +139,8 @@ def set_ascend_forward_context(
             padded = -(-num_tokens // tp) * tp
             state.mc2_mask = set_mc2_mask(actual, padded, tp, tp_rank)
 
-    vllm_type = _vllm_config_type()
     with contextlib.ExitStack() as stack:
-        if vllm_type is not None and isinstance(vllm_config, vllm_type):
+        if _is_vllm_config(vllm_config):
             from vllm.forward_context import get_forward_context, set_forward_context
 
             stack.enter_context(
