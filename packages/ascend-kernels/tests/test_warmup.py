@@ -36,3 +36,14 @@ def test_a_failing_item_is_logged_and_the_rest_continue(monkeypatch, caplog):
 def test_unknown_items_are_rejected():
     with pytest.raises(ValueError, match=r"unknown warm-up items \['nope'\]"):
         warmup.kernel_warmup("cpu", 32, include=("nope",))
+
+
+def test_compiled_triton_warms_both_tile_variants(monkeypatch):
+    from vllm_ascend.kernels._triton import common
+
+    cpu = torch.device("cpu")
+    assert warmup._batch_sizes(cpu) == (2,)  # interpreter: one variant
+    monkeypatch.setattr(common, "IS_INTERPRETED", False)
+    assert warmup._batch_sizes(cpu) == (2, common.SMALL_BATCH_ROWS + 1)
+    monkeypatch.setenv("VLLM_ASCEND_KERNEL_BACKEND", "torch")
+    assert warmup._batch_sizes(cpu) == (2,)

@@ -31,27 +31,39 @@ def _logits(rows: int, vocab: int, dtype: torch.dtype, device: torch.device) -> 
     return torch.randn(rows, vocab, device=device).to(dtype)
 
 
+def _batch_sizes(device: torch.device) -> tuple[int, ...]:
+    """Row counts that reach every tile variant: the Triton wrappers pick larger tiles for small
+    batches (compiled separately); the interpreter and the references have one variant."""
+    from vllm_ascend.kernels._backend import use_triton
+
+    if not use_triton(device):
+        return (2,)
+    from vllm_ascend.kernels._triton.common import IS_INTERPRETED, SMALL_BATCH_ROWS
+
+    return (2,) if IS_INTERPRETED else (2, SMALL_BATCH_ROWS + 1)
+
+
 def sampling_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]) -> None:
     """Temperature, Gumbel (with and without temperature, greedy and random rows), min-p,
-    top-k/top-p (k only, p only, both), token and top-k logprobs."""
+    top-k/top-p (k only, p only, both), token and top-k logprobs, for every tile variant."""
     from vllm_ascend import kernels as K
 
-    rows = 2
-    temp = torch.tensor([0.0, 0.7], device=device)
-    seeds = torch.tensor([1, 2], device=device, dtype=torch.int64)
-    pos = torch.zeros(rows, device=device, dtype=torch.int64)
-    ids = torch.tensor([0, vocab_size - 1], device=device, dtype=torch.int64)
-    k = torch.tensor([1, 20], device=device, dtype=torch.int32)
-    p = torch.tensor([0.5, 0.9], device=device, dtype=torch.float32)
-    for dtype in dtypes:
-        K.apply_temperature(_logits(rows, vocab_size, dtype, device), temp)
-        for scale in (True, False):
-            K.gumbel_sample(_logits(rows, vocab_size, dtype, device), temp, seeds, pos, scale)
-        K.apply_min_p(_logits(rows, vocab_size, dtype, device), p)
-        for kk, pp in ((k, None), (None, p), (k, p)):
-            K.apply_top_k_top_p(_logits(rows, vocab_size, dtype, device), kk, pp)
-        K.compute_token_logprobs(_logits(rows, vocab_size, dtype, device), ids)
-        K.compute_topk_logprobs(_logits(rows, vocab_size, dtype, device), 2, ids)
+    for rows in _batch_sizes(device):
+        temp = torch.linspace(0.0, 1.0, rows, device=device)
+        seeds = torch.arange(rows, device=device, dtype=torch.int64)
+        pos = torch.zeros(rows, device=device, dtype=torch.int64)
+        ids = torch.randint(0, vocab_size, (rows,), device=device, dtype=torch.int64)
+        k = torch.randint(1, 50, (rows,), device=device, dtype=torch.int32)
+        p = torch.linspace(0.5, 0.95, rows, device=device)
+        for dtype in dtypes:
+            K.apply_temperature(_logits(rows, vocab_size, dtype, device), temp)
+            for scale in (True, False):
+                K.gumbel_sample(_logits(rows, vocab_size, dtype, device), temp, seeds, pos, scale)
+            K.apply_min_p(_logits(rows, vocab_size, dtype, device), p)
+            for kk, pp in ((k, None), (None, p), (k, p)):
+                K.apply_top_k_top_p(_logits(rows, vocab_size, dtype, device), kk, pp)
+            K.compute_token_logprobs(_logits(rows, vocab_size, dtype, device), ids)
+            K.compute_topk_logprobs(_logits(rows, vocab_size, dtype, device), 2, ids)
 
 
 def penalties_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]) -> None:

@@ -20,6 +20,7 @@ def vocab_block(vocab_size: int, cap: int = 8192) -> int:
 
 
 ROW_WARPS = 16
+SMALL_BATCH_ROWS = 128  # up to this many rows, per-row kernels use larger tiles (see row_block callers)
 
 
 def row_block(vocab_size: int, cap: int = 2048) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from vllm_ascend.kernels._triton.common import ROW_WARPS, check_logits, row_block
+from vllm_ascend.kernels._triton.common import ROW_WARPS, SMALL_BATCH_ROWS, check_logits, row_block
 
 
 @triton.jit
@@ -56,7 +56,7 @@ def _lse_rank_kernel(logits_ptr, row_stride, chosen_ptr, lse_ptr, rank_ptr, voca
 
 def _lse_block(rows: int, vocab: int) -> int:
     # Few rows: few programs, so each needs more bytes in flight (H200: 8192 best up to ~128 rows).
-    return row_block(vocab, 8192 if rows <= 128 else 4096)
+    return row_block(vocab, 8192 if rows <= SMALL_BATCH_ROWS else 4096)
 
 
 def compute_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,9 @@ One program per row, one launch. The kept set is ``{x >= t}``; the search narrow
    left by top-k.
 5. A last pass writes ``-inf`` below the threshold (only dropped elements are written).
 
-Rows whose bucket never fits ``CAP`` (massive ties) run the exact passes on the whole row. Masses
+Rows whose bucket never fits ``CAP`` (massive ties) run the exact passes on the whole row. The
+scratch (``rows x CAP`` values per device and dtype) is cached and shared: calls must not run
+concurrently on two streams of one device. Masses
 are float32 sums, so a top-p threshold can differ from a float64 sort where the cumulative mass
 is within rounding of ``p``.
 """
@@ -26,7 +28,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from vllm_ascend.kernels._triton.common import IS_INTERPRETED, check_logits
+from vllm_ascend.kernels._triton.common import IS_INTERPRETED, SMALL_BATCH_ROWS, check_logits
 
 NUM_PIVOTS = 8
 CAP = 64 if IS_INTERPRETED else 16384
@@ -245,7 +247,7 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     if rows == 0 or (k is None and p is None):
         return logits
     # H200: few rows want big tiles (bytes in flight per program), many rows want small ones.
-    block, warps = (4096, 16) if rows <= 128 else (1024, 4)
+    block, warps = (4096, 16) if rows <= SMALL_BATCH_ROWS else (1024, 4)
     block = min(triton.next_power_of_2(vocab), 128 if IS_INTERPRETED else block)
     _top_k_top_p_kernel[(rows,)](
         logits, logits.stride(0), k if k is not None else logits, p.to(torch.float32) if p is not None else logits,
