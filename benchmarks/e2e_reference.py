@@ -60,7 +60,10 @@ def _measure(model_dir: str, out_tokens: int, batch: int, repeats: int) -> dict[
 
 
 def _child(args: argparse.Namespace) -> None:
-    print("RESULT " + json.dumps(_measure(args.model_dir, args.out_tokens, args.batch, args.repeats)), flush=True)
+    print(
+        "RESULT " + json.dumps(_measure(args.model_dir, args.out_tokens, args.batch, args.repeats)),
+        flush=True,
+    )
 
 
 def _side(name: str, args: argparse.Namespace, model_dir: str) -> dict[str, float]:

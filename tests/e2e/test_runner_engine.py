@@ -34,7 +34,9 @@ def _worker(llm):
 def _generate(llm, prompts, **params):
     from vllm import SamplingParams
 
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(**params), use_tqdm=False)
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], SamplingParams(**params), use_tqdm=False
+    )
     return [o.outputs[0] for o in outputs]
 
 
@@ -101,7 +103,12 @@ def test_logprobs_match_hf_log_softmax(llm, qwen3_prompts, qwen3_hf):
             top = torch.topk(ref, 5).indices.tolist()
             assert set(top) <= set(step_logprobs), (step, top, list(step_logprobs))
             for token_id, lp in step_logprobs.items():
-                assert abs(lp.logprob - ref[token_id].item()) < 1e-4, (step, token_id, lp.logprob, ref[token_id])
+                assert abs(lp.logprob - ref[token_id].item()) < 1e-4, (
+                    step,
+                    token_id,
+                    lp.logprob,
+                    ref[token_id],
+                )
             assert step_logprobs[out.token_ids[step]].rank == 1
 
 
@@ -128,7 +135,9 @@ def test_sampling_parameters_take_effect(llm, qwen3_prompts, qwen3_hf):
     banned = _generate(llm, qwen3_prompts[row : row + 1], max_tokens=1, temperature=0.0, bad_words=[word])
     assert banned[0].token_ids[0] != greedy_first[row]
     # A negative logit bias on it does the same (vLLM's logits processor before our sampler).
-    biased = _generate(llm, qwen3_prompts[:1], max_tokens=1, temperature=0.0, logit_bias={greedy_first[0]: -100.0})
+    biased = _generate(
+        llm, qwen3_prompts[:1], max_tokens=1, temperature=0.0, logit_bias={greedy_first[0]: -100.0}
+    )
     assert biased[0].token_ids[0] != greedy_first[0]
     # A large repetition penalty prevents repeating any prompt or output token.
     penalised = _generate(llm, qwen3_prompts[:1], max_tokens=8, temperature=0.0, repetition_penalty=50.0,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from vllm_ascend.runner.testing.tiny_models import build_tiny_model, qwen3_spec
 
 

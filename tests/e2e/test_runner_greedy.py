@@ -27,7 +27,9 @@ def _assert_diverse(token_ids: list[list[int]]) -> None:
     [(False, False), (True, False), (False, True), (True, True)],
     ids=["plain", "chunked", "prefix-cache", "chunked+prefix-cache"],
 )
-def test_qwen3_greedy_matches_hf(make_llm, tiny_qwen3, qwen3_prompts, qwen3_hf, chunked_prefill, prefix_caching):
+def test_qwen3_greedy_matches_hf(
+    make_llm, tiny_qwen3, qwen3_prompts, qwen3_hf, chunked_prefill, prefix_caching
+):
     assert max(len(p) for p in qwen3_prompts) > 32 > min(len(p) for p in qwen3_prompts)
     options = dict(enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunked_prefill)
     if chunked_prefill:

@@ -75,10 +75,14 @@ def test_kv_update_then_forward_equals_dense_attention():
 
     # Write the context, then the new tokens, through do_kv_cache_update (padding slot -1 skipped).
     for r in range(2):
-        impl.do_kv_cache_update(None, k_all[r][: ctx[r]], v_all[r][: ctx[r]], kv_cache, slots(r, range(ctx[r])))
+        impl.do_kv_cache_update(
+            None, k_all[r][: ctx[r]], v_all[r][: ctx[r]], kv_cache, slots(r, range(ctx[r]))
+        )
     new_k = torch.cat([k_all[r][ctx[r] :] for r in range(2)] + [torch.randn(2, HKV, D)])
     new_v = torch.cat([v_all[r][ctx[r] :] for r in range(2)] + [torch.randn(2, HKV, D)])
-    new_slots = torch.cat([slots(r, range(ctx[r], ctx[r] + new[r])) for r in range(2)] + [torch.tensor([-1, -1])])
+    new_slots = torch.cat(
+        [slots(r, range(ctx[r], ctx[r] + new[r])) for r in range(2)] + [torch.tensor([-1, -1])]
+    )
     impl.do_kv_cache_update(None, new_k, new_v, kv_cache, new_slots)
 
     md = _builder().build(0, _common(new, [c + n for c, n in zip(ctx, new, strict=True)], block_table, 8))
@@ -122,4 +126,6 @@ def test_backend_identity():
     assert AscendAttentionBackend.get_name() == "CUSTOM"
     assert AscendAttentionBackend.forward_includes_kv_cache_update is False
     assert AscendAttentionBackend.get_impl_cls() is AscendAttentionImpl
-    assert AscendAttentionBackend.supports_block_size(128) and not AscendAttentionBackend.supports_block_size(8)
+    assert AscendAttentionBackend.supports_block_size(128) and not AscendAttentionBackend.supports_block_size(
+        8
+    )

@@ -18,7 +18,9 @@ CPU = torch.device("cpu")
 
 
 def _table(block_size=4, max_reqs=4, max_blocks=8, max_tokens=32, **kw) -> BlockTable:
-    return BlockTable(block_size, max_reqs, max_blocks, max_tokens, False, CPU, dcp_world_size=1, dcp_rank=0, **kw)
+    return BlockTable(
+        block_size, max_reqs, max_blocks, max_tokens, False, CPU, dcp_world_size=1, dcp_rank=0, **kw
+    )
 
 
 def test_row_operations_and_views():
@@ -76,7 +78,9 @@ def test_dcp_slot_mapping_spreads_tokens_over_ranks(world, interleave):
     qsl = torch.tensor([0, n], dtype=torch.int32)
     owners = {}
     for rank in range(world):
-        t = _table(block_size=block_size, max_blocks=16, max_tokens=64, cp_kv_cache_interleave_size=interleave)
+        t = _table(
+            block_size=block_size, max_blocks=16, max_tokens=64, cp_kv_cache_interleave_size=interleave
+        )
         t.dcp_world_size, t.dcp_rank = world, rank
         t.add_row(list(range(10, 20)), 0)
         t.commit_block_table(1)
@@ -127,6 +131,8 @@ def test_helpers_and_multi_group_forwarding():
     assert multi[1].get_numpy_array()[1, :1].tolist() == [9]
     multi.swap_row(1, 0)
     assert multi[1].get_numpy_array()[0, 0] == 9
-    with pytest.raises(ValueError, match="max_num_blocks has 1 entries; expected one per KV cache group \\(2\\)"):
+    with pytest.raises(
+        ValueError, match="max_num_blocks has 1 entries; expected one per KV cache group \\(2\\)"
+    ):
         MultiGroupBlockTable(4, 32, False, CPU, block_sizes=[16, 32], max_num_blocks=[4])
     assert np.array_equal(multi[0].get_numpy_array(), multi[0].get_cpu_tensor().numpy())

@@ -39,7 +39,9 @@ def test_kv_zeroer_zeroes_only_the_given_blocks_of_every_layer():
     # Two layers of a token-major pool, viewed [blocks, H, block_size, D + Dv] like vLLM does.
     layers = [flat.view(2, 6, 4, 2, 16)[i].permute(0, 2, 1, 3) for i in range(2)]
     ctx = {f"l{i}": SimpleNamespace(kv_cache=kv) for i, kv in enumerate(layers)}
-    group = SimpleNamespace(kv_cache_spec=spec, kv_cache_group_id=0, layer_names=["l0", "l1"], kernel_block_stride=0)
+    group = SimpleNamespace(
+        kv_cache_spec=spec, kv_cache_group_id=0, layer_names=["l0", "l1"], kernel_block_stride=0
+    )
     zeroer = AscendKVBlockZeroer(torch.device("cpu"), [group], [4], ctx, num_blocks=6)
     assert len(zeroer.caches) == 2 and zeroer.caches[0][0].is_contiguous()
     zeroer.zero_block_ids([1, 4])

@@ -19,7 +19,7 @@ EXTENSION = ExtensionDescriptor(
     name="runner",
     version=__version__,
     core_requires=">=0.1,<0.2",
-    provides=('workers', 'cli_commands'),
+    provides=("workers", "cli_commands"),
     register=register,
     description="NPU worker, model runner, attention backend, custom ops, sampler; `vllm-ascend demo` and `serve`",
 )

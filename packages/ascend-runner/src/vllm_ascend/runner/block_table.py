@@ -135,7 +135,9 @@ class BlockTable:
         self.block_table.np[rows] = self.block_table.np[rows[::-1]]
 
     # Device side.
-    def compute_slot_mapping(self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor) -> None:
+    def compute_slot_mapping(
+        self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor
+    ) -> None:
         """Fill ``slot_mapping.gpu`` for the scheduled tokens and pad the rest with ``-1``."""
         if self.slot_mapping_mode == SlotMappingMode.NONE:
             return
@@ -244,7 +246,9 @@ class MultiGroupBlockTable:
         for table in self.block_tables:
             table.swap_row(src, tgt)
 
-    def compute_slot_mapping(self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor) -> None:
+    def compute_slot_mapping(
+        self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor
+    ) -> None:
         for table in self.block_tables:
             table.compute_slot_mapping(num_reqs, query_start_loc, positions)
 

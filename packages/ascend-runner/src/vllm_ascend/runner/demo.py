@@ -61,7 +61,9 @@ def run_demo(model_kind: str, max_tokens: int, cache_dir: Path | None) -> int:
     spec = qwen3_spec() if model_kind == "qwen3" else llama_spec()
     model_dir = build_tiny_model(spec, cache_dir / "models" if cache_dir else None)
     t_build = time.perf_counter() - t0
-    print(f"model     {model_dir}  ({spec.kind}, hidden {spec.hidden_size}, {spec.num_layers} layers; {t_build:.1f}s)")
+    print(
+        f"model     {model_dir}  ({spec.kind}, hidden {spec.hidden_size}, {spec.num_layers} layers; {t_build:.1f}s)"
+    )
 
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams

@@ -72,7 +72,12 @@ def _stream_api() -> dict[str, Any]:
             "stream": _reference_stream_context,
         }
     npu = torch.npu  # type: ignore[attr-defined]
-    return {"Stream": npu.Stream, "Event": npu.Event, "current_stream": npu.current_stream, "stream": npu.stream}
+    return {
+        "Stream": npu.Stream,
+        "Event": npu.Event,
+        "current_stream": npu.current_stream,
+        "stream": npu.stream,
+    }
 
 
 @contextmanager

@@ -84,7 +84,9 @@ class NPUWorker(Worker):
         register_custom_ops()
         enable_custom_ops(vllm_config.compilation_config.custom_ops)
         device_context.install_accelerator_shims()
-        super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker)
+        super().__init__(
+            vllm_config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker
+        )
         self._sleep_weights: list[_ReleasedStorage] = []
         self._sleep_kv: list[_ReleasedStorage] = []
         self.sleep_level = 0
@@ -98,7 +100,11 @@ class NPUWorker(Worker):
             current_platform.set_device(self.device)
         current_platform.check_if_supports_dtype(self.model_config.dtype)
         init_worker_distributed_environment(
-            self.vllm_config, self.rank, self.distributed_init_method, self.local_rank, current_platform.dist_backend
+            self.vllm_config,
+            self.rank,
+            self.distributed_init_method,
+            self.local_rank,
+            current_platform.dist_backend,
         )
         set_random_seed(self.model_config.seed)
         self._init_workspace_and_model_runner()
@@ -164,13 +170,17 @@ class NPUWorker(Worker):
         if level not in SLEEP_LEVELS:
             raise ValueError(f"sleep level={level} is invalid; allowed: {', '.join(map(str, SLEEP_LEVELS))}")
         if self.sleep_level:
-            raise RuntimeError(f"the worker is already asleep (level {self.sleep_level}); call wake_up() first")
+            raise RuntimeError(
+                f"the worker is already asleep (level {self.sleep_level}); call wake_up() first"
+            )
         device_context.synchronize()
         before = current_platform.get_current_memory_usage(self.device)
         model = self.model_runner.model
         if level == 2:
             self._sleep_saved_buffers = {name: buf.cpu().clone() for name, buf in model.named_buffers()}
-        self._sleep_kv = [_ReleasedStorage(s, keep_contents=False) for s in _unique_storages(self._kv_cache_tensors())]
+        self._sleep_kv = [
+            _ReleasedStorage(s, keep_contents=False) for s in _unique_storages(self._kv_cache_tensors())
+        ]
         self._sleep_weights = [
             _ReleasedStorage(s, keep_contents=level == 1) for s in _unique_storages(list(model.parameters()))
         ]
@@ -209,4 +219,3 @@ class NPUWorker(Worker):
 
     def discard(self, tags: tuple[str, ...]) -> None:
         raise RuntimeError("selective discard is not supported by the Ascend worker; use sleep(level=2)")
-

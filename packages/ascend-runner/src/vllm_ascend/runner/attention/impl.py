@@ -35,7 +35,9 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
     ) -> None:
         config = get_current_vllm_config_or_none()
         model_config = config.model_config if config is not None else None
-        check_supported(head_size, model_config.dtype if model_config else torch.get_default_dtype(), kv_cache_dtype)
+        check_supported(
+            head_size, model_config.dtype if model_config else torch.get_default_dtype(), kv_cache_dtype
+        )
         unsupported = {
             "alibi_slopes": alibi_slopes is not None,
             "sliding_window": sliding_window is not None,
@@ -44,7 +46,9 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
         }
         for field, used in unsupported.items():
             if used:
-                raise AttentionConfigError(f"{field} is not supported by the Ascend attention backend; allowed: None")
+                raise AttentionConfigError(
+                    f"{field} is not supported by the Ascend attention backend; allowed: None"
+                )
         if attn_type != AttentionType.DECODER:
             raise AttentionConfigError(
                 f"attn_type={attn_type!r} is not supported by the Ascend attention backend; "
@@ -86,7 +90,9 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
         output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if output_scale is not None or output_block_scale is not None:
-            raise AttentionConfigError("fused output quantization is not supported by the Ascend attention backend")
+            raise AttentionConfigError(
+                "fused output quantization is not supported by the Ascend attention backend"
+            )
         if attn_metadata is None:  # profile / dummy run: no KV cache is bound yet
             return output.zero_()
         n = attn_metadata.num_actual_tokens

@@ -44,7 +44,10 @@ def register_custom_ops() -> None:
     Raises ``RuntimeError`` when another plugin already registered a different class under one of the names.
     """
     with _lock:
-        for table, register in ((CUSTOM_OPS, CustomOp.register_oot), (PLUGGABLE_LAYERS, PluggableLayer.register_oot)):
+        for table, register in (
+            (CUSTOM_OPS, CustomOp.register_oot),
+            (PLUGGABLE_LAYERS, PluggableLayer.register_oot),
+        ):
             for name, cls in table.items():
                 existing = op_registry_oot.get(name)
                 if existing is cls:

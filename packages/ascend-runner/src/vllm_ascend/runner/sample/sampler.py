@@ -50,7 +50,9 @@ def bad_words_csr(
     return as_tensor(tokens), as_tensor(offsets), as_tensor(rows)
 
 
-def sampling_seeds(num_rows: int, generators: dict[int, torch.Generator], device: torch.device) -> torch.Tensor:
+def sampling_seeds(
+    num_rows: int, generators: dict[int, torch.Generator], device: torch.device
+) -> torch.Tensor:
     """One seed per row for this step: from the row's generator if it has one, else the global RNG."""
     seeds = torch.randint(0, _SEED_BOUND, (num_rows,), dtype=torch.int64)
     for row, generator in generators.items():
@@ -182,7 +184,9 @@ class AscendSampler(Sampler):
         return None
 
     @staticmethod
-    def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:
+    def gather_logprobs(
+        logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor
+    ) -> LogprobsTensors:
         """Chosen token + top ``num_logprobs`` ``(ids int32, logprobs, ranks)``; ``logprobs`` are returned as given."""
         ids, _, ranks = kernels.compute_topk_logprobs(logprobs, num_logprobs, token_ids)
         return LogprobsTensors(ids.to(torch.int32), logprobs.gather(-1, ids), ranks)

@@ -159,7 +159,9 @@ def build_tiny_model(spec: TinyModelSpec | None = None, root: Path | None = None
 
     spec = spec or TinyModelSpec()
     if spec.kind not in MODEL_BUILDERS:
-        raise ValueError(f"tiny model kind {spec.kind!r} is unknown; allowed: {', '.join(sorted(MODEL_BUILDERS))}")
+        raise ValueError(
+            f"tiny model kind {spec.kind!r} is unknown; allowed: {', '.join(sorted(MODEL_BUILDERS))}"
+        )
     out = (root or default_cache_dir() / "models") / spec.key()
     if (out / "complete").exists():
         return out
