@@ -1,10 +1,13 @@
-"""A seed server on 127.0.0.1 serving a small state dict, and an ASGI wrapper that damages /batch bodies."""
+"""A seed on 127.0.0.1 serving a small state dict, and a stream server that cuts connections on purpose."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
 from vllm_ascend.netloader.seed_server import SeedServer
+from vllm_ascend.netloader.transfer import TensorStreamServer
 
 CHUNK = 1000
 
@@ -23,37 +26,26 @@ def make_state_dict() -> dict[str, torch.Tensor]:
     }
 
 
-class Tamper:
-    """Wraps an ASGI app; for the first ``times`` /batch responses, flips the body byte at ``at`` or cuts there."""
+class CuttingStream(TensorStreamServer):
+    """Closes each of its first ``cuts`` connections after ``cut_at`` answer bytes; counts requests."""
 
-    def __init__(self, app, mode: str, at: int, times: int) -> None:
-        self.app, self.mode, self.at, self.times = app, mode, at, times
-        self.paths: list[str] = []
+    def __init__(self, *args, cut_at: int, cuts: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cut_at, self.cuts, self.requests = cut_at, cuts, 0
+        self._local = threading.local()
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            self.paths.append(scope["path"])
-        if scope["type"] != "http" or scope["path"] != "/batch" or self.times == 0:
-            return await self.app(scope, receive, send)
-        self.times -= 1
-        seen, done = 0, False
+    def _serve(self, conn) -> None:
+        self.requests += 1
+        self._local.sent, self._local.cut = 0, self.cuts > 0
+        self.cuts -= 1
+        super()._serve(conn)
 
-        async def damaged(message):
-            nonlocal seen, done
-            if done:
-                return
-            if message["type"] == "http.response.body":
-                body = bytearray(message.get("body", b""))
-                if seen <= self.at < seen + len(body):
-                    if self.mode == "flip":
-                        body[self.at - seen] ^= 0xFF
-                    else:
-                        body, done = body[: self.at - seen], True
-                seen += len(message.get("body", b""))
-                message = {**message, "body": bytes(body), "more_body": message.get("more_body", False) and not done}
-            await send(message)
-
-        await self.app(scope, receive, damaged)
+    def _send(self, conn, part) -> None:
+        if self._local.cut and self._local.sent + len(part) > self.cut_at:
+            conn.sendall(part[: self.cut_at - self._local.sent])
+            raise ConnectionAbortedError("cut by the test")
+        self._local.sent += len(part)
+        conn.sendall(part)
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +60,8 @@ def fresh_state_dict():
 
 
 @pytest.fixture
-def tamper():
-    return Tamper
+def cutting_stream():
+    return CuttingStream
 
 
 @pytest.fixture(scope="module")

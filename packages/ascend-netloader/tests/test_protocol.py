@@ -11,13 +11,14 @@ from vllm_ascend.netloader.protocol import (
     FrameReader,
     MessageType,
     ProtocolError,
+    chunk_source,
     encode,
     encode_prefix,
 )
 
 
 def _chunks(data: bytes, size: int):
-    return iter([data[i : i + size] for i in range(0, len(data), size)])
+    return chunk_source([data[i : i + size] for i in range(0, len(data), size)])
 
 
 def _stream() -> bytes:
@@ -76,7 +77,7 @@ def test_wrong_lengths():
     assert _error(_raw(3, b'{"tensors":0,"bytes":0}', b"x")) == "END frame must carry no payload, got 1 bytes"
     with pytest.raises(ProtocolError, match="TENSOR frame for 'w' declares length 2 but carries 1 payload bytes"):
         encode(MessageType.TENSOR, {"name": "w", "offset": 0, "start": 0, "length": 2}, b"x")
-    reader = FrameReader(iter([_stream()]))
+    reader = FrameReader(chunk_source([_stream()]))
     reader.next()
     with pytest.raises(ProtocolError, match="payload buffer of 4 bytes for a payload of 5 unread bytes"):
         reader.readinto(memoryview(bytearray(4)))
@@ -87,7 +88,7 @@ def test_truncated_frames():
     assert _error(data[:10]) == "truncated frame: stream ended after 10 of 18 frame-prefix bytes"
     assert _error(data[:30]) == "truncated frame: stream ended after 12 of 44 TENSOR header bytes"
     assert _error(data[:65]) == "truncated TENSOR payload for 'w': stream ended after 3 of 5 bytes"
-    reader = FrameReader(iter([data[:65]]))
+    reader = FrameReader(chunk_source([data[:65]]))
     reader.next()
     with pytest.raises(ProtocolError, match="truncated TENSOR payload for 'w': stream ended after 3 of 5 bytes"):
         reader.next()  # skipping the unread payload also notices

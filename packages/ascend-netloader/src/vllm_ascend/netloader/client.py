@@ -1,7 +1,7 @@
 """The loading side: fetch a seed's manifest and tensors, verify checksums, retry transient failures.
 
-One ``httpx.Client`` is reused for every request. Tensors are streamed through ``POST /batch``
-and written straight into the destination memory; each tensor's sha256 is checked before it is
+One ``httpx.Client`` is reused for the HTTP control requests. Tensors are streamed over the
+seed's TCP stream port (:mod:`.transfer`) and received straight into the destination memory; each tensor's sha256 is checked before it is
 handed out, and a tensor whose bytes do not match is fetched again on its own. Connection
 failures, timeouts and 5xx answers are retried ``retries`` times with exponential back-off, after
 which :class:`PeerUnavailable` says why, so a caller can fall back to another loader.
@@ -10,16 +10,21 @@ which :class:`PeerUnavailable` says why, so a caller can fall back to another lo
 from __future__ import annotations
 
 import hashlib
+import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 import torch
 from vllm_ascend.netloader.manifest import Manifest, ManifestError, TensorEntry
-from vllm_ascend.netloader.protocol import MEDIA_TYPE, FrameReader, MessageType, ProtocolError, encode
+from vllm_ascend.netloader.protocol import VERSION, FrameReader, MessageType, ProtocolError, encode
 
 T = TypeVar("T")
+_TRANSIENT = (httpx.HTTPStatusError, httpx.TransportError, ProtocolError, OSError)
+"""Failures worth retrying (4xx answers are refused in ``_check_retry``)."""
 
 
 class NetLoaderError(RuntimeError):
@@ -44,13 +49,17 @@ class SeedClient:
 
     def __init__(self, source: str, timeout: float = 30.0, retries: int = 3, backoff: float = 0.2) -> None:
         self.source = source.rstrip("/")
+        self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
         self._http = httpx.Client(base_url=self.source, timeout=timeout)
         self._manifest: Manifest | None = None
+        self._stream_address: tuple[str, int] | None = None
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netloader-sha256")
 
     def close(self) -> None:
         self._http.close()
+        self._hasher.shutdown(wait=True)
 
     def __enter__(self) -> SeedClient:
         return self
@@ -76,7 +85,7 @@ class SeedClient:
         while True:
             try:
                 return action()
-            except (httpx.HTTPStatusError, httpx.TransportError, ProtocolError) as exc:
+            except _TRANSIENT as exc:
                 failures += 1
                 self._check_retry(what, exc, failures)
 
@@ -155,26 +164,40 @@ class SeedClient:
         done, failures = 0, 0
         while done < len(entries):
             try:
-                for entry in self._stream(entries[done:], buffers):
-                    digest = hashlib.sha256(byte_view(buffers[entry.name])).hexdigest()
-                    if digest != entry.sha256:
+                for entry, digest in self._stream(entries[done:], buffers):
+                    if digest.result() != entry.sha256:
                         self.fetch_tensor(entry.name, buffers[entry.name])
                     done += 1
                     yield entry
-            except (httpx.HTTPStatusError, httpx.TransportError, ProtocolError) as exc:
+            except _TRANSIENT as exc:
                 failures += 1
                 self._check_retry("streaming tensors", exc, failures)
 
-    def _stream(self, entries: list[TensorEntry], buffers: dict[str, torch.Tensor]) -> Iterator[TensorEntry]:
-        """One ``POST /batch`` for ``entries``: yields each entry once all its bytes have arrived."""
+    def _stream_endpoint(self) -> tuple[str, int]:
+        """Host and port of the seed's TCP stream server (asked once through ``GET /transfer``)."""
+        if self._stream_address is None:
+            info = self._retrying("asking for the stream port", lambda: self._get("/transfer")).json()
+            port = info.get("port") if isinstance(info, dict) else None
+            if not isinstance(port, int) or not 0 < port < 65536 or info.get("protocol") != VERSION:
+                raise ProtocolError(
+                    f"GET /transfer answered {info!r}: expected {{'port': 1..65535, 'protocol': {VERSION}}}"
+                )
+            self._stream_address = (urlsplit(self.source).hostname or "", port)
+        return self._stream_address
+
+    def _stream(
+        self, entries: list[TensorEntry], buffers: dict[str, torch.Tensor]
+    ) -> Iterator[tuple[TensorEntry, Future[str]]]:
+        """One TCP request for ``entries``: yields each entry, with its pending sha256, once its bytes arrived.
+
+        Each chunk is hashed on the hashing thread while the next one is received.
+        """
         if not entries:
             return
-        body = encode(MessageType.TENSOR_REQUEST, {"names": [e.name for e in entries]})
-        with self._http.stream("POST", "/batch", content=body, headers={"content-type": MEDIA_TYPE}) as response:
-            if response.status_code >= 400:
-                response.read()
-                response.raise_for_status()
-            reader = FrameReader(response.iter_bytes(1 << 20))
+        request = encode(MessageType.TENSOR_REQUEST, {"names": [e.name for e in entries]})
+        with socket.create_connection(self._stream_endpoint(), timeout=self.timeout) as conn:
+            conn.sendall(request)
+            reader = FrameReader(conn.recv_into)
             pending = iter(entries)
             current: TensorEntry | None = None
             filled = 0
@@ -211,11 +234,15 @@ class SeedClient:
                     )
                 if current.name not in buffers:
                     buffers[current.name] = current.empty()
-                reader.readinto(byte_view(buffers[current.name])[filled : filled + header["length"]])
+                if filled == 0:
+                    digest = hashlib.sha256()
+                chunk = byte_view(buffers[current.name])[filled : filled + header["length"]]
+                reader.readinto(chunk)
+                self._hasher.submit(digest.update, chunk)
                 filled += header["length"]
                 total += header["length"]
                 if filled == current.nbytes:
-                    yield current
+                    yield current, self._hasher.submit(digest.hexdigest)
                     current = None
             raise ProtocolError(f"truncated stream: ended after {total} bytes without an END frame")
 

@@ -4,8 +4,8 @@ A frame is a fixed 18-byte prefix ``magic "VANL" | version u8 | type u8 | header
 payload_len u64`` (network byte order), then a UTF-8 JSON header object of ``header_len`` bytes,
 then ``payload_len`` raw bytes. Each message type declares the header fields it needs; a
 ``TENSOR`` frame carries one chunk of a tensor (``length`` must equal ``payload_len``).
-:class:`FrameReader` decodes frames from any iterator of byte chunks (a socket or an HTTP body)
-and writes payloads straight into caller memory.
+:class:`FrameReader` decodes frames from any ``recv_into``-style source (a socket, or byte
+chunks through :func:`chunk_source`) and reads payloads straight into caller memory.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,6 @@ MAGIC = b"VANL"
 VERSION = 1
 PREFIX = struct.Struct("!4sBBIQ")
 MAX_HEADER_BYTES = 1 << 20
-MEDIA_TYPE = "application/x-vllm-ascend-netloader"
 
 
 class ProtocolError(ValueError):
@@ -104,46 +103,70 @@ class Frame:
     payload_len: int
 
 
-class FrameReader:
-    """Decodes frames from an iterator of byte chunks."""
+RecvInto = Callable[[memoryview], int]
+"""Fills a prefix of the buffer and returns the byte count, 0 at end of stream (``socket.recv_into``)."""
 
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buffer = memoryview(b"")
+
+def chunk_source(chunks: Iterable[bytes | memoryview]) -> RecvInto:
+    """A :data:`RecvInto` over byte chunks (a request body, or chunks in tests)."""
+    it = iter(chunks)
+    rest = memoryview(b"")
+
+    def recv_into(out: memoryview) -> int:
+        nonlocal rest
+        while not rest:
+            nxt = next(it, None)
+            if nxt is None:
+                return 0
+            rest = memoryview(nxt).cast("B")
+        n = min(len(out), len(rest))
+        out[:n] = rest[:n]
+        rest = rest[n:]
+        return n
+
+    return recv_into
+
+
+class FrameReader:
+    """Decodes frames from a byte source; payloads go straight into caller memory."""
+
+    def __init__(self, recv_into: RecvInto) -> None:
+        self._recv_into = recv_into
         self._pending = 0  # payload bytes of the current frame not read yet
         self._current: Frame | None = None
 
-    def _take(self, n: int) -> memoryview:
-        """Up to ``n`` bytes (fewer only at end of stream)."""
-        while not self._buffer:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return memoryview(b"")
-            self._buffer = memoryview(chunk)
-        out, self._buffer = self._buffer[:n], self._buffer[n:]
-        return out
+    def _fill(self, out: memoryview) -> int:
+        """Read until ``out`` is full or the stream ends; returns the bytes read."""
+        got = 0
+        while got < len(out):
+            n = self._recv_into(out[got:])
+            if n == 0:
+                break
+            got += n
+        return got
 
-    def _read_exact(self, n: int, what: str, first: bytes = b"") -> bytes:
-        parts, got = [first], len(first)
-        while got < n:
-            part = self._take(n - got)
-            if not part:
-                raise ProtocolError(f"truncated frame: stream ended after {got} of {n} {what} bytes")
-            parts.append(bytes(part))
-            got += len(part)
-        return b"".join(parts)
+    def _read_exact(self, n: int, what: str) -> bytes:
+        buf = bytearray(n)
+        got = self._fill(memoryview(buf))
+        if got < n:
+            raise ProtocolError(f"truncated frame: stream ended after {got} of {n} {what} bytes")
+        return bytes(buf)
 
     def next(self) -> Frame | None:
         """The next frame, or None at a clean end of stream (an unread payload is skipped)."""
-        while self._pending:
-            skipped = self._take(min(self._pending, 1 << 20))
-            if not skipped:
-                raise self._truncated(self._current)
-            self._pending -= len(skipped)
-        first = self._take(PREFIX.size)
-        if not first:
+        if self._pending:
+            scratch = memoryview(bytearray(min(self._pending, 1 << 20)))
+            while self._pending:
+                got = self._fill(scratch[: min(self._pending, len(scratch))])
+                self._pending -= got
+                if got == 0:
+                    raise self._truncated()
+        prefix = bytearray(PREFIX.size)
+        got = self._fill(memoryview(prefix))
+        if got == 0:
             return None
-        prefix = self._read_exact(PREFIX.size, "frame-prefix", bytes(first))
+        if got < PREFIX.size:
+            raise ProtocolError(f"truncated frame: stream ended after {got} of {PREFIX.size} frame-prefix bytes")
         magic, version, kind, header_len, payload_len = PREFIX.unpack(prefix)
         if magic != MAGIC:
             raise ProtocolError(f"bad frame magic {magic!r}, expected {MAGIC!r}")
@@ -162,7 +185,8 @@ class FrameReader:
         self._pending = payload_len
         return self._current
 
-    def _truncated(self, frame: Frame | None) -> ProtocolError:
+    def _truncated(self) -> ProtocolError:
+        frame = self._current
         assert frame is not None
         what = f" for {frame.header['name']!r}" if frame.type is MessageType.TENSOR else ""
         done = frame.payload_len - self._pending
@@ -171,14 +195,10 @@ class FrameReader:
         )
 
     def readinto(self, out: memoryview) -> None:
-        """Fill ``out`` (exactly the current frame's payload length) with the payload."""
+        """Fill ``out`` (exactly the current frame's unread payload) with the payload."""
         if len(out) != self._pending:
             raise ProtocolError(f"payload buffer of {len(out)} bytes for a payload of {self._pending} unread bytes")
-        pos = 0
-        while pos < len(out):
-            part = self._take(len(out) - pos)
-            if not part:
-                raise self._truncated(self._current)
-            out[pos : pos + len(part)] = part
-            pos += len(part)
-            self._pending -= len(part)
+        got = self._fill(out)
+        self._pending -= got
+        if self._pending:
+            raise self._truncated()
