@@ -104,11 +104,19 @@ def measure_bandwidth() -> tuple[float, float]:
 
 def record(op, shape, dtype, us, floor_us, eager_us, compiled_us, check, note="", host=None):
     row = {
-        "op": op, "shape": shape, "dtype": str(dtype).replace("torch.", ""), "us": us, "host_us": host,
+        "op": op,
+        "shape": shape,
+        "dtype": str(dtype).replace("torch.", ""),
+        "us": us,
+        "host_us": host,
         "floor_us": floor_us,
-        "x_floor": us / floor_us if floor_us else None, "eager_us": eager_us,
-        "vs_eager": eager_us / us if eager_us else None, "compiled_us": compiled_us,
-        "vs_compile": compiled_us / us if compiled_us else None, "check": check, "note": note,
+        "x_floor": us / floor_us if floor_us else None,
+        "eager_us": eager_us,
+        "vs_eager": eager_us / us if eager_us else None,
+        "compiled_us": compiled_us,
+        "vs_compile": compiled_us / us if compiled_us else None,
+        "check": check,
+        "note": note,
     }
     ROWS.append(row)
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
@@ -213,8 +221,17 @@ def sampling_suite(batch, vocab, dtype, bw, use_compile):
     restore = lambda: work.copy_(logits)  # noqa: E731
     us = bench(lambda: K.apply_temperature(work, tpos), restore)
     eager = bench(lambda: eager_temperature(work, tpos), restore)
-    record("temperature(inplace)", shape, dtype, us, rw, eager, peer("temp", eager_temperature, work, tpos), check,
-           host=host_us(lambda: K.apply_temperature(work, tpos)))
+    record(
+        "temperature(inplace)",
+        shape,
+        dtype,
+        us,
+        rw,
+        eager,
+        peer("temp", eager_temperature, work, tpos),
+        check,
+        host=host_us(lambda: K.apply_temperature(work, tpos)),
+    )
 
     # gumbel
     got = K.gumbel_sample(logits, temp, seeds, pos)
@@ -222,8 +239,17 @@ def sampling_suite(batch, vocab, dtype, bw, use_compile):
     check = f"mismatch={int((got != ref).sum())}/{batch}"
     us = bench(lambda: K.gumbel_sample(logits, temp, seeds, pos))
     eager = bench(lambda: eager_gumbel(logits, tpos))
-    record("gumbel_sample(+temp)", shape, dtype, us, ro, eager, peer("gumbel", eager_gumbel, logits, tpos), check,
-           host=host_us(lambda: K.gumbel_sample(logits, temp, seeds, pos)))
+    record(
+        "gumbel_sample(+temp)",
+        shape,
+        dtype,
+        us,
+        ro,
+        eager,
+        peer("gumbel", eager_gumbel, logits, tpos),
+        check,
+        host=host_us(lambda: K.gumbel_sample(logits, temp, seeds, pos)),
+    )
 
     # min_p
     mp = torch.rand(batch, device=DEV) * 0.2
@@ -233,8 +259,17 @@ def sampling_suite(batch, vocab, dtype, bw, use_compile):
     check = f"mask-off={int((torch.isinf(a) != torch.isinf(b)).sum())}"
     us = bench(lambda: K.apply_min_p(work, mp), restore)
     eager = bench(lambda: eager_min_p(work, mp), restore)
-    record("min_p(inplace)", shape, dtype, us, rw, eager, peer("min_p", eager_min_p, work, mp), check,
-           host=host_us(lambda: K.apply_min_p(work, mp)))
+    record(
+        "min_p(inplace)",
+        shape,
+        dtype,
+        us,
+        rw,
+        eager,
+        peer("min_p", eager_min_p, work, mp),
+        check,
+        host=host_us(lambda: K.apply_min_p(work, mp)),
+    )
 
     # top-k / top-p (restored before each call: the cost depends on the input)
     k = torch.randint(1, 200, (batch,), device=DEV, dtype=torch.int32)
@@ -264,8 +299,18 @@ def sampling_suite(batch, vocab, dtype, bw, use_compile):
     args = (prompt, output, rep, freq, pres)
     us = bench(lambda: K.apply_penalties(work, *args), restore)
     eager = bench(lambda: penalties.apply_penalties_torch(work, *args), restore)
-    record("penalties", shape, dtype, us, rw, eager, peer("pen", penalties.apply_penalties_torch, work, *args), check,
-           "sparse: touches history tokens only", host=host_us(lambda: K.apply_penalties(work, *args)))
+    record(
+        "penalties",
+        shape,
+        dtype,
+        us,
+        rw,
+        eager,
+        peer("pen", penalties.apply_penalties_torch, work, *args),
+        check,
+        "sparse: touches history tokens only",
+        host=host_us(lambda: K.apply_penalties(work, *args)),
+    )
 
     # logprobs
     ids = torch.randint(0, vocab, (batch,), device=DEV)
@@ -274,16 +319,34 @@ def sampling_suite(batch, vocab, dtype, bw, use_compile):
     check = f"maxdiff={max_diff(got, ref):.1e}"
     us = bench(lambda: K.compute_token_logprobs(logits, ids))
     eager = bench(lambda: eager_token_logprobs(logits, ids))
-    record("token_logprobs", shape, dtype, us, ro, eager, peer("lp", eager_token_logprobs, logits, ids), check,
-           host=host_us(lambda: K.compute_token_logprobs(logits, ids)))
+    record(
+        "token_logprobs",
+        shape,
+        dtype,
+        us,
+        ro,
+        eager,
+        peer("lp", eager_token_logprobs, logits, ids),
+        check,
+        host=host_us(lambda: K.compute_token_logprobs(logits, ids)),
+    )
 
     got = K.compute_topk_logprobs(logits, 20, ids)
     ref = logprobs.compute_topk_logprobs_torch(logits, 20, ids)
     check = f"ranks-off={int((got[2] != ref[2]).sum())} lp-diff={max_diff(got[1], ref[1]):.1e}"
     us = bench(lambda: K.compute_topk_logprobs(logits, 20, ids))
     eager = bench(lambda: logprobs.compute_topk_logprobs_torch(logits, 20, ids))
-    record("topk_logprobs(k=20)", shape, dtype, us, ro, eager, None, check,
-           host=host_us(lambda: K.compute_topk_logprobs(logits, 20, ids)))
+    record(
+        "topk_logprobs(k=20)",
+        shape,
+        dtype,
+        us,
+        ro,
+        eager,
+        None,
+        check,
+        host=host_us(lambda: K.compute_topk_logprobs(logits, 20, ids)),
+    )
 
 
 def cache_suite(bw, write_bw):
@@ -301,8 +364,17 @@ def cache_suite(bw, write_bw):
         us = bench(lambda ids=ids: K.zero_kv_blocks(layers, ids, 1))
         eager = bench(lambda ids=ids: kv_zero.zero_kv_blocks_torch(layers, ids, 1))
         floor = nbytes / write_bw / 1e3
-        record("zero_kv_blocks", f"{n} blocks x 8 layers", torch.bfloat16, us, floor, eager, None, check,
-               f"{nbytes / us / 1e3:.0f} GB/s = {nbytes / us / 1e3 / write_bw:.0%} of write bw")
+        record(
+            "zero_kv_blocks",
+            f"{n} blocks x 8 layers",
+            torch.bfloat16,
+            us,
+            floor,
+            eager,
+            None,
+            check,
+            f"{nbytes / us / 1e3:.0f} GB/s = {nbytes / us / 1e3 / write_bw:.0%} of write bw",
+        )
 
     reqs, max_blocks, tokens = 256, 512, 8192
     table = torch.randint(0, 1 << 20, (reqs, max_blocks), device=DEV, dtype=torch.int32)
@@ -313,10 +385,20 @@ def cache_suite(bw, write_bw):
         ref = slot_mapping.compute_slot_mapping_torch(table, req, pos, 128, world, rank, 1)
         check = "exact" if torch.equal(got, ref) else "MISMATCH"
         us = bench(lambda w=world, r=rank: K.compute_slot_mapping(table, req, pos, 128, w, r, 1))
-        eager = bench(lambda w=world, r=rank: slot_mapping.compute_slot_mapping_torch(table, req, pos, 128, w, r, 1))
+        eager = bench(
+            lambda w=world, r=rank: slot_mapping.compute_slot_mapping_torch(table, req, pos, 128, w, r, 1)
+        )
         floor = tokens * (8 + 8 + 4 + 8) / bw / 1e3
-        record("slot_mapping" + ("(dcp4)" if world > 1 else ""), f"{tokens} tokens", torch.int64, us, floor, eager,
-               None, check)
+        record(
+            "slot_mapping" + ("(dcp4)" if world > 1 else ""),
+            f"{tokens} tokens",
+            torch.int64,
+            us,
+            floor,
+            eager,
+            None,
+            check,
+        )
 
 
 def sequence_suite(bw):
@@ -334,8 +416,17 @@ def sequence_suite(bw):
     check = f"ulp-off={ulps_ok(got, ref, torch.bfloat16)} state-off={ulps_ok(s1, s2, torch.bfloat16)}"
     us = bench(lambda: K.causal_conv1d_fn(x, w, bias, s1, qsl, idx, init))
     eager = bench(lambda: conv1d.causal_conv1d_fn_torch(x, w, bias, s2, qsl, idx, init))
-    record("causal_conv1d_fn", f"D{dim} T{total} N{seqs}", torch.bfloat16, us, 2 * x.numel() * 2 / bw / 1e3, eager,
-           None, check, "eager = per-sequence reference loop")
+    record(
+        "causal_conv1d_fn",
+        f"D{dim} T{total} N{seqs}",
+        torch.bfloat16,
+        us,
+        2 * x.numel() * 2 / bw / 1e3,
+        eager,
+        None,
+        check,
+        "eager = per-sequence reference loop",
+    )
 
     batch = 256
     xu = torch.randn(batch, dim, device=DEV).to(torch.bfloat16)
@@ -348,8 +439,17 @@ def sequence_suite(bw):
     us = bench(lambda: K.causal_conv1d_update(xu, s1, w, bias, "silu", lines))
     eager = bench(lambda: conv1d.causal_conv1d_update_torch(xu, s2, w, bias, "silu", lines))
     nbytes = (2 * xu.numel() + 2 * states.numel()) * 2
-    record("causal_conv1d_update", f"B{batch} D{dim}", torch.bfloat16, us, nbytes / bw / 1e3, eager, None, check,
-           "eager = per-row reference loop")
+    record(
+        "causal_conv1d_update",
+        f"B{batch} D{dim}",
+        torch.bfloat16,
+        us,
+        nbytes / bw / 1e3,
+        eager,
+        None,
+        check,
+        "eager = per-row reference loop",
+    )
 
     tokens, heads = 8192, 32
     a_log = torch.randn(heads, device=DEV)
@@ -362,26 +462,36 @@ def sequence_suite(bw):
     us = bench(lambda: K.fused_gdn_gating(a_log, a, b, dt_bias))
     eager = bench(lambda: gdn_gating.fused_gdn_gating_torch(a_log, a, b, dt_bias))
     nbytes = tokens * heads * (2 + 2 + 4 + 2)
-    record("fused_gdn_gating", f"T{tokens} H{heads}", torch.bfloat16, us, nbytes / bw / 1e3, eager, None, check)
+    record(
+        "fused_gdn_gating", f"T{tokens} H{heads}", torch.bfloat16, us, nbytes / bw / 1e3, eager, None, check
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes")
-    parser.add_argument("--compile", action="store_true", help="also time torch.compile of the eager peers (fp32)")
+    parser.add_argument(
+        "--compile", action="store_true", help="also time torch.compile of the eager peers (fp32)"
+    )
     parser.add_argument("--only", default="", help="comma list of suites: sampling,cache,sequence")
-    parser.add_argument("--json", default=os.environ.get("OUT", "") and os.path.join(os.environ["OUT"], "kernels.json"))
+    parser.add_argument(
+        "--json", default=os.environ.get("OUT", "") and os.path.join(os.environ["OUT"], "kernels.json")
+    )
     args = parser.parse_args()
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     if not K.use_triton(DEV):
         raise SystemExit("Triton cannot run on this device; nothing to benchmark")
     bw, write_bw = measure_bandwidth()
     name = torch.cuda.get_device_name()
-    print(f"# {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {name}, torch {torch.__version__}, "
-          f"triton {triton.__version__}")
+    print(
+        f"# {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {name}, torch {torch.__version__}, "
+        f"triton {triton.__version__}"
+    )
     print(f"# copy bandwidth {bw:.0f} GB/s (read + write), write bandwidth {write_bw:.0f} GB/s")
-    print("| op | shape | dtype | µs | floor µs | × floor | eager µs | × vs eager | compile µs | × vs compile "
-          "| host µs | check |")
+    print(
+        "| op | shape | dtype | µs | floor µs | × floor | eager µs | × vs eager | compile µs | × vs compile "
+        "| host µs | check |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     suites = set(filter(None, args.only.split(","))) or {"sampling", "cache", "sequence"}
     if "sampling" in suites:
@@ -395,8 +505,9 @@ def main() -> None:
     if "sequence" in suites:
         sequence_suite(bw)
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": name, "copy_gbps": bw, "write_gbps": write_bw,
-                                               "rows": ROWS}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"device": name, "copy_gbps": bw, "write_gbps": write_bw, "rows": ROWS}, indent=1)
+        )
     bad = [r for r in ROWS if "MISMATCH" in r["check"]]
     if bad or any(math.isnan(r["us"]) for r in ROWS):
         raise SystemExit(f"{len(bad)} correctness failures")

@@ -16,8 +16,17 @@ import pytest
 import torch
 
 _TRITON_MODULES = (
-    "temperature", "gumbel", "min_p", "top_k_top_p", "penalties", "bad_words", "logprobs", "kv_zero",
-    "slot_mapping", "conv1d", "gdn_gating",
+    "temperature",
+    "gumbel",
+    "min_p",
+    "top_k_top_p",
+    "penalties",
+    "bad_words",
+    "logprobs",
+    "kv_zero",
+    "slot_mapping",
+    "conv1d",
+    "gdn_gating",
 )
 
 
@@ -85,7 +94,9 @@ def assert_close_ulp(actual: torch.Tensor, expected: torch.Tensor, ulps: float |
     scale = torch.maximum(a.abs(), e.abs()).clamp_min(torch.finfo(actual.dtype).tiny)
     ulp = torch.exp2(torch.floor(torch.log2(scale)) - mant)
     bad = ~same_inf & ~((a - e).abs() <= ulps * ulp)
-    assert not bad.any(), f"{int(bad.sum())} elements off by more than {ulps} ulp, e.g. {a[bad][:4]} vs {e[bad][:4]}"
+    assert not bad.any(), (
+        f"{int(bad.sum())} elements off by more than {ulps} ulp, e.g. {a[bad][:4]} vs {e[bad][:4]}"
+    )
 
 
 @pytest.fixture

@@ -86,8 +86,13 @@ def test_forced_triton_on_an_unusable_device_raises(monkeypatch):
 def _run(code: str, **env: str) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if k != "VLLM_ASCEND_KERNEL_BACKEND"}
     full_env.update(env)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=full_env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
+    )
 
 
 _BLOCK_TRITON = """
@@ -137,7 +142,10 @@ except K.KernelBackendError as exc:
         VLLM_ASCEND_KERNEL_BACKEND="triton",
     )
     assert proc.returncode == 0, proc.stderr
-    assert "VLLM_ASCEND_KERNEL_BACKEND=triton but Triton cannot run here: triton is not importable" in proc.stdout
+    assert (
+        "VLLM_ASCEND_KERNEL_BACKEND=triton but Triton cannot run here: triton is not importable"
+        in proc.stdout
+    )
 
 
 def test_cpu_without_interpreter_uses_the_reference():

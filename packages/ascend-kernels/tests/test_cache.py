@@ -35,7 +35,9 @@ def test_zero_kv_blocks_matches_reference_in_one_launch(gen):
     for g, w, before, d in zip(got, want, snapshot, dims, strict=True):
         assert torch.equal(g, w)
         untouched = [b for b in range(12) if b not in ids.tolist()]
-        assert torch.equal(g.index_select(d, torch.tensor(untouched)), before.index_select(d, torch.tensor(untouched)))
+        assert torch.equal(
+            g.index_select(d, torch.tensor(untouched)), before.index_select(d, torch.tensor(untouched))
+        )
         assert not g.index_select(d, ids).any()
 
 
@@ -62,8 +64,11 @@ def test_slot_mapping(gen, world, interleave):
         assert (want >= 0).all()
     else:  # every token lands on exactly one rank
         owners = torch.stack(
-            [slot_mapping.compute_slot_mapping_torch(table, req, pos, block_size, world, r, interleave) >= 0
-             for r in range(world)]
+            [
+                slot_mapping.compute_slot_mapping_torch(table, req, pos, block_size, world, r, interleave)
+                >= 0
+                for r in range(world)
+            ]
         )
         assert (owners.sum(0) == 1).all()
 

@@ -66,7 +66,9 @@ def test_gumbel_is_distributed_as_softmax_of_scaled_logits(gen):
     observed = torch.bincount(tokens, minlength=vocab).double()
     expected = torch.softmax(row.double() / t, 0) * draws
     chi2 = float(((observed - expected) ** 2 / expected).sum())
-    assert chi2 < 29.88, f"chi-square {chi2:.1f} with 7 dof (p < 1e-4): {observed.tolist()} vs {expected.tolist()}"
+    assert chi2 < 29.88, (
+        f"chi-square {chi2:.1f} with 7 dof (p < 1e-4): {observed.tolist()} vs {expected.tolist()}"
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -85,7 +87,7 @@ def _top_k_top_p_case(gen, rows, vocab, dtype, ties):
     logits = _logits(gen, rows, vocab, dtype)
     if ties:
         logits = logits.round()  # many equal values, also at the thresholds
-    logits[0, :: 3] = float("-inf")  # earlier filters may have masked tokens
+    logits[0, ::3] = float("-inf")  # earlier filters may have masked tokens
     k = torch.randint(1, vocab // 2, (rows,), generator=gen, dtype=torch.int32)
     k[1] = 0  # top-k off
     k[2] = tkp_triton.CAP + 10  # more candidates than the scratch holds
@@ -104,7 +106,10 @@ def test_top_k_top_p_matches_the_sort_reference(gen, dtype, ties, which):
     got, want = logits.clone(), logits.clone()
     assert K.apply_top_k_top_p(got, k, p) is got
     top_k_top_p.apply_top_k_top_p_torch(want, k, p)
-    assert torch.equal(torch.isinf(got), torch.isinf(want)), (torch.isfinite(got).sum(1), torch.isfinite(want).sum(1))
+    assert torch.equal(torch.isinf(got), torch.isinf(want)), (
+        torch.isfinite(got).sum(1),
+        torch.isfinite(want).sum(1),
+    )
     assert torch.equal(got, want)
     if which == "k":
         kept = torch.isfinite(got).sum(1)

@@ -44,11 +44,12 @@ def test_causal_conv1d_reference_agrees_with_torch_conv1d(gen):
     x = torch.randn(dim, length, generator=gen)
     weight = torch.randn(dim, width, generator=gen)
     states = torch.zeros(1, dim, width - 1)
-    out = conv1d.causal_conv1d_fn_torch(x, weight, None, states, torch.tensor([0, length]), torch.tensor([0]),
-                                        torch.tensor([False]), None)
+    out = conv1d.causal_conv1d_fn_torch(
+        x, weight, None, states, torch.tensor([0, length]), torch.tensor([0]), torch.tensor([False]), None
+    )
     want = F.conv1d(F.pad(x.unsqueeze(0), (width - 1, 0)), weight.unsqueeze(1), groups=dim)[0]
     torch.testing.assert_close(out, want)
-    torch.testing.assert_close(states[0], x[:, -(width - 1):])
+    torch.testing.assert_close(states[0], x[:, -(width - 1) :])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -10,7 +10,10 @@ from vllm_ascend.kernels import warmup
 
 
 def test_kernel_warmup_runs_the_built_in_items():
-    assert warmup.kernel_warmup("cpu", 64, (torch.float32, torch.bfloat16)) == {"sampling": True, "penalties": True}
+    assert warmup.kernel_warmup("cpu", 64, (torch.float32, torch.bfloat16)) == {
+        "sampling": True,
+        "penalties": True,
+    }
 
 
 def test_a_failing_item_is_logged_and_the_rest_continue(monkeypatch, caplog):
@@ -21,7 +24,9 @@ def test_a_failing_item_is_logged_and_the_rest_continue(monkeypatch, caplog):
         raise RuntimeError("no kernel for you")
 
     warmup.register_warmup("rejection", broken)
-    warmup.register_warmup("qk_rms", lambda device, vocab_size, dtypes: calls.append((device.type, vocab_size)))
+    warmup.register_warmup(
+        "qk_rms", lambda device, vocab_size, dtypes: calls.append((device.type, vocab_size))
+    )
     plugin_logger = logging.getLogger("vllm_ascend")  # does not propagate to the root logger
     plugin_logger.addHandler(caplog.handler)
     try:

@@ -82,7 +82,11 @@ def triton_unusable_reason(device: torch.device) -> str | None:
     if kind == "cuda":
         return None
     if kind == "npu":
-        return None if _has_ascend_backend(triton) else "device is npu but triton has no Ascend backend (triton-ascend)"
+        return (
+            None
+            if _has_ascend_backend(triton)
+            else "device is npu but triton has no Ascend backend (triton-ascend)"
+        )
     return f"no Triton backend for device type {kind!r}"
 
 
@@ -105,7 +109,9 @@ def use_triton(device: torch.device) -> bool:
     return False
 
 
-def dispatch(module: str, name: str, reference: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
+def dispatch(
+    module: str, name: str, reference: Callable[..., Any], device: torch.device
+) -> Callable[..., Any]:
     """Kernel ``name`` for ``device``: ``vllm_ascend.kernels._triton.<module>.<name>`` or ``reference``."""
     if not use_triton(device):
         return reference

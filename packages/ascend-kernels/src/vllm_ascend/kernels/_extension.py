@@ -34,7 +34,7 @@ EXTENSION = ExtensionDescriptor(
     name="kernels",
     version=__version__,
     core_requires=">=0.1,<0.2",
-    provides=('kernels',),
+    provides=("kernels",),
     register=register,
     description="Triton sampling, KV-cache and sequence kernels with torch references",
 )

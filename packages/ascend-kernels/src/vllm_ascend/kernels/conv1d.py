@@ -20,7 +20,9 @@ def check_activation(activation: str | None) -> bool:
     return activation is not None
 
 
-def _conv(seq: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, length: int, silu: bool) -> torch.Tensor:
+def _conv(
+    seq: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, length: int, silu: bool
+) -> torch.Tensor:
     """``seq``: ``[D, W - 1 + length]`` float32 → ``[D, length]`` float32."""
     width = weight.shape[1]
     w = weight.to(torch.float32)
@@ -86,7 +88,17 @@ def causal_conv1d_fn(
     Arithmetic in float32; output in ``x.dtype``.
     """
     impl = dispatch("conv1d", "causal_conv1d_fn", causal_conv1d_fn_torch, x.device)
-    return impl(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state, activation, pad_slot_id)
+    return impl(
+        x,
+        weight,
+        bias,
+        conv_states,
+        query_start_loc,
+        cache_indices,
+        has_initial_state,
+        activation,
+        pad_slot_id,
+    )
 
 
 def causal_conv1d_update_torch(

@@ -45,4 +45,6 @@ def zero_kv_blocks(
     """
     if not kv_caches or block_ids.numel() == 0:
         return
-    dispatch("kv_zero", "zero_kv_blocks", zero_kv_blocks_torch, kv_caches[0].device)(kv_caches, block_ids, block_dim)
+    dispatch("kv_zero", "zero_kv_blocks", zero_kv_blocks_torch, kv_caches[0].device)(
+        kv_caches, block_ids, block_dim
+    )

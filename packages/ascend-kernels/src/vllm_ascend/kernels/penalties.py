@@ -57,4 +57,6 @@ def apply_penalties(
     Returns ``logits``.
     """
     impl = dispatch("penalties", "apply_penalties", apply_penalties_torch, logits.device)
-    return impl(logits, prompt_token_ids, output_token_ids, repetition_penalty, frequency_penalty, presence_penalty)
+    return impl(
+        logits, prompt_token_ids, output_token_ids, repetition_penalty, frequency_penalty, presence_penalty
+    )

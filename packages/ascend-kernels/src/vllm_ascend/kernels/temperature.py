@@ -21,4 +21,6 @@ def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.
     ``temperature``: ``[B]`` float32. Rows with ``temperature <= 0`` (greedy) are left unchanged.
     The division is done in float32 and rounded once to ``logits.dtype``. Returns ``logits``.
     """
-    return dispatch("temperature", "apply_temperature", apply_temperature_torch, logits.device)(logits, temperature)
+    return dispatch("temperature", "apply_temperature", apply_temperature_torch, logits.device)(
+        logits, temperature
+    )

@@ -79,11 +79,15 @@ def penalties_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[tor
     word_rows = torch.tensor([0], device=device, dtype=torch.int64)
     lens = torch.full((rows,), 8, device=device, dtype=torch.int64)
     for dtype in dtypes:
-        K.apply_penalties(_logits(rows, vocab_size, dtype, device), history[:, :4], history[:, 4:], pen, freq, freq)
+        K.apply_penalties(
+            _logits(rows, vocab_size, dtype, device), history[:, :4], history[:, 4:], pen, freq, freq
+        )
         K.apply_bad_words(_logits(rows, vocab_size, dtype, device), history, lens, words, offsets, word_rows)
 
 
-def _run(name: str, fn: WarmupFn, device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]) -> bool:
+def _run(
+    name: str, fn: WarmupFn, device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]
+) -> bool:
     try:
         fn(device, vocab_size, dtypes)
     except Exception:

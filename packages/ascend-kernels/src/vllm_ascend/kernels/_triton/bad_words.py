@@ -12,7 +12,14 @@ PREFIX_TILE = 16
 
 @triton.jit
 def _bad_words_kernel(
-    logits_ptr, row_stride, hist_ptr, hist_stride, lens_ptr, tokens_ptr, offsets_ptr, rows_ptr,
+    logits_ptr,
+    row_stride,
+    hist_ptr,
+    hist_stride,
+    lens_ptr,
+    tokens_ptr,
+    offsets_ptr,
+    rows_ptr,
     TILE: tl.constexpr,
 ):
     w = tl.program_id(0)
@@ -46,7 +53,15 @@ def apply_bad_words(
         return logits
     history = token_history if token_history.stride(-1) == 1 else token_history.contiguous()
     _bad_words_kernel[(words,)](
-        logits, logits.stride(0), history, history.stride(0), history_lens, bad_word_tokens, bad_word_offsets,
-        bad_word_rows, TILE=PREFIX_TILE, num_warps=1,
+        logits,
+        logits.stride(0),
+        history,
+        history.stride(0),
+        history_lens,
+        bad_word_tokens,
+        bad_word_offsets,
+        bad_word_rows,
+        TILE=PREFIX_TILE,
+        num_warps=1,
     )
     return logits

@@ -9,8 +9,20 @@ import triton.language as tl
 
 @triton.jit
 def _gdn_gating_kernel(
-    a_log_ptr, a_ptr, b_ptr, dt_bias_ptr, g_ptr, beta_ptr, num_tokens, heads, a_stride, b_stride,
-    softplus_beta, softplus_threshold, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    a_log_ptr,
+    a_ptr,
+    b_ptr,
+    dt_bias_ptr,
+    g_ptr,
+    beta_ptr,
+    num_tokens,
+    heads,
+    a_stride,
+    b_stride,
+    softplus_beta,
+    softplus_threshold,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -21,7 +33,9 @@ def _gdn_gating_kernel(
     rows = t[:, None].to(tl.int64)
     x = tl.load(a_ptr + rows * a_stride + h[None, :], mask=mask, other=0.0).to(tl.float32) + dt_bias[None, :]
     bx = softplus_beta * x
-    soft = tl.where(bx <= softplus_threshold, tl.log(1.0 + tl.exp(tl.minimum(bx, softplus_threshold))) / softplus_beta, x)
+    soft = tl.where(
+        bx <= softplus_threshold, tl.log(1.0 + tl.exp(tl.minimum(bx, softplus_threshold))) / softplus_beta, x
+    )
     out = rows * heads + h[None, :]
     tl.store(g_ptr + out, -tl.exp(a_log)[None, :] * soft, mask=mask)
     b = tl.load(b_ptr + rows * b_stride + h[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -47,7 +61,19 @@ def fused_gdn_gating(
     block_t = max(1, min(64, 2048 // block_h))
     grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(heads, block_h))
     _gdn_gating_kernel[grid](
-        A_log, a, b, dt_bias, g, beta, num_tokens, heads, a.stride(0), b.stride(0), float(softplus_beta),
-        float(softplus_threshold), BLOCK_T=block_t, BLOCK_H=block_h,
+        A_log,
+        a,
+        b,
+        dt_bias,
+        g,
+        beta,
+        num_tokens,
+        heads,
+        a.stride(0),
+        b.stride(0),
+        float(softplus_beta),
+        float(softplus_threshold),
+        BLOCK_T=block_t,
+        BLOCK_H=block_h,
     )
     return g, beta

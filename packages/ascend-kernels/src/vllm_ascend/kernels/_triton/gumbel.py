@@ -10,8 +10,15 @@ from vllm_ascend.kernels._triton.common import ROW_WARPS, check_logits, hash32, 
 
 @triton.jit
 def _gumbel_kernel(
-    logits_ptr, row_stride, temp_ptr, seed_ptr, pos_ptr, out_ptr, vocab,
-    APPLY_TEMPERATURE: tl.constexpr, BLOCK: tl.constexpr,
+    logits_ptr,
+    row_stride,
+    temp_ptr,
+    seed_ptr,
+    pos_ptr,
+    out_ptr,
+    vocab,
+    APPLY_TEMPERATURE: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
@@ -58,7 +65,15 @@ def gumbel_sample(
     if rows == 0:
         return out
     _gumbel_kernel[(rows,)](
-        logits, logits.stride(0), temperature.to(torch.float32), seeds, positions, out, vocab,
-        APPLY_TEMPERATURE=apply_temperature, BLOCK=row_block(vocab), num_warps=ROW_WARPS,
+        logits,
+        logits.stride(0),
+        temperature.to(torch.float32),
+        seeds,
+        positions,
+        out,
+        vocab,
+        APPLY_TEMPERATURE=apply_temperature,
+        BLOCK=row_block(vocab),
+        num_warps=ROW_WARPS,
     )
     return out

@@ -39,7 +39,9 @@ def _segments(t: torch.Tensor, dim: int) -> list[tuple[int, int, int]]:
 
 
 def _table(kv_caches: Sequence[torch.Tensor], dims: list[int]) -> tuple[torch.Tensor, int, int]:
-    key = tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, d) for t, d in zip(kv_caches, dims, strict=True))
+    key = tuple(
+        (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, d) for t, d in zip(kv_caches, dims, strict=True)
+    )
     cached = _tables.get(key)
     if cached is not None:
         return cached

@@ -32,8 +32,9 @@ def _row_lse(row_ptr, vocab, chosen, COUNT_ABOVE: tl.constexpr, BLOCK: tl.conste
 
 
 @triton.jit
-def _token_logprob_kernel(logits_ptr, row_stride, ids_ptr, num_ids, out_ptr, vocab, IDS: tl.constexpr,
-                          BLOCK: tl.constexpr):
+def _token_logprob_kernel(
+    logits_ptr, row_stride, ids_ptr, num_ids, out_ptr, vocab, IDS: tl.constexpr, BLOCK: tl.constexpr
+):
     row = tl.program_id(0)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
     lse, _ = _row_lse(row_ptr, vocab, 0.0, False, BLOCK)
@@ -66,8 +67,15 @@ def compute_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> tor
     out = torch.empty(ids.shape, dtype=torch.float32, device=logits.device)
     if out.numel():
         _token_logprob_kernel[(rows,)](
-            logits, logits.stride(0), ids, ids.shape[1], out, vocab, IDS=triton.next_power_of_2(ids.shape[1]),
-            BLOCK=_lse_block(rows, vocab), num_warps=ROW_WARPS,
+            logits,
+            logits.stride(0),
+            ids,
+            ids.shape[1],
+            out,
+            vocab,
+            IDS=triton.next_power_of_2(ids.shape[1]),
+            BLOCK=_lse_block(rows, vocab),
+            num_warps=ROW_WARPS,
         )
     return out.reshape(token_ids.shape)
 
@@ -82,7 +90,14 @@ def compute_topk_logprobs(
     ranks = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows:
         _lse_rank_kernel[(rows,)](
-            logits, logits.stride(0), chosen, lse, ranks, vocab, BLOCK=_lse_block(rows, vocab), num_warps=ROW_WARPS
+            logits,
+            logits.stride(0),
+            chosen,
+            lse,
+            ranks,
+            vocab,
+            BLOCK=_lse_block(rows, vocab),
+            num_warps=ROW_WARPS,
         )
     top_x, top_ids = logits.topk(num_logprobs, dim=1)
     ids = torch.cat([chosen.unsqueeze(1), top_ids], dim=1)

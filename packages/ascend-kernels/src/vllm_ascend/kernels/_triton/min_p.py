@@ -29,8 +29,11 @@ def _min_p_kernel(logits_ptr, row_stride, minp_ptr, vocab, BLOCK: tl.constexpr):
         x = nxt.to(tl.float32)
         offs = start + tl.arange(0, BLOCK)
         nxt = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < limit, other=0.0)
-        tl.store(row_ptr + offs, tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty),
-                 mask=(offs < limit) & (x < threshold))
+        tl.store(
+            row_ptr + offs,
+            tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty),
+            mask=(offs < limit) & (x < threshold),
+        )
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -38,6 +41,11 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     rows, vocab = logits.shape
     if rows:
         _min_p_kernel[(rows,)](
-            logits, logits.stride(0), min_p.to(torch.float32), vocab, BLOCK=row_block(vocab), num_warps=ROW_WARPS
+            logits,
+            logits.stride(0),
+            min_p.to(torch.float32),
+            vocab,
+            BLOCK=row_block(vocab),
+            num_warps=ROW_WARPS,
         )
     return logits

@@ -29,12 +29,16 @@ def _zeroed_scratch(numel: int, device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def _history_entry(prompt_ptr, prompt_stride, prompt_len, output_ptr, output_stride, output_len, row, offs, vocab):
+def _history_entry(
+    prompt_ptr, prompt_stride, prompt_len, output_ptr, output_stride, output_len, row, offs, vocab
+):
     """Token ids at history positions ``offs`` (prompt first, then output), validity, is-output."""
     in_prompt = offs < prompt_len
     in_output = (offs >= prompt_len) & (offs < prompt_len + output_len)
     p_tok = tl.load(prompt_ptr + row * prompt_stride + offs, mask=in_prompt, other=-1).to(tl.int64)
-    o_tok = tl.load(output_ptr + row * output_stride + (offs - prompt_len), mask=in_output, other=-1).to(tl.int64)
+    o_tok = tl.load(output_ptr + row * output_stride + (offs - prompt_len), mask=in_output, other=-1).to(
+        tl.int64
+    )
     tok = tl.where(in_prompt, p_tok, o_tok)
     valid = (in_prompt | in_output) & (tok >= 0) & (tok < vocab)
     return tok, valid, in_output
@@ -42,16 +46,35 @@ def _history_entry(prompt_ptr, prompt_stride, prompt_len, output_ptr, output_str
 
 @triton.jit
 def _penalties_kernel(
-    logits_ptr, row_stride, prompt_ptr, prompt_stride, prompt_len, output_ptr, output_stride, output_len,
-    counts_ptr, rep_ptr, freq_ptr, pres_ptr, vocab, BLOCK: tl.constexpr,
+    logits_ptr,
+    row_stride,
+    prompt_ptr,
+    prompt_stride,
+    prompt_len,
+    output_ptr,
+    output_stride,
+    output_len,
+    counts_ptr,
+    rep_ptr,
+    freq_ptr,
+    pres_ptr,
+    vocab,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     counts_row = counts_ptr + row * vocab
     history = prompt_len + output_len
     for start in range(0, history, BLOCK):
         tok, valid, is_output = _history_entry(
-            prompt_ptr, prompt_stride, prompt_len, output_ptr, output_stride, output_len, row,
-            start + tl.arange(0, BLOCK), vocab,
+            prompt_ptr,
+            prompt_stride,
+            prompt_len,
+            output_ptr,
+            output_stride,
+            output_len,
+            row,
+            start + tl.arange(0, BLOCK),
+            vocab,
         )
         tl.atomic_add(counts_row + tok, tl.full([BLOCK], 1, tl.int32), mask=valid & is_output)
         tl.atomic_or(counts_row + tok, tl.full([BLOCK], 1 << 30, tl.int32), mask=valid & ~is_output)
@@ -61,8 +84,15 @@ def _penalties_kernel(
     pres = tl.load(pres_ptr + row)
     for start in range(0, history, BLOCK):
         tok, valid, _ = _history_entry(
-            prompt_ptr, prompt_stride, prompt_len, output_ptr, output_stride, output_len, row,
-            start + tl.arange(0, BLOCK), vocab,
+            prompt_ptr,
+            prompt_stride,
+            prompt_len,
+            output_ptr,
+            output_stride,
+            output_len,
+            row,
+            start + tl.arange(0, BLOCK),
+            vocab,
         )
         claimed = tl.atomic_xchg(counts_row + tok, tl.zeros([BLOCK], tl.int32), mask=valid)
         owner = valid & (claimed != 0)
@@ -97,8 +127,20 @@ def apply_penalties(
     counts = _zeroed_scratch(rows * vocab, logits.device)
     f32 = torch.float32
     _penalties_kernel[(rows,)](
-        logits, logits.stride(0), prompt, prompt.stride(0), prompt.shape[1], output, output.stride(0),
-        output.shape[1], counts, repetition_penalty.to(f32), frequency_penalty.to(f32), presence_penalty.to(f32),
-        vocab, BLOCK=min(1024, triton.next_power_of_2(history)), num_warps=4,
+        logits,
+        logits.stride(0),
+        prompt,
+        prompt.stride(0),
+        prompt.shape[1],
+        output,
+        output.stride(0),
+        output.shape[1],
+        counts,
+        repetition_penalty.to(f32),
+        frequency_penalty.to(f32),
+        presence_penalty.to(f32),
+        vocab,
+        BLOCK=min(1024, triton.next_power_of_2(history)),
+        num_warps=4,
     )
     return logits

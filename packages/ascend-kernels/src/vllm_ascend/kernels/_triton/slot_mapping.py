@@ -9,7 +9,16 @@ import triton.language as tl
 
 @triton.jit
 def _slot_mapping_kernel(
-    table_ptr, table_stride, req_ptr, pos_ptr, out_ptr, num_tokens, block_size, world, rank, interleave,
+    table_ptr,
+    table_stride,
+    req_ptr,
+    pos_ptr,
+    out_ptr,
+    num_tokens,
+    block_size,
+    world,
+    rank,
+    interleave,
     BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -42,7 +51,16 @@ def compute_slot_mapping(
         return out
     block = 1024
     _slot_mapping_kernel[(triton.cdiv(num_tokens, block),)](
-        block_table, block_table.stride(0), req_indices, positions, out, num_tokens, block_size, dcp_world_size,
-        dcp_rank, interleave_size, BLOCK=block,
+        block_table,
+        block_table.stride(0),
+        req_indices,
+        positions,
+        out,
+        num_tokens,
+        block_size,
+        dcp_world_size,
+        dcp_rank,
+        interleave_size,
+        BLOCK=block,
     )
     return out

@@ -68,8 +68,18 @@ def _pivots(lo, top, NP: tl.constexpr):
 
 
 @triton.jit
-def _pivot_pass(src_ptr, n, piv, row_max, floor, lo, EXACT: tl.constexpr, BY_MASS: tl.constexpr,
-                NP: tl.constexpr, BLOCK: tl.constexpr):
+def _pivot_pass(
+    src_ptr,
+    n,
+    piv,
+    row_max,
+    floor,
+    lo,
+    EXACT: tl.constexpr,
+    BY_MASS: tl.constexpr,
+    NP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Per pivot: count and mass of ``{x >= pivot}``; with ``EXACT`` also the nearest elements
     above/below it and the mass of ``{x >= lo}``. Elements under ``floor`` count as ``-inf``."""
     cnt = tl.zeros([NP], tl.int32)
@@ -124,8 +134,23 @@ def _compact(row_ptr, vocab, lo, hi, dst_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _select(row_ptr, vocab, cand_ptr, n_ready, cap, lo, count_lo, row_max, floor, target_count, target_mass,
-            BY_MASS: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr):
+def _select(
+    row_ptr,
+    vocab,
+    cand_ptr,
+    n_ready,
+    cap,
+    lo,
+    count_lo,
+    row_max,
+    floor,
+    target_count,
+    target_mass,
+    BY_MASS: tl.constexpr,
+    NP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    MAX_PASSES: tl.constexpr,
+):
     """Threshold ``t`` (largest element whose ``{x >= t}`` reaches the target), ``#{x >= t}``, and the
     number of elements ``>= t`` left in the scratch (``-1`` when the scratch does not hold them all).
 
@@ -175,9 +200,12 @@ def _select(row_ptr, vocab, cand_ptr, n_ready, cap, lo, count_lo, row_max, floor
     searching = lo < top
     while searching:
         piv = _pivots(lo, top, NP)
-        cnt, mass, above_min, below_max, _ = _pivot_pass(src_ptr, n, piv, row_max, floor, lo, True, BY_MASS, NP,
-                                                         BLOCK)
-        j = tl.sum(_reached(cnt, mass, base_count, base_mass, target_count, target_mass, BY_MASS).to(tl.int32), 0)
+        cnt, mass, above_min, below_max, _ = _pivot_pass(
+            src_ptr, n, piv, row_max, floor, lo, True, BY_MASS, NP, BLOCK
+        )
+        j = tl.sum(
+            _reached(cnt, mass, base_count, base_mass, target_count, target_mass, BY_MASS).to(tl.int32), 0
+        )
         count_lo = tl.where(j == 0, count_lo, _take(cnt, idx, j - 1, 0) + base_count)
         new_lo = tl.where(j == 0, lo, _take(above_min, idx, j - 1, 0.0))
         new_top = _take(below_max, idx, j, -inf)
@@ -192,8 +220,18 @@ def _select(row_ptr, vocab, cand_ptr, n_ready, cap, lo, count_lo, row_max, floor
 
 @triton.jit
 def _top_k_top_p_kernel(
-    logits_ptr, row_stride, k_ptr, p_ptr, scratch_ptr, vocab, cap,
-    HAS_K: tl.constexpr, HAS_P: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr,
+    logits_ptr,
+    row_stride,
+    k_ptr,
+    p_ptr,
+    scratch_ptr,
+    vocab,
+    cap,
+    HAS_K: tl.constexpr,
+    HAS_P: tl.constexpr,
+    NP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    MAX_PASSES: tl.constexpr,
 ):
     row = tl.program_id(0)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
@@ -205,30 +243,82 @@ def _top_k_top_p_kernel(
     if HAS_K:
         k = tl.load(k_ptr + row).to(tl.int32)
         if (k > 0) & (k < finite):
-            threshold, count, n_ready = _select(row_ptr, vocab, cand_ptr, n_ready, cap, row_min, finite, row_max,
-                                                float("-inf"), k, 0.0, False, NP, BLOCK, MAX_PASSES)
+            threshold, count, n_ready = _select(
+                row_ptr,
+                vocab,
+                cand_ptr,
+                n_ready,
+                cap,
+                row_min,
+                finite,
+                row_max,
+                float("-inf"),
+                k,
+                0.0,
+                False,
+                NP,
+                BLOCK,
+                MAX_PASSES,
+            )
     if HAS_P:
         p = tl.load(p_ptr + row)
         if (p < 1.0) & (finite > 0):
             target = p * z
             if threshold > float("-inf"):  # top-p over what top-k kept
                 if n_ready >= 0:
-                    _, _, _, _, kept = _pivot_pass(cand_ptr, n_ready, _pivots(threshold, row_max, NP), row_max,
-                                                   threshold, threshold, False, True, NP, BLOCK)
+                    _, _, _, _, kept = _pivot_pass(
+                        cand_ptr,
+                        n_ready,
+                        _pivots(threshold, row_max, NP),
+                        row_max,
+                        threshold,
+                        threshold,
+                        False,
+                        True,
+                        NP,
+                        BLOCK,
+                    )
                 else:
-                    _, _, _, _, kept = _pivot_pass(row_ptr, vocab, _pivots(threshold, row_max, NP), row_max,
-                                                   threshold, threshold, False, True, NP, BLOCK)
+                    _, _, _, _, kept = _pivot_pass(
+                        row_ptr,
+                        vocab,
+                        _pivots(threshold, row_max, NP),
+                        row_max,
+                        threshold,
+                        threshold,
+                        False,
+                        True,
+                        NP,
+                        BLOCK,
+                    )
                 target = p * kept
-            threshold, count, n_ready = _select(row_ptr, vocab, cand_ptr, n_ready, cap,
-                                                tl.maximum(threshold, row_min), count, row_max, threshold, 0, target,
-                                                True, NP, BLOCK, MAX_PASSES)
+            threshold, count, n_ready = _select(
+                row_ptr,
+                vocab,
+                cand_ptr,
+                n_ready,
+                cap,
+                tl.maximum(threshold, row_min),
+                count,
+                row_max,
+                threshold,
+                0,
+                target,
+                True,
+                NP,
+                BLOCK,
+                MAX_PASSES,
+            )
     if threshold > float("-inf"):
         for start in range(0, vocab, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             mask = offs < vocab
             x = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            tl.store(row_ptr + offs, tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty),
-                     mask=mask & (x < threshold))
+            tl.store(
+                row_ptr + offs,
+                tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty),
+                mask=mask & (x < threshold),
+            )
 
 
 def _candidates(rows: int, like: torch.Tensor) -> torch.Tensor:
@@ -250,8 +340,18 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     block, warps = (4096, 16) if rows <= SMALL_BATCH_ROWS else (1024, 4)
     block = min(triton.next_power_of_2(vocab), 128 if IS_INTERPRETED else block)
     _top_k_top_p_kernel[(rows,)](
-        logits, logits.stride(0), k if k is not None else logits, p.to(torch.float32) if p is not None else logits,
-        _candidates(rows, logits), vocab, CAP, HAS_K=k is not None, HAS_P=p is not None, NP=NUM_PIVOTS,
-        BLOCK=block, MAX_PASSES=MAX_PASSES, num_warps=warps,
+        logits,
+        logits.stride(0),
+        k if k is not None else logits,
+        p.to(torch.float32) if p is not None else logits,
+        _candidates(rows, logits),
+        vocab,
+        CAP,
+        HAS_K=k is not None,
+        HAS_P=p is not None,
+        NP=NUM_PIVOTS,
+        BLOCK=block,
+        MAX_PASSES=MAX_PASSES,
+        num_warps=warps,
     )
     return logits
