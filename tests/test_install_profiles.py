@@ -85,13 +85,25 @@ def base_site(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("base") / "venv"
     reqs = base.parent / "requirements.txt"
     exported = _run(
-        [_uv(), "export", "--all-packages", "--no-dev", "--no-emit-workspace", "--no-hashes", "--frozen"], cwd=ROOT
+        [_uv(), "export", "--all-packages", "--no-dev", "--no-emit-workspace", "--no-hashes", "--frozen"],
+        cwd=ROOT,
     ).stdout
     reqs.write_text(exported)
     _run([_uv(), "venv", "-q", "--python", sys.executable, str(base)])
     find_links = os.environ.get("PIP_FIND_LINKS", "/opt/wheels")
     _run(
-        [_uv(), "pip", "install", "-q", "--python", str(base / "bin" / "python"), "--find-links", find_links, "-r", str(reqs)],
+        [
+            _uv(),
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            str(base / "bin" / "python"),
+            "--find-links",
+            find_links,
+            "-r",
+            str(reqs),
+        ],
         cwd=base.parent,
     )
     site = next((base / "lib").glob("python3.*/site-packages"))
@@ -109,7 +121,11 @@ def install_profile(tmp_path: Path, wheels: Path, base_site: Path, requirement: 
     probe = _run([py, "-c", PROBE % SIBLINGS], env=env, cwd=tmp_path)
     report = json.loads(probe.stdout.strip().splitlines()[-1])
     report["doctor"] = subprocess.run(
-        [str(venv / "bin" / "vllm-ascend"), "doctor", "--json"], capture_output=True, text=True, env=env, cwd=tmp_path
+        [str(venv / "bin" / "vllm-ascend"), "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
     )
     return report
 
@@ -118,8 +134,12 @@ def check(report: dict, expected: set[str]) -> None:
     assert set(report["dists"]) == expected
     for dist, leaf in SIBLINGS.items():
         assert report["importable"][leaf] is (dist in expected), leaf
-    assert report["entry_points"]["vllm.platform_plugins"] == (["ascend"] if "vllm-ascend-core" in expected else [])
-    assert report["entry_points"]["vllm.general_plugins"] == (["ascend"] if "vllm-ascend-core" in expected else [])
+    assert report["entry_points"]["vllm.platform_plugins"] == (
+        ["ascend"] if "vllm-ascend-core" in expected else []
+    )
+    assert report["entry_points"]["vllm.general_plugins"] == (
+        ["ascend"] if "vllm-ascend-core" in expected else []
+    )
     extensions = sorted(EXTENSION_NAMES[d] for d in expected if d in EXTENSION_NAMES)
     assert report["entry_points"]["vllm_ascend.extensions"] == extensions
     assert report["status"] == {name: "loaded" for name in extensions}

@@ -41,7 +41,9 @@ def test_package_shape(name):
     assert project["build-system"]["build-backend"] == "hatchling.build"
     assert project["tool"]["hatch"]["version"]["path"] == f"src/vllm_ascend/{leaf}/_version.py"
     assert project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["src/vllm_ascend"]
-    assert re.fullmatch(r'__version__ = "\d+\.\d+\.\d+"\n', (pkg / "src/vllm_ascend" / leaf / "_version.py").read_text())
+    assert re.fullmatch(
+        r'__version__ = "\d+\.\d+\.\d+"\n', (pkg / "src/vllm_ascend" / leaf / "_version.py").read_text()
+    )
     assert (pkg / "src/vllm_ascend" / leaf / "__init__.py").is_file()
     assert [p.name for p in (pkg / "src/vllm_ascend").iterdir() if p.name != "__pycache__"] == [leaf]
     readme = (pkg / "README.md").read_text()

@@ -18,7 +18,9 @@ class FakeDists:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def add(self, dist: str, ext_name: str, module_source: str, version: str = "9.9.9", attr: str = "EXTENSION"):
+    def add(
+        self, dist: str, ext_name: str, module_source: str, version: str = "9.9.9", attr: str = "EXTENSION"
+    ):
         module = f"fake_{dist.replace('-', '_')}"
         (self.root / f"{module}.py").write_text(textwrap.dedent(module_source))
         info = self.root / f"{dist.replace('-', '_')}-{version}.dist-info"
@@ -32,7 +34,11 @@ class FakeDists:
         full_env["PYTHONPATH"] = os.pathsep.join([str(self.root), full_env.get("PYTHONPATH", "")])
         full_env.update(env)
         return subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full_env, timeout=120
+            [sys.executable, "-c", textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=120,
         )
 
     def load(self, **env: str) -> tuple[dict, str]:

@@ -1,6 +1,7 @@
 """Extension discovery and loading: order, once-only, failure isolation, disable list, skew guard."""
 
 import pytest
+
 from vllm_ascend.core.extensions import DescriptorError, ExtensionDescriptor
 
 
@@ -23,19 +24,27 @@ def test_good_extension_loads_and_fills_registry(fake_dists, good_source):
         """
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["loaded", "9.9.9", "('eplb_policies',)", "vllm-ascend-fakegood", "OrderedDict"]
+    assert proc.stdout.split() == [
+        "loaded",
+        "9.9.9",
+        "('eplb_policies',)",
+        "vllm-ascend-fakegood",
+        "OrderedDict",
+    ]
 
 
 def test_loading_is_once_per_process_and_in_name_order(fake_dists, good_source):
     counting = good_source("fakeb", policy="pb").replace(
-        "def register():", "def register():\n    import builtins; builtins.ORDER = getattr(builtins, 'ORDER', []) + ['fakeb']"
+        "def register():",
+        "def register():\n    import builtins; builtins.ORDER = getattr(builtins, 'ORDER', []) + ['fakeb']",
     )
     fake_dists.add("vllm-ascend-fakeb", "fakeb", counting)
     fake_dists.add(
         "vllm-ascend-fakea",
         "fakea",
         good_source("fakea", policy="pa").replace(
-            "def register():", "def register():\n    import builtins; builtins.ORDER = getattr(builtins, 'ORDER', []) + ['fakea']"
+            "def register():",
+            "def register():\n    import builtins; builtins.ORDER = getattr(builtins, 'ORDER', []) + ['fakea']",
         ),
     )
     proc = fake_dists.run(
@@ -53,7 +62,9 @@ def test_loading_is_once_per_process_and_in_name_order(fake_dists, good_source):
 
 def test_sibling_whose_import_raises_is_skipped_and_core_keeps_working(fake_dists, good_source):
     fake_dists.add("vllm-ascend-fakegood", "fakegood", good_source("fakegood"))
-    fake_dists.add("vllm-ascend-fakeboom", "fakeboom", "raise RuntimeError('boom at import')\n", version="1.2.3")
+    fake_dists.add(
+        "vllm-ascend-fakeboom", "fakeboom", "raise RuntimeError('boom at import')\n", version="1.2.3"
+    )
     records, stderr = fake_dists.load()
     assert records["fakeboom"]["status"] == "failed"
     assert records["fakeboom"]["reason"] == "import failed: RuntimeError: boom at import"
@@ -112,7 +123,9 @@ def test_descriptor_name_must_match_entry_point(fake_dists, good_source):
 
 
 def test_core_range_mismatch_is_skipped_with_clear_message(fake_dists, good_source):
-    fake_dists.add("vllm-ascend-fakeold", "fakeold", good_source("fakeold", policy="old", requires=">=0.2,<0.3"))
+    fake_dists.add(
+        "vllm-ascend-fakeold", "fakeold", good_source("fakeold", policy="old", requires=">=0.2,<0.3")
+    )
     records, stderr = fake_dists.load()
     reason = "needs vllm-ascend-core>=0.2,<0.3 but 0.1.0 is installed; install a matching vllm-ascend-fakeold"
     assert records["fakeold"]["status"] == "incompatible"

@@ -36,7 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
             commands.append(CLI_COMMANDS.get(name))
         except Exception as exc:
             logger.warning(
-                "Skipping subcommand %r from %s: %s: %s", name, CLI_COMMANDS.owner(name), type(exc).__name__, exc
+                "Skipping subcommand %r from %s: %s: %s",
+                name,
+                CLI_COMMANDS.owner(name),
+                type(exc).__name__,
+                exc,
             )
     for command in commands:
         sub_parser = sub.add_parser(command.name, help=command.help, description=command.help)

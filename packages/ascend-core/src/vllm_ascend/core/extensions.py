@@ -77,7 +77,7 @@ class ExtensionDescriptor:
         return SpecifierSet(self.core_requires).contains(core_version, prereleases=True)
 
 
-class ExtensionStatus(str, enum.Enum):
+class ExtensionStatus(enum.StrEnum):
     LOADED = "loaded"
     DISABLED = "disabled"
     INCOMPATIBLE = "incompatible"
@@ -136,7 +136,9 @@ def _load_one(ep: metadata.EntryPoint, disabled: set[str], taken: dict[str, str]
     dist_version = ep.dist.version if ep.dist is not None else "?"
     where = f"{dist} {dist_version}"
     if ep.name in disabled:
-        return ExtensionRecord(ep.name, dist, dist_version, ExtensionStatus.DISABLED, f"listed in {DISABLE_ENV}")
+        return ExtensionRecord(
+            ep.name, dist, dist_version, ExtensionStatus.DISABLED, f"listed in {DISABLE_ENV}"
+        )
     if ep.name in taken:
         reason = f"extension name {ep.name!r} is already provided by {taken[ep.name]}"
         logger.warning("Skipping vLLM Ascend extension %r (%s): %s", ep.name, where, reason)
@@ -155,7 +157,9 @@ def _load_one(ep: metadata.EntryPoint, disabled: set[str], taken: dict[str, str]
         logger.warning("Skipping vLLM Ascend extension %r (%s): %s", ep.name, where, reason)
         return ExtensionRecord(ep.name, dist, dist_version, ExtensionStatus.FAILED, reason)
     if descriptor.name != ep.name:
-        reason = f"malformed descriptor: name {descriptor.name!r} differs from its entry point name {ep.name!r}"
+        reason = (
+            f"malformed descriptor: name {descriptor.name!r} differs from its entry point name {ep.name!r}"
+        )
         logger.warning("Skipping vLLM Ascend extension %r (%s): %s", ep.name, where, reason)
         return ExtensionRecord(ep.name, dist, dist_version, ExtensionStatus.FAILED, reason)
     if not descriptor.supports_core():

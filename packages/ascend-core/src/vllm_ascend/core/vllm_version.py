@@ -20,7 +20,9 @@ class InstalledVllm:
 
     @property
     def supported(self) -> bool:
-        return SpecifierSet(SUPPORTED_VLLM_RANGE).contains(Version(self.version).base_version, prereleases=True)
+        return SpecifierSet(SUPPORTED_VLLM_RANGE).contains(
+            Version(self.version).base_version, prereleases=True
+        )
 
 
 def installed_vllm() -> InstalledVllm | None:
