@@ -177,16 +177,16 @@ class CpuAlloc:
         usable = set(self.available)
         groups: dict[tuple[int, ...], list[int]] = {}
         for npu in range(self.num_npus):
-            cpus = self.affinity.get(npu)
-            key = tuple(c for c in cpus if c in usable) if cpus else tuple(sorted(usable))
+            near = self.affinity.get(npu)
+            key = tuple(c for c in near if c in usable) if near else tuple(sorted(usable))
             groups.setdefault(key, []).append(npu)
         plan: dict[int, list[int]] = {}
-        for cpus, npus in groups.items():
-            base, extra = divmod(len(cpus), len(npus))
+        for shared, npus in groups.items():
+            base, extra = divmod(len(shared), len(npus))
             start = 0
             for i, npu in enumerate(sorted(npus)):
                 take = base + (1 if i < extra else 0)
-                plan[npu] = list(cpus[start : start + take])
+                plan[npu] = list(shared[start : start + take])
                 start += take
         return plan
 

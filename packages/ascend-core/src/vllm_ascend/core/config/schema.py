@@ -208,6 +208,7 @@ class Section:
             if isinstance(hint, type) and issubclass(hint, Section):
                 rows.extend(hint.describe())
                 continue
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            factory = f.default_factory
+            default = factory() if callable(factory) else f.default
             rows.append((f"{cls.PATH}.{f.name}", str(hints[f.name]), default, f.metadata["doc"]))
         return rows
