@@ -14,8 +14,10 @@ from vllm_ascend.eplb.policy.packing import (
     moved_slots,
     replica_counts,
     replica_counts_of,
+    shift_replicas,
     slot_weights,
     swap_refine,
+    swap_refine_widening,
     within_budget,
 )
 
@@ -47,11 +49,11 @@ class FlashLB(EplbPolicy):
     """Minimise the time-averaged peak/mean rank load.
 
     Loads are risk-aware, ``μ + z·σ`` per expert (``z`` = ``risk_z``, 0.674: the 75th percentile)
-    from a sliding window (``window`` = 32 samples, down-sampled to ``max_samples`` = 64). Two candidates
+    from a sliding window (``window`` = 16 samples, down-sampled to ``max_samples`` = 64). Two candidates
     per layer: an incremental one (replica re-allocation plus swaps, within ``max_move_fraction`` of
-    the slots) and, where the current placement is above the lower bound by more than 20 × ``update_margin``, a
-    fresh LPT packing aligned to the current ranks by Hungarian matching (used only when it fits the
-    same move budget). The better candidate replaces the current placement only
+    the slots) and, where that plan is still above the lower bound by more than 20 × ``update_margin`` and the
+    budget is at least half the slots, a fresh LPT packing aligned to the current ranks by Hungarian
+    matching (used only when it fits the same move budget). The better candidate replaces the current placement only
     when the current score exceeds it by more than ``update_margin`` (0.5%).
 
     The workload may be one sample ``[layers, ranks, slots]`` or several ``[samples, layers, ranks,
@@ -62,7 +64,7 @@ class FlashLB(EplbPolicy):
 
     def __init__(self, config=None) -> None:
         super().__init__(config)
-        self.window: deque[np.ndarray] = deque(maxlen=self.option("window", 32, lo=1))
+        self.window: deque[np.ndarray] = deque(maxlen=self.option("window", 16, lo=1))
 
     def plan(self, table: np.ndarray, workload: np.ndarray, n: int) -> np.ndarray:
         layers, ranks, slots = table.shape
@@ -76,14 +78,16 @@ class FlashLB(EplbPolicy):
         mean = risk.sum(axis=1) / ranks
         margin = self.option("update_margin", 0.005, lo=0.0)
 
-        inc, inc_w, left = within_budget(table, risk, target, np.full(layers, budget))
-        inc, _ = swap_refine(inc, inc_w, n, 100, 1e-3 * mean, max_moved=left, candidates=None)
+        shifted = shift_replicas(risk, replica_counts_of(table, n), np.full(layers, budget // 2), ranks)
+        inc, inc_w, left = within_budget(table, risk, shifted, np.full(layers, budget))
+        inc = swap_refine_widening(inc, inc_w, n, 100, 2e-3 * mean, left)
         inc = keep_slots(table, inc)
 
         lower = np.maximum(mean, (risk / target).max(axis=1))
         fresh = inc
-        need_fresh = slot_weights(table, risk).sum(axis=2).max(axis=1) > lower * (1 + 20 * margin)
-        if need_fresh.any():  # the current placement is far from the bound: try a fresh packing too
+        need_fresh = slot_weights(inc, risk).sum(axis=2).max(axis=1) > lower * (1 + 20 * margin)
+        need_fresh &= budget >= ranks * slots // 2  # an aligned fresh packing moves about half the slots
+        if need_fresh.any():  # even the incremental plan is far from the bound: try a fresh packing
             fresh, fresh_w, stuck = lpt_pack(risk, target, ranks, slots)
             fresh, _ = swap_refine(fresh, fresh_w, n, 100, 1e-4 * mean)
             fresh = align_ranks(table, np.where(stuck[:, None, None], table, fresh), n)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-SWAP_SEARCH = 512
+SWAP_SEARCH = 1024
 
 
 def presence(table: np.ndarray, n: int) -> np.ndarray:
@@ -38,18 +38,39 @@ def logical_load(table: np.ndarray, workload: np.ndarray, n: int) -> np.ndarray:
     return out.reshape(*lead, layers, n)
 
 
-def replica_counts(load: np.ndarray, total_slots: int, max_per_expert: int,
-                   weight_fn=None) -> np.ndarray:
-    """Give each expert one replica, then hand out the rest one by one to the expert whose
-    priority (default: per-replica load ``load / count``) is highest; no expert gets more than
-    ``max_per_expert`` (one per rank). Minimises the largest per-replica load."""
+def replica_counts(load: np.ndarray, total_slots: int, max_per_expert: int) -> np.ndarray:
+    """Give each expert one replica, then hand out the rest one by one to the expert with the
+    highest per-replica load ``load / count``; no expert gets more than ``max_per_expert`` (one per
+    rank). Minimises the largest per-replica load."""
     layers, n = load.shape
     counts = np.ones((layers, n), dtype=np.int64)
     rows = np.arange(layers)
     for _ in range(total_slots - n):
-        prio = load / counts if weight_fn is None else weight_fn(load, counts)
-        prio = np.where(counts >= max_per_expert, -np.inf, prio)
+        prio = np.where(counts >= max_per_expert, -np.inf, load / counts)
         counts[rows, np.argmax(prio, axis=1)] += 1
+    return counts
+
+
+def shift_replicas(load: np.ndarray, counts: np.ndarray, max_moves: np.ndarray, max_per_expert: int
+                   ) -> np.ndarray:
+    """Up to ``max_moves`` times per layer, take a replica from the expert that would carry the least
+    per-replica load without it and give it to the expert with the highest per-replica load, while
+    that lowers the largest per-replica load."""
+    counts = counts.copy()
+    rows = np.arange(load.shape[0])
+    left = np.broadcast_to(max_moves, rows.shape).astype(np.int64)
+    for _ in range(int(left.max(initial=0))):
+        per = load / counts
+        recv = np.argmax(np.where(counts < max_per_expert, per, -np.inf), axis=1)
+        spare = np.where(counts > 1, load / np.maximum(counts - 1, 1), np.inf)
+        spare[rows, recv] = np.inf
+        donor = np.argmin(spare, axis=1)
+        ok = (left > 0) & (per[rows, recv] > spare[rows, donor]) & (counts[rows, recv] < max_per_expert)
+        if not ok.any():
+            break
+        counts[rows[ok], recv[ok]] += 1
+        counts[rows[ok], donor[ok]] -= 1
+        left -= ok
     return counts
 
 
@@ -176,13 +197,13 @@ def swap_refine(table: np.ndarray, slot_w: np.ndarray, n: int, max_swaps: int, m
     """Swap one expert of the most-loaded rank with one of a lightly loaded rank while the pair's
     peak drops by more than ``min_gain`` (per layer); at most ``max_swaps`` swaps, and at most
     ``max_moved`` changed slots per layer when given. The ``candidates`` lightest ranks are the partners;
-    ``None`` picks as many as keep one step near ``SWAP_SEARCH`` candidate pairs per layer."""
+    ``None`` picks at most the lighter half, as many as keep one step near ``SWAP_SEARCH`` candidate
+    pairs per layer (at least 8). The search runs in float32; loads are kept in float64."""
     table, slot_w = table.copy(), slot_w.copy()
     layers, ranks, slots = table.shape
     if ranks < 2:
         return table, slot_w
-    k = min(ranks - 1, candidates or max(8, SWAP_SEARCH // slots**2))
-    has = presence(table, n)
+    k = min(ranks - 1, candidates or max(8, min(ranks // 2, SWAP_SEARCH // slots**2)))
     load = slot_w.sum(axis=2)
     moved = np.zeros(layers, dtype=np.int64)
     min_gain = np.broadcast_to(min_gain, (layers,))
@@ -197,15 +218,16 @@ def swap_refine(table: np.ndarray, slot_w: np.ndarray, n: int, max_swaps: int, m
         a = np.argmax(lr, axis=1)
         la = lr[np.arange(m), a]
         light = np.argpartition(lr, k - 1, axis=1)[:, :k]  # [m, k]
-        wa, ea = slot_w[rows, a], table[rows, a]  # [m, slots]
-        wb, eb = slot_w[r1, light], table[r1, light]  # [m, k, slots]
-        lb = lr[np.arange(m)[:, None], light]
+        wa, ea = slot_w[rows, a].astype(np.float32), table[rows, a]  # [m, slots]
+        wb, eb = slot_w[r1, light].astype(np.float32), table[r1, light]  # [m, k, slots]
+        lb = lr[np.arange(m)[:, None], light].astype(np.float32)
+        la32 = la.astype(np.float32)
         delta = wa[:, :, None, None] - wb[:, None]  # [m, slots_a, k, slots_b]
-        peak = np.maximum(la[:, None, None, None] - delta, lb[:, None, :, None] + delta)
-        eb_on_a = has[r1, a[:, None], eb.reshape(m, -1)].reshape(m, k, slots)
-        ea_on_b = has[r1[:, :, None], light[:, :, None], ea[:, None, :]]  # [m, k, slots_a]
+        peak = np.maximum(la32[:, None, None, None] - delta, lb[:, None, :, None] + delta)
+        same = eb[..., None] == ea[:, None, None, :]  # [m, k, slots_b, slots_a]
+        eb_on_a, ea_on_b = same.any(axis=3), same.any(axis=2)  # [m, k, slots_b], [m, k, slots_a]
         ok = ~eb_on_a[:, None] & ~ea_on_b.transpose(0, 2, 1)[..., None] & (light != a[:, None])[:, None, :, None]
-        gain = np.where(ok, la[:, None, None, None] - peak, -np.inf).reshape(m, -1)
+        gain = np.where(ok, la32[:, None, None, None] - peak, -np.inf).reshape(m, -1)
         best = np.argmax(gain, axis=1)
         go = gain[np.arange(m), best] > min_gain[rows]
         rows, a, light, best = rows[go], a[go], light[go], best[go]  # a layer without a gain is done
@@ -217,8 +239,6 @@ def swap_refine(table: np.ndarray, slot_w: np.ndarray, n: int, max_swaps: int, m
         w1, w2 = slot_w[li, ai, i], slot_w[li, b, j]
         table[li, ai, i], table[li, b, j] = e2, e1
         slot_w[li, ai, i], slot_w[li, b, j] = w2, w1
-        has[li, ai, e1], has[li, b, e2] = False, False
-        has[li, ai, e2], has[li, b, e1] = True, True
         load[li, ai] += w2 - w1
         load[li, b] += w1 - w2
         moved[li] += 2
@@ -304,3 +324,12 @@ def within_budget(table: np.ndarray, load: np.ndarray, target: np.ndarray, budge
     new = np.where(keep, table, new)
     w = np.where(keep, slot_weights(table, load), w)
     return new, w, budget - np.where(back, 0, used)
+
+
+def swap_refine_widening(table: np.ndarray, slot_w: np.ndarray, n: int, max_swaps: int, min_gain: np.ndarray,
+                         max_moved: np.ndarray) -> np.ndarray:
+    """:func:`swap_refine` with the default partner width, then with every rank as a partner for the
+    layers that stalled (few by then), within one shared move budget."""
+    first, first_w = swap_refine(table, slot_w, n, max_swaps, min_gain, max_moved, candidates=None)
+    left = max_moved - moved_slots(table, first)
+    return swap_refine(first, first_w, n, max_swaps, min_gain, left, candidates=table.shape[1] - 1)[0]
