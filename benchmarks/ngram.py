@@ -29,6 +29,7 @@ from collections.abc import Callable  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
 import numpy as np  # noqa: E402
+
 from vllm_ascend.specdecode.ngram import NgramProposer  # noqa: E402
 
 VOCAB = 32000

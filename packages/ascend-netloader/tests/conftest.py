@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import torch
+
 from vllm_ascend.netloader.seed_server import SeedServer
 from vllm_ascend.netloader.transfer import TensorStreamServer
 

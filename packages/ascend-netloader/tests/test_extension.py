@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 import vllm_ascend.netloader as netloader
 from vllm_ascend.core.registry import MODEL_LOADERS
 from vllm_ascend.netloader._extension import EXTENSION

@@ -15,6 +15,7 @@ pytest.importorskip("vllm")
 from safetensors.torch import save_file
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.config.load import LoadConfig
+
 from vllm_ascend.netloader.loader import NetLoader
 from vllm_ascend.netloader.seed_server import SeedServer
 

@@ -7,6 +7,7 @@ import hashlib
 
 import pytest
 import torch
+
 from vllm_ascend.netloader.manifest import FORMAT, Manifest, ManifestError, dtype_name
 
 

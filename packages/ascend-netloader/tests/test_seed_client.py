@@ -11,6 +11,7 @@ import pytest
 import torch
 from fastapi import FastAPI
 from safetensors.torch import save_file
+
 from vllm_ascend.netloader.client import ChecksumError, NetLoaderError, PeerUnavailable, SeedClient
 from vllm_ascend.netloader.manifest import Manifest, ManifestError
 from vllm_ascend.netloader.protocol import FrameReader, MessageType, encode

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from vllm_ascend.quant.description import UNQUANTIZED, QuantDescription, QuantDescriptionError
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from vllm_ascend.quant.schemes import W8A8DynamicLinear, get_scheme, quantize_per_token
 
 

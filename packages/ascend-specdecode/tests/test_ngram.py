@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
 from vllm_ascend.specdecode.ngram import NgramConfigError, NgramProposer
 
 

@@ -1,8 +1,9 @@
 """The loading side: fetch a seed's manifest and tensors, verify checksums, retry transient failures.
 
 One ``httpx.Client`` is reused for the HTTP control requests. Tensors are streamed over the
-seed's TCP stream port (:mod:`.transfer`) and received straight into the destination memory; each tensor's sha256 is checked before it is
-handed out, and a tensor whose bytes do not match is fetched again on its own. Connection
+seed's TCP stream port (:mod:`.transfer`) and received straight into the destination memory;
+each tensor's sha256 is checked before it is handed out, and a tensor whose bytes do not match
+is fetched again on its own (``GET /tensors/{name}``). Connection
 failures, timeouts and 5xx answers are retried ``retries`` times with exponential back-off, after
 which :class:`PeerUnavailable` says why, so a caller can fall back to another loader.
 """
@@ -19,6 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import torch
+
 from vllm_ascend.netloader.manifest import Manifest, ManifestError, TensorEntry
 from vllm_ascend.netloader.protocol import VERSION, FrameReader, MessageType, ProtocolError, encode
 
@@ -142,10 +144,12 @@ class SeedClient:
                 problems.extend(exc.problems)
         if problems:
             raise ManifestError(problems)
-        staging = {e.name: (targets[e.name] if _is_direct(targets[e.name]) else e.empty()) for e in entries}
-        for entry in self._verified(entries, staging):
-            if staging[entry.name] is not targets[entry.name]:
-                targets[entry.name].copy_(staging[entry.name])
+        # contiguous CPU targets receive the bytes directly; others through a staging tensor each
+        buffers = {e.name: targets[e.name] for e in entries if _is_direct(targets[e.name])}
+        for entry in self._verified(entries, buffers):
+            target = targets[entry.name]
+            if buffers[entry.name] is not target:
+                target.copy_(buffers.pop(entry.name))
         return sum(e.nbytes for e in entries)
 
     def iter_tensors(self, names: list[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:

@@ -20,6 +20,7 @@ from vllm.config import ModelConfig
 from vllm.config.load import LoadConfig
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
 from vllm_ascend.core.logger import init_logger
 from vllm_ascend.netloader.client import NetLoaderError, SeedClient
 from vllm_ascend.netloader.config import NetLoaderConfig

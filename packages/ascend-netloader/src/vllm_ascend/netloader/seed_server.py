@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from fastapi import FastAPI, HTTPException, Query, Response
+
 from vllm_ascend.netloader.manifest import Manifest
 from vllm_ascend.netloader.protocol import VERSION
 from vllm_ascend.netloader.transfer import DEFAULT_CHUNK_BYTES, TensorStreamServer
