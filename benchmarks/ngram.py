@@ -83,7 +83,9 @@ def vllm_proposer(batch: int, k: int, max_len: int):
         print(f"vLLM's n-gram proposer is not importable ({exc}); measuring ours alone")
         return None
     cfg = SimpleNamespace(
-        speculative_config=SimpleNamespace(prompt_lookup_min=MIN_N, prompt_lookup_max=MAX_N, num_speculative_tokens=k),
+        speculative_config=SimpleNamespace(
+            prompt_lookup_min=MIN_N, prompt_lookup_max=MAX_N, num_speculative_tokens=k
+        ),
         model_config=SimpleNamespace(max_model_len=max_len),
         scheduler_config=SimpleNamespace(max_num_seqs=max(batch, 1024)),
         parallel_config=SimpleNamespace(tensor_parallel_size=1),
@@ -98,8 +100,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
     configs = QUICK_CONFIGS if args.quick else CONFIGS
-    print(f"n-gram proposer, min_n={MIN_N} max_n={MAX_N}, {args.steps} steps, median of {args.reps} replays\n")
-    print("| B | L | k | ours µs | vLLM µs | ratio | ours first ms | vLLM first ms | drafted ours/vLLM | same |")
+    print(
+        f"n-gram proposer, min_n={MIN_N} max_n={MAX_N}, {args.steps} steps, median of {args.reps} replays\n"
+    )
+    print(
+        "| B | L | k | ours µs | vLLM µs | ratio | ours first ms | vLLM first ms | drafted ours/vLLM | same |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for batch, prompt_len, k in configs:
         max_len = prompt_len + args.steps + 1024
@@ -117,7 +123,11 @@ def main() -> None:
         us = {n: statistics.median(v) * 1e6 for n, v in row.items() if v}
         drafted = {n: np.mean([len(d) for step in ds for d in step]) for n, ds in drafts.items()}
         if "vllm" in us:
-            pairs = [(a, b) for sa, sb in zip(drafts["ours"], drafts["vllm"], strict=True) for a, b in zip(sa, sb, strict=True)]
+            pairs = [
+                (a, b)
+                for sa, sb in zip(drafts["ours"], drafts["vllm"], strict=True)
+                for a, b in zip(sa, sb, strict=True)
+            ]
             same = sum(a == b for a, b in pairs) / len(pairs)
             print(
                 f"| {batch} | {prompt_len} | {k} | {us['ours']:.2f} | {us['vllm']:.2f} | {us['vllm'] / us['ours']:.2f} "

@@ -21,17 +21,34 @@ def test_defaults_and_values():
     "extra,message",
     [
         (None, "model_loader_extra_config must be a dict for load format 'netloader', got NoneType"),
-        ({}, "model_loader_extra_config.source is required for load format 'netloader' (e.g. 'http://10.0.0.2:18080')"),
-        ({"source": "http://h:1", "port": 1, "host": 2},
-         "model_loader_extra_config: unknown key(s) 'host', 'port'; allowed: source, timeout, retries"),
-        ({"source": "ftp://h:1"}, "model_loader_extra_config.source = 'ftp://h:1': expected an http:// or https:// "
-         "URL with host and port, e.g. 'http://10.0.0.2:18080'"),
+        (
+            {},
+            "model_loader_extra_config.source is required for load format 'netloader' (e.g. 'http://10.0.0.2:18080')",
+        ),
+        (
+            {"source": "http://h:1", "port": 1, "host": 2},
+            "model_loader_extra_config: unknown key(s) 'host', 'port'; allowed: source, timeout, retries",
+        ),
+        (
+            {"source": "ftp://h:1"},
+            "model_loader_extra_config.source = 'ftp://h:1': expected an http:// or https:// "
+            "URL with host and port, e.g. 'http://10.0.0.2:18080'",
+        ),
         ({"source": "http://host"}, "model_loader_extra_config.source = 'http://host': expected an http://"),
         ({"source": "http://host:99999"}, "model_loader_extra_config.source = 'http://host:99999': expected"),
         ({"source": 5}, "model_loader_extra_config.source = 5: expected"),
-        ({"source": "http://h:1", "timeout": 0}, "model_loader_extra_config.timeout = 0: expected a positive number"),
-        ({"source": "http://h:1", "timeout": True}, "model_loader_extra_config.timeout = True: expected a positive"),
-        ({"source": "http://h:1", "retries": -1}, "model_loader_extra_config.retries = -1: expected an integer >= 0"),
+        (
+            {"source": "http://h:1", "timeout": 0},
+            "model_loader_extra_config.timeout = 0: expected a positive number",
+        ),
+        (
+            {"source": "http://h:1", "timeout": True},
+            "model_loader_extra_config.timeout = True: expected a positive",
+        ),
+        (
+            {"source": "http://h:1", "retries": -1},
+            "model_loader_extra_config.retries = -1: expected an integer >= 0",
+        ),
     ],
 )
 def test_errors(extra, message):

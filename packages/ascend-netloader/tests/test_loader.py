@@ -39,20 +39,25 @@ class TinyModel(nn.Module):
 
 
 def _model_config(path) -> SimpleNamespace:
-    return SimpleNamespace(model=str(path), revision=None, quantization=None, is_moe=False, multimodal_config=None)
+    return SimpleNamespace(
+        model=str(path), revision=None, quantization=None, is_moe=False, multimodal_config=None
+    )
 
 
 def _same(a: nn.Module, b: nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k].view(torch.uint8), sb[k].view(torch.uint8))
-                                          for k in sa if sa[k].dim())
+    return sa.keys() == sb.keys() and all(
+        torch.equal(sa[k].view(torch.uint8), sb[k].view(torch.uint8)) for k in sa if sa[k].dim()
+    )
 
 
 def test_loads_from_seed(tmp_path):
     source, target = TinyModel(0), TinyModel(1)
     assert not _same(source, target)
     with SeedServer.serving(source.state_dict()) as seed:
-        loader = NetLoader(LoadConfig(load_format="netloader", model_loader_extra_config={"source": seed.url}))
+        loader = NetLoader(
+            LoadConfig(load_format="netloader", model_loader_extra_config={"source": seed.url})
+        )
         loader.download_model(_model_config(tmp_path))  # the seed answers: nothing is downloaded
         loader.load_weights(target, _model_config(tmp_path))
     assert loader.fallback_reason is None

@@ -48,7 +48,10 @@ def test_unknown_entries_and_targets():
         manifest.entry("x")
     with pytest.raises(ManifestError) as info:
         manifest.select(["q", "x", "y"])
-    assert info.value.problems == ["tensor 'x' is not served by the seed", "tensor 'y' is not served by the seed"]
+    assert info.value.problems == [
+        "tensor 'x' is not served by the seed",
+        "tensor 'y' is not served by the seed",
+    ]
     with pytest.raises(ManifestError) as info:
         manifest.entry("a.weight").check_target(torch.empty(4, 3))
     assert str(info.value) == (
@@ -56,7 +59,9 @@ def test_unknown_entries_and_targets():
         "  - tensor 'a.weight': the seed serves bfloat16, the target is torch.float32\n"
         "  - tensor 'a.weight': the seed serves shape [3, 4], the target has [4, 3]"
     )
-    with pytest.raises(ManifestError, match=r"dtype torch\.complex64 cannot be served; allowed: float64, float32"):
+    with pytest.raises(
+        ManifestError, match=r"dtype torch\.complex64 cannot be served; allowed: float64, float32"
+    ):
         dtype_name(torch.complex64)
 
 
@@ -85,8 +90,17 @@ def test_entry_problems_are_all_reported():
     t[2]["sha256"] = "XYZ"
     t[3]["nbytes"] = 47
     t[4]["offset"] = 90
-    bad["tensors"].append({"name": "q", "dtype": "int8", "shape": [0], "offset": 97, "nbytes": 0,
-                           "sha256": "0" * 64, "extra": 1})
+    bad["tensors"].append(
+        {
+            "name": "q",
+            "dtype": "int8",
+            "shape": [0],
+            "offset": 97,
+            "nbytes": 0,
+            "sha256": "0" * 64,
+            "extra": 1,
+        }
+    )
     bad["tensors"].append("oops")
     bad["tensors"].append({"name": "a.bias"})
     assert _problems(bad) == [

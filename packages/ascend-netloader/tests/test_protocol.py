@@ -35,7 +35,9 @@ def test_round_trip_over_any_chunking(chunk):
     reader = FrameReader(_chunks(_stream(), chunk))
     frame = reader.next()
     assert (frame.type, frame.header, frame.payload_len) == (
-        MessageType.TENSOR, {"name": "w", "offset": 0, "start": 0, "length": 5}, 5,
+        MessageType.TENSOR,
+        {"name": "w", "offset": 0, "start": 0, "length": 5},
+        5,
     )
     out = bytearray(5)
     reader.readinto(memoryview(out))
@@ -65,7 +67,10 @@ def _raw(kind: int, header: bytes, payload: bytes = b"", magic: bytes = MAGIC, v
 
 
 def test_bad_prefix_fields():
-    assert _error(_raw(9, b"{}")) == "unknown message type 9; allowed: 1 (TENSOR_REQUEST), 2 (TENSOR), 3 (END), 4 (ERROR)"
+    assert (
+        _error(_raw(9, b"{}"))
+        == "unknown message type 9; allowed: 1 (TENSOR_REQUEST), 2 (TENSOR), 3 (END), 4 (ERROR)"
+    )
     assert _error(_raw(3, b"{}", magic=b"HTTP")) == "bad frame magic b'HTTP', expected b'VANL'"
     assert _error(_raw(3, b"{}", version=2)) == "unsupported protocol version 2; this side speaks 1"
     too_long = struct.pack("!4sBBIQ", MAGIC, 1, 3, (1 << 20) + 1, 0)
@@ -74,9 +79,14 @@ def test_bad_prefix_fields():
 
 def test_wrong_lengths():
     header = b'{"name":"w","offset":0,"start":0,"length":4}'
-    assert _error(_raw(2, header, b"abc")) == "TENSOR frame for 'w' declares length 4 but carries 3 payload bytes"
+    assert (
+        _error(_raw(2, header, b"abc"))
+        == "TENSOR frame for 'w' declares length 4 but carries 3 payload bytes"
+    )
     assert _error(_raw(3, b'{"tensors":0,"bytes":0}', b"x")) == "END frame must carry no payload, got 1 bytes"
-    with pytest.raises(ProtocolError, match="TENSOR frame for 'w' declares length 2 but carries 1 payload bytes"):
+    with pytest.raises(
+        ProtocolError, match="TENSOR frame for 'w' declares length 2 but carries 1 payload bytes"
+    ):
         encode(MessageType.TENSOR, {"name": "w", "offset": 0, "start": 0, "length": 2}, b"x")
     reader = FrameReader(chunk_source([_stream()]))
     reader.next()
@@ -91,7 +101,9 @@ def test_truncated_frames():
     assert _error(data[:65]) == "truncated TENSOR payload for 'w': stream ended after 3 of 5 bytes"
     reader = FrameReader(chunk_source([data[:65]]))
     reader.next()
-    with pytest.raises(ProtocolError, match="truncated TENSOR payload for 'w': stream ended after 3 of 5 bytes"):
+    with pytest.raises(
+        ProtocolError, match="truncated TENSOR payload for 'w': stream ended after 3 of 5 bytes"
+    ):
         reader.next()  # skipping the unread payload also notices
 
 
@@ -102,9 +114,18 @@ def test_header_validation():
     assert _error(_raw(3, b'{"tensors":1,"bytes":2,"x":3}')) == (
         "END frame header: unknown field 'x'; allowed: tensors, bytes"
     )
-    assert _error(_raw(3, b'{"tensors":"1","bytes":2}')) == "END frame header: field 'tensors' must be int, got '1'"
-    assert _error(_raw(3, b'{"tensors":true,"bytes":2}')) == "END frame header: field 'tensors' must be int, got True"
-    assert _error(_raw(3, b'{"tensors":-1,"bytes":2}')) == "END frame header: field 'tensors' must be >= 0, got -1"
+    assert (
+        _error(_raw(3, b'{"tensors":"1","bytes":2}'))
+        == "END frame header: field 'tensors' must be int, got '1'"
+    )
+    assert (
+        _error(_raw(3, b'{"tensors":true,"bytes":2}'))
+        == "END frame header: field 'tensors' must be int, got True"
+    )
+    assert (
+        _error(_raw(3, b'{"tensors":-1,"bytes":2}'))
+        == "END frame header: field 'tensors' must be >= 0, got -1"
+    )
     assert _error(_raw(1, b'{"names":["a",2]}')) == (
         "TENSOR_REQUEST frame header: every entry of 'names' must be a string"
     )

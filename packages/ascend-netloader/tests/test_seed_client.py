@@ -66,12 +66,16 @@ def test_target_mismatch_is_reported_before_any_transfer(seed):
 def test_tensor_ranges_and_http_errors(seed, state_dict):
     raw = state_dict["layers.0.linear.weight"].numpy().tobytes()
     with httpx.Client(base_url=seed.url) as http:
-        assert http.get("/tensors/layers.0.linear.weight", params={"start": 8, "end": 40}).content == raw[8:40]
+        assert (
+            http.get("/tensors/layers.0.linear.weight", params={"start": 8, "end": 40}).content == raw[8:40]
+        )
         assert http.get("/health").json() == {"status": "ok", "tensors": 8, "bytes": 3327}
         assert http.get("/transfer").json() == {"port": seed.stream.port, "protocol": 1}
         r = http.get("/tensors/layers.0.linear.weight", params={"start": 8, "end": 4000})
         assert (r.status_code, r.json()["detail"]) == (
-            416, "byte range [8, 4000) is outside tensor 'layers.0.linear.weight' of 1536 bytes")
+            416,
+            "byte range [8, 4000) is outside tensor 'layers.0.linear.weight' of 1536 bytes",
+        )
         r = http.get("/tensors/nope")
         assert (r.status_code, r.json()["detail"]) == (404, "tensor 'nope' is not served by this seed")
 
@@ -90,14 +94,20 @@ def _stream_answer(seed, request: bytes) -> list:
 
 def test_stream_server_rejects_bad_requests_with_error_frames(seed):
     assert _stream_answer(seed, b"GET / HTTP/1.1\r\n\r\n") == [
-        ("ERROR", {"message": "bad frame magic b'GET ', expected b'VANL'"})]
+        ("ERROR", {"message": "bad frame magic b'GET ', expected b'VANL'"})
+    ]
     assert _stream_answer(seed, encode(MessageType.TENSOR_REQUEST, {"names": ["step", "nope"]})) == [
-        ("ERROR", {"message": "invalid weight manifest: tensor 'nope' is not served by the seed"})]
+        ("ERROR", {"message": "invalid weight manifest: tensor 'nope' is not served by the seed"})
+    ]
     assert _stream_answer(seed, encode(MessageType.END, {"tensors": 0, "bytes": 0})) == [
-        ("ERROR", {"message": "expected a TENSOR_REQUEST frame, got a END frame"})]
+        ("ERROR", {"message": "expected a TENSOR_REQUEST frame, got a END frame"})
+    ]
     assert _stream_answer(seed, encode(MessageType.TENSOR_REQUEST, {"names": []})[:20]) == [
-        ("ERROR", {"message": "truncated frame: stream ended after 2 of 12 TENSOR_REQUEST header bytes"})]
-    assert _stream_answer(seed, b"") == [("ERROR", {"message": "expected a TENSOR_REQUEST frame, got an empty stream"})]
+        ("ERROR", {"message": "truncated frame: stream ended after 2 of 12 TENSOR_REQUEST header bytes"})
+    ]
+    assert _stream_answer(seed, b"") == [
+        ("ERROR", {"message": "expected a TENSOR_REQUEST frame, got an empty stream"})
+    ]
     frames = _stream_answer(seed, encode(MessageType.TENSOR_REQUEST, {"names": ["mask", "step"]}))
     assert frames == [
         ("TENSOR", {"name": "mask", "offset": 3312, "start": 0, "length": 7}),
@@ -150,16 +160,20 @@ def _cut_seed(sd, cutting_stream, cut_at: int, cuts: int) -> SeedServer:
 def test_truncated_stream_resumes_after_last_whole_tensor(fresh_state_dict, cutting_stream):
     sd = fresh_state_dict
     # every answer is cut after 2500 bytes: only resuming after the last whole tensor completes
-    with _cut_seed(sd, cutting_stream, 2500, 100) as server, SeedClient(server.url, retries=10, backoff=0) as client:
+    with (
+        _cut_seed(sd, cutting_stream, 2500, 100) as server,
+        SeedClient(server.url, retries=10, backoff=0) as client,
+    ):
         got = dict(client.iter_tensors())
     assert all(bitwise_equal(got[n], sd[n]) for n in sd)
     assert server.stream.requests == 3
 
 
 def test_persistently_truncated_stream_gives_up(fresh_state_dict, cutting_stream):
-    with _cut_seed(fresh_state_dict, cutting_stream, 100, 100) as server, SeedClient(
-        server.url, retries=1, backoff=0
-    ) as client:
+    with (
+        _cut_seed(fresh_state_dict, cutting_stream, 100, 100) as server,
+        SeedClient(server.url, retries=1, backoff=0) as client,
+    ):
         with pytest.raises(PeerUnavailable) as info:
             dict(client.iter_tensors())
     assert str(info.value) == (
@@ -172,7 +186,10 @@ def test_seed_error_frames_and_bad_transfer_answers(fresh_state_dict):
     manifest, data = Manifest.from_state_dict(fresh_state_dict)
     small, small_data = Manifest.from_state_dict({"step": fresh_state_dict["step"]})
     stream = TensorStreamServer(small, small_data)  # serves less than the HTTP manifest promises
-    with SeedServer(stream, app=create_app(manifest, data, stream.port)) as server, SeedClient(server.url) as client:
+    with (
+        SeedServer(stream, app=create_app(manifest, data, stream.port)) as server,
+        SeedClient(server.url) as client,
+    ):
         with pytest.raises(NetLoaderError) as info:
             client.fetch_into({"mask": torch.empty(7, dtype=torch.bool)})
     assert str(info.value) == (

@@ -67,7 +67,9 @@ def test_attention_scheme_from_fa_type_kv_cache_type_and_tensors():
     assert QuantDescription(_description(fa_quant_type="FAKQuant")).scheme_for("x.attn", "attention") == (
         "attention:FAKQuant"
     )
-    assert QuantDescription(_description(kv_cache_type="C8")).scheme_for("x.attn", "attention") == "attention:C8"
+    assert (
+        QuantDescription(_description(kv_cache_type="C8")).scheme_for("x.attn", "attention") == "attention:C8"
+    )
     d = QuantDescription(_description(**{"model.layers.0.self_attn.fa_k.scale": "FAKQuant"}))
     assert d.scheme_for("model.layers.0.self_attn", "attention") == "attention:FAKQuant"
 
@@ -83,7 +85,9 @@ def test_unknown_type_for_layer_kind_is_a_clear_error():
         "W4A4_MXFP4_FLATQUANT, W4A8_MXFP, W8A8_MXFP8, W8A8_MIX, W8A8FP8_DYNAMIC"
     ]
     experts_w8a8 = QuantDescription(_description(**{f"m.experts.0.{p}.weight": "W8A8" for p in ("w1", "w2")}))
-    with pytest.raises(QuantDescriptionError, match=r"layer 'm\.experts' has quant type 'W8A8', which has no moe scheme"):
+    with pytest.raises(
+        QuantDescriptionError, match=r"layer 'm\.experts' has quant type 'W8A8', which has no moe scheme"
+    ):
         experts_w8a8.scheme_for("m.experts", "moe")
 
 
@@ -91,9 +95,13 @@ def test_bad_layer_kind_and_missing_layers():
     d = QuantDescription(_description())
     with pytest.raises(ValueError, match="layer_kind must be one of linear, moe, attention, got 'mlp'"):
         d.scheme_for("model.layers.0.mlp.down_proj", "mlp")
-    with pytest.raises(KeyError, match=r"tensor 'model\.layers\.9\.fc\.weight' is not in the quant description <dict>"):
+    with pytest.raises(
+        KeyError, match=r"tensor 'model\.layers\.9\.fc\.weight' is not in the quant description <dict>"
+    ):
         d.scheme_for("model.layers.9.fc", "linear")
-    with pytest.raises(KeyError, match=r"fused layer 'model\.layers\.7\.self_attn\.qkv_proj': none of its shards"):
+    with pytest.raises(
+        KeyError, match=r"fused layer 'model\.layers\.7\.self_attn\.qkv_proj': none of its shards"
+    ):
         d.scheme_for("model.layers.7.self_attn.qkv_proj", "linear")
     with pytest.raises(KeyError, match=r"MoE layer 'model.layers.0.mlp.experts': no"):
         d.scheme_for("model.layers.0.mlp.experts", "moe")
@@ -128,9 +136,7 @@ def test_gate_up_mismatch_and_custom_packed_modules():
 
 
 def test_310p_types_only_for_310p_family():
-    raw = _description(
-        model_quant_type="W8A8SC", **{"model.layers.0.mlp.down_proj.weight": "W8A8S"}
-    )
+    raw = _description(model_quant_type="W8A8SC", **{"model.layers.0.mlp.down_proj.weight": "W8A8S"})
     assert _problems(raw, family="A2") == [
         "model.layers.0.mlp.down_proj.weight = 'W8A8S': W8A8S is only supported on the 310P family, "
         "this description is for family A2",
@@ -164,7 +170,9 @@ def test_every_problem_is_reported_with_field_and_allowed_values():
         "model_quant_type, version, group_size, fa_quant_type, indexer_quant_type, kv_cache_type, "
         "max_supported_tp, is_rot_used"
     )
-    assert problems[1].startswith("model.layers.0.mlp.down_proj.weight = 'w8a8': expected one of FLOAT, W8A8,")
+    assert problems[1].startswith(
+        "model.layers.0.mlp.down_proj.weight = 'w8a8': expected one of FLOAT, W8A8,"
+    )
     assert "W8A8S" not in problems[1]
     assert problems[2].startswith("missing required key 'model_quant_type' (one of W8A8, W8A8_DYNAMIC,")
     assert problems[3:] == [
@@ -202,7 +210,9 @@ def test_load_from_file_and_model_dir(tmp_path):
 
 
 def test_file_errors_name_the_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"quant description not found: .*quant_model_description\.json"):
+    with pytest.raises(
+        FileNotFoundError, match=r"quant description not found: .*quant_model_description\.json"
+    ):
         QuantDescription(tmp_path)
     bad = tmp_path / "d.json"
     bad.write_text('{"model_quant_type": "W8A8",\n "x.weight": }')
@@ -222,5 +232,7 @@ def test_unknown_family_and_tp_limit():
         QuantDescription(_description(), family="B9")
     d = QuantDescription(_description(max_supported_tp=4))
     d.check_tensor_parallel(4)
-    with pytest.raises(ValueError, match="tensor_parallel_size=8 exceeds max_supported_tp=4 of the quant description"):
+    with pytest.raises(
+        ValueError, match="tensor_parallel_size=8 exceeds max_supported_tp=4 of the quant description"
+    ):
         d.check_tensor_parallel(8)

@@ -60,7 +60,9 @@ def test_weight_specs_and_checks():
     p = W8A8DynamicLinear.quantize_weight(torch.randn(8, 4))
     with pytest.raises(ValueError, match=r"weight must be a 2-D int8 tensor, got \(8, 4\) torch.float32"):
         W8A8DynamicLinear.apply(torch.randn(2, 4), p["weight"].float(), p["weight_scale"], p["weight_offset"])
-    with pytest.raises(ValueError, match=r"weight_scale must hold one value per output channel \(8\), got shape \(7,\)"):
+    with pytest.raises(
+        ValueError, match=r"weight_scale must hold one value per output channel \(8\), got shape \(7,\)"
+    ):
         W8A8DynamicLinear.apply(torch.randn(2, 4), p["weight"], p["weight_scale"][:7, 0], p["weight_offset"])
     with pytest.raises(ValueError, match="weight_offset must hold integer values"):
         W8A8DynamicLinear.apply(torch.randn(2, 4), p["weight"], p["weight_scale"], p["weight_offset"] + 0.5)
@@ -74,6 +76,9 @@ def test_weight_specs_and_checks():
 
 def test_get_scheme():
     assert get_scheme("linear:W8A8_DYNAMIC") is W8A8DynamicLinear
-    with pytest.raises(KeyError, match="scheme 'moe:W4A8_DYNAMIC' has no implementation in vllm-ascend-quant; "
-                       "implemented: linear:W8A8_DYNAMIC"):
+    with pytest.raises(
+        KeyError,
+        match="scheme 'moe:W4A8_DYNAMIC' has no implementation in vllm-ascend-quant; "
+        "implemented: linear:W8A8_DYNAMIC",
+    ):
         get_scheme("moe:W4A8_DYNAMIC")

@@ -122,7 +122,9 @@ def test_vllm_call_shape():
     token_ids = np.zeros((8, 64), dtype=np.int32)
     token_ids[0, :6] = [1, 2, 3, 4, 1, 2]
     token_ids[1, :6] = [1, 2, 3, 4, 1, 2]
-    out = p.propose(2, [[2], []], np.array([6, 6, 0, 0, 0, 0, 0, 0], dtype=np.int32), token_ids, slot_mappings=None)
+    out = p.propose(
+        2, [[2], []], np.array([6, 6, 0, 0, 0, 0, 0, 0], dtype=np.int32), token_ids, slot_mappings=None
+    )
     assert out == [[3, 4], []]
 
 
@@ -144,11 +146,15 @@ def test_config_validation_messages():
 
 def test_input_validation_messages():
     p = NgramProposer(1, 2, 3, 10)
-    with pytest.raises(ValueError, match=re.escape("token_ids must be 2-D and num_tokens 1-D, got shapes (10,) and (1,)")):
+    with pytest.raises(
+        ValueError, match=re.escape("token_ids must be 2-D and num_tokens 1-D, got shapes (10,) and (1,)")
+    ):
         p.propose_batch(np.zeros(10, dtype=np.int64), np.array([3]))
     with pytest.raises(ValueError, match=re.escape("num_tokens has 3 requests but token_ids only 2 rows")):
         p.propose_batch(np.zeros((2, 10), dtype=np.int64), np.array([1, 2, 3]))
-    with pytest.raises(ValueError, match=re.escape("num_tokens must lie in [0, 10] (the columns of token_ids)")):
+    with pytest.raises(
+        ValueError, match=re.escape("num_tokens must lie in [0, 10] (the columns of token_ids)")
+    ):
         p.propose_batch(np.zeros((2, 10), dtype=np.int64), np.array([1, 11]))
     with pytest.raises(ValueError, match=re.escape("active must have shape (2,), got (3,)")):
         p.propose_batch(np.zeros((2, 10), dtype=np.int64), np.array([1, 1]), active=np.ones(3, dtype=bool))
@@ -157,9 +163,14 @@ def test_input_validation_messages():
 def test_from_vllm_config():
     spec = SimpleNamespace(prompt_lookup_min=2, prompt_lookup_max=4, num_speculative_tokens=3)
     cfg = SimpleNamespace(speculative_config=spec, model_config=SimpleNamespace(max_model_len=2048))
-    assert repr(NgramProposer.from_vllm_config(cfg)) == "NgramProposer(min_n=2, max_n=4, k=3, max_model_len=2048)"
+    assert (
+        repr(NgramProposer.from_vllm_config(cfg))
+        == "NgramProposer(min_n=2, max_n=4, k=3, max_model_len=2048)"
+    )
     spec.prompt_lookup_max = None
-    with pytest.raises(NgramConfigError, match=r"speculative_config\.prompt_lookup_max must be set for the ngram method"):
+    with pytest.raises(
+        NgramConfigError, match=r"speculative_config\.prompt_lookup_max must be set for the ngram method"
+    ):
         NgramProposer.from_vllm_config(cfg)
     with pytest.raises(NgramConfigError, match=r"vllm_config\.speculative_config is required"):
         NgramProposer.from_vllm_config(SimpleNamespace(speculative_config=None))

@@ -17,7 +17,7 @@ EXTENSION = ExtensionDescriptor(
     name="netloader",
     version=__version__,
     core_requires=">=0.1,<0.2",
-    provides=('model_loaders',),
+    provides=("model_loaders",),
     register=register,
     description="Network model loading from peer instances",
 )

@@ -121,7 +121,9 @@ class SeedClient:
         for attempt in range(self.retries + 1):
             raw = self._retrying(f"fetching tensor {name!r}", lambda: self._get(f"/tensors/{name}").content)
             if len(raw) != entry.nbytes:
-                raise ProtocolError(f"tensor {name!r}: the seed sent {len(raw)} bytes, the manifest says {entry.nbytes}")
+                raise ProtocolError(
+                    f"tensor {name!r}: the seed sent {len(raw)} bytes, the manifest says {entry.nbytes}"
+                )
             view[:] = raw
             digest = hashlib.sha256(view).hexdigest()
             if digest == entry.sha256:
@@ -160,7 +162,9 @@ class SeedClient:
         for entry in self._verified(entries, buffers):
             yield entry.name, buffers.pop(entry.name)
 
-    def _verified(self, entries: list[TensorEntry], buffers: dict[str, torch.Tensor]) -> Iterator[TensorEntry]:
+    def _verified(
+        self, entries: list[TensorEntry], buffers: dict[str, torch.Tensor]
+    ) -> Iterator[TensorEntry]:
         """Stream ``entries`` into ``buffers`` (allocated on demand), yielding each once verified.
 
         A broken stream is resumed after the last whole tensor, at most ``retries`` times.
@@ -222,9 +226,13 @@ class SeedClient:
                     current = next(pending, None)
                     filled = 0
                     if current is None:
-                        raise ProtocolError(f"unexpected TENSOR frame for {header['name']!r} after the last tensor")
+                        raise ProtocolError(
+                            f"unexpected TENSOR frame for {header['name']!r} after the last tensor"
+                        )
                 if (header["name"], header["start"], header["offset"]) != (
-                    current.name, filled, current.offset + filled
+                    current.name,
+                    filled,
+                    current.offset + filled,
                 ):
                     raise ProtocolError(
                         f"TENSOR frame out of order: got {header['name']!r} at byte {header['start']} "

@@ -21,13 +21,19 @@ class NetLoaderConfig:
     @classmethod
     def from_extra_config(cls, extra: Any) -> NetLoaderConfig:
         if not isinstance(extra, Mapping):
-            raise ValueError(f"{_PREFIX} must be a dict for load format 'netloader', got {type(extra).__name__}")
+            raise ValueError(
+                f"{_PREFIX} must be a dict for load format 'netloader', got {type(extra).__name__}"
+            )
         allowed = ("source", "timeout", "retries")
         unknown = sorted(set(extra) - set(allowed))
         if unknown:
-            raise ValueError(f"{_PREFIX}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}")
+            raise ValueError(
+                f"{_PREFIX}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}"
+            )
         if "source" not in extra:
-            raise ValueError(f"{_PREFIX}.source is required for load format 'netloader' (e.g. 'http://10.0.0.2:18080')")
+            raise ValueError(
+                f"{_PREFIX}.source is required for load format 'netloader' (e.g. 'http://10.0.0.2:18080')"
+            )
         source = extra["source"]
         parts = urlsplit(source) if isinstance(source, str) else None
         try:

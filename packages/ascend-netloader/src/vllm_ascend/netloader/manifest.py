@@ -91,7 +91,9 @@ class TensorEntry:
         """Raise :class:`ManifestError` unless ``tensor`` can receive this entry's bytes."""
         problems = []
         if tensor.dtype != self.torch_dtype:
-            problems.append(f"tensor {self.name!r}: the seed serves {self.dtype}, the target is {tensor.dtype}")
+            problems.append(
+                f"tensor {self.name!r}: the seed serves {self.dtype}, the target is {tensor.dtype}"
+            )
         if tuple(tensor.shape) != self.shape:
             problems.append(
                 f"tensor {self.name!r}: the seed serves shape {list(self.shape)}, the target has {list(tensor.shape)}"
@@ -135,13 +137,17 @@ class Manifest:
             raise KeyError(f"tensor {name!r} is not in the manifest ({len(self.tensors)} tensors)") from None
 
     @classmethod
-    def from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> tuple[Manifest, dict[str, memoryview]]:
+    def from_state_dict(
+        cls, state_dict: Mapping[str, torch.Tensor]
+    ) -> tuple[Manifest, dict[str, memoryview]]:
         """The manifest of ``state_dict`` and the bytes of each tensor (the seed side)."""
         entries, data, offset = [], {}, 0
         for name, tensor in state_dict.items():
             raw = tensor_bytes(tensor)
             entries.append(
-                TensorEntry(name, dtype_name(tensor.dtype), tuple(tensor.shape), offset, raw.nbytes, sha256_hex(raw))
+                TensorEntry(
+                    name, dtype_name(tensor.dtype), tuple(tensor.shape), offset, raw.nbytes, sha256_hex(raw)
+                )
             )
             data[name] = raw
             offset += raw.nbytes
@@ -152,8 +158,14 @@ class Manifest:
             "format": FORMAT,
             "total_bytes": self.total_bytes,
             "tensors": [
-                {"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "offset": e.offset,
-                 "nbytes": e.nbytes, "sha256": e.sha256}
+                {
+                    "name": e.name,
+                    "dtype": e.dtype,
+                    "shape": list(e.shape),
+                    "offset": e.offset,
+                    "nbytes": e.nbytes,
+                    "sha256": e.sha256,
+                }
                 for e in self.tensors
             ],
         }
@@ -234,7 +246,7 @@ def _parse_entry(i: int, raw: Any, problems: list[str]) -> TensorEntry | None:
         problems.append(f"{label}.offset = {offset!r}: expected a non-negative integer")
     if not isinstance(digest, str) or not _SHA256.match(digest):
         problems.append(f"{label}.sha256 = {digest!r}: expected 64 lowercase hex digits")
-    if len(problems) > start:
+    if len(problems) > start or not isinstance(name, str):
         return None
     itemsize = DTYPES[dtype].itemsize
     expected = math.prod(shape) * itemsize

@@ -59,14 +59,18 @@ def _check_header(kind: MessageType, header: Any, payload_len: int) -> None:
     fields = _FIELDS[kind]
     for name in header:
         if name not in fields:
-            raise ProtocolError(f"{kind.name} frame header: unknown field {name!r}; allowed: {', '.join(fields)}")
+            raise ProtocolError(
+                f"{kind.name} frame header: unknown field {name!r}; allowed: {', '.join(fields)}"
+            )
     for name, typ in fields.items():
         if name not in header:
             raise ProtocolError(f"{kind.name} frame header: missing field {name!r}")
         value = header[name]
         if not isinstance(value, typ) or isinstance(value, bool):
-            raise ProtocolError(f"{kind.name} frame header: field {name!r} must be {typ.__name__}, got {value!r}")
-        if typ is int and value < 0:
+            raise ProtocolError(
+                f"{kind.name} frame header: field {name!r} must be {typ.__name__}, got {value!r}"
+            )
+        if isinstance(value, int) and value < 0:
             raise ProtocolError(f"{kind.name} frame header: field {name!r} must be >= 0, got {value}")
     if kind is MessageType.TENSOR:
         if header["length"] != payload_len:
@@ -166,7 +170,9 @@ class FrameReader:
         if got == 0:
             return None
         if got < PREFIX.size:
-            raise ProtocolError(f"truncated frame: stream ended after {got} of {PREFIX.size} frame-prefix bytes")
+            raise ProtocolError(
+                f"truncated frame: stream ended after {got} of {PREFIX.size} frame-prefix bytes"
+            )
         magic, version, kind, header_len, payload_len = PREFIX.unpack(prefix)
         if magic != MAGIC:
             raise ProtocolError(f"bad frame magic {magic!r}, expected {MAGIC!r}")
@@ -197,7 +203,9 @@ class FrameReader:
     def readinto(self, out: memoryview) -> None:
         """Fill ``out`` (exactly the current frame's unread payload) with the payload."""
         if len(out) != self._pending:
-            raise ProtocolError(f"payload buffer of {len(out)} bytes for a payload of {self._pending} unread bytes")
+            raise ProtocolError(
+                f"payload buffer of {len(out)} bytes for a payload of {self._pending} unread bytes"
+            )
         got = self._fill(out)
         self._pending -= got
         if self._pending:

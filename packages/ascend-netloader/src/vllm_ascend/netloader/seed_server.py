@@ -65,7 +65,9 @@ def create_app(manifest: Manifest, data: dict[str, memoryview], stream_port: int
         size = manifest.entry(name).nbytes
         stop = size if end is None else end
         if not 0 <= start <= stop <= size:
-            raise HTTPException(416, f"byte range [{start}, {stop}) is outside tensor {name!r} of {size} bytes")
+            raise HTTPException(
+                416, f"byte range [{start}, {stop}) is outside tensor {name!r} of {size} bytes"
+            )
         return Response(content=bytes(data[name][start:stop]), media_type="application/octet-stream")
 
     return app
@@ -77,7 +79,9 @@ class SeedServer:
     ``app`` defaults to :func:`create_app` over the stream server's manifest and data.
     """
 
-    def __init__(self, stream: TensorStreamServer, host: str = "127.0.0.1", port: int = 0, app: Any = None) -> None:
+    def __init__(
+        self, stream: TensorStreamServer, host: str = "127.0.0.1", port: int = 0, app: Any = None
+    ) -> None:
         import uvicorn
 
         self.stream = stream

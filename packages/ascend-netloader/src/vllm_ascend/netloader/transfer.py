@@ -27,7 +27,12 @@ def tensor_frames(
         raw = data[entry.name]
         for start in range(0, max(entry.nbytes, 1), chunk_bytes):
             piece = raw[start : start + chunk_bytes]
-            header = {"name": entry.name, "offset": entry.offset + start, "start": start, "length": len(piece)}
+            header = {
+                "name": entry.name,
+                "offset": entry.offset + start,
+                "start": start,
+                "length": len(piece),
+            }
             yield encode_prefix(MessageType.TENSOR, header, len(piece))
             if len(piece):
                 yield piece
@@ -48,7 +53,9 @@ class TensorStreamServer:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         self.manifest, self.data, self.chunk_bytes = manifest, data, chunk_bytes
-        self._listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self._listener = socket.create_server(
+            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
+        )
         self.host, self.port = host, self._listener.getsockname()[1]
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
@@ -72,7 +79,9 @@ class TensorStreamServer:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn,), name="netloader-stream-conn", daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(conn,), name="netloader-stream-conn", daemon=True
+            ).start()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:

@@ -17,7 +17,7 @@ EXTENSION = ExtensionDescriptor(
     name="quant",
     version=__version__,
     core_requires=">=0.1,<0.2",
-    provides=('quant_methods',),
+    provides=("quant_methods",),
     register=register,
     description="ModelSlim quantization descriptions and schemes",
 )

@@ -285,7 +285,9 @@ def _read(source: Mapping[str, Any] | str | os.PathLike[str]) -> tuple[Mapping[s
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise QuantDescriptionError(label, [f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"]) from None
+        raise QuantDescriptionError(
+            label, [f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"]
+        ) from None
     if not isinstance(raw, dict):
         raise QuantDescriptionError(label, [f"top level must be a JSON object, got {type(raw).__name__}"])
     return raw, label

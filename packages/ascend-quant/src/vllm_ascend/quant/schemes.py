@@ -52,7 +52,9 @@ class W8A8DynamicLinear:
     def quantize_weight(weight: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-output-channel symmetric int8 quantization of a float ``[out, in]`` weight."""
         if weight.dim() != 2 or not weight.is_floating_point():
-            raise ValueError(f"weight must be a 2-D floating-point tensor, got {tuple(weight.shape)} {weight.dtype}")
+            raise ValueError(
+                f"weight must be a 2-D floating-point tensor, got {tuple(weight.shape)} {weight.dtype}"
+            )
         q, scale = quantize_per_token(weight)
         return {"weight": q, "weight_scale": scale, "weight_offset": torch.zeros_like(scale)}
 
@@ -64,7 +66,9 @@ class W8A8DynamicLinear:
         rows = weight.shape[0]
         for name, t in (("weight_scale", weight_scale), ("weight_offset", weight_offset)):
             if t.numel() != rows:
-                raise ValueError(f"{name} must hold one value per output channel ({rows}), got shape {tuple(t.shape)}")
+                raise ValueError(
+                    f"{name} must hold one value per output channel ({rows}), got shape {tuple(t.shape)}"
+                )
         if not torch.equal(weight_offset, torch.round(weight_offset)):
             raise ValueError("weight_offset must hold integer values (ModelSlim stores them as floats)")
 

@@ -17,7 +17,7 @@ EXTENSION = ExtensionDescriptor(
     name="specdecode",
     version=__version__,
     core_requires=">=0.1,<0.2",
-    provides=('spec_decode_methods',),
+    provides=("spec_decode_methods",),
     register=register,
     description="Speculative decoding proposers",
 )
