@@ -6,6 +6,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+
 import vllm_ascend.core as core
 from vllm_ascend.core.config import (
     AscendCompilationConfig,
@@ -46,6 +47,7 @@ def test_defaults_match_the_intended_behaviour():
     assert c.eplb_config.expert_heat_collection_interval == 400
     assert c.eplb_config.algorithm_execution_interval == 30
     assert c.eplb_config.num_redundant_experts == 0
+    assert (c.eplb_config.num_warmup_iterations, c.eplb_config.load_collection_phase) == (0, "all")
     # graph fusion on with every pass; no split points.
     comp = c.ascend_compilation_config
     assert comp.enable_graph_fusion and not comp.enable_npugraph_ex
@@ -241,7 +243,7 @@ def test_describe_lists_every_leaf_option_with_help():
     paths = [r[0] for r in rows]
     assert "additional_config.eplb_config.expert_heat_collection_interval" in paths
     assert "additional_config.ascend_compilation_config.fusion.fuse_qknorm_rope" in paths
-    assert len(paths) == len(set(paths)) == 57
+    assert len(paths) == len(set(paths)) == 59
     assert all(r[3] for r in rows)
 
 
@@ -277,3 +279,25 @@ def test_worker_process_builds_the_config_from_vllms_current_config():
         config = get_ascend_config()
     assert config.enable_kv_nz is True and config.eplb_config.policy_name == "random"
     assert get_ascend_config() is config
+
+
+def test_eplb_package_reads_the_eplb_section():
+    eplb = pytest.importorskip("vllm_ascend.eplb.config")
+    section = AscendConfig.from_dict(
+        {
+            "eplb_config": {
+                "dynamic_eplb": True,
+                "num_redundant_experts": 4,
+                "eplb_policy_type": "flashlb",
+                "num_warmup_iterations": 3,
+                "load_collection_phase": "decode",
+            }
+        }
+    ).eplb_config
+    settings = eplb.EplbSettings.from_any(section)
+    assert (settings.dynamic_eplb, settings.num_redundant_experts, settings.num_warmup_iterations) == (
+        True,
+        4,
+        3,
+    )
+    assert settings.load_collection_phase == "decode" and settings.eplb_policy_type == 3

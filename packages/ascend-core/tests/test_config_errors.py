@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+
 from vllm_ascend.core.config import AscendConfig, ConfigError, EplbConfig
 
 TOP_KEYS = (
@@ -16,7 +17,8 @@ TOP_KEYS = (
 )
 EPLB_KEYS = (
     "algorithm_execution_interval, dynamic_eplb, eplb_policy_type, expert_heat_collection_interval, "
-    "expert_map_path, expert_map_record_path, num_redundant_experts"
+    "expert_map_path, expert_map_record_path, load_collection_phase, num_redundant_experts, "
+    "num_warmup_iterations"
 )
 P = "additional_config"
 E = f"{P}.eplb_config"
@@ -82,6 +84,14 @@ CASES = [
     (
         {"eplb_config": {"expert_heat_collection_interval": 0}},
         f"{E}.expert_heat_collection_interval = 0 is out of range; allowed: >= 1",
+    ),
+    (
+        {"eplb_config": {"load_collection_phase": "both"}},
+        f"{E}.load_collection_phase = 'both' is invalid; allowed values: 'all', 'prefill', 'decode'",
+    ),
+    (
+        {"eplb_config": {"num_warmup_iterations": -5}},
+        f"{E}.num_warmup_iterations = -5 is out of range; allowed: >= 0",
     ),
     (
         {"eplb_config": {"eplb_policy_type": 7}},

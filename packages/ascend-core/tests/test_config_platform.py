@@ -81,7 +81,8 @@ def test_platform_rejects_bad_additional_config_with_the_config_message(tmp_path
     assert (
         "unknown option additional_config.eplb_config.dynamic_eplbb; did you mean 'dynamic_eplb'? Allowed keys: "
         "algorithm_execution_interval, dynamic_eplb, eplb_policy_type, expert_heat_collection_interval, "
-        "expert_map_path, expert_map_record_path, num_redundant_experts"
+        "expert_map_path, expert_map_record_path, load_collection_phase, num_redundant_experts, "
+        "num_warmup_iterations"
     ) in results["unknown_key"]["error"]
     assert (
         "additional_config.eplb_config.expert_heat_collection_interval = 0 is out of range; allowed: >= 1"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from vllm_ascend.core.cpu_binding import (
     CpuAlloc,
     CpuBindingError,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from vllm_ascend.core import envs
 from vllm_ascend.core.envs import EnvError, EnvVar
 

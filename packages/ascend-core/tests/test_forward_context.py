@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from vllm_ascend.core import batch_invariant as bi
 from vllm_ascend.core.device.family import AscendDeviceType
 from vllm_ascend.core.forward_context import (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from vllm_ascend.core.alignment import align_down, align_up, aligned_16, is_aligned, pad_to_alignment
 from vllm_ascend.core.layout import nd_to_nz, nz_block_shape, nz_shape, nz_to_nd, use_nz_weight
 

@@ -6,6 +6,7 @@ import io
 import logging
 
 import pytest
+
 from vllm_ascend.core import logger as ascend_logger
 from vllm_ascend.core.logger import (
     AscendColoredFormatter,

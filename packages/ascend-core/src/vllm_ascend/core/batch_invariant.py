@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import torch
+
 from vllm_ascend.core import envs
 
 CHUNK = 64

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
 from vllm_ascend.core.device.family import AscendDeviceType
 from vllm_ascend.core.family import current_family
 from vllm_ascend.core.moe_comm import (

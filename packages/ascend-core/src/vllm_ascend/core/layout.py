@@ -9,6 +9,7 @@ element type (16 for fp16/bf16, 32 for int8, 8 for fp32/int32).
 from __future__ import annotations
 
 import torch
+
 from vllm_ascend.core import envs
 from vllm_ascend.core.alignment import ALIGNMENT, align_up
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 
 import torch
+
 from vllm_ascend.core import envs
 from vllm_ascend.core.device.family import AscendDeviceType
 

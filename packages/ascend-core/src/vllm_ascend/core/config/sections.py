@@ -87,6 +87,12 @@ class EplbConfig(Section):
     algorithm_execution_interval: int = option(
         30, ge=1, doc="Forward steps over which a computed placement is applied layer by layer."
     )
+    num_warmup_iterations: int = option(
+        0, ge=0, doc="Forward steps after start-up whose expert load is not recorded."
+    )
+    load_collection_phase: str = option(
+        "all", choices=("all", "prefill", "decode"), doc="Which batches' expert load is recorded."
+    )
     eplb_policy_type: int = option(
         2,
         choices=(0, 1, 2, 3),
