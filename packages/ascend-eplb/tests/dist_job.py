@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
+
 from vllm_ascend.eplb.adaptor import VllmEplbAdaptor
 from vllm_ascend.eplb.config import EplbSettings
 from vllm_ascend.eplb.d2d import D2DExpertWeightLoader

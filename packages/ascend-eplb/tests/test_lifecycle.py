@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from vllm_ascend.eplb import AscendEPLBController, EplbMetrics, EplbProcess, EplbUpdator, EplbWorker
 from vllm_ascend.eplb.adaptor import VllmEplbAdaptor, unwrap_moe
 from vllm_ascend.eplb.config import EplbSettings, init_eplb_config
@@ -132,9 +133,8 @@ def test_adaptor_and_controller_phase_filtering():
 
 
 def test_metrics_handler_publishes_rank0_hotness():
-    from prometheus_client import CollectorRegistry
-
-    registry = CollectorRegistry()
+    prometheus = pytest.importorskip("prometheus_client")  # vLLM's dependency, not this package's
+    registry = prometheus.CollectorRegistry()
     metrics = EplbMetrics(registry)
     table = np.array([[[0, 1], [2, 3]]])
     plan = EplbWorker("default").do_update(table, slot_weights(table, np.array([[6.0, 2.0, 1.0, 1.0]])))

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 import vllm_ascend.eplb as eplb
 
 

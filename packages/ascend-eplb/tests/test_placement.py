@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+
 from vllm_ascend.eplb import (
     EplbInputError,
     expert_file_to_tensor,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from vllm_ascend.eplb import DefaultEplb, EplbInputError, FlashLB, PolicyFactory, RandomLoadBalance
 from vllm_ascend.eplb.placement import generate_global_placement
 from vllm_ascend.eplb.policy.base import EplbPolicy
@@ -171,3 +172,25 @@ def test_factory_names_codes_and_errors():
     with pytest.raises(EplbInputError, match="max_move_fraction"):
         PolicyFactory.generate_policy("swift", {"max_move_fraction": 2.0}).rebalance_experts(
             np.array([[[0, 1], [2, 3]]]), np.array([[[9.0, 9.0], [1.0, 1.0]]]))
+
+
+def test_shift_replicas_moves_copies_to_the_hottest_expert():
+    from vllm_ascend.eplb.policy.packing import shift_replicas
+
+    load = np.array([[10.0, 1.0, 1.0, 4.0]])
+    counts = np.array([[1, 2, 2, 1]])
+    assert shift_replicas(load, counts, np.array([1]), 4).tolist() == [[2, 1, 2, 1]]
+    assert shift_replicas(load, counts, np.array([5]), 4).tolist() == [[3, 1, 1, 1]]
+    # no move once the largest per-replica load cannot drop
+    assert shift_replicas(np.array([[4.0, 4.0]]), np.array([[2, 2]]), np.array([3]), 4).tolist() == [[2, 2]]
+
+
+def test_flashlb_with_a_full_budget_matches_a_fresh_packing():
+    rng = np.random.default_rng(5)
+    load = np.stack([rng.permutation(1.0 / np.arange(1, 33)) for _ in range(4)]) * 1e4
+    table = generate_global_placement(32, 8, 8, 4)
+    samples = np.stack([slot_weights(table, load * rng.uniform(0.9, 1.1, load.shape)) for _ in range(8)])
+    _, _, flash = FlashLB({"max_move_fraction": 1.0}).rebalance_experts(table, samples)
+    _, _, default = DefaultEplb().rebalance_experts(table, samples.sum(axis=0))
+    assert np.all(imbalance(flash, load) < 1.05)
+    assert imbalance(flash, load).mean() <= imbalance(default, load).mean() + 0.02

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from vllm_ascend.eplb.expert_map_file import save_expert_map
 from vllm_ascend.eplb.placement import generate_expert_map, generate_log2phy_map
 

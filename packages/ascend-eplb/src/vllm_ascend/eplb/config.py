@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
+
 from vllm_ascend.eplb.expert_map_file import expert_file_to_tensor
 from vllm_ascend.eplb.placement import generate_expert_map, generate_global_placement, generate_log2phy_map
 from vllm_ascend.eplb.validation import EplbInputError

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from vllm_ascend.eplb.adaptor import VllmEplbAdaptor
 from vllm_ascend.eplb.placement import generate_expert_map, generate_log2phy_map
 from vllm_ascend.eplb.worker import LayerUpdate

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 import numpy as np
+
 from vllm_ascend.eplb.validation import EplbInputError, as_expert_table
 
 

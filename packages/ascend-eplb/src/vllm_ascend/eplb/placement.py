@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from vllm_ascend.eplb.validation import EplbInputError, as_expert_table, local_slots
 
 

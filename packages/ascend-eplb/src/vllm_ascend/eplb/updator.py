@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
 from vllm_ascend.eplb.adaptor import VllmEplbAdaptor
 from vllm_ascend.eplb.config import EplbSettings
 from vllm_ascend.eplb.d2d import D2DExpertWeightLoader, ExpertWeightUpdateState

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from vllm_ascend.eplb.policy.factory import PolicyFactory
 from vllm_ascend.eplb.policy.packing import imbalance, logical_load
 from vllm_ascend.eplb.validation import EplbInputError, as_expert_table, as_workload, valid_layers

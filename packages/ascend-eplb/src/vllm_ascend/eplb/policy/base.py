@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
 from vllm_ascend.eplb.policy.packing import imbalance, logical_load
 from vllm_ascend.eplb.validation import EplbInputError, as_expert_table, as_workload, valid_layers
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from vllm_ascend.eplb.policy.base import EplbPolicy
 from vllm_ascend.eplb.policy.packing import (
     align_ranks,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
+
 from vllm_ascend.eplb.policy.base import EplbPolicy
 from vllm_ascend.eplb.policy.packing import (
     align_ranks,
