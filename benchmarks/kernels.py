@@ -35,6 +35,7 @@ for src in ("packages/ascend-kernels/src", "packages/ascend-core/src"):
 
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
+
 import vllm_ascend.kernels as K  # noqa: E402
 from vllm_ascend.kernels import (  # noqa: E402
     conv1d,

@@ -10,6 +10,7 @@ import types
 
 import pytest
 import torch
+
 import vllm_ascend.kernels as K
 from vllm_ascend.core.registry import KERNELS, load_object, registering_as
 from vllm_ascend.kernels import _backend

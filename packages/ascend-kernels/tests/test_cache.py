@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 import vllm_ascend.kernels as K
 from vllm_ascend.kernels import kv_zero, slot_mapping
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 import vllm_ascend.kernels as K
 from vllm_ascend.kernels import bad_words, penalties
 from vllm_ascend.kernels._triton import penalties as penalties_triton

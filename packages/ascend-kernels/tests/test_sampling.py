@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 import vllm_ascend.kernels as K
 from vllm_ascend.kernels import gumbel, logprobs, min_p, temperature, top_k_top_p
 from vllm_ascend.kernels._triton import top_k_top_p as tkp_triton

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 import vllm_ascend.kernels as K
 from vllm_ascend.kernels import conv1d, gdn_gating
 

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+
 from vllm_ascend.kernels import warmup
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
 from vllm_ascend.core.logger import init_logger
 
 logger = init_logger(__name__)

@@ -8,6 +8,7 @@ Layouts follow vLLM's: tokens are channel-first, the conv state of a sequence ho
 from __future__ import annotations
 
 import torch
+
 from vllm_ascend.kernels._backend import dispatch
 
 ACTIVATIONS = (None, "silu", "swish")

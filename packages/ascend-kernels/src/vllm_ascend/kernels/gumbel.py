@@ -10,6 +10,7 @@ xor and shifts are used, so the torch reference and the Triton kernel draw bit-i
 from __future__ import annotations
 
 import torch
+
 from vllm_ascend.kernels._backend import dispatch
 
 MASK32 = 0xFFFFFFFF

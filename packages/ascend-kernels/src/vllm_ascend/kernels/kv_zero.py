@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
 from vllm_ascend.kernels._backend import dispatch
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from vllm_ascend.kernels._backend import dispatch
 
 

@@ -9,6 +9,7 @@ not depend on a sort order, so a threshold search and a full sort give the same 
 from __future__ import annotations
 
 import torch
+
 from vllm_ascend.kernels._backend import dispatch
 
 

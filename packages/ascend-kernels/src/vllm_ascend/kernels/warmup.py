@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
+
 from vllm_ascend.core.logger import init_logger
 
 logger = init_logger(__name__)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 import triton
 import triton.language as tl
+
 from vllm_ascend.kernels.kv_zero import block_dims_for
 
 _UNITS = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.int8}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from vllm_ascend.kernels._triton.common import ROW_WARPS, check_logits, row_block
 
 

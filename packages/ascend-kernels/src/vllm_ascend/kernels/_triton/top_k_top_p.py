@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, SMALL_BATCH_ROWS, check_logits
 
 NUM_PIVOTS = 8
