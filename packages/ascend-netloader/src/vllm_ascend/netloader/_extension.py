@@ -8,16 +8,17 @@ from vllm_ascend.netloader._version import __version__
 
 def register() -> None:
     """Fill core's registries with lazy paths (nothing heavy is imported here)."""
-    from vllm_ascend.core.registry import MODEL_LOADERS
+    from vllm_ascend.core.registry import CLI_COMMANDS, MODEL_LOADERS
 
     MODEL_LOADERS.register("netloader", "vllm_ascend.netloader.loader:NetLoader")
+    CLI_COMMANDS.register("netloader-seed", "vllm_ascend.netloader.cli:SEED_COMMAND")
 
 
 EXTENSION = ExtensionDescriptor(
     name="netloader",
     version=__version__,
     core_requires=">=0.1,<0.2",
-    provides=("model_loaders",),
+    provides=("model_loaders", "cli_commands"),
     register=register,
     description="Network model loading from peer instances",
 )
