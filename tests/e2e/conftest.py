@@ -21,6 +21,7 @@ for _name, _value in {
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
 from vllm_ascend.runner.testing.tiny_models import build_tiny_model, llama_spec, qwen3_spec  # noqa: E402
 
 

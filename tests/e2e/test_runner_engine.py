@@ -42,6 +42,7 @@ def _generate(llm, prompts, **params):
 
 def test_our_platform_worker_runner_backend_and_ops_ran(llm, qwen3_prompts):
     from vllm.platforms import current_platform
+
     from vllm_ascend.core.device.adaptor import get_device_adaptor
     from vllm_ascend.core.platform import NPUPlatform
     from vllm_ascend.runner.attention.impl import AscendAttentionImpl
@@ -158,5 +159,18 @@ def test_sleep_releases_memory_and_wake_up_restores(llm, qwen3_prompts, qwen3_hf
     assert weight.untyped_storage().nbytes() == 0
     llm.wake_up()
     assert kv.untyped_storage().nbytes() > 0
+    outputs = _generate(llm, qwen3_prompts, max_tokens=12, temperature=0.0, ignore_eos=True)
+    assert [list(o.token_ids) for o in outputs] == qwen3_hf.token_ids
+
+
+def test_sleep_level_2_discards_weights_until_reloaded(llm, qwen3_prompts, qwen3_hf):
+    worker = _worker(llm)
+    weight = worker.model_runner.model.model.embed_tokens.weight
+    llm.sleep(level=2)
+    assert weight.untyped_storage().nbytes() == 0
+    llm.wake_up(tags=["weights"])
+    assert weight.abs().sum() == 0  # re-allocated, contents discarded
+    llm.collective_rpc("reload_weights")
+    llm.wake_up(tags=["kv_cache"])
     outputs = _generate(llm, qwen3_prompts, max_tokens=12, temperature=0.0, ignore_eos=True)
     assert [list(o.token_ids) for o in outputs] == qwen3_hf.token_ids

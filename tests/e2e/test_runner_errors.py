@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from vllm_ascend.runner.testing.tiny_models import build_tiny_model, qwen3_spec
 
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from vllm.v1.attention.backend import CommonAttentionMetadata
+
 from vllm_ascend.runner.attention.backend import AscendAttentionBackend, AttentionConfigError, check_supported
 from vllm_ascend.runner.attention.impl import AscendAttentionImpl
 from vllm_ascend.runner.attention.metadata import AscendAttentionMetadataBuilder

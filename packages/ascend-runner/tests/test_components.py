@@ -9,6 +9,7 @@ import pytest
 import torch
 from vllm.model_executor.custom_op import op_registry_oot
 from vllm.v1.kv_cache_interface import FullAttentionSpec
+
 from vllm_ascend.runner.kv_zeroer import AscendKVBlockZeroer, block_major_view
 from vllm_ascend.runner.ops.registry import (
     CUSTOM_OPS,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from vllm.config import CacheConfig, CompilationMode, CUDAGraphMode, VllmConfig
+
 from vllm_ascend.core import platform as platform_module
 from vllm_ascend.core.platform import NPUPlatform, RunnerNotInstalledError
 from vllm_ascend.core.registry import WORKERS

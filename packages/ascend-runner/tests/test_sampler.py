@@ -6,6 +6,7 @@ import pytest
 import torch
 from vllm.v1.sample.logits_processor import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
+
 from vllm_ascend.runner.sample.sampler import AscendSampler, bad_words_csr, pad_token_lists, sampling_seeds
 
 B, V = 6, 64

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
+
 from vllm_ascend.core.device.detection import DeviceMode, detect
 from vllm_ascend.core.logger import init_logger
 

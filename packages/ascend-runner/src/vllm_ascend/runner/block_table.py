@@ -14,9 +14,10 @@ import math
 
 import numpy as np
 import torch
-import vllm_ascend.kernels as kernels
 from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.block_table import SlotMappingMode
+
+import vllm_ascend.kernels as kernels
 
 PAD_SLOT_ID = -1
 #: Block-table rows are padded so that their width covers a multiple of this many tokens.

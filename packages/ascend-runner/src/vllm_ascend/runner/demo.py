@@ -80,6 +80,7 @@ def run_demo(model_kind: str, max_tokens: int, cache_dir: Path | None) -> int:
     got = [list(o.outputs[0].token_ids) for o in outputs]
 
     from vllm.platforms import current_platform
+
     from vllm_ascend.core.device.adaptor import get_device_adaptor
 
     worker = llm.collective_rpc(lambda wrapper: wrapper.worker)[0]

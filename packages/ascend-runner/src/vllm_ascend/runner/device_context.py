@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+
 from vllm_ascend.core.platform import NPUPlatform
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from vllm.v1.worker import gpu_input_batch
 from vllm.v1.worker.gpu_input_batch import InputBatch
+
 from vllm_ascend.runner.block_table import MultiGroupBlockTable
 from vllm_ascend.runner.patching import replaced_names
 

@@ -13,8 +13,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import vllm_ascend.kernels as kernels
 from vllm.v1.kv_cache_interface import AttentionSpec
+
+import vllm_ascend.kernels as kernels
 
 
 def block_major_view(kv: torch.Tensor) -> torch.Tensor:

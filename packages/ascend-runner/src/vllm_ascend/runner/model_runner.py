@@ -15,6 +15,7 @@ from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.worker import gpu_model_runner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
 from vllm_ascend.runner import device_context
 from vllm_ascend.runner.input_batch import NPUInputBatch
 from vllm_ascend.runner.kv_zeroer import AscendKVBlockZeroer

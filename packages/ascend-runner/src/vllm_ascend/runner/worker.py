@@ -22,6 +22,7 @@ from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes
+
 from vllm_ascend.core.logger import init_logger
 from vllm_ascend.runner import device_context
 from vllm_ascend.runner.block_table import TRITON_KERNEL_OVERRIDES

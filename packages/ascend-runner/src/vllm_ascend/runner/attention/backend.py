@@ -7,6 +7,7 @@ from typing import ClassVar
 import torch
 from vllm.v1.attention.backend import AttentionBackend, MultipleOf
 from vllm.v1.kv_cache_layout import KVCacheLayout
+
 from vllm_ascend.core.platform import BLOCK_SIZE_MULTIPLE, NPUPlatform
 
 #: Head sizes the fused-infer-attention op takes: multiples of 16 up to 512.

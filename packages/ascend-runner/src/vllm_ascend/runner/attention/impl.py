@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from vllm.config import get_current_vllm_config_or_none
 from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
+
 from vllm_ascend.core.device.adaptor import get_device_adaptor
 from vllm_ascend.runner.attention.backend import AttentionConfigError, check_supported
 from vllm_ascend.runner.attention.metadata import AscendAttentionMetadata

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from vllm.model_executor.custom_op import CustomOp, PluggableLayer, op_registry_oot
+
 from vllm_ascend.runner.ops.activation import AscendSiluAndMul
 from vllm_ascend.runner.ops.layernorm import AscendRMSNorm
 from vllm_ascend.runner.ops.linear import (

@@ -12,12 +12,13 @@ run and batch), an unseeded request from the global torch RNG.
 from __future__ import annotations
 
 import torch
-import vllm_ascend.kernels as kernels
 from vllm.config.model import LogprobsMode
 from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
+
+import vllm_ascend.kernels as kernels
 
 _SAMPLING_EPS = 1e-5
 _SEED_BOUND = 1 << 62
