@@ -73,3 +73,21 @@ def test_serve_command_line():
     assert env["VLLM_ASCEND_DEVICE"] == "reference" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     with pytest.raises(ValueError, match="--device='gpu' is invalid; allowed values: auto, npu, reference"):
         server_env("gpu", {})
+
+
+def test_tiny_model_specs_and_builders():
+    from vllm_ascend.runner.testing.tiny_models import (
+        MODEL_BUILDERS,
+        TinyModelSpec,
+        build_tiny_model,
+        llama_spec,
+        qwen3_spec,
+        register_model_builder,
+    )
+
+    assert qwen3_spec().key() == qwen3_spec().key() != qwen3_spec(hidden_size=64).key()
+    assert llama_spec().kind == "llama" and {"qwen3", "llama"} <= set(MODEL_BUILDERS)
+    with pytest.raises(ValueError, match="kind 'mamba' is unknown; allowed: .*llama.*qwen3"):
+        build_tiny_model(TinyModelSpec(kind="mamba"))
+    with pytest.raises(ValueError, match="'qwen3' is already registered"):
+        register_model_builder("qwen3", lambda spec, vocab: None)

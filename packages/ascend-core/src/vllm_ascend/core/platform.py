@@ -63,6 +63,7 @@ class NPUPlatform(Platform):
     device_control_env_var = "ASCEND_RT_VISIBLE_DEVICES"
     dist_backend = "gloo" if _REFERENCE else "hccl"
     simple_compile_backend = "inductor" if _REFERENCE else "eager"
+    _triton_overrides_registered = False
 
     @classmethod
     def is_reference(cls) -> bool:
@@ -174,10 +175,13 @@ class NPUPlatform(Platform):
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
         """Swap vLLM's Triton slot-mapping kernel for the runner's torch implementation."""
+        if cls._triton_overrides_registered:  # once per process (vLLM calls this per worker init)
+            return
         from vllm.triton_utils.dispatcher import register_kernels
 
         worker = _workers().get("default")
         register_kernels(worker.triton_kernel_overrides())
+        cls._triton_overrides_registered = True
 
     @classmethod
     def apply_config_platform_defaults(cls, vllm_config: VllmConfig) -> None:
