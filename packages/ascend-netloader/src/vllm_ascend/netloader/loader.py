@@ -84,10 +84,10 @@ class NetLoader(BaseModelLoader):
             return
         seconds = time.perf_counter() - started
         logger.info(
-            "netloader: loaded %d tensors (%.1f MiB) from %s in %.2f s (%.2f GB/s)",
+            "netloader: loaded %d tensors (%.1f MiB) from %s in %.2f s (%.1f MiB/s)",
             len(manifest),
             received / 2**20,
             self.config.source,
             seconds,
-            received / seconds / 1e9,
+            received / seconds / 2**20,
         )
