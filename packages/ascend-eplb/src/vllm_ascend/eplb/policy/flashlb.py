@@ -9,6 +9,7 @@ import numpy as np
 from vllm_ascend.eplb.policy.base import EplbPolicy
 from vllm_ascend.eplb.policy.packing import (
     align_ranks,
+    better,
     keep_slots,
     logical_load,
     lpt_pack,
@@ -55,7 +56,8 @@ class FlashLB(EplbPolicy):
     the slots) and, where that plan is still above the lower bound by more than 20 × ``update_margin`` and the
     budget is at least half the slots, a fresh LPT packing aligned to the current ranks by Hungarian
     matching (used only when it fits the same move budget). The better candidate replaces the current placement only
-    when the current score exceeds it by more than ``update_margin`` (0.5%).
+    when the current score exceeds it by more than ``update_margin`` (0.5%), or when the incremental
+    plan keeps the score and narrows the spread of risk-weighted rank loads.
 
     The workload may be one sample ``[layers, ranks, slots]`` or several ``[samples, layers, ranks,
     slots]``; either is converted to logical loads and appended to the sliding window.
@@ -75,7 +77,6 @@ class FlashLB(EplbPolicy):
         z = self.option("risk_z", 0.674, lo=0.0)
         risk = samples.mean(axis=0) + z * samples.std(axis=0)
         budget = int(self.option("max_move_fraction", 0.3, lo=0.0, hi=1.0) * ranks * slots)
-        target = replica_counts(risk, ranks * slots, ranks)
         mean = risk.sum(axis=1) / ranks
         margin = self.option("update_margin", 0.005, lo=0.0)
 
@@ -84,10 +85,11 @@ class FlashLB(EplbPolicy):
         inc = swap_refine_widening(inc, inc_w, n, 100, 2e-3 * mean, left)
         inc = keep_slots(table, inc)
 
-        lower = np.maximum(mean, (risk / target).max(axis=1))
-        fresh = inc
-        need_fresh = slot_weights(inc, risk).sum(axis=2).max(axis=1) > lower * (1 + 20 * margin)
-        need_fresh &= budget >= ranks * slots // 2  # an aligned fresh packing moves about half the slots
+        fresh, need_fresh = inc, np.zeros(layers, dtype=bool)
+        if budget >= ranks * slots // 2:  # an aligned fresh packing moves about half the slots
+            target = replica_counts(risk, ranks * slots, ranks)
+            lower = np.maximum(mean, (risk / target).max(axis=1))
+            need_fresh = slot_weights(inc, risk).sum(axis=2).max(axis=1) > lower * (1 + 20 * margin)
         if need_fresh.any():  # even the incremental plan is far from the bound: try a fresh packing
             fresh, fresh_w, stuck = lpt_pack(risk, target, ranks, slots)
             fresh, _ = swap_refine(fresh, fresh_w, n, 100, 1e-4 * mean)
@@ -102,5 +104,7 @@ class FlashLB(EplbPolicy):
         best = np.argmin(scores[1:], axis=0) + 1
         best_score = scores[best, np.arange(layers)]
         update = scores[0] > best_score * (1 + margin)
+        # progress hidden behind a tie at the peak still counts for the incremental plan
+        update |= (best == 1) & (scores[1] <= scores[0]) & better(table, inc, risk)
         choice = np.where(update, best, 0)[:, None, None]
         return np.where(choice == 1, inc, np.where(choice == 2, fresh, table))

@@ -10,6 +10,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 SWAP_SEARCH = 1024
+WIDE_SWAPS = 25
 
 
 def presence(table: np.ndarray, n: int) -> np.ndarray:
@@ -51,11 +52,12 @@ def replica_counts(load: np.ndarray, total_slots: int, max_per_expert: int) -> n
     return counts
 
 
-def shift_replicas(load: np.ndarray, counts: np.ndarray, max_moves: np.ndarray, max_per_expert: int
-                   ) -> np.ndarray:
+def shift_replicas(load: np.ndarray, counts: np.ndarray, max_moves: np.ndarray, max_per_expert: int,
+                   margin: float = 0.05) -> np.ndarray:
     """Up to ``max_moves`` times per layer, take a replica from the expert that would carry the least
     per-replica load without it and give it to the expert with the highest per-replica load, while
-    that lowers the largest per-replica load."""
+    the receiver's per-replica load exceeds the donor's would-be one by more than ``margin`` (so
+    noise does not shuffle replicas back and forth)."""
     counts = counts.copy()
     rows = np.arange(load.shape[0])
     left = np.broadcast_to(max_moves, rows.shape).astype(np.int64)
@@ -65,7 +67,7 @@ def shift_replicas(load: np.ndarray, counts: np.ndarray, max_moves: np.ndarray, 
         spare = np.where(counts > 1, load / np.maximum(counts - 1, 1), np.inf)
         spare[rows, recv] = np.inf
         donor = np.argmin(spare, axis=1)
-        ok = (left > 0) & (per[rows, recv] > spare[rows, donor]) & (counts[rows, recv] < max_per_expert)
+        ok = (left > 0) & (per[rows, recv] > spare[rows, donor] * (1 + margin)) & (counts[rows, recv] < max_per_expert)
         if not ok.any():
             break
         counts[rows[ok], recv[ok]] += 1
@@ -204,6 +206,7 @@ def swap_refine(table: np.ndarray, slot_w: np.ndarray, n: int, max_swaps: int, m
     if ranks < 2:
         return table, slot_w
     k = min(ranks - 1, candidates or max(8, min(ranks // 2, SWAP_SEARCH // slots**2)))
+    has = presence(table, n)
     load = slot_w.sum(axis=2)
     moved = np.zeros(layers, dtype=np.int64)
     min_gain = np.broadcast_to(min_gain, (layers,))
@@ -224,8 +227,8 @@ def swap_refine(table: np.ndarray, slot_w: np.ndarray, n: int, max_swaps: int, m
         la32 = la.astype(np.float32)
         delta = wa[:, :, None, None] - wb[:, None]  # [m, slots_a, k, slots_b]
         peak = np.maximum(la32[:, None, None, None] - delta, lb[:, None, :, None] + delta)
-        same = eb[..., None] == ea[:, None, None, :]  # [m, k, slots_b, slots_a]
-        eb_on_a, ea_on_b = same.any(axis=3), same.any(axis=2)  # [m, k, slots_b], [m, k, slots_a]
+        eb_on_a = has[r1[:, :, None], a[:, None, None], eb]  # [m, k, slots_b]
+        ea_on_b = has[r1[:, :, None], light[:, :, None], ea[:, None, :]]  # [m, k, slots_a]
         ok = ~eb_on_a[:, None] & ~ea_on_b.transpose(0, 2, 1)[..., None] & (light != a[:, None])[:, None, :, None]
         gain = np.where(ok, la32[:, None, None, None] - peak, -np.inf).reshape(m, -1)
         best = np.argmax(gain, axis=1)
@@ -239,6 +242,8 @@ def swap_refine(table: np.ndarray, slot_w: np.ndarray, n: int, max_swaps: int, m
         w1, w2 = slot_w[li, ai, i], slot_w[li, b, j]
         table[li, ai, i], table[li, b, j] = e2, e1
         slot_w[li, ai, i], slot_w[li, b, j] = w2, w1
+        has[li, ai, e1], has[li, b, e2] = False, False
+        has[li, ai, e2], has[li, b, e1] = True, True
         load[li, ai] += w2 - w1
         load[li, b] += w1 - w2
         moved[li] += 2
@@ -328,8 +333,17 @@ def within_budget(table: np.ndarray, load: np.ndarray, target: np.ndarray, budge
 
 def swap_refine_widening(table: np.ndarray, slot_w: np.ndarray, n: int, max_swaps: int, min_gain: np.ndarray,
                          max_moved: np.ndarray) -> np.ndarray:
-    """:func:`swap_refine` with the default partner width, then with every rank as a partner for the
-    layers that stalled (few by then), within one shared move budget."""
+    """:func:`swap_refine` with the default partner width, then (at most ``WIDE_SWAPS`` swaps) with
+    every rank as a partner for the layers that stalled, within one shared move budget."""
     first, first_w = swap_refine(table, slot_w, n, max_swaps, min_gain, max_moved, candidates=None)
     left = max_moved - moved_slots(table, first)
-    return swap_refine(first, first_w, n, max_swaps, min_gain, left, candidates=table.shape[1] - 1)[0]
+    return swap_refine(first, first_w, n, WIDE_SWAPS, min_gain, left, candidates=table.shape[1] - 1)[0]
+
+
+def better(old: np.ndarray, new: np.ndarray, load: np.ndarray, margin: float = 0.0) -> np.ndarray:
+    """Per layer: does ``new`` lower max/mean by more than ``margin`` (relative), or keep it while
+    lowering the spread of rank loads (progress hidden behind a tie at the peak)?"""
+    r_old, r_new = rank_loads(old, load), rank_loads(new, load)
+    peak_old, peak_new = r_old.max(axis=1), r_new.max(axis=1)
+    spread_old, spread_new = (r_old**2).sum(axis=1), (r_new**2).sum(axis=1)
+    return (peak_new * (1 + margin) < peak_old) | ((peak_new <= peak_old) & (spread_new < spread_old * (1 - 1e-9)))

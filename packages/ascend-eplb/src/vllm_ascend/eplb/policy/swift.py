@@ -6,6 +6,7 @@ import numpy as np
 
 from vllm_ascend.eplb.policy.base import EplbPolicy
 from vllm_ascend.eplb.policy.packing import (
+    better,
     imbalance,
     keep_slots,
     logical_load,
@@ -25,7 +26,7 @@ class SwiftBalanceEplb(EplbPolicy):
     lack them); then the hottest rank swaps experts with cooler ranks while a swap lowers the pair's
     peak by at least ``min_swap_gain`` (0.2%; upstream uses 1%) of the mean rank load, up to ``max_swaps`` (100) swaps and
     ``max_move_fraction`` (0.3) of the layer's slots. A layer keeps the new plan only if its
-    imbalance improves.
+    imbalance improves (or, with the peak unchanged, the spread of rank loads shrinks).
     """
 
     def plan(self, table: np.ndarray, workload: np.ndarray, n: int) -> np.ndarray:
@@ -41,5 +42,5 @@ class SwiftBalanceEplb(EplbPolicy):
         new = swap_refine_widening(new, slot_w, n, self.option("max_swaps", 100, lo=0),
                                    self.option("min_swap_gain", 0.002, lo=0.0) * mean, budget)
         new = keep_slots(table, new)
-        keep = ~todo | (imbalance(new, load) >= before)
+        keep = ~todo | ~better(table, new, load)
         return np.where(keep[:, None, None], table, new)
