@@ -31,6 +31,7 @@ from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 
 import numpy as np  # noqa: E402
+
 from vllm_ascend.eplb import PolicyFactory, generate_global_placement  # noqa: E402
 from vllm_ascend.eplb.policy.packing import rank_loads, replica_counts, slot_weights  # noqa: E402
 
