@@ -47,8 +47,17 @@ def _check(proposer: NgramProposer, seqs: list[list[int]], cols: int, k: int | N
     return hits
 
 
+@pytest.fixture(params=["batched", "per_request"])
+def path(request, monkeypatch):
+    """Run a test through the batched search and through the per-request search."""
+    import vllm_ascend.specdecode.ngram as ngram
+
+    monkeypatch.setattr(ngram, "_SMALL_BATCH", 0 if request.param == "batched" else 10**9)
+    return request.param
+
+
 @pytest.mark.parametrize("min_n,max_n,k", [(1, 1, 1), (1, 3, 4), (2, 5, 3), (3, 3, 5)])
-def test_matches_reference_on_random_sequences(min_n, max_n, k):
+def test_matches_reference_on_random_sequences(min_n, max_n, k, path):
     rng = np.random.default_rng(min_n * 10 + max_n)
     proposer = NgramProposer(min_n, max_n, k, max_model_len=300)
     seqs = [rng.integers(0, 6, size=int(rng.integers(0, 120))).tolist() for _ in range(60)]
@@ -56,7 +65,7 @@ def test_matches_reference_on_random_sequences(min_n, max_n, k):
     assert hits > 10  # the small vocabulary makes matches common
 
 
-def test_matches_reference_on_repetitive_sequences():
+def test_matches_reference_on_repetitive_sequences(path):
     rng = np.random.default_rng(3)
     proposer = NgramProposer(2, 4, 5, max_model_len=512)
     seqs = []
@@ -70,7 +79,7 @@ def test_matches_reference_on_repetitive_sequences():
     assert _check(proposer, seqs, cols=512, k=2) >= 30
 
 
-def test_most_recent_occurrence_of_longest_ngram_wins():
+def test_most_recent_occurrence_of_longest_ngram_wins(path):
     p = NgramProposer(1, 3, 3, max_model_len=100)
     #        0  1  2  3  4  5  6  7  8  9  10 11 12
     seq = [1, 2, 3, 9, 9, 1, 2, 3, 8, 5, 2, 3, 1, 2, 3]
@@ -81,7 +90,7 @@ def test_most_recent_occurrence_of_longest_ngram_wins():
     assert drafts[0, : counts[0]].tolist() == [6, 7, 1]
 
 
-def test_overlapping_match_and_max_model_len_cap():
+def test_overlapping_match_and_max_model_len_cap(path):
     p = NgramProposer(2, 2, 4, max_model_len=9)
     seq = [5, 6, 5, 6, 5, 6]  # last "5 6" most recently at 2..3, followed by "5 6"
     drafts, counts = p.propose_batch(np.array([seq]), np.array([6]))
@@ -93,7 +102,7 @@ def test_overlapping_match_and_max_model_len_cap():
     assert counts.tolist() == [0]  # at max_model_len: nothing
 
 
-def test_no_match_short_and_inactive_requests():
+def test_no_match_short_and_inactive_requests(path):
     p = NgramProposer(1, 2, 2, max_model_len=50)
     token_ids = np.array([[1, 2, 3, 4, 0, 0], [3, 3, 0, 0, 0, 0], [9, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]])
     drafts, counts = p.propose_batch(token_ids, np.array([4, 2, 1, 3]))
@@ -117,7 +126,7 @@ def test_chunked_rows_match_unchunked(monkeypatch):
     assert all(np.array_equal(a, b) for a, b in zip(whole, chunked, strict=True))
 
 
-def test_vllm_call_shape():
+def test_vllm_call_shape(path):
     p = NgramProposer(1, 2, 3, max_model_len=64)
     token_ids = np.zeros((8, 64), dtype=np.int32)
     token_ids[0, :6] = [1, 2, 3, 4, 1, 2]
@@ -174,3 +183,18 @@ def test_from_vllm_config():
         NgramProposer.from_vllm_config(cfg)
     with pytest.raises(NgramConfigError, match=r"vllm_config\.speculative_config is required"):
         NgramProposer.from_vllm_config(SimpleNamespace(speculative_config=None))
+
+
+def test_per_request_search_skips_matches_off_token_boundaries(path):
+    a, b = 0x01000000, 0x00000001  # little-endian bytes 00 00 00 01 | 01 00 00 00
+    # tokens 0xFF, 0x101, 0 hold the bytes of "a b" starting one byte into 0xFF (a more recent, misaligned hit)
+    seq = np.array([5, a, b, 6, 0xFF, 0x101, 0, 3, a, b], dtype=np.int32)
+    raw = seq.tobytes()
+    assert raw.rfind(raw[-8:], 0, 9 * 4) == 17  # the byte search alone would land off a token boundary
+    drafts, counts = NgramProposer(2, 2, 2, max_model_len=64).propose_batch(
+        seq[None, :], np.array([len(seq)])
+    )
+    assert drafts[0, : counts[0]].tolist() == naive(seq.tolist(), 2, 2, 2, 64) == [6, 0xFF]
+    rng = np.random.default_rng(11)
+    seqs = [rng.choice([a, b, 0, 0xFF, 0x101, 3], size=int(rng.integers(2, 60))).tolist() for _ in range(50)]
+    assert _check(NgramProposer(1, 4, 3, 100), seqs, cols=100) > 20

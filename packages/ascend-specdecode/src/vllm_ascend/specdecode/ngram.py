@@ -5,7 +5,9 @@ trying ``n = max_n`` first and shorter n-grams down to ``min_n``. For the longes
 the most recent earlier occurrence wins and the (up to) ``k`` tokens that follow it are proposed.
 Proposals never extend the sequence beyond ``max_model_len``.
 
-All requests are searched together: one comparison of the batch's token matrix against each
+Up to a few requests, each is searched on its own with ``bytes.rfind`` over its context's raw
+bytes (longest n first; ``rfind`` yields the most recent occurrence). Larger batches are searched
+together: one comparison of the batch's token matrix against each
 request's last token yields the candidate end positions; the match length of every candidate
 (up to ``max_n``) is then measured with one gather, so the work after the first pass is
 proportional to the number of candidates rather than to the context length.
@@ -19,6 +21,8 @@ import numpy as np
 
 _CHUNK_ELEMENTS = 1 << 22
 """Rows are processed in blocks of at most this many token positions (bounds the temporary masks)."""
+_SMALL_BATCH = 4
+"""Up to this many requests, each is searched on its own (fewer numpy calls than the batched path)."""
 
 
 class NgramConfigError(ValueError):
@@ -118,12 +122,37 @@ class NgramProposer:
         live = np.flatnonzero(num_tokens)
         if live.size == 0:
             return drafts, counts
+        if live.size <= _SMALL_BATCH:
+            for row in live.tolist():
+                draft = self._propose_one(token_ids[row, : num_tokens[row]], k)
+                drafts[row, : len(draft)] = draft
+                counts[row] = len(draft)
+            return drafts, counts
         lo, hi = int(live[0]), int(live[-1]) + 1
         step = max(1, _CHUNK_ELEMENTS // max(1, int(num_tokens[lo:hi].max())))
         for start in range(lo, hi, step):
             stop = min(hi, start + step)
             self._propose_rows(token_ids, num_tokens, start, stop, k, drafts, counts)
         return drafts, counts
+
+    def _propose_one(self, context: np.ndarray, k: int) -> np.ndarray:
+        """Drafts for one request: byte-level ``rfind`` of the suffix, longest n first.
+
+        ``bytes.rfind`` returns the most recent occurrence; one that does not start on a token
+        boundary is skipped by searching again before it.
+        """
+        size = context.itemsize
+        total = len(context)
+        raw = context.tobytes()
+        for n in range(min(self.max_n, total - 1), self.min_n - 1, -1):
+            pattern = raw[(total - n) * size :]
+            pos = raw.rfind(pattern, 0, (total - 1) * size)
+            while pos > 0 and pos % size:
+                pos = raw.rfind(pattern, 0, pos - 1 + len(pattern))
+            if pos >= 0:
+                first = pos // size + n
+                return context[first : first + min(k, total - first, self.max_model_len - total)]
+        return context[:0]
 
     def _propose_rows(
         self,
