@@ -2,15 +2,15 @@
 
 For each request the last ``n`` tokens of its context are looked up earlier in the same context,
 trying ``n = max_n`` first and shorter n-grams down to ``min_n``. For the longest n that occurs,
-the most recent earlier occurrence wins and the (up to) ``k`` tokens that follow it are proposed.
-Proposals never extend the sequence beyond ``max_model_len``.
+the most recent earlier occurrence wins (vLLM's proposer takes the earliest) and the (up to) ``k``
+tokens that follow it are proposed. Proposals never extend the sequence beyond ``max_model_len``.
 
 Up to a few requests, each is searched on its own with ``bytes.rfind`` over its context's raw
 bytes (longest n first; ``rfind`` yields the most recent occurrence). Larger batches are searched
-together: one comparison of the batch's token matrix against each
-request's last token yields the candidate end positions; the match length of every candidate
-(up to ``max_n``) is then measured with one gather, so the work after the first pass is
-proportional to the number of candidates rather than to the context length.
+together: one comparison of the batch's token matrix against each request's last token yields the
+candidate end positions; the match length of every candidate (up to ``max_n``) is then measured
+with one gather, so the work after the first pass is proportional to the number of candidates
+rather than to the context length.
 """
 
 from __future__ import annotations
