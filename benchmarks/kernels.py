@@ -189,6 +189,13 @@ def ulps_ok(a, b, dtype):
 # ---- benchmarks -----------------------------------------------------------------------------
 
 
+OPS: set[str] = set()  # --ops: run only these sampling ops (empty: all)
+
+
+def _want(op: str) -> bool:
+    return not OPS or op in OPS
+
+
 def sampling_suite(batch, vocab, dtype, bw, use_compile):
     shape = f"{batch}x{vocab}"
     es = torch.tensor([], dtype=dtype).element_size()
@@ -212,14 +219,28 @@ def sampling_suite(batch, vocab, dtype, bw, use_compile):
             print(f"# torch.compile {name} failed: {type(exc).__name__}: {exc}", flush=True)
             return None
 
-    # temperature
+    work = logits.clone()
+    tpos = temp.clamp(min=0.5)
+    restore = lambda: work.copy_(logits)  # noqa: E731
+    if _want("temperature"):
+        _temperature_case(shape, logits, work, temp, tpos, restore, dtype, rw, peer)
+    if _want("gumbel"):
+        _gumbel_case(shape, logits, temp, tpos, seeds, pos, batch, dtype, ro, peer)
+    if _want("min_p"):
+        _min_p_case(shape, logits, work, restore, batch, dtype, rw, peer)
+    if _want("topk_topp") or _want("topp_only"):
+        _top_k_top_p_case(shape, logits, work, restore, batch, vocab, dtype, rw)
+    if _want("penalties"):
+        _penalties_case(shape, logits, work, restore, batch, vocab, dtype, rw, peer)
+    if _want("token_logprobs") or _want("topk_logprobs"):
+        _logprobs_case(shape, logits, batch, vocab, dtype, ro, peer)
+
+
+def _temperature_case(shape, logits, work, temp, tpos, restore, dtype, rw, peer):
     a, b = logits.clone(), logits.clone()
     K.apply_temperature(a, temp)
     temperature.apply_temperature_torch(b, temp)
     check = f"ulp-off={ulps_ok(a, b, dtype)}"
-    work = logits.clone()
-    tpos = temp.clamp(min=0.5)
-    restore = lambda: work.copy_(logits)  # noqa: E731
     us = bench(lambda: K.apply_temperature(work, tpos), restore)
     eager = bench(lambda: eager_temperature(work, tpos), restore)
     record(
@@ -234,7 +255,8 @@ def sampling_suite(batch, vocab, dtype, bw, use_compile):
         host=host_us(lambda: K.apply_temperature(work, tpos)),
     )
 
-    # gumbel
+
+def _gumbel_case(shape, logits, temp, tpos, seeds, pos, batch, dtype, ro, peer):
     got = K.gumbel_sample(logits, temp, seeds, pos)
     ref = gumbel.gumbel_sample_torch(logits, temp, seeds, pos)
     check = f"mismatch={int((got != ref).sum())}/{batch}"
@@ -252,7 +274,8 @@ def sampling_suite(batch, vocab, dtype, bw, use_compile):
         host=host_us(lambda: K.gumbel_sample(logits, temp, seeds, pos)),
     )
 
-    # min_p
+
+def _min_p_case(shape, logits, work, restore, batch, dtype, rw, peer):
     mp = torch.rand(batch, device=DEV) * 0.2
     a, b = logits.clone(), logits.clone()
     K.apply_min_p(a, mp)
@@ -272,10 +295,14 @@ def sampling_suite(batch, vocab, dtype, bw, use_compile):
         host=host_us(lambda: K.apply_min_p(work, mp)),
     )
 
-    # top-k / top-p (restored before each call: the cost depends on the input)
+
+def _top_k_top_p_case(shape, logits, work, restore, batch, vocab, dtype, rw):
+    # restored before each call: the cost depends on the input
     k = torch.randint(1, 200, (batch,), device=DEV, dtype=torch.int32)
     p = torch.rand(batch, device=DEV) * 0.2 + 0.79
     for label, kk, pp in (("topk_topp", k, p), ("topp_only", None, p)):
+        if not _want(label):
+            continue
         a, b = logits.clone(), logits.clone()
         K.apply_top_k_top_p(a, kk, pp)
         top_k_top_p.apply_top_k_top_p_torch(b, kk, pp)
@@ -287,7 +314,9 @@ def sampling_suite(batch, vocab, dtype, bw, use_compile):
         host = host_us(lambda kk=kk, pp=pp: K.apply_top_k_top_p(work, kk, pp))
         record(label, shape, dtype, us, rw, eager, None, check, host=host)
 
-    # penalties (history: 512 prompt + 128 output tokens per row)
+
+def _penalties_case(shape, logits, work, restore, batch, vocab, dtype, rw, peer):
+    # history: 512 prompt + 128 output tokens per row
     prompt = torch.randint(0, vocab, (batch, 512), device=DEV)
     output = torch.randint(0, vocab, (batch, 128), device=DEV)
     rep = torch.rand(batch, device=DEV) + 0.5
@@ -313,8 +342,16 @@ def sampling_suite(batch, vocab, dtype, bw, use_compile):
         host=host_us(lambda: K.apply_penalties(work, *args)),
     )
 
-    # logprobs
+
+def _logprobs_case(shape, logits, batch, vocab, dtype, ro, peer):
     ids = torch.randint(0, vocab, (batch,), device=DEV)
+    if _want("token_logprobs"):
+        _token_logprobs_case(shape, logits, ids, dtype, ro, peer)
+    if _want("topk_logprobs"):
+        _topk_logprobs_case(shape, logits, ids, dtype, ro)
+
+
+def _token_logprobs_case(shape, logits, ids, dtype, ro, peer):
     got = K.compute_token_logprobs(logits, ids)
     ref = logprobs.compute_token_logprobs_torch(logits, ids)
     check = f"maxdiff={max_diff(got, ref):.1e}"
@@ -332,6 +369,8 @@ def sampling_suite(batch, vocab, dtype, bw, use_compile):
         host=host_us(lambda: K.compute_token_logprobs(logits, ids)),
     )
 
+
+def _topk_logprobs_case(shape, logits, ids, dtype, ro):
     got = K.compute_topk_logprobs(logits, 20, ids)
     ref = logprobs.compute_topk_logprobs_torch(logits, 20, ids)
     check = f"ranks-off={int((got[2] != ref[2]).sum())} lp-diff={max_diff(got[1], ref[1]):.1e}"
@@ -476,6 +515,14 @@ def main() -> None:
     )
     parser.add_argument("--only", default="", help="comma list of suites: sampling,cache,sequence")
     parser.add_argument(
+        "--ops",
+        default="",
+        help="comma list of sampling ops: temperature,gumbel,min_p,topk_topp,topp_only,penalties,"
+        "token_logprobs,topk_logprobs",
+    )
+    parser.add_argument("--batches", default="", help="comma list of batch sizes (default: all)")
+    parser.add_argument("--vocabs", default="", help="comma list of vocabulary sizes (default: all)")
+    parser.add_argument(
         "--json", default=os.environ.get("OUT", "") and os.path.join(os.environ["OUT"], "kernels.json")
     )
     args = parser.parse_args()
@@ -495,9 +542,12 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     suites = set(filter(None, args.only.split(","))) or {"sampling", "cache", "sequence"}
+    OPS.update(filter(None, args.ops.split(",")))
     if "sampling" in suites:
         batches = (1, 64, 1024) if args.quick else (1, 64, 256, 1024)
-        for vocab in (32000, 151936):
+        batches = tuple(int(b) for b in args.batches.split(",") if b) or batches
+        vocabs = tuple(int(v) for v in args.vocabs.split(",") if v) or (32000, 151936)
+        for vocab in vocabs:
             for batch in batches:
                 for dtype in (torch.float32, torch.bfloat16):
                     sampling_suite(batch, vocab, dtype, bw, args.compile)

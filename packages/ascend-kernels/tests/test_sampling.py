@@ -45,6 +45,24 @@ def test_gumbel_matches_reference_with_the_same_noise(gen, dtype, scale_first):
     assert torch.equal(K.gumbel_sample(logits, temp, seeds, pos, scale_first), got)  # reproducible
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 24])
+def test_gumbel_long_rows_skip_no_possible_winner(gen, dtype, rows):
+    """Rows of many tiles per chunk (1 row: split in chunks; 24: one chunk each): the tile filter
+    must never skip a winner, also with sharp (small T) and flat (large T) distributions."""
+    vocab = 3000
+    logits = _logits(gen, rows, vocab, dtype, scale=4.0)
+    logits[0, ::5] = float("-inf")
+    temp = torch.rand(rows, generator=gen) * 3 + 0.02
+    temp[rows // 2] = 0.0
+    seeds = torch.randint(0, 2**62, (rows,), generator=gen)
+    for pos in range(3):
+        positions = torch.full((rows,), pos, dtype=torch.int64)
+        got = K.gumbel_sample(logits, temp, seeds, positions)
+        want = gumbel.gumbel_sample_torch(logits, temp, seeds, positions)
+        assert torch.equal(got, want)
+
+
 def test_gumbel_position_and_seed_change_the_draw(gen):
     rows, vocab = 64, 16
     logits = torch.zeros(rows, vocab)
@@ -73,9 +91,10 @@ def test_gumbel_is_distributed_as_softmax_of_scaled_logits(gen):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_min_p(gen, dtype):
-    logits = _logits(gen, 5, 333, dtype)
-    mp = torch.rand(5, generator=gen) * 0.3
+@pytest.mark.parametrize("rows", [5, 12])  # several chunks per row / one chunk per row
+def test_min_p(gen, dtype, rows):
+    logits = _logits(gen, rows, 333, dtype)
+    mp = torch.rand(rows, generator=gen) * 0.3
     mp[0] = 0.0
     got, want = logits.clone(), logits.clone()
     K.apply_min_p(got, mp)
@@ -125,9 +144,14 @@ def test_top_k_keeps_exactly_k_distinct_values(gen):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_token_logprobs(gen, dtype):
-    logits = _logits(gen, 4, 500, dtype)
-    for ids in (torch.randint(0, 500, (4,), generator=gen), torch.randint(0, 500, (4, 3), generator=gen)):
+@pytest.mark.parametrize("rows", [4, 9])  # several chunks per row / one chunk per row
+def test_token_logprobs(gen, dtype, rows):
+    logits = _logits(gen, rows, 500, dtype)
+    logits[0, :300] = float("-inf")  # a chunk without finite values
+    for ids in (
+        torch.randint(300, 500, (rows,), generator=gen),
+        torch.randint(300, 500, (rows, 3), generator=gen),
+    ):
         got = K.compute_token_logprobs(logits, ids)
         want = logprobs.compute_token_logprobs_torch(logits, ids)
         assert got.shape == ids.shape and got.dtype == torch.float32
@@ -135,9 +159,10 @@ def test_token_logprobs(gen, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_topk_logprobs_with_ranks(gen, dtype):
-    logits = _logits(gen, 4, 400, dtype)
-    chosen = torch.randint(0, 400, (4,), generator=gen)
+@pytest.mark.parametrize("rows", [4, 9])  # several chunks per row / one chunk per row
+def test_topk_logprobs_with_ranks(gen, dtype, rows):
+    logits = _logits(gen, rows, 400, dtype)
+    chosen = torch.randint(0, 400, (rows,), generator=gen)
     chosen[0] = logits[0].float().argmax()
     ids, vals, ranks = K.compute_topk_logprobs(logits, 5, chosen)
     ref_ids, ref_vals, ref_ranks = logprobs.compute_topk_logprobs_torch(logits, 5, chosen)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 
@@ -30,6 +33,31 @@ def row_block(vocab_size: int, cap: int = 2048) -> int:
     program per row, the loads in flight per program, not the number of programs, bound bandwidth.
     """
     return min(triton.next_power_of_2(vocab_size), 256 if IS_INTERPRETED else cap)
+
+
+PROGRAMS_PER_SM = 4  # split kernels: aim for this many programs per multiprocessor (H200-tuned)
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    if IS_INTERPRETED:
+        return 2  # small, so that the interpreter tests split rows into several chunks
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 32  # e.g. Ascend vector cores; only sizes the split, any value is correct
+
+
+def row_split(rows: int, vocab: int, block: int, device: torch.device, per_sm: int = 0) -> tuple[int, int]:
+    """``(chunks, chunk)``: split each row into ``chunks`` ranges of ``chunk`` elements (a multiple of
+    ``block``) so that ``rows * chunks`` programs fill the device; ``chunks == 1`` for large batches.
+
+    With one program per row, a batch of 64 busies 64 multiprocessors of an H200's 132 and each
+    program is latency-bound; splitting the row and combining per-chunk partials fixes both."""
+    target = (per_sm or PROGRAMS_PER_SM) * _multiprocessors(device)
+    tiles = triton.cdiv(vocab, block)
+    chunks = max(1, min(tiles, triton.cdiv(target, max(rows, 1))))
+    chunk = triton.cdiv(tiles, chunks) * block
+    return triton.cdiv(vocab, chunk), chunk
 
 
 @triton.jit

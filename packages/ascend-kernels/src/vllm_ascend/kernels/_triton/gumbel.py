@@ -1,4 +1,15 @@
-"""Triton :func:`vllm_ascend.kernels.gumbel_sample`: one program per row, one launch."""
+"""Triton :func:`vllm_ascend.kernels.gumbel_sample`: rows split into chunks, then a tiny combine.
+
+Each program takes one chunk of one row and keeps the best score ``x / T + g`` of its chunk, where
+``g = -log(-log(u))`` is the reference's noise. The two logarithms dominate the cost (libdevice
+``logf`` is ~30 instructions), so a tile computes them only when one of its elements can still beat
+the chunk's best exact score ``b``: since ``g`` increases with ``u``, ``x + g(u) >= b`` needs
+``u >= exp(-exp(x - b))``, which costs two fast exponentials and is tested on the integer ``u`` with
+slack (a margin in score space and a few ulps in ``u``), so the filter never drops a possible
+winner. The winner is therefore exactly the reference's argmax; after the first tiles only a few
+tiles per chunk pass. With one chunk per row the kernel writes the token; otherwise per-chunk
+``(score, index)`` partials go to a combine kernel (highest score, lowest index on ties).
+"""
 
 from __future__ import annotations
 
@@ -6,22 +17,32 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._triton.common import ROW_WARPS, check_logits, hash32, row_block
+from vllm_ascend.kernels._triton.common import IS_INTERPRETED, check_logits, hash32, row_split
+
+BLOCK = 256 if IS_INTERPRETED else 1024
+WARPS = 4
+PER_SM = 8
+COMBINE_BLOCK = 128
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["chunk", "num_chunks"])
 def _gumbel_kernel(
     logits_ptr,
     row_stride,
     temp_ptr,
     seed_ptr,
     pos_ptr,
+    part_val_ptr,
+    part_idx_ptr,
     out_ptr,
     vocab,
+    chunk,
+    num_chunks,
     APPLY_TEMPERATURE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
+    part = tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
     t = tl.load(temp_ptr + row)
     random_row = t > 0
@@ -30,27 +51,59 @@ def _gumbel_kernel(
     pos = tl.load(pos_ptr + row).to(tl.int64)
     key = hash32(hash32((seed & 0xFFFFFFFF).to(tl.uint32)) ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
     key = hash32(key ^ (pos & 0xFFFFFFFF).to(tl.uint32))
+    begin = part * chunk
+    end = tl.minimum(begin + chunk, vocab)
     best_val = tl.full([BLOCK], float("-inf"), tl.float32)
     best_idx = tl.zeros([BLOCK], tl.int32)
-    offs = tl.arange(0, BLOCK)
-    nxt = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
-    for start in range(0, vocab, BLOCK):
+    best = tl.full([], float("-inf"), tl.float32)  # best exact score of this chunk so far
+    offs = begin + tl.arange(0, BLOCK)
+    nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
+    for start in range(begin, end, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        mask = offs < vocab
         x = nxt.to(tl.float32)
-        nxt = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < vocab, other=float("-inf"))
+        nxt = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < end, other=float("-inf"))
         if APPLY_TEMPERATURE:
             x = x / tl.where(random_row, t, 1.0)
+        valid = (offs < end) & (x > float("-inf"))
         h = hash32(key ^ (offs.to(tl.uint32) * 0x9E3779B9))
-        u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-        x = x + noise_scale * -tl.log(-tl.log(u))
-        x = tl.where(mask, x, float("-inf"))
-        better = x > best_val
-        best_val = tl.where(better, x, best_val)
-        best_idx = tl.where(better, offs, best_idx)
+        k = (h >> 8).to(tl.float32)  # u = (k + 0.5) / 2**24
+        margin = 1e-3 + 1e-5 * tl.abs(best)
+        # Filter: can x + g(u) reach best - margin?  u >= exp(-exp(x + margin - best)), with slack.
+        u_min = tl.exp(-tl.exp(x + margin - best))
+        k_min = u_min * (16777216.0 * (1.0 - 1.0 / 65536.0)) - 16.0
+        cand = valid & tl.where(random_row, k >= k_min, x >= best - margin)
+        if tl.max(cand.to(tl.int32), 0) > 0:
+            u = (k + 0.5) * (1.0 / 16777216.0)
+            s = x + noise_scale * -tl.log(-tl.log(u))
+            s = tl.where(offs < end, s, float("-inf"))
+            better = s > best_val
+            best_val = tl.where(better, s, best_val)
+            best_idx = tl.where(better, offs, best_idx)
+            best = tl.max(best_val, 0)
     top = tl.max(best_val, 0)
     winner = tl.min(tl.where(best_val == top, best_idx, vocab), 0)
-    tl.store(out_ptr + row, winner.to(tl.int64))
+    if num_chunks == 1:
+        tl.store(out_ptr + row, winner.to(tl.int64))
+    else:
+        tl.store(part_val_ptr + row * num_chunks + part, top)
+        tl.store(part_idx_ptr + row * num_chunks + part, winner)
+
+
+@triton.jit(do_not_specialize=["num_chunks"])
+def _gumbel_combine_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_chunks, vocab, CB: tl.constexpr):
+    row = tl.program_id(0)
+    best = tl.full([], float("-inf"), tl.float32)
+    idx = tl.full([], 0, tl.int32) + vocab
+    for c0 in range(0, num_chunks, CB):
+        c = c0 + tl.arange(0, CB)
+        m = c < num_chunks
+        v = tl.load(part_val_ptr + row * num_chunks + c, mask=m, other=float("-inf"))
+        i = tl.load(part_idx_ptr + row * num_chunks + c, mask=m, other=vocab)
+        top = tl.max(v, 0)
+        cand = tl.min(tl.where(m & (v == top), i, vocab), 0)
+        idx = tl.where(top > best, cand, tl.where(top == best, tl.minimum(idx, cand), idx))
+        best = tl.maximum(best, top)
+    tl.store(out_ptr + row, idx.to(tl.int64))
 
 
 def gumbel_sample(
@@ -65,16 +118,25 @@ def gumbel_sample(
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows == 0:
         return out
-    _gumbel_kernel[(rows,)](
+    chunks, chunk = row_split(rows, vocab, BLOCK, logits.device, PER_SM)
+    part_val = torch.empty(rows * chunks if chunks > 1 else 1, dtype=torch.float32, device=logits.device)
+    part_idx = torch.empty(part_val.shape, dtype=torch.int32, device=logits.device)
+    _gumbel_kernel[(rows, chunks)](
         logits,
         logits.stride(0),
         temperature.to(torch.float32),
         seeds,
         positions,
+        part_val,
+        part_idx,
         out,
         vocab,
+        chunk,
+        chunks,
         APPLY_TEMPERATURE=apply_temperature,
-        BLOCK=row_block(vocab),
-        num_warps=ROW_WARPS,
+        BLOCK=BLOCK,
+        num_warps=WARPS,
     )
+    if chunks > 1:
+        _gumbel_combine_kernel[(rows,)](part_val, part_idx, out, chunks, vocab, CB=COMBINE_BLOCK)
     return out

@@ -1,4 +1,10 @@
-"""Triton logprob kernels: one program per row computes the log-sum-exp in one online pass."""
+"""Triton logprob kernels: an online log-sum-exp per row chunk, then a tiny combine.
+
+Large batches run one program per row (one chunk) and write the result directly. Small batches
+split each row into chunks so that every multiprocessor streams; each program writes its chunk's
+``(max, sum of exp(x - max)[, #{x > chosen}])`` and a combine kernel (one program per row) merges
+them. The chunk count is a runtime argument: every batch size runs the same compiled kernels.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +12,23 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._triton.common import ROW_WARPS, SMALL_BATCH_ROWS, check_logits, row_block
+from vllm_ascend.kernels._triton.common import ROW_WARPS, check_logits, row_block, row_split
+
+COMBINE_BLOCK = 128
 
 
 @triton.jit
-def _row_lse(row_ptr, vocab, chosen, COUNT_ABOVE: tl.constexpr, BLOCK: tl.constexpr):
-    """Online log-sum-exp of a row (float32) and, optionally, ``#{x > chosen}``."""
+def _chunk_lse(row_ptr, begin, end, chosen, COUNT_ABOVE: tl.constexpr, BLOCK: tl.constexpr):
+    """``(max, sum of exp(x - max), #{x > chosen})`` over ``[begin, end)`` of a row (float32)."""
     run_max = tl.full([BLOCK], float("-inf"), tl.float32)
     run_sum = tl.zeros([BLOCK], tl.float32)
     above = tl.zeros([BLOCK], tl.int32)
-    offs = tl.arange(0, BLOCK)
-    nxt = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
-    for start in range(0, vocab, BLOCK):
+    offs = begin + tl.arange(0, BLOCK)
+    nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
+    for start in range(begin, end, BLOCK):
         x = nxt.to(tl.float32)
         offs = start + BLOCK + tl.arange(0, BLOCK)
-        nxt = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
+        nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
         new_max = tl.maximum(run_max, x)
         safe = tl.where(new_max > float("-inf"), new_max, 0.0)
         run_sum = run_sum * tl.exp(run_max - safe) + tl.exp(x - safe)
@@ -28,17 +36,35 @@ def _row_lse(row_ptr, vocab, chosen, COUNT_ABOVE: tl.constexpr, BLOCK: tl.conste
         if COUNT_ABOVE:
             above += (x > chosen).to(tl.int32)
     m = tl.max(run_max, 0)
-    total = tl.sum(run_sum * tl.exp(run_max - m), 0)
-    return m + tl.log(total), tl.sum(above, 0)
+    safe = tl.where(m > float("-inf"), m, 0.0)
+    return m, tl.sum(run_sum * tl.exp(run_max - safe), 0), tl.sum(above, 0)
 
 
 @triton.jit
-def _token_logprob_kernel(
-    logits_ptr, row_stride, ids_ptr, num_ids, out_ptr, vocab, IDS: tl.constexpr, BLOCK: tl.constexpr
+def _combine(
+    part_m_ptr, part_s_ptr, part_a_ptr, base, num_chunks, COUNT_ABOVE: tl.constexpr, CB: tl.constexpr
 ):
-    row = tl.program_id(0)
-    row_ptr = logits_ptr + row.to(tl.int64) * row_stride
-    lse, _ = _row_lse(row_ptr, vocab, 0.0, False, BLOCK)
+    """Log-sum-exp and count of one row from its ``num_chunks`` partials at ``base``."""
+    m = tl.full([], float("-inf"), tl.float32)
+    for c0 in range(0, num_chunks, CB):
+        c = c0 + tl.arange(0, CB)
+        m = tl.maximum(m, tl.max(tl.load(part_m_ptr + base + c, mask=c < num_chunks, other=float("-inf")), 0))
+    safe = tl.where(m > float("-inf"), m, 0.0)
+    total = tl.zeros([], tl.float32)
+    above = tl.zeros([], tl.int32)
+    for c0 in range(0, num_chunks, CB):
+        c = c0 + tl.arange(0, CB)
+        mask = c < num_chunks
+        pm = tl.load(part_m_ptr + base + c, mask=mask, other=float("-inf"))
+        ps = tl.load(part_s_ptr + base + c, mask=mask, other=0.0)
+        total += tl.sum(ps * tl.exp(pm - safe), 0)
+        if COUNT_ABOVE:
+            above += tl.sum(tl.load(part_a_ptr + base + c, mask=mask, other=0), 0)
+    return m + tl.log(total), above
+
+
+@triton.jit
+def _store_token_logprobs(row_ptr, row, lse, ids_ptr, num_ids, out_ptr, IDS: tl.constexpr):
     k = tl.arange(0, IDS)
     valid = k < num_ids
     ids = tl.load(ids_ptr + row * num_ids + k, mask=valid, other=0)
@@ -46,19 +72,102 @@ def _token_logprob_kernel(
     tl.store(out_ptr + row * num_ids + k, x - lse, mask=valid)
 
 
-@triton.jit
-def _lse_rank_kernel(logits_ptr, row_stride, chosen_ptr, lse_ptr, rank_ptr, vocab, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["chunk", "num_chunks"])
+def _token_logprob_kernel(
+    logits_ptr,
+    row_stride,
+    ids_ptr,
+    num_ids,
+    out_ptr,
+    part_m_ptr,
+    part_s_ptr,
+    vocab,
+    chunk,
+    num_chunks,
+    IDS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+    begin = part * chunk
+    m, s, _ = _chunk_lse(row_ptr, begin, tl.minimum(begin + chunk, vocab), 0.0, False, BLOCK)
+    if num_chunks == 1:
+        _store_token_logprobs(row_ptr, row, m + tl.log(s), ids_ptr, num_ids, out_ptr, IDS)
+    else:
+        tl.store(part_m_ptr + row * num_chunks + part, m)
+        tl.store(part_s_ptr + row * num_chunks + part, s)
+
+
+@triton.jit(do_not_specialize=["num_chunks"])
+def _token_logprob_combine_kernel(
+    logits_ptr,
+    row_stride,
+    ids_ptr,
+    num_ids,
+    out_ptr,
+    part_m_ptr,
+    part_s_ptr,
+    num_chunks,
+    IDS: tl.constexpr,
+    CB: tl.constexpr,
+):
     row = tl.program_id(0)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+    lse, _ = _combine(part_m_ptr, part_s_ptr, part_s_ptr, row * num_chunks, num_chunks, False, CB)
+    _store_token_logprobs(row_ptr, row, lse, ids_ptr, num_ids, out_ptr, IDS)
+
+
+@triton.jit(do_not_specialize=["chunk", "num_chunks"])
+def _lse_rank_kernel(
+    logits_ptr,
+    row_stride,
+    chosen_ptr,
+    lse_ptr,
+    rank_ptr,
+    part_m_ptr,
+    part_s_ptr,
+    part_a_ptr,
+    vocab,
+    chunk,
+    num_chunks,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    row_ptr = logits_ptr + row.to(tl.int64) * row_stride
     chosen = tl.load(row_ptr + tl.load(chosen_ptr + row)).to(tl.float32)
-    lse, above = _row_lse(row_ptr, vocab, chosen, True, BLOCK)
+    begin = part * chunk
+    m, s, above = _chunk_lse(row_ptr, begin, tl.minimum(begin + chunk, vocab), chosen, True, BLOCK)
+    if num_chunks == 1:
+        tl.store(lse_ptr + row, m + tl.log(s))
+        tl.store(rank_ptr + row, above.to(tl.int64) + 1)
+    else:
+        tl.store(part_m_ptr + row * num_chunks + part, m)
+        tl.store(part_s_ptr + row * num_chunks + part, s)
+        tl.store(part_a_ptr + row * num_chunks + part, above)
+
+
+@triton.jit(do_not_specialize=["num_chunks"])
+def _lse_rank_combine_kernel(
+    lse_ptr, rank_ptr, part_m_ptr, part_s_ptr, part_a_ptr, num_chunks, CB: tl.constexpr
+):
+    row = tl.program_id(0)
+    lse, above = _combine(part_m_ptr, part_s_ptr, part_a_ptr, row * num_chunks, num_chunks, True, CB)
     tl.store(lse_ptr + row, lse)
     tl.store(rank_ptr + row, above.to(tl.int64) + 1)
 
 
-def _lse_block(rows: int, vocab: int) -> int:
-    # Few rows: few programs, so each needs more bytes in flight (H200: 8192 best up to ~128 rows).
-    return row_block(vocab, 8192 if rows <= SMALL_BATCH_ROWS else 4096)
+def _split(rows: int, vocab: int, device: torch.device) -> tuple[int, int, int]:
+    block = row_block(vocab, 4096)
+    chunks, chunk = row_split(rows, vocab, block, device)
+    return block, chunks, chunk
+
+
+def _partials(rows: int, chunks: int, device: torch.device, n: int) -> list[torch.Tensor]:
+    size = rows * chunks if chunks > 1 else 1
+    dtypes = (torch.float32, torch.float32, torch.int32)[:n]
+    return [torch.empty(size, dtype=d, device=device) for d in dtypes]
 
 
 def compute_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
@@ -67,17 +176,18 @@ def compute_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> tor
     ids = token_ids.reshape(rows, -1).contiguous()
     out = torch.empty(ids.shape, dtype=torch.float32, device=logits.device)
     if out.numel():
-        _token_logprob_kernel[(rows,)](
-            logits,
-            logits.stride(0),
-            ids,
-            ids.shape[1],
-            out,
-            vocab,
-            IDS=triton.next_power_of_2(ids.shape[1]),
-            BLOCK=_lse_block(rows, vocab),
-            num_warps=ROW_WARPS,
-        )
+        block, chunks, chunk = _split(rows, vocab, logits.device)
+        part_m, part_s = _partials(rows, chunks, logits.device, 2)
+        n_ids = ids.shape[1]
+        width = triton.next_power_of_2(n_ids)
+        _token_logprob_kernel[(rows, chunks)](
+            logits, logits.stride(0), ids, n_ids, out, part_m, part_s, vocab, chunk, chunks,
+            IDS=width, BLOCK=block, num_warps=ROW_WARPS,
+        )  # fmt: skip
+        if chunks > 1:
+            _token_logprob_combine_kernel[(rows,)](
+                logits, logits.stride(0), ids, n_ids, out, part_m, part_s, chunks, IDS=width, CB=COMBINE_BLOCK
+            )
     return out.reshape(token_ids.shape)
 
 
@@ -90,16 +200,14 @@ def compute_topk_logprobs(
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
     ranks = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows:
-        _lse_rank_kernel[(rows,)](
-            logits,
-            logits.stride(0),
-            chosen,
-            lse,
-            ranks,
-            vocab,
-            BLOCK=_lse_block(rows, vocab),
-            num_warps=ROW_WARPS,
-        )
+        block, chunks, chunk = _split(rows, vocab, logits.device)
+        parts = _partials(rows, chunks, logits.device, 3)
+        _lse_rank_kernel[(rows, chunks)](
+            logits, logits.stride(0), chosen, lse, ranks, *parts, vocab, chunk, chunks,
+            BLOCK=block, num_warps=ROW_WARPS,
+        )  # fmt: skip
+        if chunks > 1:
+            _lse_rank_combine_kernel[(rows,)](lse, ranks, *parts, chunks, CB=COMBINE_BLOCK)
     top_x, top_ids = logits.topk(num_logprobs, dim=1)
     ids = torch.cat([chosen.unsqueeze(1), top_ids], dim=1)
     vals = torch.cat([logits.gather(1, chosen.unsqueeze(1)), top_x], dim=1).to(torch.float32)
