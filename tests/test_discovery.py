@@ -86,3 +86,19 @@ def test_general_plugins_load_every_extension_once():
     found = json.loads(out)
     assert found["calls"] == {name: 1 for name in SIBLING_EXTENSIONS}
     assert found["status"] == {name: "loaded" for name in SIBLING_EXTENSIONS}
+
+
+@pytest.mark.parametrize(("device", "expected"), [("reference", "NetLoader"), ("off", None)])
+def test_model_loaders_reach_vllm_only_when_the_platform_is_active(device, expected):
+    out = run_py(
+        """
+        from vllm.plugins import load_general_plugins
+        from vllm.model_executor import model_loader
+        load_general_plugins()
+        load_general_plugins()
+        cls = model_loader._LOAD_FORMAT_TO_MODEL_LOADER.get("netloader")
+        print(cls.__name__ if cls else None)
+        """,
+        device=device,
+    )
+    assert out == str(expected)

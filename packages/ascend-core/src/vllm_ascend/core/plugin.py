@@ -34,7 +34,20 @@ def register() -> str | None:
 
 
 def load_extensions() -> None:
-    """Load every installed sibling extension (once per process)."""
+    """Load every installed sibling extension (once per process).
+
+    When the platform is active, also hand the siblings' model loaders to vLLM so that
+    ``--load-format <name>`` works; otherwise vLLM sees nothing of the plugin.
+    """
+    from vllm_ascend.core.device.detection import detect
     from vllm_ascend.core.extensions import load_extensions as _load
 
     _load()
+    try:
+        active = detect().active
+    except ValueError:
+        return
+    if active:
+        from vllm_ascend.core.model_loaders import register_model_loaders_with_vllm
+
+        register_model_loaders_with_vllm()
