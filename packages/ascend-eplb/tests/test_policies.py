@@ -194,3 +194,21 @@ def test_flashlb_with_a_full_budget_matches_a_fresh_packing():
     _, _, default = DefaultEplb().rebalance_experts(table, samples.sum(axis=0))
     assert np.all(imbalance(flash, load) < 1.05)
     assert imbalance(flash, load).mean() <= imbalance(default, load).mean() + 0.02
+
+
+def test_repack_extremes_keeps_valid_plans_within_budget():
+    from vllm_ascend.eplb.policy.packing import rank_loads, repack_extremes
+
+    rng = np.random.default_rng(11)
+    improved = 0
+    for _ in range(100):
+        table, load, n = _trace(rng, skewed=True)
+        budget = np.full(table.shape[0], int(rng.integers(0, table[0].size + 1)))
+        new, new_w = repack_extremes(table, slot_weights(table, load), n, budget)
+        _check_plan(table, new, n)
+        assert np.all(moved_slots(table, new) <= budget)
+        assert np.allclose(new_w, slot_weights(new, load))
+        before, after = rank_loads(table, load).max(axis=1), rank_loads(new, load).max(axis=1)
+        assert np.all(after <= before + 1e-9)
+        improved += int((after < before - 1e-9).any())
+    assert improved > 10

@@ -347,3 +347,41 @@ def better(old: np.ndarray, new: np.ndarray, load: np.ndarray, margin: float = 0
     peak_old, peak_new = r_old.max(axis=1), r_new.max(axis=1)
     spread_old, spread_new = (r_old**2).sum(axis=1), (r_new**2).sum(axis=1)
     return (peak_new * (1 + margin) < peak_old) | ((peak_new <= peak_old) & (spread_new < spread_old * (1 - 1e-9)))
+
+
+def repack_extremes(table: np.ndarray, slot_w: np.ndarray, n: int, max_moved: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Large-neighbourhood step for placements where single swaps stall: pool the items of the
+    ``k`` heaviest and ``k`` lightest ranks, re-pack them by LPT, match the new ranks to the old
+    ones (Hungarian) and keep stayers in their slots. Accepted per layer when the pooled peak
+    drops and the changed slots fit ``max_moved``; ``k`` is the largest with ``2·k·slots`` in budget."""
+    layers, ranks, slots = table.shape
+    k = int(min(ranks // 2, max_moved.max(initial=0) // (2 * slots)))
+    if k < 1:
+        return table, slot_w
+    order = np.argsort(slot_w.sum(axis=2), axis=1)
+    pick = np.concatenate([order[:, -k:], order[:, :k]], axis=1)  # [layers, 2k]
+    rows = np.arange(layers)[:, None]
+    sub, sub_w = table[rows, pick], slot_w[rows, pick]  # [layers, 2k, slots]
+    flat, flat_w = sub.reshape(layers, -1), sub_w.reshape(layers, -1)
+    by_weight = np.argsort(-flat_w, axis=1, kind="stable")
+    items, weights = np.take_along_axis(flat, by_weight, axis=1), np.take_along_axis(flat_w, by_weight, axis=1)
+    packed, _, stuck = fill_holes(np.full_like(sub, -1), np.zeros(sub.shape), items, weights, n)
+    aligned = align_ranks(sub, np.where(stuck[:, None, None], sub, packed), n)
+    per_slot = expert_weights_of(sub, sub_w, n)
+    aligned_w = np.take_along_axis(per_slot, aligned.reshape(layers, -1), axis=1).reshape(sub.shape)
+    ok = ~stuck & (aligned_w.sum(axis=2).max(axis=1) < sub_w.sum(axis=2).max(axis=1) * (1 - 1e-9))
+    ok &= (aligned != sub).sum(axis=(1, 2)) <= max_moved
+    table, slot_w = table.copy(), slot_w.copy()
+    li = np.flatnonzero(ok)
+    table[li[:, None], pick[li]] = aligned[li]
+    slot_w[li[:, None], pick[li]] = aligned_w[li]
+    return table, slot_w
+
+
+def expert_weights_of(table: np.ndarray, slot_w: np.ndarray, n: int) -> np.ndarray:
+    """``[layers, n]`` per-replica weight of each expert as found in ``table`` (0 where absent)."""
+    layers = table.shape[0]
+    out = np.zeros((layers, n))
+    out[np.arange(layers)[:, None], table.reshape(layers, -1)] = slot_w.reshape(layers, -1)
+    return out

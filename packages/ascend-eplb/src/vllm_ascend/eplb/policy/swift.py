@@ -10,8 +10,12 @@ from vllm_ascend.eplb.policy.packing import (
     imbalance,
     keep_slots,
     logical_load,
+    moved_slots,
+    repack_extremes,
     replica_counts_of,
     shift_replicas,
+    slot_weights,
+    swap_refine,
     swap_refine_widening,
     within_budget,
 )
@@ -25,7 +29,8 @@ class SwiftBalanceEplb(EplbPolicy):
     highest per-replica load (surplus copies leave the hottest ranks, new copies land on the coolest ranks that
     lack them); then the hottest rank swaps experts with cooler ranks while a swap lowers the pair's
     peak by at least ``min_swap_gain`` (0.2%; upstream uses 1%) of the mean rank load, up to ``max_swaps`` (100) swaps and
-    ``max_move_fraction`` (0.3) of the layer's slots. A layer keeps the new plan only if its
+    ``max_move_fraction`` (0.3) of the layer's slots; where single swaps stall, the heaviest and
+    lightest ranks are pooled and re-packed within the remaining budget. A layer keeps the new plan only if its
     imbalance improves (or, with the peak unchanged, the spread of rank loads shrinks).
     """
 
@@ -34,13 +39,17 @@ class SwiftBalanceEplb(EplbPolicy):
         load = logical_load(table, workload, n)
         before = imbalance(table, load)
         todo = before >= self.option("skip_threshold", 1.01, lo=1.0)
-        budget = np.full(layers, int(self.option("max_move_fraction", 0.3, lo=0.0, hi=1.0) * ranks * slots))
+        total = np.full(layers, int(self.option("max_move_fraction", 0.3, lo=0.0, hi=1.0) * ranks * slots))
+        budget = total
         cur = replica_counts_of(table, n)
         target = shift_replicas(load, cur, budget // 2, ranks)
         new, slot_w, budget = within_budget(table, load, target, budget)
         mean = load.sum(axis=1) / ranks
-        new = swap_refine_widening(new, slot_w, n, self.option("max_swaps", 100, lo=0),
-                                   self.option("min_swap_gain", 0.002, lo=0.0) * mean, budget)
+        gain = self.option("min_swap_gain", 0.002, lo=0.0) * mean
+        new = swap_refine_widening(new, slot_w, n, self.option("max_swaps", 100, lo=0), gain, budget)
+        for _ in range(2):  # where single swaps stall: re-pack the extreme ranks, then swap again
+            new, slot_w = repack_extremes(new, slot_weights(new, load), n, total - moved_slots(table, new))
+            new, _ = swap_refine(new, slot_w, n, 25, gain, max_moved=total - moved_slots(table, new))
         new = keep_slots(table, new)
         keep = ~todo | ~better(table, new, load)
         return np.where(keep[:, None, None], table, new)
