@@ -220,22 +220,29 @@ class NPUPlatform(Platform):
                 f"attention backend; allowed: multiples of {BLOCK_SIZE_MULTIPLE} (e.g. 16, 64, 128)"
             )
 
+        cls._disable_graph_capture(vllm_config)
         if _REFERENCE:
             cls._reference_overrides(vllm_config)
 
     @classmethod
-    def _reference_overrides(cls, vllm_config: VllmConfig) -> None:
-        """The reference device runs eagerly, synchronously and sizes its KV cache in host memory."""
-        from vllm.config import CompilationMode, CUDAGraphMode
+    def _disable_graph_capture(cls, vllm_config: VllmConfig) -> None:
+        """No static graphs are captured (support_static_graph_mode is False): no capture sizes."""
+        from vllm.config import CUDAGraphMode
 
-        if vllm_config.model_config is not None:
-            vllm_config.model_config.enforce_eager = True
         compilation_config = vllm_config.compilation_config
-        compilation_config.mode = CompilationMode.NONE
         compilation_config.cudagraph_mode = CUDAGraphMode.NONE
         compilation_config.cudagraph_capture_sizes = []
         compilation_config.max_cudagraph_capture_size = 0
         compilation_config.post_init_cudagraph_sizes()
+
+    @classmethod
+    def _reference_overrides(cls, vllm_config: VllmConfig) -> None:
+        """The reference device runs eagerly, synchronously and sizes its KV cache in host memory."""
+        from vllm.config import CompilationMode
+
+        if vllm_config.model_config is not None:
+            vllm_config.model_config.enforce_eager = True
+        vllm_config.compilation_config.mode = CompilationMode.NONE
         vllm_config.scheduler_config.async_scheduling = False
 
         cache_config = vllm_config.cache_config

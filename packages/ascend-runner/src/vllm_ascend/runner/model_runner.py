@@ -38,14 +38,12 @@ def ascend_components() -> Iterator[None]:
 
 
 class NPUModelRunner(GPUModelRunner):
-    """The V1 model runner for Ascend: eager on the reference device, ACL graphs are not captured."""
+    """The V1 model runner for Ascend (no graph capture: the platform turns CUDA-graph modes off)."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         device_context.install_accelerator_shims()
         with ascend_components():
             super().__init__(vllm_config, device)
-        # Graph capture is decided by the platform (support_static_graph_mode); none is captured here.
-        self.use_cuda_graph = False
 
     def may_reinitialize_input_batch(self, kv_cache_config: KVCacheConfig) -> None:
         with ascend_components():
@@ -68,10 +66,6 @@ class NPUModelRunner(GPUModelRunner):
 
     def _sync_device(self) -> None:
         device_context.synchronize()
-
-    def capture_model(self) -> int:
-        """No graph capture: report zero graph memory (vLLM's CUDA-graph capture is CUDA only)."""
-        return 0
 
     def warm_up(self) -> None:
         """One dummy forward at the largest batch of requests and one sampler run (fills lazy state)."""
