@@ -131,7 +131,9 @@ class NPUPlatform(Platform):
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
-        return "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"
+        if not _REFERENCE:
+            raise NotImplementedError("LoRA is not supported on Ascend NPUs by this plugin yet")
+        return "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"  # torch ops on the cpu device
 
     @classmethod
     def opaque_attention_op(cls) -> bool:
