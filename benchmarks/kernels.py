@@ -62,16 +62,29 @@ def _flush() -> None:
     _FLUSH.zero_()
 
 
+GUARD_US = 300.0  # GPU busy-wait before each timed call; must exceed the host cost of any call
+
+
 def bench(fn: Callable[[], object], restore: Callable[[], object] | None = None, reps: int = 40) -> float:
-    """Median µs of ``fn``; ``restore`` (untimed) runs before each call when given."""
-    if restore is None:
-        return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
-    restore()
+    """Median GPU µs of ``fn``; ``restore`` (untimed) runs before each call when given.
+
+    Before each timed call: restore, flush the L2, then keep the GPU busy (``torch.cuda._sleep``) for
+    ``GUARD_US`` while the host enqueues the call, so its start event fires only once every launch of
+    the call is queued. The figure is then the call's GPU time (its kernels and the gaps between
+    them on the GPU), not the host's launch cost, which ``host_us`` reports separately: with plain
+    ``do_bench``, a call whose host cost exceeds the flush's GPU time had its launch gaps timed too.
+    """
+    cycles = int(GUARD_US * 2000)  # SM clock <= 2 GHz on an H200: at least GUARD_US
+    if restore is not None:
+        restore()
     fn()
+    torch.cuda.synchronize()
     times = []
     for _ in range(reps):
-        restore()
+        if restore is not None:
+            restore()
         _flush()
+        torch.cuda._sleep(cycles)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

@@ -60,6 +60,20 @@ def row_split(rows: int, vocab: int, block: int, device: torch.device, per_sm: i
     return triton.cdiv(vocab, chunk), chunk
 
 
+_scratch: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def scratch(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A cached buffer of at least ``numel`` elements for per-chunk partials (saves an allocation
+    per call). Shared per device: the kernels using it must not run concurrently on two streams."""
+    key = (name, device, dtype)
+    buf = _scratch.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(max(numel, 4096), dtype=dtype, device=device)
+        _scratch[key] = buf
+    return buf
+
+
 @triton.jit
 def hash32(x):
     """The 32-bit mixer of ``vllm_ascend.kernels.gumbel`` (wrapping ``uint32`` arithmetic)."""

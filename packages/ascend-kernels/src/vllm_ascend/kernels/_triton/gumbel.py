@@ -5,8 +5,8 @@ Each program takes one chunk of one row and keeps the best score ``x / T + g`` o
 ``logf`` is ~30 instructions), so a tile computes them only when one of its elements can still beat
 the chunk's best exact score ``b``: since ``g`` increases with ``u``, ``x + g(u) >= b`` needs
 ``u >= exp(-exp(x - b))``, which costs two fast exponentials and is tested on the integer ``u`` with
-slack (a margin in score space and a few ulps in ``u``), so the filter never drops a possible
-winner. The winner is therefore exactly the reference's argmax; after the first tiles only a few
+slack (a margin in score space and a few ulps in ``u``; the filter also uses ``x * (1 / T)``
+instead of the exact division), so the filter never drops a possible winner. The winner is therefore exactly the reference's argmax; after the first tiles only a few
 tiles per chunk pass. With one chunk per row the kernel writes the token; otherwise per-chunk
 ``(score, index)`` partials go to a combine kernel (highest score, lowest index on ties).
 """
@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._triton.common import IS_INTERPRETED, check_logits, hash32, row_split
+from vllm_ascend.kernels._triton.common import IS_INTERPRETED, check_logits, hash32, row_split, scratch
 
 BLOCK = 256 if IS_INTERPRETED else 1024
 WARPS = 4
@@ -25,7 +25,7 @@ PER_SM = 8
 COMBINE_BLOCK = 128
 
 
-@triton.jit(do_not_specialize=["chunk", "num_chunks"])
+@triton.jit(do_not_specialize=["num_chunks"])
 def _gumbel_kernel(
     logits_ptr,
     row_stride,
@@ -58,21 +58,26 @@ def _gumbel_kernel(
     best = tl.full([], float("-inf"), tl.float32)  # best exact score of this chunk so far
     offs = begin + tl.arange(0, BLOCK)
     nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
+    inv_t = 1.0 / tl.where(random_row, t, 1.0)
     for start in range(begin, end, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        x = nxt.to(tl.float32)
+        raw = nxt.to(tl.float32)
         nxt = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < end, other=float("-inf"))
+        y = raw  # cheap estimate of the scaled logit for the filter (the exact division is slow)
         if APPLY_TEMPERATURE:
-            x = x / tl.where(random_row, t, 1.0)
-        valid = (offs < end) & (x > float("-inf"))
+            y = raw * inv_t
+        valid = (offs < end) & (raw > float("-inf"))
         h = hash32(key ^ (offs.to(tl.uint32) * 0x9E3779B9))
         k = (h >> 8).to(tl.float32)  # u = (k + 0.5) / 2**24
         margin = 1e-3 + 1e-5 * tl.abs(best)
-        # Filter: can x + g(u) reach best - margin?  u >= exp(-exp(x + margin - best)), with slack.
-        u_min = tl.exp(-tl.exp(x + margin - best))
+        # Filter: can y + g(u) reach best - margin?  u >= exp(-exp(y + margin - best)), with slack.
+        u_min = tl.exp(-tl.exp(y + margin - best))
         k_min = u_min * (16777216.0 * (1.0 - 1.0 / 65536.0)) - 16.0
-        cand = valid & tl.where(random_row, k >= k_min, x >= best - margin)
+        cand = valid & tl.where(random_row, k >= k_min, y >= best - margin)
         if tl.max(cand.to(tl.int32), 0) > 0:
+            x = raw
+            if APPLY_TEMPERATURE:
+                x = raw / tl.where(random_row, t, 1.0)  # the reference's rounding
             u = (k + 0.5) * (1.0 / 16777216.0)
             s = x + noise_scale * -tl.log(-tl.log(u))
             s = tl.where(offs < end, s, float("-inf"))
@@ -119,8 +124,8 @@ def gumbel_sample(
     if rows == 0:
         return out
     chunks, chunk = row_split(rows, vocab, BLOCK, logits.device, PER_SM)
-    part_val = torch.empty(rows * chunks if chunks > 1 else 1, dtype=torch.float32, device=logits.device)
-    part_idx = torch.empty(part_val.shape, dtype=torch.int32, device=logits.device)
+    part_val = scratch("gumbel_val", rows * chunks, torch.float32, logits.device)
+    part_idx = scratch("gumbel_idx", rows * chunks, torch.int32, logits.device)
     _gumbel_kernel[(rows, chunks)](
         logits,
         logits.stride(0),

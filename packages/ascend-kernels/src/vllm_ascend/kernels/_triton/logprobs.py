@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._triton.common import ROW_WARPS, check_logits, row_block, row_split
+from vllm_ascend.kernels._triton.common import ROW_WARPS, check_logits, row_block, row_split, scratch
 
 COMBINE_BLOCK = 128
 
@@ -72,7 +72,7 @@ def _store_token_logprobs(row_ptr, row, lse, ids_ptr, num_ids, out_ptr, IDS: tl.
     tl.store(out_ptr + row * num_ids + k, x - lse, mask=valid)
 
 
-@triton.jit(do_not_specialize=["chunk", "num_chunks"])
+@triton.jit(do_not_specialize=["num_chunks"])
 def _token_logprob_kernel(
     logits_ptr,
     row_stride,
@@ -118,7 +118,7 @@ def _token_logprob_combine_kernel(
     _store_token_logprobs(row_ptr, row, lse, ids_ptr, num_ids, out_ptr, IDS)
 
 
-@triton.jit(do_not_specialize=["chunk", "num_chunks"])
+@triton.jit(do_not_specialize=["num_chunks"])
 def _lse_rank_kernel(
     logits_ptr,
     row_stride,
@@ -165,9 +165,8 @@ def _split(rows: int, vocab: int, device: torch.device) -> tuple[int, int, int]:
 
 
 def _partials(rows: int, chunks: int, device: torch.device, n: int) -> list[torch.Tensor]:
-    size = rows * chunks if chunks > 1 else 1
-    dtypes = (torch.float32, torch.float32, torch.int32)[:n]
-    return [torch.empty(size, dtype=d, device=device) for d in dtypes]
+    kinds = (("lse_m", torch.float32), ("lse_s", torch.float32), ("lse_a", torch.int32))[:n]
+    return [scratch(name, rows * chunks, dtype, device) for name, dtype in kinds]
 
 
 def compute_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:

@@ -12,12 +12,12 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._triton.common import ROW_WARPS, check_logits, row_block, row_split
+from vllm_ascend.kernels._triton.common import ROW_WARPS, check_logits, row_block, row_split, scratch
 
 COMBINE_BLOCK = 128
 
 
-@triton.jit(do_not_specialize=["chunk", "num_chunks", "phase"])
+@triton.jit(do_not_specialize=["num_chunks", "phase"])
 def _min_p_kernel(
     logits_ptr,
     row_stride,
@@ -77,7 +77,7 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     block = row_block(vocab)
     chunks, chunk = row_split(rows, vocab, block, logits.device)
     mp = min_p.to(torch.float32)
-    part = torch.empty(rows * chunks if chunks > 1 else 1, dtype=torch.float32, device=logits.device)
+    part = scratch("min_p", rows * chunks, torch.float32, logits.device)
     args = (logits, logits.stride(0), mp, part, vocab, chunk, chunks)
     for phase in (0,) if chunks == 1 else (1, 2):
         _min_p_kernel[(rows, chunks)](*args, phase, BLOCK=block, CB=COMBINE_BLOCK, num_warps=ROW_WARPS)
