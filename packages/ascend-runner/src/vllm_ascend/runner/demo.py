@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from vllm_ascend.core.cli import CliCommand
@@ -102,7 +103,8 @@ def run_demo(model_kind: str, max_tokens: int, cache_dir: Path | None) -> int:
         if not ok:
             print(f"  vLLM {ids}\n  HF   {ref_ids}")
     verdict = "identical to" if not mismatches else f"DIFFERENT from ({mismatches} prompts)"
-    print(f"\ntoken ids {verdict} HF transformers greedy decoding on the same weights")
+    print("\n(random weights: the text means nothing; the check is on the token ids)")
+    print(f"token ids {verdict} HF transformers greedy decoding on the same weights")
     llm.llm_engine.engine_core.shutdown()
     return 1 if mismatches else 0
 
@@ -113,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for name, value in DEMO_ENV.items():
         os.environ.setdefault(name, value)
+    # vLLM's Triton-override registration scans torch.distributed and trips its deprecation warnings.
+    warnings.filterwarnings("ignore", category=FutureWarning, module="vllm.triton_utils.dispatcher")
     return run_demo(args.model_kind, args.max_tokens, args.cache_dir)
 
 
