@@ -14,6 +14,7 @@ from vllm_ascend.eplb.policy.packing import (
     logical_load,
     lpt_pack,
     moved_slots,
+    repack_extremes,
     replica_counts,
     replica_counts_of,
     shift_replicas,
@@ -52,8 +53,8 @@ class FlashLB(EplbPolicy):
 
     Loads are risk-aware, ``μ + z·σ`` per expert (``z`` = ``risk_z``, 0.674: the 75th percentile)
     from a sliding window (``window`` = 16 samples, down-sampled to ``max_samples`` = 64). Two candidates
-    per layer: an incremental one (replica re-allocation plus swaps, within ``max_move_fraction`` of
-    the slots) and, where that plan is still above the lower bound by more than 20 × ``update_margin`` and the
+    per layer: an incremental one (replica re-allocation, swaps and re-packing of the extreme ranks,
+    within ``max_move_fraction`` of the slots) and, where that plan is still above the lower bound by more than 20 × ``update_margin`` and the
     budget is at least half the slots, a fresh LPT packing aligned to the current ranks by Hungarian
     matching (used only when it fits the same move budget). The better candidate replaces the current placement only
     when the current score exceeds it by more than ``update_margin`` (0.5%), or when the incremental
@@ -83,6 +84,9 @@ class FlashLB(EplbPolicy):
         shifted = shift_replicas(risk, replica_counts_of(table, n), np.full(layers, budget // 2), ranks)
         inc, inc_w, left = within_budget(table, risk, shifted, np.full(layers, budget))
         inc = swap_refine_widening(inc, inc_w, n, 100, 2e-3 * mean, left)
+        for _ in range(2):  # where single swaps stall: re-pack the extreme ranks, then swap again
+            inc, inc_w = repack_extremes(inc, slot_weights(inc, risk), n, budget - moved_slots(table, inc))
+            inc, _ = swap_refine(inc, inc_w, n, 25, 2e-3 * mean, max_moved=budget - moved_slots(table, inc))
         inc = keep_slots(table, inc)
 
         fresh, need_fresh = inc, np.zeros(layers, dtype=bool)
