@@ -1,10 +1,13 @@
 """Gumbel-max sampling with per-request seeds and positions (reproducible on every backend).
 
-The noise of token ``v`` in a row is ``-log(-log(u))`` with ``u = ((h >> 8) + 0.5) / 2**24`` and
+The noise of token ``v`` in a row is ``-log(-log(u))`` with ``u = ((h >> 9) + 0.5) / 2**23`` and
 ``h = hash32(row_key ^ (v * 0x9E3779B9 mod 2**32))``,
 ``row_key = hash32(hash32(hash32(seed_lo) ^ seed_hi) ^ pos_lo)`` where ``hash32`` is a 32-bit integer
 mixer (xor-shift / multiply). Only wrapping 32-bit multiply,
 xor and shifts are used, so the torch reference and the Triton kernel draw bit-identical ``u``.
+``u`` has 23 random bits so that ``k + 0.5`` is exact in float32 and ``u < 1``: the noise is finite
+and at most ``-log(-log(1 - 2**-24)) ~ 16.64`` (24 bits rounded the largest ``u`` up to 1, giving
+one token in 2**24 an infinite score).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def gumbel_noise_torch(seeds: torch.Tensor, positions: torch.Tensor, vocab_size:
     keys = row_keys_torch(seeds, positions).unsqueeze(1)
     token_mix = (torch.arange(vocab_size, dtype=torch.int64, device=seeds.device) * TOKEN_MIX) & MASK32
     h = hash32_torch(keys ^ token_mix.unsqueeze(0))
-    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+    u = ((h >> 9).to(torch.float32) + 0.5) * (1.0 / 8388608.0)
     return -torch.log(-torch.log(u))
 
 

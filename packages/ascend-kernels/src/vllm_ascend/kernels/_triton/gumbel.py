@@ -23,6 +23,45 @@ BLOCK = 256 if IS_INTERPRETED else 1024
 WARPS = 4
 PER_SM = 8
 COMBINE_BLOCK = 128
+MAX_NOISE = tl.constexpr(17.0)  # > -log(-log(1 - 2**-24)) ~ 16.64, the largest noise the 23-bit u can draw
+
+
+@triton.jit
+def _tile(
+    raw,
+    y,
+    offs,
+    end,
+    key,
+    t,
+    random_row,
+    noise_scale,
+    best_val,
+    best_idx,
+    best,
+    APPLY_TEMPERATURE: tl.constexpr,
+):
+    """Fold one tile into the chunk's running best (``y``: the filter's estimate of ``raw / T``)."""
+    valid = (offs < end) & (raw > float("-inf"))
+    h = hash32(key ^ (offs.to(tl.uint32) * 0x9E3779B9))
+    k = (h >> 9).to(tl.float32)  # u = (k + 0.5) / 2**23
+    margin = 1e-3 + 1e-5 * tl.abs(best)
+    # Filter: can y + g(u) reach best - margin?  u >= exp(-exp(y + margin - best)), with slack.
+    u_min = tl.exp(-tl.exp(y + margin - best))
+    k_min = u_min * (8388608.0 * (1.0 - 1.0 / 65536.0)) - 16.0
+    cand = valid & tl.where(random_row, k >= k_min, y >= best - margin)
+    if tl.max(cand.to(tl.int32), 0) > 0:
+        x = raw
+        if APPLY_TEMPERATURE:
+            x = raw / tl.where(random_row, t, 1.0)  # the reference's rounding
+        u = (k + 0.5) * (1.0 / 8388608.0)
+        s = x + noise_scale * -tl.log(-tl.log(u))
+        s = tl.where(offs < end, s, float("-inf"))
+        better = s > best_val
+        best_val = tl.where(better, s, best_val)
+        best_idx = tl.where(better, offs, best_idx)
+        best = tl.max(best_val, 0)
+    return best_val, best_idx, best
 
 
 @triton.jit(do_not_specialize=["num_chunks"])
@@ -66,25 +105,22 @@ def _gumbel_kernel(
         y = raw  # cheap estimate of the scaled logit for the filter (the exact division is slow)
         if APPLY_TEMPERATURE:
             y = raw * inv_t
-        valid = (offs < end) & (raw > float("-inf"))
-        h = hash32(key ^ (offs.to(tl.uint32) * 0x9E3779B9))
-        k = (h >> 8).to(tl.float32)  # u = (k + 0.5) / 2**24
-        margin = 1e-3 + 1e-5 * tl.abs(best)
-        # Filter: can y + g(u) reach best - margin?  u >= exp(-exp(y + margin - best)), with slack.
-        u_min = tl.exp(-tl.exp(y + margin - best))
-        k_min = u_min * (16777216.0 * (1.0 - 1.0 / 65536.0)) - 16.0
-        cand = valid & tl.where(random_row, k >= k_min, y >= best - margin)
-        if tl.max(cand.to(tl.int32), 0) > 0:
-            x = raw
-            if APPLY_TEMPERATURE:
-                x = raw / tl.where(random_row, t, 1.0)  # the reference's rounding
-            u = (k + 0.5) * (1.0 / 16777216.0)
-            s = x + noise_scale * -tl.log(-tl.log(u))
-            s = tl.where(offs < end, s, float("-inf"))
-            better = s > best_val
-            best_val = tl.where(better, s, best_val)
-            best_idx = tl.where(better, offs, best_idx)
-            best = tl.max(best_val, 0)
+        # The noise is at most MAX_NOISE: a tile whose largest y is that far below best cannot win.
+        if tl.max(y, 0) + noise_scale * MAX_NOISE >= best - (1e-3 + 1e-5 * tl.abs(best)):
+            best_val, best_idx, best = _tile(
+                raw,
+                y,
+                offs,
+                end,
+                key,
+                t,
+                random_row,
+                noise_scale,
+                best_val,
+                best_idx,
+                best,
+                APPLY_TEMPERATURE,
+            )
     top = tl.max(best_val, 0)
     winner = tl.min(tl.where(best_val == top, best_idx, vocab), 0)
     if num_chunks == 1:

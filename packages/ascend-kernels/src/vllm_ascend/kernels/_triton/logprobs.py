@@ -15,6 +15,7 @@ import triton.language as tl
 from vllm_ascend.kernels._triton.common import ROW_WARPS, check_logits, row_block, row_split, scratch
 
 COMBINE_BLOCK = 128
+PER_SM = 1  # split only batches of fewer rows than multiprocessors (H200: B = 256 runs best unsplit)
 
 
 @triton.jit
@@ -160,7 +161,7 @@ def _lse_rank_combine_kernel(
 
 def _split(rows: int, vocab: int, device: torch.device) -> tuple[int, int, int]:
     block = row_block(vocab, 4096)
-    chunks, chunk = row_split(rows, vocab, block, device)
+    chunks, chunk = row_split(rows, vocab, block, device, PER_SM)
     return block, chunks, chunk
 
 
