@@ -140,3 +140,14 @@ def test_init_eplb_config_from_mapping_object_and_file(tmp_path):
 def test_bad_settings_are_clear_errors(cfg, match):
     with pytest.raises(EplbInputError, match=match):
         EplbSettings.from_any(cfg)
+
+
+def test_init_eplb_config_accepts_core_ascend_eplb_config(tmp_path):
+    from vllm_ascend.core.config.sections import EplbConfig
+
+    cfg = EplbConfig.from_dict({"dynamic_eplb": True, "num_redundant_experts": 2, "eplb_policy_type": "flashlb",
+                                "load_collection_phase": "decode", "num_warmup_iterations": 3})
+    init = init_eplb_config(cfg, 8, 2, 3)
+    assert init.global_table[1].tolist() == [[0, 1, 2, 3, 4], [5, 6, 7, 0, 1]]
+    assert (init.settings.eplb_policy_type, init.settings.load_collection_phase) == (3, "decode")
+    assert init.settings.num_warmup_iterations == 3 and init.settings.dynamic_eplb
