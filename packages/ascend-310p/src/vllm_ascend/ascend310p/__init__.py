@@ -6,22 +6,15 @@ needed to inspect the overlay.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from vllm_ascend.ascend310p._version import __version__
+from vllm_ascend.core.lazy import lazy_exports
 
-_LAZY = {"OVERLAY": "vllm_ascend.ascend310p.overlay", "Ascend310PDeviceAdaptor": "vllm_ascend.ascend310p.overlay"}
+_LAZY = {
+    "OVERLAY": "vllm_ascend.ascend310p.overlay",
+    "Ascend310PDeviceAdaptor": "vllm_ascend.ascend310p.overlay",
+}
 
 __all__ = ["__version__", *sorted(_LAZY)]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -6,10 +6,8 @@ into this package during platform detection in every process).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from vllm_ascend.core._version import __version__
+from vllm_ascend.core.lazy import lazy_exports
 
 _LAZY: dict[str, str] = {
     "ExtensionDescriptor": "vllm_ascend.core.extensions",
@@ -35,14 +33,4 @@ _LAZY: dict[str, str] = {
 __all__ = ["__version__", *sorted(_LAZY)]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -6,9 +6,7 @@ lives in :mod:`vllm_ascend.netloader.loader` and is reached through core's ``MOD
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from vllm_ascend.core.lazy import lazy_exports
 from vllm_ascend.netloader._version import __version__
 
 _LAZY: dict[str, str] = {
@@ -31,14 +29,4 @@ _LAZY: dict[str, str] = {
 __all__ = ["__version__", *sorted(_LAZY)]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
