@@ -4,11 +4,13 @@ Each program takes one chunk of one row and keeps the best score ``x / T + g`` o
 ``g = -log(-log(u))`` is the reference's noise. The two logarithms dominate the cost (libdevice
 ``logf`` is ~30 instructions), so a tile computes them only when one of its elements can still beat
 the chunk's best exact score ``b``: since ``g`` increases with ``u``, ``x + g(u) >= b`` needs
-``u >= exp(-exp(x - b))``, which costs two fast exponentials and is tested on the integer ``u`` with
-slack (a margin in score space and a few ulps in ``u``; the filter also uses ``x * (1 / T)``
-instead of the exact division), so the filter never drops a possible winner. The winner is therefore exactly the reference's argmax; after the first tiles only a few
-tiles per chunk pass. With one chunk per row the kernel writes the token; otherwise per-chunk
-``(score, index)`` partials go to a combine kernel (highest score, lowest index on ties).
+``u >= exp(-exp(x - b)) >= 1 - exp(x - b)``; the last bound costs one fast exponential. It is tested
+with slack (a margin in score space, a few ulps in ``u``, and ``x * (1 / T)`` in place of the exact
+division), so the filter never drops a possible winner and the result is exactly the reference's
+argmax; after the first tiles of a chunk few tiles pass. A tile whose largest logit is more than
+the largest possible noise below ``b`` is skipped before hashing. With one chunk per row the kernel
+writes the token; otherwise per-chunk ``(score, index)`` partials go to a combine kernel (highest
+score, lowest index on ties).
 """
 
 from __future__ import annotations
@@ -44,17 +46,20 @@ def _tile(
     """Fold one tile into the chunk's running best (``y``: the filter's estimate of ``raw / T``)."""
     valid = (offs < end) & (raw > float("-inf"))
     h = hash32(key ^ (offs.to(tl.uint32) * 0x9E3779B9))
-    k = (h >> 9).to(tl.float32)  # u = (k + 0.5) / 2**23
-    margin = 1e-3 + 1e-5 * tl.abs(best)
-    # Filter: can y + g(u) reach best - margin?  u >= exp(-exp(y + margin - best)), with slack.
-    u_min = tl.exp(-tl.exp(y + margin - best))
-    k_min = u_min * (8388608.0 * (1.0 - 1.0 / 65536.0)) - 16.0
-    cand = valid & tl.where(random_row, k >= k_min, y >= best - margin)
+    # f = 1 + k / 2**23 for the 23 random bits k, built from the bits (no int-to-float conversion):
+    # u = (k + 0.5) / 2**23 = (f - 1) + 2**-24 exactly.
+    f = (0x3F800000 | (h >> 9)).to(tl.float32, bitcast=True)
+    # Filter: y + g(u) >= best - margin needs u >= exp(-exp(z)) with z = y + margin - best, and
+    # exp(-a) >= 1 - a, so u >= 1 - exp(z) holds for every possible winner: one exponential.
+    # Slack: exp(z) taken 2**-16 larger, and 2**-19 (16 values of k) off the threshold.
+    z = y + (1e-3 + 1e-5 * tl.abs(best) - best)
+    f_min = (2.0 - 1.0 / 524288.0) - tl.exp(z) * (1.0 + 1.0 / 65536.0)
+    cand = valid & tl.where(random_row, f >= f_min, z >= 0.0)
     if tl.max(cand.to(tl.int32), 0) > 0:
         x = raw
         if APPLY_TEMPERATURE:
             x = raw / tl.where(random_row, t, 1.0)  # the reference's rounding
-        u = (k + 0.5) * (1.0 / 8388608.0)
+        u = (f - 1.0) + 1.0 / 16777216.0
         s = x + noise_scale * -tl.log(-tl.log(u))
         s = tl.where(offs < end, s, float("-inf"))
         better = s > best_val
