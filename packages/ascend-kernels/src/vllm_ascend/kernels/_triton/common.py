@@ -39,7 +39,8 @@ PROGRAMS_PER_SM = 4  # split kernels: aim for this many programs per multiproces
 
 
 @functools.cache
-def _multiprocessors(device: torch.device) -> int:
+def multiprocessors(device: torch.device) -> int:
+    """Multiprocessors of ``device`` (a guess off CUDA): sizes the row splits."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 32  # e.g. Ascend vector cores; only sizes the split, any value is correct
@@ -52,7 +53,7 @@ def row_split(rows: int, vocab: int, block: int, device: torch.device, per_sm: i
     With one program per row, a batch of 64 busies 64 multiprocessors of an H200's 132 and each
     program is latency-bound; splitting the row and combining per-chunk partials fixes both."""
     # Under the interpreter: 8 programs, so that the small test shapes take both paths.
-    target = 8 if IS_INTERPRETED else (per_sm or PROGRAMS_PER_SM) * _multiprocessors(device)
+    target = 8 if IS_INTERPRETED else (per_sm or PROGRAMS_PER_SM) * multiprocessors(device)
     tiles = triton.cdiv(vocab, block)
     chunks = max(1, min(tiles, triton.cdiv(target, max(rows, 1))))
     chunk = triton.cdiv(tiles, chunks) * block
