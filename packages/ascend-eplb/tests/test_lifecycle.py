@@ -53,11 +53,13 @@ def test_worker_plan_sums_loads_and_reports_hotness():
         EplbWorker.fetch_and_sum_load_info(np.ones(3))
 
 
-def test_eplb_process_matches_in_process_worker_and_reports_errors():
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_eplb_process_matches_in_process_worker_and_reports_errors(mode):
     rng = np.random.default_rng(0)
     table = np.stack([rng.permutation(16).reshape(4, 4) for _ in range(3)])
     workload = rng.random((3, 4, 4)) ** 4 * 100
-    proc = EplbProcess("swift", {"max_move_fraction": 0.5})
+    proc = EplbProcess("swift", {"max_move_fraction": 0.5}, mode=mode)
+    assert proc.mode == mode
     try:
         proc.submit(table, workload)
         plan = proc.get(timeout=120)
@@ -69,6 +71,8 @@ def test_eplb_process_matches_in_process_worker_and_reports_errors():
             proc.get(timeout=120)
     finally:
         proc.shutdown()
+    with pytest.raises(EplbInputError, match="mode must be"):
+        EplbProcess("swift", mode="fork")
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -19,6 +19,7 @@ def register() -> None:
 
     for name, path in POLICY_PATHS.items():
         EPLB_POLICIES.register(name, path)
+    __import__("vllm_ascend.eplb.moe", fromlist=["register_moe_runner"]).register_moe_runner()
 
 
 EXTENSION = ExtensionDescriptor(

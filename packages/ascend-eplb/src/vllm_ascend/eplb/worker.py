@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import threading
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,14 +145,26 @@ def _serve(policy: str | int, policy_config: Any, inbox: Any, outbox: Any) -> No
 
 
 class EplbProcess:
-    """Runs an :class:`EplbWorker` in a separate (spawned) process fed through queues, so the
-    policy never blocks the forward loop."""
+    """Runs an :class:`EplbWorker` off the forward loop, fed through queues: in a spawned process, or
+    in a thread where the caller may not have child processes (a daemonic worker process, as vLLM's
+    multiprocessing executor starts). ``mode``: ``"auto"`` (default), ``"process"`` or ``"thread"``."""
 
-    def __init__(self, policy: str | int = "swift", policy_config: Any = None) -> None:
-        ctx = mp.get_context("spawn")
-        self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
-        self._proc = ctx.Process(target=_serve, args=(policy, policy_config, self._inbox, self._outbox),
-                                 name="eplb-worker", daemon=True)
+    def __init__(self, policy: str | int = "swift", policy_config: Any = None, mode: str = "auto") -> None:
+        if mode not in ("auto", "process", "thread"):
+            raise EplbInputError(f"EplbProcess mode must be 'auto', 'process' or 'thread', got {mode!r}")
+        if mode == "auto":
+            mode = "thread" if mp.current_process().daemon else "process"
+        self.mode = mode
+        args_tail = (policy, policy_config)
+        if mode == "process":
+            ctx = mp.get_context("spawn")
+            self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
+            self._proc = ctx.Process(target=_serve, args=(*args_tail, self._inbox, self._outbox),
+                                     name="eplb-worker", daemon=True)
+        else:
+            self._inbox, self._outbox = queue.Queue(), queue.Queue()
+            self._proc = threading.Thread(target=_serve, args=(*args_tail, self._inbox, self._outbox),
+                                          name="eplb-worker", daemon=True)
         self.pending = 0
 
     def start(self) -> None:
@@ -181,6 +194,6 @@ class EplbProcess:
         if self._proc.is_alive():
             self._inbox.put(None)
             self._proc.join(timeout)
-            if self._proc.is_alive():
+            if self._proc.is_alive() and self.mode == "process":
                 self._proc.terminate()
                 self._proc.join(timeout)
