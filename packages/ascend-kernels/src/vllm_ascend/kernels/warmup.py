@@ -43,7 +43,13 @@ def _batch_sizes(device: torch.device) -> tuple[int, ...]:
         return (2,)
     from vllm_ascend.kernels._triton.common import IS_INTERPRETED, SMALL_BATCH_ROWS, multiprocessors
 
-    return (2,) if IS_INTERPRETED else (2, max(SMALL_BATCH_ROWS + 1, multiprocessors(device)))
+    if IS_INTERPRETED:
+        return (2,)
+    return tuple(
+        sorted(
+            {2, min(multiprocessors(device), SMALL_BATCH_ROWS), SMALL_BATCH_ROWS + 1, multiprocessors(device)}
+        )
+    )
 
 
 def sampling_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]) -> None:
