@@ -279,25 +279,3 @@ def test_worker_process_builds_the_config_from_vllms_current_config():
         config = get_ascend_config()
     assert config.enable_kv_nz is True and config.eplb_config.policy_name == "random"
     assert get_ascend_config() is config
-
-
-def test_eplb_package_reads_the_eplb_section():
-    eplb = pytest.importorskip("vllm_ascend.eplb.config")
-    section = AscendConfig.from_dict(
-        {
-            "eplb_config": {
-                "dynamic_eplb": True,
-                "num_redundant_experts": 4,
-                "eplb_policy_type": "flashlb",
-                "num_warmup_iterations": 3,
-                "load_collection_phase": "decode",
-            }
-        }
-    ).eplb_config
-    settings = eplb.EplbSettings.from_any(section)
-    assert (settings.dynamic_eplb, settings.num_redundant_experts, settings.num_warmup_iterations) == (
-        True,
-        4,
-        3,
-    )
-    assert settings.load_collection_phase == "decode" and settings.eplb_policy_type == 3

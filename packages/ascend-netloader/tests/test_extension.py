@@ -5,8 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
 import vllm_ascend.netloader as netloader
 from vllm_ascend.core.registry import MODEL_LOADERS
 from vllm_ascend.netloader._extension import EXTENSION
@@ -16,7 +14,6 @@ def test_registered_and_resolves_with_vllm():
     EXTENSION.register()
     EXTENSION.register()  # idempotent
     assert MODEL_LOADERS.entry("netloader").value == "vllm_ascend.netloader.loader:NetLoader"
-    pytest.importorskip("vllm")
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
     loader = MODEL_LOADERS.get("netloader")

@@ -8,11 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
-
-pytest.importorskip("vllm")
-
 from safetensors.torch import save_file
+from torch import nn
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.config.load import LoadConfig
 
