@@ -9,6 +9,7 @@ weights between slots inside this process.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,7 @@ import torch
 from vllm_ascend.eplb.config import EplbInit, EplbSettings, init_eplb_config
 from vllm_ascend.eplb.expert_map_file import expert_file_to_tensor
 from vllm_ascend.eplb.placement import generate_expert_map, generate_log2phy_map
-from vllm_ascend.eplb.worker import EplbPlan, EplbWorker
+from vllm_ascend.eplb.worker import EplbPlan, EplbProcess
 
 
 class HostPlacement:
@@ -34,12 +35,17 @@ class HostPlacement:
         self.layers: list[Any] = []
         self.init: EplbInit | None = None
         self.table: np.ndarray | None = None
-        self.worker = EplbWorker(self.settings.eplb_policy_type) if self.settings.dynamic_eplb else None
+        self.process: EplbProcess | None = None
+        if self.settings.dynamic_eplb:
+            # The policy runs in its own process, off the forward loop.
+            self.process = EplbProcess(self.settings.eplb_policy_type, mode="process")
+            weakref.finalize(self, self.process.shutdown)
         self.step = 0
         self.collected = 0
         self.load: np.ndarray | None = None
-        self.plan: EplbPlan | None = None
-        self.plan_due = 0
+        self.plan_due = 0  # step at which the submitted plan is applied; 0 when none is pending
+        #: Every plan received, ``(step, plan)``, oldest first.
+        self.plans: list[tuple[int, EplbPlan]] = []
         #: Every placement applied by dynamic EPLB, ``(step, table)``, oldest first.
         self.rebalances: list[tuple[int, np.ndarray]] = []
 
@@ -66,23 +72,27 @@ class HostPlacement:
         """After the last MoE layer of a real (non-dummy) forward: record loads, drive the schedule."""
         self.step += 1
         s = self.settings
-        if self.worker is None:
+        if self.process is None:
             return  # static placement: moe_load keeps the running totals
         assert self.table is not None and self.load is not None
         window = np.stack([layer.moe_load.double().numpy() for layer in self.layers])
         for layer in self.layers:
             layer.moe_load.zero_()
-        if self.plan is not None:
+        if self.plan_due:
             if self.step >= self.plan_due:
-                self._apply(self.plan)
-                self.plan = None
+                plan = self.process.get(timeout=None)
+                assert plan is not None
+                self.plans.append((self.step, plan))
+                self._apply(plan)
+                self.plan_due = 0
             return
         if self.step <= s.num_warmup_iterations:
             return
         self.load += window
         self.collected += 1
         if self.collected >= s.expert_heat_collection_interval:
-            self.plan = self.worker.do_update(self.table, self.load.reshape(self.table.shape))
+            # Copies: the queue pickles in a background thread, after the window below is reset.
+            self.process.submit(self.table.copy(), self.load.reshape(self.table.shape).copy())
             self.plan_due = self.step + s.algorithm_execution_interval
             self.load[:] = 0
             self.collected = 0
@@ -94,7 +104,9 @@ class HostPlacement:
         slots = self.table.shape[2]
         for update in plan.updates:
             layer = self.layers[update.layer_id]
-            moves = [(t.src_rank * slots + t.src_slot, t.dst_rank * slots + t.dst_slot) for t in update.transfers]
+            moves = [
+                (t.src_rank * slots + t.src_slot, t.dst_rank * slots + t.dst_slot) for t in update.transfers
+            ]
             layer.move_experts(moves, update.new_table)
             self.table[update.layer_id] = update.new_table
         self.rebalances.append((self.step, self.table.copy()))
@@ -103,5 +115,7 @@ class HostPlacement:
 def physical_maps(rank_table: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """``(expert_map [ranks, n], log2phy [ranks, n])`` of one layer's ``[ranks, slots]`` placement."""
     table = rank_table[None]
-    return (torch.as_tensor(generate_expert_map(table)[0], dtype=torch.int64),
-            torch.as_tensor(generate_log2phy_map(table)[0], dtype=torch.int64))
+    return (
+        torch.as_tensor(generate_expert_map(table)[0], dtype=torch.int64),
+        torch.as_tensor(generate_log2phy_map(table)[0], dtype=torch.int64),
+    )

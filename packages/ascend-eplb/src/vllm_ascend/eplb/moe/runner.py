@@ -70,14 +70,16 @@ class AscendMoERunner(MoERunner):
             "activation": self.routed_experts.activation is not MoEActivation.SILU,
             "has_bias": self.moe_config.has_bias,
             "tp_size/ep_size > 1": self.moe_config.tp_size > 1 or self.moe_config.ep_size > 1,
-            "quantization": self.routed_experts.quant_method.__class__.__name__ != "UnquantizedFusedMoEMethod",
+            "quantization": self.routed_experts.quant_method.__class__.__name__
+            != "UnquantizedFusedMoEMethod",
         }
         bad = [name for name, flag in unsupported.items() if flag]
         if bad:
             raise NotImplementedError(
                 f"{self.layer_name}: the Ascend reference MoE runner supports unquantized SiLU-gated experts "
                 f"with top-k routing in one process; unsupported here: {bad} "
-                f"(router {type(self.router).__name__}, activation {self.routed_experts.activation})")
+                f"(router {type(self.router).__name__}, activation {self.routed_experts.activation})"
+            )
 
     @property
     def is_monolithic(self) -> bool:
@@ -121,7 +123,8 @@ class AscendMoERunner(MoERunner):
         adaptor = get_device_adaptor()
         router = self.router
         weights, logical = adaptor.moe_gating_top_k(
-            router_logits, router.top_k, renormalize=router.renormalize, scoring=router.scoring_func)
+            router_logits, router.top_k, renormalize=router.renormalize, scoring=router.scoring_func
+        )
         ranks = self.log2phy.shape[0]
         token_rank = torch.arange(hidden_states.shape[0], device=hidden_states.device) % ranks
         physical = self.log2phy[token_rank[:, None], logical.long()]
