@@ -43,12 +43,13 @@ class D2DExpertWeightLoader:
 
     def asyn_expert_weight_transfer(self) -> None:
         """Issue this rank's sends and receives for the composed task (in one global order)."""
-        if self.state is not ExpertWeightUpdateState.READY:
+        update = self._update
+        if self.state is not ExpertWeightUpdateState.READY or update is None:
             raise RuntimeError("no composed layer task to transfer")
         me = self.adaptor.rank
-        params = self.adaptor.expert_params(self._update.layer_id)
+        params = self.adaptor.expert_params(update.layer_id)
         self._local, self._reqs = [], []
-        for tag, t in enumerate(self._update.transfers):
+        for tag, t in enumerate(update.transfers):
             if t.src_rank == me and t.dst_rank == me:
                 self._local.append((t.dst_slot, [p[t.src_slot].clone() for p in params]))
             elif t.src_rank == me:
@@ -72,6 +73,8 @@ class D2DExpertWeightLoader:
         for req in self._reqs:
             req.wait()
         update, me = self._update, self.adaptor.rank
+        if update is None:
+            raise RuntimeError("a transfer finished without a layer update in flight")
         for slot, bufs in self._local:
             self.adaptor.do_update_expert_weight(update.layer_id, slot, bufs)
         table = update.new_table[None]

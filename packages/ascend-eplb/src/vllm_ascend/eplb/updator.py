@@ -81,7 +81,10 @@ class EplbUpdator:
         if not self.busy and self.collected >= s.expert_heat_collection_interval:
             self.wakeup_eplb_worker()
         elif self.submitted_at is not None and self.step - self.submitted_at >= s.algorithm_execution_interval:
-            self.update_expert_weight_flag(self.process.get(timeout=None))
+            plan = self.process.get(timeout=None)
+            if plan is None:
+                raise RuntimeError("the EPLB worker returned no plan for a submitted workload")
+            self.update_expert_weight_flag(plan)
 
     def gather_loads(self) -> np.ndarray:
         """``[ranks, layers, slots]`` loads of every rank of the group."""
@@ -103,7 +106,7 @@ class EplbUpdator:
         self.submitted_at = None
         if self.on_plan is not None:
             self.on_plan(plan)
-        if not plan.changed or not plan.updates:
+        if not plan.changed or not plan.updates or plan.new_table is None:
             return
         self.pending.extend(plan.updates)
         self.table = plan.new_table.copy()

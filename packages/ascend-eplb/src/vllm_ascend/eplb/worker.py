@@ -156,6 +156,9 @@ class EplbProcess:
             mode = "thread" if mp.current_process().daemon else "process"
         self.mode = mode
         args_tail = (policy, policy_config)
+        self._inbox: Any
+        self._outbox: Any
+        self._proc: Any
         if mode == "process":
             ctx = mp.get_context("spawn")
             self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
