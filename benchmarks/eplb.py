@@ -85,8 +85,13 @@ def vllm_solver(ranks: int, redundant: int) -> Callable[[np.ndarray, np.ndarray,
 
     def solve(table: np.ndarray, window: np.ndarray, _steps: np.ndarray) -> np.ndarray:
         phy2log = DefaultEplbPolicy.rebalance_experts(
-            torch.from_numpy(window), EXPERTS + redundant, 1, 1, ranks,
-            torch.from_numpy(table.reshape(LAYERS, -1)))
+            torch.from_numpy(window),
+            EXPERTS + redundant,
+            1,
+            1,
+            ranks,
+            torch.from_numpy(table.reshape(LAYERS, -1)),
+        )
         return phy2log.numpy().reshape(table.shape)
 
     return solve
@@ -106,8 +111,16 @@ def ours_solver(name: str) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.
     return solve
 
 
-def run(family: str, ranks: int, redundant: int, args: argparse.Namespace, names: list[str]) -> dict[str, Stats]:
-    trace = make_trace(family, args.windows + 1, args.steps, args.tokens, seed=zlib.crc32(f"{family}/{ranks}/{redundant}".encode()))
+def run(
+    family: str, ranks: int, redundant: int, args: argparse.Namespace, names: list[str]
+) -> dict[str, Stats]:
+    trace = make_trace(
+        family,
+        args.windows + 1,
+        args.steps,
+        args.tokens,
+        seed=zlib.crc32(f"{family}/{ranks}/{redundant}".encode()),
+    )
     windows = trace.sum(axis=1)  # [windows, layers, experts]
     slots = (EXPERTS + redundant) // ranks
     start = generate_global_placement(EXPERTS, ranks, redundant, LAYERS)
@@ -157,11 +170,15 @@ def main() -> None:
     if args.quick:
         args.windows = min(args.windows, 3)
 
-    print(f"{LAYERS} layers × {EXPERTS} experts, top-{TOP_K}, {args.tokens} tokens/step, {args.steps} steps/window, "
-          f"{args.windows} rebalances per trace (the first from the default placement, the rest steady state); "
-          f"(ranks, R) pairs with (256 + R) % ranks != 0 are infeasible and skipped.\n")
-    print("| family | ranks | R | policy | fit | next | Δnext vs vLLM (±2se) | next step-peak | gap to LB "
-          "| solve ms | moved | first: next | first: moved |")
+    print(
+        f"{LAYERS} layers × {EXPERTS} experts, top-{TOP_K}, {args.tokens} tokens/step, {args.steps} steps/window, "
+        f"{args.windows} rebalances per trace (the first from the default placement, the rest steady state); "
+        f"(ranks, R) pairs with (256 + R) % ranks != 0 are infeasible and skipped.\n"
+    )
+    print(
+        "| family | ranks | R | policy | fit | next | Δnext vs vLLM (±2se) | next step-peak | gap to LB "
+        "| solve ms | moved | first: next | first: moved |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     summary: dict[str, dict[str, list]] = {n: {"beats": [], "moved": [], "solve": []} for n in names}
     for family in families:
@@ -175,18 +192,24 @@ def main() -> None:
                     summary[name]["beats"].append(d.mean() <= 0)
                     summary[name]["solve"].append(np.median(st.solve) / np.median(res["vllm"].solve))
                 summary[name]["moved"].append(np.mean(steady(st.moved)))
-                print(f"| {family} | {ranks} | {redundant} | {name} | {np.mean(steady(st.fit)):.4f} | "
-                      f"{np.mean(steady(st.nxt)):.4f} | {delta} | {np.mean(steady(st.step)):.4f} | "
-                      f"{np.mean(steady(st.gap)) * 100:.2f}% | "
-                      f"{np.median(st.solve):.1f} | {np.mean(steady(st.moved)) * 100:.1f}% | "
-                      f"{steady(st.nxt, first=True):.4f} | {steady(st.moved, first=True) * 100:.1f}% |")
+                print(
+                    f"| {family} | {ranks} | {redundant} | {name} | {np.mean(steady(st.fit)):.4f} | "
+                    f"{np.mean(steady(st.nxt)):.4f} | {delta} | {np.mean(steady(st.step)):.4f} | "
+                    f"{np.mean(steady(st.gap)) * 100:.2f}% | "
+                    f"{np.median(st.solve):.1f} | {np.mean(steady(st.moved)) * 100:.1f}% | "
+                    f"{steady(st.nxt, first=True):.4f} | {steady(st.moved, first=True) * 100:.1f}% |"
+                )
     if "vllm" in names:
-        print("\n| policy | steady next ≤ vLLM (cases) | solve time / vLLM: median, worst | steady moved: worst case |")
+        print(
+            "\n| policy | steady next ≤ vLLM (cases) | solve time / vLLM: median, worst | steady moved: worst case |"
+        )
         print("|---|---|---|---|")
         for name in names[1:]:
             sm = summary[name]
-            print(f"| {name} | {sum(sm['beats'])}/{len(sm['beats'])} | {np.median(sm['solve']):.2f}, "
-                  f"{max(sm['solve']):.2f} | {max(sm['moved']) * 100:.1f}% |")
+            print(
+                f"| {name} | {sum(sm['beats'])}/{len(sm['beats'])} | {np.median(sm['solve']):.2f}, "
+                f"{max(sm['solve']):.2f} | {max(sm['moved']) * 100:.1f}% |"
+            )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,9 @@ from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
 
 TORCH_NPU_VERSION = "2.13.0"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CORE_ADAPTOR_DIR = REPO_ROOT / "packages" / "ascend-core" / "src" / "vllm_ascend" / "core" / "device" / "adaptor"
+CORE_ADAPTOR_DIR = (
+    REPO_ROOT / "packages" / "ascend-core" / "src" / "vllm_ascend" / "core" / "device" / "adaptor"
+)
 NPU_ADAPTOR_FILES = [
     CORE_ADAPTOR_DIR / "npu.py",
     CORE_ADAPTOR_DIR / "a5.py",
@@ -291,6 +293,7 @@ def _calls_reached_by(cls: type, op: str) -> list[NpuCall]:
 def test_310p_adaptor_reaches_only_ops_documented_for_310p(npu_ops):
     """Where an op's doc lists its supported products, it must list the Atlas inference series (310P)."""
     from vllm_ascend.ascend310p.overlay import Ascend310PDeviceAdaptor as cls
+
     reached = [call for op in OPS for call in _calls_reached_by(cls, op)]
     assert {c.op for c in reached} >= {"npu_prompt_flash_attention", "npu_grouped_matmul"}
     unsupported = [

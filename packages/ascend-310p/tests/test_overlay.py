@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+
 from vllm_ascend.ascend310p.overlay import OVERLAY, PROFILE_310P, Ascend310PDeviceAdaptor
 from vllm_ascend.core.device import config as device_config
 from vllm_ascend.core.device.adaptor import OPS, get_device_adaptor

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from vllm_ascend.core.device.family import (
     KNOWN_SOCS,
     AscendDeviceType,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from vllm_ascend.core.device import config as device_config
 from vllm_ascend.core.device.adaptor import get_device_adaptor
 from vllm_ascend.core.device.adaptor.a5 import A5DeviceAdaptor

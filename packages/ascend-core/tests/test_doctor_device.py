@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from vllm_ascend.core import doctor
 from vllm_ascend.core.device import config as device_config
 from vllm_ascend.core.device import overlay

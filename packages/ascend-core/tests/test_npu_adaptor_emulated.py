@@ -17,6 +17,7 @@ from collections import Counter
 import pytest
 import torch
 import torch.nn.functional as F
+
 from vllm_ascend.core.device.adaptor.a5 import A5DeviceAdaptor
 from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
 from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor

@@ -62,7 +62,10 @@ def check(adaptor: VllmEplbAdaptor, table: np.ndarray) -> int:
                 raise AssertionError(f"rank {rank} layer {li} slot {slot}: weights are not expert {e}'s")
             checked += 1
         layer = adaptor.layers[li]
-        if layer.expert_map.tolist() != emap[li, rank].tolist() or layer.log2phy.tolist() != l2p[li, rank].tolist():
+        if (
+            layer.expert_map.tolist() != emap[li, rank].tolist()
+            or layer.log2phy.tolist() != l2p[li, rank].tolist()
+        ):
             raise AssertionError(f"rank {rank} layer {li}: expert map / log2phy do not match the table")
     return checked
 
@@ -80,6 +83,7 @@ def d2d_job(rank: int, world: int, out: str) -> None:
                 break
         # keep experts that stay on a rank in their old slot
         from vllm_ascend.eplb.policy.packing import keep_slots
+
         new[li] = keep_slots(old[li][None], cand[None])[0]
     _, adaptor = build(rank, world, old)
     loader = D2DExpertWeightLoader(adaptor)
@@ -101,8 +105,13 @@ def updator_job(rank: int, world: int, out: str) -> None:
     table = generate_global_placement(EXPERTS, world, world, LAYERS)
     _, adaptor = build(rank, world, table)
     hot = np.array([40.0, 30.0, 20.0, 10.0, 1.0, 1.0, 1.0, 1.0])  # logical loads per forward
-    settings = EplbSettings(dynamic_eplb=True, eplb_policy_type="default", expert_heat_collection_interval=3,
-                            algorithm_execution_interval=2, num_warmup_iterations=1)
+    settings = EplbSettings(
+        dynamic_eplb=True,
+        eplb_policy_type="default",
+        expert_heat_collection_interval=3,
+        algorithm_execution_interval=2,
+        num_warmup_iterations=1,
+    )
     plans = []
     updator = EplbUpdator(settings, adaptor, table, on_plan=plans.append)
     updator.warm_up_eplb()
@@ -122,14 +131,28 @@ def updator_job(rank: int, world: int, out: str) -> None:
     end = imbalance(final, np.tile(hot, (LAYERS, 1))).max()
     updator.shutdown()
     same = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(same, torch.tensor([int(final.sum() * 7 + (final * np.arange(final.size).reshape(final.shape)).sum())]))
+    dist.all_gather(
+        same,
+        torch.tensor([int(final.sum() * 7 + (final * np.arange(final.size).reshape(final.shape)).sum())]),
+    )
     if len({int(t) for t in same}) != 1:
         raise AssertionError("ranks ended with different placements")
-    expected = EplbWorker("default").do_update(table, slot_weights(table, np.tile(hot, (LAYERS, 1)) * 100 * 3))
+    expected = EplbWorker("default").do_update(
+        table, slot_weights(table, np.tile(hot, (LAYERS, 1)) * 100 * 3)
+    )
     with open(f"{out}/rank{rank}.json", "w") as f:
-        json.dump({"checked": checked, "plans": len(plans), "start": float(start), "end": float(end),
-                   "applied": updator.plans_applied, "steps": updator.step,
-                   "matches_offline_plan": bool(np.array_equal(plans[0].new_table, expected.new_table))}, f)
+        json.dump(
+            {
+                "checked": checked,
+                "plans": len(plans),
+                "start": float(start),
+                "end": float(end),
+                "applied": updator.plans_applied,
+                "steps": updator.step,
+                "matches_offline_plan": bool(np.array_equal(plans[0].new_table, expected.new_table)),
+            },
+            f,
+        )
     dist.destroy_process_group()
 
 

@@ -22,8 +22,12 @@ JOB = Path(__file__).with_name("dist_job.py")
 
 
 def _run_job(mode: str, world: int, tmp_path: Path) -> list[dict]:
-    proc = subprocess.run([sys.executable, str(JOB), mode, str(world), str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(JOB), mode, str(world), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
@@ -116,7 +120,9 @@ def test_adaptor_and_controller_phase_filtering():
     adaptor.register_layer(wrapped)
     cfg = {"load_collection_phase": "decode", "expert_heat_collection_interval": 100}
     init = init_eplb_config(cfg, num_experts=2, num_ranks=1, num_layers=1)
-    updator = EplbUpdator(EplbSettings.from_any(cfg), adaptor, init.global_table, process=EplbProcess("default"))
+    updator = EplbUpdator(
+        EplbSettings.from_any(cfg), adaptor, init.global_table, process=EplbProcess("default")
+    )
     controller = AscendEPLBController(updator)
     wrapped.experts.expert_map.fill_(-1)
     controller.setup_from_mapping(init)
@@ -138,6 +144,7 @@ def test_adaptor_and_controller_phase_filtering():
 
 def test_metrics_handler_publishes_rank0_hotness():
     import prometheus_client as prometheus  # an optional runtime dependency; the test group installs it
+
     registry = prometheus.CollectorRegistry()
     metrics = EplbMetrics(registry)
     table = np.array([[[0, 1], [2, 3]]])

@@ -27,8 +27,10 @@ def test_registry_paths_match_the_classes():
 
 
 def test_policies_import_without_vllm():
-    code = ("import sys, numpy as np; import vllm_ascend.eplb as e; "
-            "p = e.PolicyFactory.generate_policy('flashlb'); "
-            "p.rebalance_experts(np.array([[[0, 1], [2, 3]]]), np.ones((1, 2, 2))); "
-            "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), 'vllm imported'")
+    code = (
+        "import sys, numpy as np; import vllm_ascend.eplb as e; "
+        "p = e.PolicyFactory.generate_policy('flashlb'); "
+        "p.rebalance_experts(np.array([[[0, 1], [2, 3]]]), np.ones((1, 2, 2))); "
+        "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), 'vllm imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

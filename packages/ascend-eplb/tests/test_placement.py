@@ -25,12 +25,15 @@ def test_global_placement_exact():
     assert generate_global_placement(4, 3, 2, num_layers=2).tolist() == [[[0, 1], [2, 3], [0, 1]]] * 2
 
 
-@pytest.mark.parametrize("args, match", [
-    ((9, 2, 0), r"num_experts \+ num_redundant_experts \(9\) must be divisible by num_ranks=2"),
-    ((2, 2, 4), "would hold one expert twice"),
-    ((0, 2, 0), "num_experts must be an integer >= 1"),
-    ((8, 2, -2), "num_redundant_experts must be an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((9, 2, 0), r"num_experts \+ num_redundant_experts \(9\) must be divisible by num_ranks=2"),
+        ((2, 2, 4), "would hold one expert twice"),
+        ((0, 2, 0), "num_experts must be an integer >= 1"),
+        ((8, 2, -2), "num_redundant_experts must be an integer >= 0"),
+    ],
+)
 def test_impossible_placement_is_clear_error(args, match):
     with pytest.raises(EplbInputError, match=match):
         generate_global_placement(*args)
@@ -82,17 +85,31 @@ def _doc():
     return expert_map_document(generate_global_placement(4, 2, 0, num_layers=2))
 
 
-@pytest.mark.parametrize("mutate, match", [
-    (lambda d: d.pop("moe_layer_count"), "root: missing field 'moe_layer_count'"),
-    (lambda d: d.update(moe_layer_count=3), r"moe_layer_count=3 must be >= 1 and equal len\(layer_list\)=2"),
-    (lambda d: d["layer_list"][1].update(layer_id=5), r"layer_list\[1\].layer_id=5"),
-    (lambda d: d["layer_list"][0].update(device_count="2"), r"layer_list\[0\].device_count must be int"),
-    (lambda d: d["layer_list"][0]["device_list"][0].update(device_expert=[0, -1]),
-     r"device_list\[0\].device_expert must be a non-empty list of expert ids >= 0"),
-    (lambda d: d["layer_list"][0]["device_list"][0].update(device_expert=[0, 1, 2]), "same number of device_expert"),
-    (lambda d: d["layer_list"][0]["device_list"][0].update(device_expert=[0, 0]), "expert map layer 0 has no replica"),
-    (lambda d: d["layer_list"][0]["device_list"][1].pop("device_id"), "missing field 'device_id'"),
-])
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda d: d.pop("moe_layer_count"), "root: missing field 'moe_layer_count'"),
+        (
+            lambda d: d.update(moe_layer_count=3),
+            r"moe_layer_count=3 must be >= 1 and equal len\(layer_list\)=2",
+        ),
+        (lambda d: d["layer_list"][1].update(layer_id=5), r"layer_list\[1\].layer_id=5"),
+        (lambda d: d["layer_list"][0].update(device_count="2"), r"layer_list\[0\].device_count must be int"),
+        (
+            lambda d: d["layer_list"][0]["device_list"][0].update(device_expert=[0, -1]),
+            r"device_list\[0\].device_expert must be a non-empty list of expert ids >= 0",
+        ),
+        (
+            lambda d: d["layer_list"][0]["device_list"][0].update(device_expert=[0, 1, 2]),
+            "same number of device_expert",
+        ),
+        (
+            lambda d: d["layer_list"][0]["device_list"][0].update(device_expert=[0, 0]),
+            "expert map layer 0 has no replica",
+        ),
+        (lambda d: d["layer_list"][0]["device_list"][1].pop("device_id"), "missing field 'device_id'"),
+    ],
+)
 def test_malformed_expert_map_is_clear_error(tmp_path, mutate, match):
     doc = _doc()
     mutate(doc)
@@ -130,13 +147,19 @@ def test_init_eplb_config_from_mapping_object_and_file(tmp_path):
     assert init_eplb_config(None, 4, 2, 1).global_table.tolist() == [[[0, 1], [2, 3]]]
 
 
-@pytest.mark.parametrize("cfg, match", [
-    ({"num_redundant_experts": -1}, "num_redundant_experts must be an integer >= 0"),
-    ({"expert_heat_collection_interval": 0}, "expert_heat_collection_interval must be an integer >= 1"),
-    ({"load_collection_phase": "both"}, r"load_collection_phase must be one of \('all', 'prefill', 'decode'\)"),
-    ({"dynamic_eplb": "yes"}, "dynamic_eplb must be true or false"),
-    ({"dynamic_epbl": True}, r"unknown eplb_config field\(s\) \['dynamic_epbl'\]"),
-])
+@pytest.mark.parametrize(
+    "cfg, match",
+    [
+        ({"num_redundant_experts": -1}, "num_redundant_experts must be an integer >= 0"),
+        ({"expert_heat_collection_interval": 0}, "expert_heat_collection_interval must be an integer >= 1"),
+        (
+            {"load_collection_phase": "both"},
+            r"load_collection_phase must be one of \('all', 'prefill', 'decode'\)",
+        ),
+        ({"dynamic_eplb": "yes"}, "dynamic_eplb must be true or false"),
+        ({"dynamic_epbl": True}, r"unknown eplb_config field\(s\) \['dynamic_epbl'\]"),
+    ],
+)
 def test_bad_settings_are_clear_errors(cfg, match):
     with pytest.raises(EplbInputError, match=match):
         EplbSettings.from_any(cfg)
@@ -145,8 +168,15 @@ def test_bad_settings_are_clear_errors(cfg, match):
 def test_init_eplb_config_accepts_core_ascend_eplb_config(tmp_path):
     from vllm_ascend.core.config.sections import EplbConfig
 
-    cfg = EplbConfig.from_dict({"dynamic_eplb": True, "num_redundant_experts": 2, "eplb_policy_type": "flashlb",
-                                "load_collection_phase": "decode", "num_warmup_iterations": 3})
+    cfg = EplbConfig.from_dict(
+        {
+            "dynamic_eplb": True,
+            "num_redundant_experts": 2,
+            "eplb_policy_type": "flashlb",
+            "load_collection_phase": "decode",
+            "num_warmup_iterations": 3,
+        }
+    )
     init = init_eplb_config(cfg, 8, 2, 3)
     assert init.global_table[1].tolist() == [[0, 1, 2, 3, 4], [5, 6, 7, 0, 1]]
     assert (init.settings.eplb_policy_type, init.settings.load_collection_phase) == (3, "decode")

@@ -90,8 +90,9 @@ def test_default_exact_small_cases():
 def test_swift_skips_balanced_layers_and_fixes_skewed_ones():
     table = np.array([[[0, 1], [2, 3]], [[0, 1], [2, 3]]])
     load = np.array([[[5.0, 5.0], [5.0, 5.0]], [[9.0, 8.0], [1.0, 2.0]]])
-    changed, priority, new = PolicyFactory.generate_policy("swift", {"max_move_fraction": 0.5}).rebalance_experts(
-        table, load)
+    changed, priority, new = PolicyFactory.generate_policy(
+        "swift", {"max_move_fraction": 0.5}
+    ).rebalance_experts(table, load)
     assert changed and priority.tolist() == [1]
     assert new[0].tolist() == [[0, 1], [2, 3]]
     assert rank_loads(new[1:], np.array([[9.0, 8.0, 1.0, 2.0]])).max() == 10.0
@@ -133,12 +134,15 @@ class _BadPlan(EplbPolicy):
         return self.plans
 
 
-@pytest.mark.parametrize("bad", [
-    [[0, 0], [2, 3]],  # expert twice on a rank, expert 1 dropped
-    [[0, 2], [2, 3]],  # expert 1 dropped
-    [[1, 0], [2, 3]],  # experts move within their rank
-    [[0, 1], [2, 9]],  # id out of range
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [[0, 0], [2, 3]],  # expert twice on a rank, expert 1 dropped
+        [[0, 2], [2, 3]],  # expert 1 dropped
+        [[1, 0], [2, 3]],  # experts move within their rank
+        [[0, 1], [2, 9]],  # id out of range
+    ],
+)
 def test_bad_plan_keeps_old_layer(bad):
     table = np.array([[[0, 1], [2, 3]], [[0, 1], [2, 3]]])
     good = [[0, 2], [1, 3]]
@@ -147,15 +151,22 @@ def test_bad_plan_keeps_old_layer(bad):
     assert new[1].tolist() == good and changed
 
 
-@pytest.mark.parametrize("table, workload, match", [
-    (np.array([[[0, 1], [2, 3]]]), np.full((1, 2, 2), np.nan), "NaN"),
-    (np.array([[[0, 1], [2, 3]]]), -np.ones((1, 2, 2)), "negative load"),
-    (np.array([[[0, 1], [2, 3]]]), np.ones((1, 2, 3)), r"expert_workload has shape \(1, 2, 3\)"),
-    (np.array([[0, 1], [2, 3]]), np.ones((2, 2)), r"current_expert_table must be .*\[layers, ranks, slots\]"),
-    (np.array([[[0, 1], [3, 3]]]), np.ones((1, 2, 2)), "no replica of logical expert 2"),
-    (np.array([[[0, 1], [2, -1]]]), np.ones((1, 2, 2)), "negative expert id"),
-    (np.array([[[0.5, 1], [2, 3]]]), np.ones((1, 2, 2)), "integer logical expert ids"),
-])
+@pytest.mark.parametrize(
+    "table, workload, match",
+    [
+        (np.array([[[0, 1], [2, 3]]]), np.full((1, 2, 2), np.nan), "NaN"),
+        (np.array([[[0, 1], [2, 3]]]), -np.ones((1, 2, 2)), "negative load"),
+        (np.array([[[0, 1], [2, 3]]]), np.ones((1, 2, 3)), r"expert_workload has shape \(1, 2, 3\)"),
+        (
+            np.array([[0, 1], [2, 3]]),
+            np.ones((2, 2)),
+            r"current_expert_table must be .*\[layers, ranks, slots\]",
+        ),
+        (np.array([[[0, 1], [3, 3]]]), np.ones((1, 2, 2)), "no replica of logical expert 2"),
+        (np.array([[[0, 1], [2, -1]]]), np.ones((1, 2, 2)), "negative expert id"),
+        (np.array([[[0.5, 1], [2, 3]]]), np.ones((1, 2, 2)), "integer logical expert ids"),
+    ],
+)
 def test_bad_inputs_are_clear_errors(table, workload, match):
     with pytest.raises(EplbInputError, match=match):
         DefaultEplb().rebalance_experts(table, workload)
@@ -171,7 +182,8 @@ def test_factory_names_codes_and_errors():
         PolicyFactory.generate_policy(9)
     with pytest.raises(EplbInputError, match="max_move_fraction"):
         PolicyFactory.generate_policy("swift", {"max_move_fraction": 2.0}).rebalance_experts(
-            np.array([[[0, 1], [2, 3]]]), np.array([[[9.0, 9.0], [1.0, 1.0]]]))
+            np.array([[[0, 1], [2, 3]]]), np.array([[[9.0, 9.0], [1.0, 1.0]]])
+        )
 
 
 def test_shift_replicas_moves_copies_to_the_hottest_expert():

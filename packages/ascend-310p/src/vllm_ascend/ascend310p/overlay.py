@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
 from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor, torch_npu_module
 from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor

@@ -23,7 +23,11 @@ def register_model_loaders_with_vllm() -> list[str]:
             cls = MODEL_LOADERS.get(name)
         except Exception as exc:
             logger.warning(
-                "Skipping model loader %r from %s: %s: %s", name, MODEL_LOADERS.owner(name), type(exc).__name__, exc
+                "Skipping model loader %r from %s: %s: %s",
+                name,
+                MODEL_LOADERS.owner(name),
+                type(exc).__name__,
+                exc,
             )
             continue
         if known.get(name) is cls:

@@ -26,7 +26,7 @@ EXTENSION = ExtensionDescriptor(
     name="eplb",
     version=__version__,
     core_requires=">=0.1,<0.2",
-    provides=('eplb_policies',),
+    provides=("eplb_policies",),
     register=register,
     description="EPLB policies (random, default, swift, flashlb) and the rebalance lifecycle",
 )

@@ -25,8 +25,14 @@ def unwrap_moe(module: Any) -> Any:
     """The module that carries the EPLB attributes, looking through common wrappers."""
     seen = 0
     while not all(hasattr(module, a) for a in EPLB_ATTRS):
-        inner = next((getattr(module, a) for a in ("base_layer", "moe", "experts", "runner")
-                      if getattr(module, a, None) is not None), None)
+        inner = next(
+            (
+                getattr(module, a)
+                for a in ("base_layer", "moe", "experts", "runner")
+                if getattr(module, a, None) is not None
+            ),
+            None,
+        )
         if inner is None or seen > 8:
             raise TypeError(f"{type(module).__name__} is not an EPLB-capable MoE layer (needs {EPLB_ATTRS})")
         module, seen = inner, seen + 1
@@ -36,8 +42,13 @@ def unwrap_moe(module: Any) -> Any:
 class VllmEplbAdaptor:
     """Registered MoE layers of one rank, in layer order."""
 
-    def __init__(self, rank: int = 0, world_size: int = 1, tp_size: int = 1,
-                 weight_names: Sequence[str] = ("w13_weight", "w2_weight")) -> None:
+    def __init__(
+        self,
+        rank: int = 0,
+        world_size: int = 1,
+        tp_size: int = 1,
+        weight_names: Sequence[str] = ("w13_weight", "w2_weight"),
+    ) -> None:
         self.rank, self.world_size, self.tp_size = rank, world_size, tp_size
         self.weight_names = tuple(weight_names)
         self.layers: list[Any] = []
@@ -58,7 +69,9 @@ class VllmEplbAdaptor:
             raise TypeError(f"MoE layer {len(self.layers)} lacks expert weight tensors {missing}")
         slots = {getattr(layer, n).shape[0] for n in self.weight_names} | {layer.moe_load.shape[0]}
         if len(slots) != 1 or (self.layers and slots != {self.slots_per_rank}):
-            raise ValueError(f"MoE layer {len(self.layers)}: expert weights and moe_load disagree on slots {slots}")
+            raise ValueError(
+                f"MoE layer {len(self.layers)}: expert weights and moe_load disagree on slots {slots}"
+            )
         self.layers.append(layer)
         return len(self.layers) - 1
 
@@ -72,8 +85,10 @@ class VllmEplbAdaptor:
 
     def expert_params(self, layer_id: int) -> list[torch.Tensor]:
         layer = self.layers[layer_id]
-        return [getattr(layer, n).data if isinstance(getattr(layer, n), torch.nn.Parameter) else getattr(layer, n)
-                for n in self.weight_names]
+        return [
+            getattr(layer, n).data if isinstance(getattr(layer, n), torch.nn.Parameter) else getattr(layer, n)
+            for n in self.weight_names
+        ]
 
     def get_rank_expert_workload(self) -> torch.Tensor:
         """``[layers, slots]`` loads of this rank since the last clear."""

@@ -46,7 +46,9 @@ class EplbSettings:
         if isinstance(config, Mapping):
             unknown = sorted(set(config) - {f.name for f in fields(cls)})
             if unknown:
-                raise EplbInputError(f"unknown eplb_config field(s) {unknown}; allowed: {[f.name for f in fields(cls)]}")
+                raise EplbInputError(
+                    f"unknown eplb_config field(s) {unknown}; allowed: {[f.name for f in fields(cls)]}"
+                )
         settings = cls(**values)
         settings.check()
         return settings
@@ -63,8 +65,10 @@ class EplbSettings:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise EplbInputError(f"eplb_config.{name} must be an integer >= 1, got {v!r}")
         if self.load_collection_phase not in PHASES:
-            raise EplbInputError(f"eplb_config.load_collection_phase must be one of {PHASES}, "
-                                 f"got {self.load_collection_phase!r}")
+            raise EplbInputError(
+                f"eplb_config.load_collection_phase must be one of {PHASES}, "
+                f"got {self.load_collection_phase!r}"
+            )
         for name in ("expert_map_path", "expert_map_record_path"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
@@ -86,8 +90,9 @@ class EplbInit:
         return self.global_table.shape[2]
 
 
-def init_eplb_config(eplb_config: Any, num_experts: int, num_ranks: int, num_layers: int,
-                     tp_size: int = 1) -> EplbInit:
+def init_eplb_config(
+    eplb_config: Any, num_experts: int, num_ranks: int, num_layers: int, tp_size: int = 1
+) -> EplbInit:
     """Settings + initial placement: from ``expert_map_path`` when set (its shape must match the
     model), else the default layout with ``num_redundant_experts`` copies."""
     settings = EplbSettings.from_any(eplb_config)
@@ -96,9 +101,12 @@ def init_eplb_config(eplb_config: Any, num_experts: int, num_ranks: int, num_lay
         if table.shape[:2] != (num_layers, num_ranks) or int(table.max()) + 1 != num_experts:
             raise EplbInputError(
                 f"expert map {settings.expert_map_path!r} describes {table.shape[0]} layers × {table.shape[1]} "
-                f"ranks × {int(table.max()) + 1} experts; the model needs {num_layers} × {num_ranks} × {num_experts}")
+                f"ranks × {int(table.max()) + 1} experts; the model needs {num_layers} × {num_ranks} × {num_experts}"
+            )
         redundant = table.shape[1] * table.shape[2] - num_experts
     else:
         redundant = settings.num_redundant_experts
         table = generate_global_placement(num_experts, num_ranks, redundant, num_layers)
-    return EplbInit(settings, table, generate_expert_map(table), generate_log2phy_map(table, tp_size), redundant)
+    return EplbInit(
+        settings, table, generate_expert_map(table), generate_log2phy_map(table, tp_size), redundant
+    )

@@ -40,4 +40,6 @@ class AscendEPLBController:
         self.updator.forward_before(dummy_run=dummy_run)
 
     def finish_forward(self, dummy_run: bool = False) -> None:
-        self.updator.forward_end(dummy_run=dummy_run, record_load=self.is_eplb_load_collection_phase_matched())
+        self.updator.forward_end(
+            dummy_run=dummy_run, record_load=self.is_eplb_load_collection_phase_matched()
+        )

@@ -54,13 +54,20 @@ class D2DExpertWeightLoader:
                 self._local.append((t.dst_slot, [p[t.src_slot].clone() for p in params]))
             elif t.src_rank == me:
                 for k, p in enumerate(params):
-                    self._reqs.append(dist.isend(p[t.src_slot].contiguous(), self._peer(t.dst_rank),
-                                                 group=self.group, tag=tag * len(params) + k))
+                    self._reqs.append(
+                        dist.isend(
+                            p[t.src_slot].contiguous(),
+                            self._peer(t.dst_rank),
+                            group=self.group,
+                            tag=tag * len(params) + k,
+                        )
+                    )
             elif t.dst_rank == me:
                 bufs = [torch.empty_like(p[t.dst_slot]) for p in params]
                 for k, buf in enumerate(bufs):
-                    self._reqs.append(dist.irecv(buf, self._peer(t.src_rank), group=self.group,
-                                                 tag=tag * len(params) + k))
+                    self._reqs.append(
+                        dist.irecv(buf, self._peer(t.src_rank), group=self.group, tag=tag * len(params) + k)
+                    )
                 self._local.append((t.dst_slot, bufs))
         self.state = ExpertWeightUpdateState.TRANSFERRING
 
@@ -79,7 +86,9 @@ class D2DExpertWeightLoader:
             self.adaptor.do_update_expert_weight(update.layer_id, slot, bufs)
         table = update.new_table[None]
         self.adaptor.do_update_expert_map(update.layer_id, generate_expert_map(table)[0, me])
-        self.adaptor.do_update_log2phy_map(update.layer_id, generate_log2phy_map(table, self.adaptor.tp_size)[0, me])
+        self.adaptor.do_update_log2phy_map(
+            update.layer_id, generate_log2phy_map(table, self.adaptor.tp_size)[0, me]
+        )
         self._update, self._local, self._reqs = None, [], []
         self.state = ExpertWeightUpdateState.WAITING
         return update.layer_id

@@ -27,32 +27,44 @@ def parse_expert_map(data: Any) -> np.ndarray:
     count = _field(data, "moe_layer_count", "root", int)
     layers = _field(data, "layer_list", "root", list)
     if count < 1 or count != len(layers):
-        raise EplbInputError(f"expert map moe_layer_count={count} must be >= 1 and equal len(layer_list)={len(layers)}")
+        raise EplbInputError(
+            f"expert map moe_layer_count={count} must be >= 1 and equal len(layer_list)={len(layers)}"
+        )
     rows = []
     for li, layer in enumerate(layers):
         where = f"layer_list[{li}]"
         layer_id = _field(layer, "layer_id", where, int)
         if layer_id != li:
-            raise EplbInputError(f"expert map {where}.layer_id={layer_id}; layers must be listed in order 0..{count - 1}")
+            raise EplbInputError(
+                f"expert map {where}.layer_id={layer_id}; layers must be listed in order 0..{count - 1}"
+            )
         devices = _field(layer, "device_list", where, list)
         n_dev = _field(layer, "device_count", where, int)
         if n_dev < 1 or n_dev != len(devices):
-            raise EplbInputError(f"expert map {where}.device_count={n_dev} must be >= 1 and equal len(device_list)={len(devices)}")
+            raise EplbInputError(
+                f"expert map {where}.device_count={n_dev} must be >= 1 and equal len(device_list)={len(devices)}"
+            )
         ranks = []
         for di, dev in enumerate(devices):
             dwhere = f"{where}.device_list[{di}]"
             dev_id = _field(dev, "device_id", dwhere, int)
             if dev_id != di:
-                raise EplbInputError(f"expert map {dwhere}.device_id={dev_id}; devices must be listed in order 0..{n_dev - 1}")
+                raise EplbInputError(
+                    f"expert map {dwhere}.device_id={dev_id}; devices must be listed in order 0..{n_dev - 1}"
+                )
             experts = _field(dev, "device_expert", dwhere, list)
             if not experts or any(isinstance(e, bool) or not isinstance(e, int) or e < 0 for e in experts):
-                raise EplbInputError(f"expert map {dwhere}.device_expert must be a non-empty list of expert ids >= 0")
+                raise EplbInputError(
+                    f"expert map {dwhere}.device_expert must be a non-empty list of expert ids >= 0"
+                )
             ranks.append(experts)
         rows.append(ranks)
     shapes = {(len(r), len(d)) for r in rows for d in r}
     if len({len(r) for r in rows}) > 1 or len({s[1] for s in shapes}) > 1:
-        raise EplbInputError("expert map: every layer needs the same device_count and every device the same "
-                             "number of device_expert entries (slots per rank)")
+        raise EplbInputError(
+            "expert map: every layer needs the same device_count and every device the same "
+            "number of device_expert entries (slots per rank)"
+        )
     return as_expert_table(np.asarray(rows, dtype=np.int64), "expert map")
 
 
@@ -77,8 +89,13 @@ def expert_map_document(table: Any) -> dict[str, Any]:
     return {
         "moe_layer_count": arr.shape[0],
         "layer_list": [
-            {"layer_id": li, "device_count": arr.shape[1],
-             "device_list": [{"device_id": di, "device_expert": dev.tolist()} for di, dev in enumerate(layer)]}
+            {
+                "layer_id": li,
+                "device_count": arr.shape[1],
+                "device_list": [
+                    {"device_id": di, "device_expert": dev.tolist()} for di, dev in enumerate(layer)
+                ],
+            }
             for li, layer in enumerate(arr)
         ],
     }

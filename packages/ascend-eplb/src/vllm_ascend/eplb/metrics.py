@@ -24,9 +24,15 @@ class EplbMetrics:
         except ImportError:
             return None
         registry = registry or REGISTRY
-        hot = Gauge("vllm_ascend_eplb_expert_hotness", "Share of a MoE layer's tokens routed to a logical expert",
-                    ["layer", "expert"], registry=registry)
-        imb = Gauge("vllm_ascend_eplb_imbalance", "Max/mean rank load of a MoE layer", ["layer"], registry=registry)
+        hot = Gauge(
+            "vllm_ascend_eplb_expert_hotness",
+            "Share of a MoE layer's tokens routed to a logical expert",
+            ["layer", "expert"],
+            registry=registry,
+        )
+        imb = Gauge(
+            "vllm_ascend_eplb_imbalance", "Max/mean rank load of a MoE layer", ["layer"], registry=registry
+        )
         return hot, imb
 
     def eplb_do_update_hotness_handler(self, plan: Any, rank: int) -> None:

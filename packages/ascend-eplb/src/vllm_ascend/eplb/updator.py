@@ -27,8 +27,15 @@ class EplbUpdator:
     nor are forwards while a plan is being computed or applied.
     """
 
-    def __init__(self, settings: Any, adaptor: VllmEplbAdaptor, table: np.ndarray, group: Any = None,
-                 process: EplbProcess | None = None, on_plan: Callable[[EplbPlan], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Any,
+        adaptor: VllmEplbAdaptor,
+        table: np.ndarray,
+        group: Any = None,
+        process: EplbProcess | None = None,
+        on_plan: Callable[[EplbPlan], None] | None = None,
+    ) -> None:
         self.settings = EplbSettings.from_any(settings)
         self.adaptor = adaptor
         self.table = np.array(table, dtype=np.int64)
@@ -69,8 +76,11 @@ class EplbUpdator:
     @property
     def busy(self) -> bool:
         """A plan is being computed or applied: loads seen now belong to no single placement."""
-        return bool(self.submitted_at is not None or self.pending
-                    or self.loader.state is not ExpertWeightUpdateState.WAITING)
+        return bool(
+            self.submitted_at is not None
+            or self.pending
+            or self.loader.state is not ExpertWeightUpdateState.WAITING
+        )
 
     def compute_and_set_moe_load(self) -> None:
         self.load += self.adaptor.get_rank_expert_workload()
@@ -80,7 +90,9 @@ class EplbUpdator:
         s = self.settings
         if not self.busy and self.collected >= s.expert_heat_collection_interval:
             self.wakeup_eplb_worker()
-        elif self.submitted_at is not None and self.step - self.submitted_at >= s.algorithm_execution_interval:
+        elif (
+            self.submitted_at is not None and self.step - self.submitted_at >= s.algorithm_execution_interval
+        ):
             plan = self.process.get(timeout=None)
             if plan is None:
                 raise RuntimeError("the EPLB worker returned no plan for a submitted workload")

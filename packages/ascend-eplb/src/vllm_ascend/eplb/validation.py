@@ -18,9 +18,15 @@ def as_expert_table(table: object, name: str = "current_expert_table") -> np.nda
     """``[layers, ranks, slots]`` int64 logical ids; each layer holds every id in ``0..n-1``."""
     arr = _to_numpy(table)
     if arr.ndim != 3 or 0 in arr.shape:
-        raise EplbInputError(f"{name} must be a non-empty int array [layers, ranks, slots], got shape {arr.shape}")
+        raise EplbInputError(
+            f"{name} must be a non-empty int array [layers, ranks, slots], got shape {arr.shape}"
+        )
     if not np.issubdtype(arr.dtype, np.integer):
-        if not np.issubdtype(arr.dtype, np.floating) or not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
+        if (
+            not np.issubdtype(arr.dtype, np.floating)
+            or not np.all(np.isfinite(arr))
+            or np.any(arr != np.round(arr))
+        ):
             raise EplbInputError(f"{name} must hold integer logical expert ids, got dtype {arr.dtype}")
     arr = arr.astype(np.int64)
     if arr.min() < 0:
@@ -40,13 +46,15 @@ def as_expert_table(table: object, name: str = "current_expert_table") -> np.nda
     return arr
 
 
-def as_workload(workload: object, shape: tuple[int, ...], name: str = "expert_workload",
-                allow_history: bool = False) -> np.ndarray:
+def as_workload(
+    workload: object, shape: tuple[int, ...], name: str = "expert_workload", allow_history: bool = False
+) -> np.ndarray:
     """Finite, non-negative float64 loads of shape ``shape`` (or ``[samples, *shape]`` if allowed)."""
     arr = _to_numpy(workload).astype(np.float64, copy=False)
     shapes = [tuple(shape)] + ([("samples", *shape)] if allow_history else [])
-    if arr.shape != tuple(shape) and not (allow_history and arr.ndim == len(shape) + 1
-                                          and arr.shape[1:] == tuple(shape) and arr.shape[0] > 0):
+    if arr.shape != tuple(shape) and not (
+        allow_history and arr.ndim == len(shape) + 1 and arr.shape[1:] == tuple(shape) and arr.shape[0] > 0
+    ):
         allowed = " or ".join(str(s) for s in shapes)
         raise EplbInputError(f"{name} has shape {arr.shape}; expected {allowed} to match the expert table")
     if not np.all(np.isfinite(arr)):

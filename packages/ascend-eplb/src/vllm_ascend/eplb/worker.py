@@ -81,15 +81,20 @@ class EplbWorker:
     def fetch_and_sum_load_info(loads: Any) -> np.ndarray:
         """Per-rank loads ``[ranks, layers, slots]`` (or ``[windows, ranks, layers, slots]``, summed)
         → the policy's workload ``[layers, ranks, slots]``."""
-        arr = np.asarray(loads.detach().cpu().numpy() if hasattr(loads, "detach") else loads, dtype=np.float64)
+        arr = np.asarray(
+            loads.detach().cpu().numpy() if hasattr(loads, "detach") else loads, dtype=np.float64
+        )
         if arr.ndim == 4:
             arr = arr.sum(axis=0)
         if arr.ndim != 3:
-            raise EplbInputError(f"loads must be [ranks, layers, slots] or [windows, ranks, layers, slots], got {arr.shape}")
+            raise EplbInputError(
+                f"loads must be [ranks, layers, slots] or [windows, ranks, layers, slots], got {arr.shape}"
+            )
         return arr.transpose(1, 0, 2)
 
-    def calculate_rebalance_experts(self, table: np.ndarray, workload: np.ndarray
-                                    ) -> tuple[bool, np.ndarray, np.ndarray]:
+    def calculate_rebalance_experts(
+        self, table: np.ndarray, workload: np.ndarray
+    ) -> tuple[bool, np.ndarray, np.ndarray]:
         return self.policy.rebalance_experts(table, workload)
 
     @staticmethod
@@ -98,13 +103,16 @@ class EplbWorker:
         return valid_layers(old, new, int(old.max()) + 1)
 
     @staticmethod
-    def compose_expert_update_info_greedy(old: np.ndarray, new: np.ndarray, priority: np.ndarray
-                                          ) -> list[LayerUpdate]:
+    def compose_expert_update_info_greedy(
+        old: np.ndarray, new: np.ndarray, priority: np.ndarray
+    ) -> list[LayerUpdate]:
         """One :class:`LayerUpdate` per changed layer, most-improved first."""
         changed = [int(li) for li in priority if (old[li] != new[li]).any()]
         changed += [li for li in range(old.shape[0]) if li not in changed and (old[li] != new[li]).any()]
-        return [LayerUpdate(li, old[li].copy(), new[li].copy(), compose_layer_transfers(old[li], new[li]))
-                for li in changed]
+        return [
+            LayerUpdate(li, old[li].copy(), new[li].copy(), compose_layer_transfers(old[li], new[li]))
+            for li in changed
+        ]
 
     @staticmethod
     def _compute_imbalance(table: np.ndarray, load: np.ndarray) -> np.ndarray:
@@ -124,9 +132,13 @@ class EplbWorker:
         ok = self.check_expert_placement(table, new)
         new = np.where(ok[:, None, None], new, table)
         load = logical_load(table, workload, int(table.max()) + 1)
-        plan = EplbPlan(changed=bool(changed), imbalance_before=self._compute_imbalance(table, load),
-                        imbalance_after=self._compute_imbalance(new, load),
-                        hotness=self._calculate_hotness(load), new_table=new)
+        plan = EplbPlan(
+            changed=bool(changed),
+            imbalance_before=self._compute_imbalance(table, load),
+            imbalance_after=self._compute_imbalance(new, load),
+            hotness=self._calculate_hotness(load),
+            new_table=new,
+        )
         if changed:
             plan.updates = self.compose_expert_update_info_greedy(table, new, priority)
         return plan
@@ -162,12 +174,14 @@ class EplbProcess:
         if mode == "process":
             ctx = mp.get_context("spawn")
             self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
-            self._proc = ctx.Process(target=_serve, args=(*args_tail, self._inbox, self._outbox),
-                                     name="eplb-worker", daemon=True)
+            self._proc = ctx.Process(
+                target=_serve, args=(*args_tail, self._inbox, self._outbox), name="eplb-worker", daemon=True
+            )
         else:
             self._inbox, self._outbox = queue.Queue(), queue.Queue()
-            self._proc = threading.Thread(target=_serve, args=(*args_tail, self._inbox, self._outbox),
-                                          name="eplb-worker", daemon=True)
+            self._proc = threading.Thread(
+                target=_serve, args=(*args_tail, self._inbox, self._outbox), name="eplb-worker", daemon=True
+            )
         self.pending = 0
 
     def start(self) -> None:

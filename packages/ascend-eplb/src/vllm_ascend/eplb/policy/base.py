@@ -35,15 +35,19 @@ class EplbPolicy(ABC):
             if not isinstance(value, bool):
                 raise EplbInputError(f"policy option {name!r} must be true or false, got {value!r}")
             return value
-        if isinstance(value, bool) or not isinstance(value, int | float) or (
-                isinstance(default, int) and value != int(value)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or (isinstance(default, int) and value != int(value))
+        ):
             raise EplbInputError(f"policy option {name!r} must be a {type(default).__name__}, got {value!r}")
         if (lo is not None and value < lo) or (hi is not None and value > hi):
             raise EplbInputError(f"policy option {name!r}={value} is outside the allowed range [{lo}, {hi}]")
         return type(default)(value)
 
-    def rebalance_experts(self, current_expert_table: Any, expert_workload: Any
-                          ) -> tuple[bool, np.ndarray, np.ndarray]:
+    def rebalance_experts(
+        self, current_expert_table: Any, expert_workload: Any
+    ) -> tuple[bool, np.ndarray, np.ndarray]:
         table = as_expert_table(current_expert_table)
         workload = as_workload(expert_workload, table.shape, allow_history=self.accepts_history)
         n = int(table.max()) + 1
@@ -55,8 +59,9 @@ class EplbPolicy(ABC):
         changed, priority = self.decide(table, new, load, before, after)
         return changed, priority, new
 
-    def decide(self, old: np.ndarray, new: np.ndarray, load: np.ndarray, before: np.ndarray,
-               after: np.ndarray) -> tuple[bool, np.ndarray]:
+    def decide(
+        self, old: np.ndarray, new: np.ndarray, load: np.ndarray, before: np.ndarray, after: np.ndarray
+    ) -> tuple[bool, np.ndarray]:
         """Changed when some layer's placement differs; priority = layers by imbalance drop."""
         differs = (old != new).any(axis=(1, 2))
         gain = np.where(differs, before - after, -np.inf)

@@ -28,7 +28,8 @@ class PolicyFactory:
         if not isinstance(name, str) or name not in EPLB_POLICIES:
             raise EplbInputError(
                 f"unknown EPLB policy {name_or_code!r}; registered names: {', '.join(EPLB_POLICIES.names())} "
-                f"(or codes {sorted(POLICY_CODES)})")
+                f"(or codes {sorted(POLICY_CODES)})"
+            )
         cls = EPLB_POLICIES.get(name)
         if not issubclass(cls, EplbPolicy):
             raise EplbInputError(f"EPLB policy {name!r} resolved to {cls!r}, which is not an EplbPolicy")

@@ -100,11 +100,13 @@ class FlashLB(EplbPolicy):
             fresh = align_ranks(table, np.where(stuck[:, None, None], table, fresh), n)
             need_fresh &= ~stuck & (moved_slots(table, fresh) <= budget)
 
-        scores = np.stack([
-            peak_score(table, samples),
-            peak_score(inc, samples),
-            np.where(need_fresh, peak_score(fresh, samples), np.inf),
-        ])
+        scores = np.stack(
+            [
+                peak_score(table, samples),
+                peak_score(inc, samples),
+                np.where(need_fresh, peak_score(fresh, samples), np.inf),
+            ]
+        )
         best = np.argmin(scores[1:], axis=0) + 1
         best_score = scores[best, np.arange(layers)]
         update = scores[0] > best_score * (1 + margin)

@@ -52,8 +52,9 @@ def replica_counts(load: np.ndarray, total_slots: int, max_per_expert: int) -> n
     return counts
 
 
-def shift_replicas(load: np.ndarray, counts: np.ndarray, max_moves: np.ndarray, max_per_expert: int,
-                   margin: float = 0.05) -> np.ndarray:
+def shift_replicas(
+    load: np.ndarray, counts: np.ndarray, max_moves: np.ndarray, max_per_expert: int, margin: float = 0.05
+) -> np.ndarray:
     """Up to ``max_moves`` times per layer, take a replica from the expert that would carry the least
     per-replica load without it and give it to the expert with the highest per-replica load, while
     the receiver's per-replica load exceeds the donor's would-be one by more than ``margin`` (so
@@ -67,7 +68,11 @@ def shift_replicas(load: np.ndarray, counts: np.ndarray, max_moves: np.ndarray, 
         spare = np.where(counts > 1, load / np.maximum(counts - 1, 1), np.inf)
         spare[rows, recv] = np.inf
         donor = np.argmin(spare, axis=1)
-        ok = (left > 0) & (per[rows, recv] > spare[rows, donor] * (1 + margin)) & (counts[rows, recv] < max_per_expert)
+        ok = (
+            (left > 0)
+            & (per[rows, recv] > spare[rows, donor] * (1 + margin))
+            & (counts[rows, recv] < max_per_expert)
+        )
         if not ok.any():
             break
         counts[rows[ok], recv[ok]] += 1
@@ -92,8 +97,9 @@ def expand_replicas(per_replica: np.ndarray, counts: np.ndarray) -> tuple[np.nda
     return np.take_along_axis(items, order, axis=1), np.where(np.isfinite(weights), weights, 0.0)
 
 
-def fill_holes(table: np.ndarray, slot_w: np.ndarray, items: np.ndarray, item_w: np.ndarray,
-               n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def fill_holes(
+    table: np.ndarray, slot_w: np.ndarray, items: np.ndarray, item_w: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """LPT: put each item (in the given order; -1 = padding) on the least-loaded rank that has a
     hole (-1 slot) and does not hold that expert yet.
 
@@ -117,8 +123,15 @@ def fill_holes(table: np.ndarray, slot_w: np.ndarray, items: np.ndarray, item_w:
         r = np.argmin(cand, axis=1)
         ok = act & np.isfinite(cand[rows, r])
         for layer in np.flatnonzero(act & ~ok):
-            stuck[layer] |= not _relocate(table[layer], slot_w[layer], has[layer], load[layer], free[layer],
-                                          int(e[layer]), float(item_w[layer, k]))
+            stuck[layer] |= not _relocate(
+                table[layer],
+                slot_w[layer],
+                has[layer],
+                load[layer],
+                free[layer],
+                int(e[layer]),
+                float(item_w[layer, k]),
+            )
         li, ri, ei = rows[ok], r[ok], ec[ok]
         si = np.argmax(table[li, ri] < 0, axis=1)
         table[li, ri, si] = ei
@@ -129,16 +142,24 @@ def fill_holes(table: np.ndarray, slot_w: np.ndarray, items: np.ndarray, item_w:
     return table, slot_w, stuck
 
 
-def lpt_pack(load: np.ndarray, counts: np.ndarray, ranks: int, slots: int
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def lpt_pack(
+    load: np.ndarray, counts: np.ndarray, ranks: int, slots: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Fresh LPT packing of every replica into an empty ``[layers, ranks, slots]`` table."""
     items, weights = expand_replicas(load / counts, counts)
     empty = np.full((load.shape[0], ranks, slots), -1, dtype=np.int64)
     return fill_holes(empty, np.zeros(empty.shape), items, weights, load.shape[1])
 
 
-def _relocate(table: np.ndarray, slot_w: np.ndarray, has: np.ndarray, load: np.ndarray, free: np.ndarray,
-              e: int, w: float) -> bool:
+def _relocate(
+    table: np.ndarray,
+    slot_w: np.ndarray,
+    has: np.ndarray,
+    load: np.ndarray,
+    free: np.ndarray,
+    e: int,
+    w: float,
+) -> bool:
     """One layer, no hole-rank lacks ``e``: move some expert ``x`` from a rank ``b`` lacking ``e``
     into a hole on rank ``h`` lacking ``x``, then put ``e`` where ``x`` was. Updates in place."""
     holes = [h for h in np.argsort(load) if free[h] > 0]
@@ -194,8 +215,15 @@ def align_ranks(old: np.ndarray, new: np.ndarray, n: int) -> np.ndarray:
     return keep_slots(old, aligned)
 
 
-def swap_refine(table: np.ndarray, slot_w: np.ndarray, n: int, max_swaps: int, min_gain: np.ndarray,
-                max_moved: np.ndarray | None = None, candidates: int | None = 8) -> tuple[np.ndarray, np.ndarray]:
+def swap_refine(
+    table: np.ndarray,
+    slot_w: np.ndarray,
+    n: int,
+    max_swaps: int,
+    min_gain: np.ndarray,
+    max_moved: np.ndarray | None = None,
+    candidates: int | None = 8,
+) -> tuple[np.ndarray, np.ndarray]:
     """Swap one expert of the most-loaded rank with one of a lightly loaded rank while the pair's
     peak drops by more than ``min_gain`` (per layer); at most ``max_swaps`` swaps, and at most
     ``max_moved`` changed slots per layer when given. The ``candidates`` lightest ranks are the partners;
@@ -229,7 +257,11 @@ def swap_refine(table: np.ndarray, slot_w: np.ndarray, n: int, max_swaps: int, m
         peak = np.maximum(la32[:, None, None, None] - delta, lb[:, None, :, None] + delta)
         eb_on_a = has[r1[:, :, None], a[:, None, None], eb]  # [m, k, slots_b]
         ea_on_b = has[r1[:, :, None], light[:, :, None], ea[:, None, :]]  # [m, k, slots_a]
-        ok = ~eb_on_a[:, None] & ~ea_on_b.transpose(0, 2, 1)[..., None] & (light != a[:, None])[:, None, :, None]
+        ok = (
+            ~eb_on_a[:, None]
+            & ~ea_on_b.transpose(0, 2, 1)[..., None]
+            & (light != a[:, None])[:, None, :, None]
+        )
         gain = np.where(ok, la32[:, None, None, None] - peak, -np.inf).reshape(m, -1)
         best = np.argmax(gain, axis=1)
         go = gain[np.arange(m), best] > min_gain[rows]
@@ -277,9 +309,9 @@ def moved_slots(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     return (old != new).sum(axis=(1, 2))
 
 
-
-def change_replica_counts(table: np.ndarray, load: np.ndarray, target: np.ndarray
-                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def change_replica_counts(
+    table: np.ndarray, load: np.ndarray, target: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Move from the table's replica counts to ``target`` with few slot changes: surplus replicas
     leave the most-loaded ranks, missing ones go (heaviest first) to the least-loaded ranks.
 
@@ -298,15 +330,17 @@ def change_replica_counts(table: np.ndarray, load: np.ndarray, target: np.ndarra
         order = np.argsort(key, axis=1)
         e_sorted = np.take_along_axis(flat, order, axis=1)
         idx = np.broadcast_to(np.arange(flat.shape[1]), flat.shape)
-        starts = np.maximum.accumulate(
-            np.where(np.diff(e_sorted, axis=1, prepend=-1) != 0, idx, 0), axis=1)
+        starts = np.maximum.accumulate(np.where(np.diff(e_sorted, axis=1, prepend=-1) != 0, idx, 0), axis=1)
         drop_sorted = (idx - starts) < np.take_along_axis(surplus, e_sorted, axis=1)
         drop = np.zeros_like(drop_sorted)
         np.put_along_axis(drop, order, drop_sorted, axis=1)
         table = np.where(drop.reshape(table.shape), -1, table)
     per = load / np.maximum(target, 1)
-    w = np.where(table < 0, 0.0, np.take_along_axis(per, np.maximum(table, 0).reshape(layers, -1),
-                                                     axis=1).reshape(table.shape))
+    w = np.where(
+        table < 0,
+        0.0,
+        np.take_along_axis(per, np.maximum(table, 0).reshape(layers, -1), axis=1).reshape(table.shape),
+    )
     if not deficit.any():
         return table, w, np.zeros(layers, dtype=bool)
     items, item_w = expand_replicas(per, deficit)
@@ -316,9 +350,9 @@ def change_replica_counts(table: np.ndarray, load: np.ndarray, target: np.ndarra
     return filled, np.where(filled < 0, 0.0, w), stuck
 
 
-
-def within_budget(table: np.ndarray, load: np.ndarray, target: np.ndarray, budget: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def within_budget(
+    table: np.ndarray, load: np.ndarray, target: np.ndarray, budget: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`change_replica_counts` where it fits ``budget`` changed slots, else the table as is.
 
     Returns the table, its per-slot weights and the per-layer budget left."""
@@ -331,8 +365,9 @@ def within_budget(table: np.ndarray, load: np.ndarray, target: np.ndarray, budge
     return new, w, budget - np.where(back, 0, used)
 
 
-def swap_refine_widening(table: np.ndarray, slot_w: np.ndarray, n: int, max_swaps: int, min_gain: np.ndarray,
-                         max_moved: np.ndarray) -> np.ndarray:
+def swap_refine_widening(
+    table: np.ndarray, slot_w: np.ndarray, n: int, max_swaps: int, min_gain: np.ndarray, max_moved: np.ndarray
+) -> np.ndarray:
     """:func:`swap_refine` with the default partner width, then (at most ``WIDE_SWAPS`` swaps) with
     every rank as a partner for the layers that stalled, within one shared move budget."""
     first, first_w = swap_refine(table, slot_w, n, max_swaps, min_gain, max_moved, candidates=None)
@@ -346,11 +381,14 @@ def better(old: np.ndarray, new: np.ndarray, load: np.ndarray, margin: float = 0
     r_old, r_new = rank_loads(old, load), rank_loads(new, load)
     peak_old, peak_new = r_old.max(axis=1), r_new.max(axis=1)
     spread_old, spread_new = (r_old**2).sum(axis=1), (r_new**2).sum(axis=1)
-    return (peak_new * (1 + margin) < peak_old) | ((peak_new <= peak_old) & (spread_new < spread_old * (1 - 1e-9)))
+    return (peak_new * (1 + margin) < peak_old) | (
+        (peak_new <= peak_old) & (spread_new < spread_old * (1 - 1e-9))
+    )
 
 
-def repack_extremes(table: np.ndarray, slot_w: np.ndarray, n: int, max_moved: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def repack_extremes(
+    table: np.ndarray, slot_w: np.ndarray, n: int, max_moved: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Large-neighbourhood step for placements where single swaps stall: pool the items of the
     ``k`` heaviest and ``k`` lightest ranks, re-pack them by LPT, match the new ranks to the old
     ones (Hungarian) and keep stayers in their slots. Accepted per layer when the pooled peak
@@ -365,7 +403,10 @@ def repack_extremes(table: np.ndarray, slot_w: np.ndarray, n: int, max_moved: np
     sub, sub_w = table[rows, pick], slot_w[rows, pick]  # [layers, 2k, slots]
     flat, flat_w = sub.reshape(layers, -1), sub_w.reshape(layers, -1)
     by_weight = np.argsort(-flat_w, axis=1, kind="stable")
-    items, weights = np.take_along_axis(flat, by_weight, axis=1), np.take_along_axis(flat_w, by_weight, axis=1)
+    items, weights = (
+        np.take_along_axis(flat, by_weight, axis=1),
+        np.take_along_axis(flat_w, by_weight, axis=1),
+    )
     packed, _, stuck = fill_holes(np.full_like(sub, -1), np.zeros(sub.shape), items, weights, n)
     aligned = align_ranks(sub, np.where(stuck[:, None, None], sub, packed), n)
     per_slot = expert_weights_of(sub, sub_w, n)

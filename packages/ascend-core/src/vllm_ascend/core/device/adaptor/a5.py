@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from vllm_ascend.core.device.adaptor.base import GROUP_LIST_TYPES, check_choice
 from vllm_ascend.core.device.adaptor.npu import (
     A2A3DeviceAdaptor,

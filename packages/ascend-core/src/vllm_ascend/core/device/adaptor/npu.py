@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import ClassVar
 
 import torch
+
 from vllm_ascend.core.device.adaptor.base import GROUP_LIST_TYPES, SCORING_FUNCS, DeviceOpError, check_choice
 from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
 
