@@ -101,6 +101,14 @@ def test_moe_greedy_matches_hf(make_llm, tiny_moe, moe_prompts, moe_hf):
     assert got == moe_hf
     layers = _moe_layers(llm)
     assert len(layers) == 2
+    # Registration is idempotent (extensions register once per process, tests may call it again).
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    from vllm_ascend.eplb.moe import register_moe_runner
+    from vllm_ascend.eplb.moe.runner import AscendMoERunner
+
+    assert register_moe_runner() and register_moe_runner()
+    assert op_registry_oot["MoERunner"] is AscendMoERunner
     # One call per MoE layer and forward step (two grouped matmuls), at least one step per new token.
     assert ops["moe_gating_top_k"] >= 2 * MAX_NEW_TOKENS and ops["grouped_matmul"] == 2 * ops["swiglu"], ops
     assert all(
