@@ -18,10 +18,12 @@ def test_public_names_resolve():
 
 
 def test_registry_paths_match_the_classes():
-    from vllm_ascend.core.registry import EPLB_POLICIES
+    from vllm_ascend.core.registry import EPLB_POLICIES, registering_as
     from vllm_ascend.eplb._extension import POLICY_PATHS, register
 
-    register()
+    with registering_as("vllm-ascend-eplb"):  # as core's extension loader does
+        register()
+        register()
     for name, path in POLICY_PATHS.items():
         assert EPLB_POLICIES.get(name) is getattr(eplb, path.rsplit(":", 1)[1])
 
@@ -34,3 +36,32 @@ def test_policies_import_without_vllm():
         "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), 'vllm imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_factory_works_after_core_loaded_the_extension():
+    import subprocess
+    import sys
+
+    code = (
+        "from vllm_ascend.core.extensions import load_extensions\n"
+        "assert load_extensions()['eplb'].status.value == 'loaded'\n"
+        "from vllm_ascend.eplb import PolicyFactory\n"
+        "print(type(PolicyFactory.generate_policy('swift')).__name__, type(PolicyFactory.generate_policy(3)).__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["SwiftBalanceEplb", "FlashLB"]
+
+
+def test_submit_copies_the_workload():
+    import numpy as np
+
+    from vllm_ascend.eplb import EplbProcess
+
+    proc = EplbProcess("default", mode="thread")
+    table = np.array([[[0, 1], [2, 3]]])
+    load = np.array([[[6.0, 2.0], [1.0, 1.0]]])
+    proc.submit(table, load)
+    load[:] = 0  # the caller reuses its buffer at once, as EplbUpdator does
+    plan = proc.get(timeout=30)
+    assert plan is not None and plan.imbalance_before[0] > 1.5

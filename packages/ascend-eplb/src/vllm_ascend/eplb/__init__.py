@@ -3,8 +3,7 @@ rebalance lifecycle. Public names load lazily, so importing the package is cheap
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from vllm_ascend.core.lazy import lazy_exports
 
 _EXPORTS = {
     "EplbPolicy": "vllm_ascend.eplb.policy.base",
@@ -30,9 +29,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'vllm_ascend.eplb' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -191,7 +191,8 @@ class EplbProcess:
     def submit(self, table: np.ndarray, workload: np.ndarray) -> None:
         """Hand a placement and its workload to the worker process (non-blocking)."""
         self.start()
-        self._inbox.put((np.asarray(table), np.asarray(workload)))
+        # Copies: the queue serialises in a background thread while the caller reuses its buffers.
+        self._inbox.put((np.array(table, copy=True), np.array(workload, copy=True)))
         self.pending += 1
 
     def get(self, timeout: float | None = None) -> EplbPlan | None:

@@ -8,44 +8,32 @@ attributes load lazily.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from vllm_ascend.core.lazy import lazy_exports
 from vllm_ascend.kernels._version import __version__
 
 _EXPORTS = {
-    "apply_temperature": "temperature",
-    "gumbel_sample": "gumbel",
-    "apply_min_p": "min_p",
-    "apply_top_k_top_p": "top_k_top_p",
-    "apply_penalties": "penalties",
-    "apply_bad_words": "bad_words",
-    "compute_token_logprobs": "logprobs",
-    "compute_topk_logprobs": "logprobs",
-    "zero_kv_blocks": "kv_zero",
-    "compute_slot_mapping": "slot_mapping",
-    "causal_conv1d_fn": "conv1d",
-    "causal_conv1d_update": "conv1d",
-    "fused_gdn_gating": "gdn_gating",
-    "PAD_SLOT_ID": "slot_mapping",
-    "KernelBackendError": "_backend",
-    "use_triton": "_backend",
-    "kernel_warmup": "warmup",
-    "penalties_warmup": "warmup",
-    "register_warmup": "warmup",
+    "apply_temperature": "vllm_ascend.kernels.temperature",
+    "gumbel_sample": "vllm_ascend.kernels.gumbel",
+    "apply_min_p": "vllm_ascend.kernels.min_p",
+    "apply_top_k_top_p": "vllm_ascend.kernels.top_k_top_p",
+    "apply_penalties": "vllm_ascend.kernels.penalties",
+    "apply_bad_words": "vllm_ascend.kernels.bad_words",
+    "compute_token_logprobs": "vllm_ascend.kernels.logprobs",
+    "compute_topk_logprobs": "vllm_ascend.kernels.logprobs",
+    "zero_kv_blocks": "vllm_ascend.kernels.kv_zero",
+    "compute_slot_mapping": "vllm_ascend.kernels.slot_mapping",
+    "causal_conv1d_fn": "vllm_ascend.kernels.conv1d",
+    "causal_conv1d_update": "vllm_ascend.kernels.conv1d",
+    "fused_gdn_gating": "vllm_ascend.kernels.gdn_gating",
+    "PAD_SLOT_ID": "vllm_ascend.kernels.slot_mapping",
+    "KernelBackendError": "vllm_ascend.kernels._backend",
+    "use_triton": "vllm_ascend.kernels._backend",
+    "kernel_warmup": "vllm_ascend.kernels.warmup",
+    "penalties_warmup": "vllm_ascend.kernels.warmup",
+    "register_warmup": "vllm_ascend.kernels.warmup",
 }
 
 __all__ = ["__version__", *_EXPORTS]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -15,10 +15,13 @@ class PolicyFactory:
 
     @staticmethod
     def generate_policy(name_or_code: str | int, config: Any = None) -> EplbPolicy:
-        from vllm_ascend.core.registry import EPLB_POLICIES
+        from vllm_ascend.core.registry import EPLB_POLICIES, registering_as
         from vllm_ascend.eplb._extension import register
 
-        register()  # idempotent; makes the built-ins available without the plugin loader
+        if not all(builtin in EPLB_POLICIES for builtin in POLICY_CODES.values()):
+            # Without the plugin loader (a script, a policy process): register the built-ins.
+            with registering_as("vllm-ascend-eplb"):
+                register()
         name = name_or_code
         if isinstance(name_or_code, int) and not isinstance(name_or_code, bool):
             if name_or_code not in POLICY_CODES:
