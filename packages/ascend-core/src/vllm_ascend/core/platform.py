@@ -125,6 +125,26 @@ class NPUPlatform(Platform):
             )
 
     @classmethod
+    def validate_environ(cls, hard_fail: bool) -> None:
+        """vLLM's unknown-variable check, with ``VLLM_ASCEND_*`` checked against core's own table."""
+        from vllm import envs as vllm_envs
+
+        from vllm_ascend.core import envs
+
+        problems = envs.check_environment()
+        problems += [
+            f"Unknown vLLM environment variable detected: {name}"
+            for name in sorted(os.environ)
+            if name.startswith("VLLM_")
+            and not name.startswith("VLLM_ASCEND_")
+            and name not in vllm_envs.environment_variables
+        ]
+        if problems and hard_fail:
+            raise ValueError("; ".join(problems))
+        for problem in problems:
+            logger.warning(problem)
+
+    @classmethod
     def get_device_communicator_cls(cls) -> str:
         # torch.distributed collectives over the platform's backend (gloo / hccl).
         return "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
