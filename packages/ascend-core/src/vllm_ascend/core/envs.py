@@ -114,6 +114,20 @@ _VARS: dict[str, EnvVar] = {
             "Comma-separated extension names (e.g. eplb,netloader) that core must not load.",
         ),
         EnvVar(
+            "VLLM_ASCEND_KERNEL_BACKEND",
+            "auto",
+            _choice("VLLM_ASCEND_KERNEL_BACKEND", ("auto", "triton", "torch")),
+            "Kernels of vllm_ascend.kernels: auto picks Triton where it can run on the tensor's device "
+            "(else the torch reference); triton requires it; torch always uses the references.",
+        ),
+        EnvVar(
+            "VLLM_ASCEND_CACHE_DIR",
+            None,
+            _text,
+            "Where locally built artefacts (the demo's tiny models) are kept; default "
+            "$XDG_CACHE_HOME/vllm-ascend.",
+        ),
+        EnvVar(
             "VLLM_ASCEND_LOG_LEVEL",
             "info",
             _choice("VLLM_ASCEND_LOG_LEVEL", LOG_LEVELS),

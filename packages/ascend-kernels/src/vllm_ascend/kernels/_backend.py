@@ -28,7 +28,6 @@ from vllm_ascend.core.logger import init_logger
 logger = init_logger(__name__)
 
 ENV_BACKEND = "VLLM_ASCEND_KERNEL_BACKEND"
-BACKENDS = ("auto", "triton", "torch")
 
 
 class KernelBackendError(RuntimeError):
@@ -37,11 +36,12 @@ class KernelBackendError(RuntimeError):
 
 def requested_backend() -> str:
     """The validated value of ``VLLM_ASCEND_KERNEL_BACKEND``."""
-    raw = os.environ.get(ENV_BACKEND, "") or "auto"
-    value = raw.strip().lower()
-    if value not in BACKENDS:
-        raise KernelBackendError(f"{ENV_BACKEND}={raw!r} is invalid; allowed values: {', '.join(BACKENDS)}")
-    return value
+    from vllm_ascend.core import envs
+
+    try:
+        return str(envs.VLLM_ASCEND_KERNEL_BACKEND)
+    except envs.EnvError as exc:
+        raise KernelBackendError(str(exc)) from None
 
 
 @functools.cache

@@ -147,7 +147,9 @@ def train_tokenizer(out_dir: Path, vocab_size: int, seed: int = 0) -> Any:
 
 def default_cache_dir() -> Path:
     """``$VLLM_ASCEND_CACHE_DIR`` or ``$XDG_CACHE_HOME/vllm-ascend`` (``~/.cache/vllm-ascend``)."""
-    explicit = os.environ.get("VLLM_ASCEND_CACHE_DIR")
+    from vllm_ascend.core import envs
+
+    explicit = envs.VLLM_ASCEND_CACHE_DIR
     if explicit:
         return Path(explicit)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm-ascend"
