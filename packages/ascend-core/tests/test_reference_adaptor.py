@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+
 from vllm_ascend.core.device.adaptor.base import OPS, DeviceOpError
 from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
 
@@ -151,6 +152,116 @@ def test_attention_rejects_bad_inputs(ref):
         ref.fused_infer_attention(
             torch.randn(1, 2, 8), kc, vc, bt, torch.tensor([0, 1]), torch.tensor([17]), 1.0
         )
+
+
+def _random_mixed_batch(gen, num_reqs):
+    """Random (seq_len, q_len) pairs mixing decode (q=1), prefill (q=S), chunked (0<q<S) and idle (q=0)."""
+    seqs, q_lens = [], []
+    for _ in range(num_reqs):
+        kind = int(torch.randint(0, 4, (), generator=gen))
+        seq_len = int(torch.randint(1, 70, (), generator=gen))
+        if kind == 0:
+            q_len = 1
+        elif kind == 1:
+            q_len = seq_len
+        elif kind == 2:
+            q_len = int(torch.randint(1, seq_len + 1, (), generator=gen))
+        else:
+            q_len = 0 if seq_len > 1 else 1
+        seqs.append(seq_len)
+        q_lens.append(q_len)
+    return seqs, q_lens
+
+
+def _per_request(ref, query, key_cache, value_cache, block_table, qsl, seqs, scale, causal):
+    """The batch as separate one-request calls, stitched back together."""
+    parts = []
+    for b in range(len(seqs)):
+        q = query[qsl[b] : qsl[b + 1]]
+        parts.append(
+            ref.fused_infer_attention(
+                q,
+                key_cache,
+                value_cache,
+                block_table[b : b + 1],
+                torch.tensor([0, q.shape[0]]),
+                torch.tensor([seqs[b]]),
+                scale,
+                causal=causal,
+            )
+        )
+    return torch.cat(parts)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (8, 2), (6, 1)], ids=["mha", "gqa", "mqa"])
+def test_batched_attention_equals_per_request_and_dense(ref, seed, hq, hkv):
+    gen = torch.Generator().manual_seed(seed)
+    seqs, q_lens = _random_mixed_batch(gen, int(torch.randint(2, 9, (), generator=gen)))
+    if seed % 2:  # also a group of similar prefills (batched together) and several decodes
+        seqs, q_lens = [*seqs, 30, 28, 9, 31], [*q_lens, 30, 28, 1, 1]
+    d, dv, block_size = 16, 8, 4
+    num_blocks = sum(-(-s // block_size) for s in seqs) + 4
+    key_cache, value_cache, block_table, dk, dv_ = build_paged(ref, seqs, block_size, num_blocks, hkv, d, dv)
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()])
+    query = torch.randn(int(qsl[-1]) + 3, hq, d)  # 3 padded rows past query_start_loc[-1]
+    scale = 1 / math.sqrt(d)
+    for causal in (True, False):
+        output = torch.full((query.shape[0] + 2, hq, dv), 7.0)
+        ref.reset_counts()
+        out = ref.fused_infer_attention(
+            query,
+            key_cache,
+            value_cache,
+            block_table,
+            qsl,
+            torch.tensor(seqs),
+            scale,
+            causal=causal,
+            output=output,
+        )
+        assert ref.call_counts == {"fused_infer_attention": 1}
+        assert out.data_ptr() == output.data_ptr() and out.shape == (query.shape[0], hq, dv)
+        assert torch.all(output[int(qsl[-1]) :] == 7.0)
+        used = int(qsl[-1])
+        per_req = _per_request(ref, query, key_cache, value_cache, block_table, qsl, seqs, scale, causal)
+        torch.testing.assert_close(out[:used], per_req, atol=1e-5, rtol=1e-5)
+        for b in range(len(seqs)):
+            if q_lens[b]:
+                expected = dense_attention(query[qsl[b] : qsl[b + 1]], dk[b], dv_[b], scale, causal)
+                torch.testing.assert_close(out[qsl[b] : qsl[b + 1]].double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_batched_attention_bf16_non_contiguous_query_grouped_prefills(ref):
+    # two decodes, then three similar prefill/chunked requests (attended as one padded group)
+    seqs, q_lens = [13, 40, 30, 28, 31], [1, 1, 30, 28, 25]
+    key_cache, value_cache, block_table, dk, dv = build_paged(ref, seqs, 8, 24, 2, 8, 8, dtype=torch.bfloat16)
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()])
+    query = torch.randn(int(qsl[-1]), 4, 16).bfloat16()[..., ::2]  # non-contiguous query
+    out = ref.fused_infer_attention(query, key_cache, value_cache, block_table, qsl, torch.tensor(seqs), 0.3)
+    assert out.dtype == torch.bfloat16
+    for b in range(len(seqs)):
+        expected = dense_attention(query[qsl[b] : qsl[b + 1]], dk[b], dv[b], 0.3)
+        torch.testing.assert_close(out[qsl[b] : qsl[b + 1]].double(), expected, atol=1e-2, rtol=1e-2)
+
+
+def test_batch_invariant_mode_attention_is_bitwise_batch_independent(ref):
+    from vllm_ascend.core import batch_invariant as bi
+
+    previous = bi._enabled
+    bi.enable_batch_invariant_mode()
+    try:
+        seqs, q_lens = [9, 40, 17, 33, 5], [1, 1, 17, 6, 1]
+        key_cache, value_cache, block_table, _, _ = build_paged(ref, seqs, 8, 24, 2, 16, 16)
+        qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()])
+        query = torch.randn(int(qsl[-1]), 4, 16)
+        out = ref.fused_infer_attention(
+            query, key_cache, value_cache, block_table, qsl, torch.tensor(seqs), 0.25
+        )
+        per_req = _per_request(ref, query, key_cache, value_cache, block_table, qsl, seqs, 0.25, True)
+        assert torch.equal(out, per_req)
+    finally:
+        bi._enabled = previous
 
 
 # -- reshape_and_cache / kv_load -----------------------------------------------------------------

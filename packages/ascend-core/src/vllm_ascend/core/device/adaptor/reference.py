@@ -1,8 +1,11 @@
 """The reference adaptor: every device op in plain PyTorch, following the torch_npu op's documented semantics.
 
 It is the executable specification the NPU adaptors are checked against and what
-``VLLM_ASCEND_DEVICE=reference`` runs. Ops are device-agnostic torch code; reductions are done in
-fp32 per request, so results do not depend on how requests are batched.
+``VLLM_ASCEND_DEVICE=reference`` runs. Ops are device-agnostic torch code computed in fp32.
+``fused_infer_attention`` attends all decode requests (and prefills of similar shape) in one padded,
+masked SDPA call; a request's result then equals its one-request result up to fp32 rounding. In
+batch-invariant mode (:mod:`vllm_ascend.core.batch_invariant`) every request is attended alone, so its
+result is bitwise independent of the rest of the batch.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from vllm_ascend.core.batch_invariant import is_batch_invariant
 from vllm_ascend.core.device.adaptor.base import (
     GROUP_LIST_TYPES,
     SCORING_FUNCS,
@@ -56,7 +61,7 @@ def _per_token_int8(xf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _silu_mul(xf: torch.Tensor) -> torch.Tensor:
     d = xf.shape[-1] // 2
-    return F.silu(xf[..., :d]) * xf[..., d:]
+    return F.silu(xf[..., :d]).mul_(xf[..., d:])
 
 
 def _check_paged_cache(name: str, cache: torch.Tensor, num_kv_heads: int | None = None) -> None:
@@ -70,13 +75,115 @@ def _check_paged_cache(name: str, cache: torch.Tensor, num_kv_heads: int | None 
         )
 
 
-def _blocks_for(block_table: torch.Tensor, b: int, seq_len: int, block_size: int) -> torch.Tensor:
+def _check_blocks(block_table: torch.Tensor, b: int, seq_len: int, block_size: int) -> int:
     num_blocks = -(-seq_len // block_size)
     _require(
         num_blocks <= block_table.shape[1],
         f"seq_lens[{b}]={seq_len} needs {num_blocks} blocks of {block_size} but block_table has {block_table.shape[1]} columns",
     )
-    return block_table[b, :num_blocks].long()
+    return num_blocks
+
+
+def _blocks_for(block_table: torch.Tensor, b: int, seq_len: int, block_size: int) -> torch.Tensor:
+    return block_table[b, : _check_blocks(block_table, b, seq_len, block_size)].long()
+
+
+def _attend_group(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    starts: list[int],
+    q_lens: list[int],
+    lens: list[int],
+    reqs: list[int],
+    scale: float,
+    causal: bool,
+    output: torch.Tensor,
+) -> None:
+    """Attention of requests ``reqs`` (each with ``q_len >= 1``) in one fp32 SDPA call, written into ``output``.
+
+    The group is padded to its longest query and longest context. Keys/values are gathered token by
+    token, reading only each request's first ``ceil(seq_len / block_size)`` block-table entries;
+    padded key slots repeat the request's key 0 and are masked out, padded query rows repeat its last
+    query row and are dropped. GQA: query head ``h`` reads KV head ``h // group`` (SDPA's grouping).
+    """
+    device = query.device
+    num_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
+    block_size = key_cache.shape[1]
+    gqa = num_heads != num_kv_heads
+    max_q = max(q_lens[b] for b in reqs)
+    if len(reqs) == 1:
+        b = reqs[0]
+        q_start, q_len, seq_len = starts[b], q_lens[b], lens[b]
+        blocks = block_table[b, : -(-seq_len // block_size)].long()
+        k = key_cache[blocks].flatten(0, 1)[:seq_len].unsqueeze(0)
+        v = value_cache[blocks].flatten(0, 1)[:seq_len].unsqueeze(0)
+        q = query[q_start : q_start + q_len].float().transpose(0, 1).unsqueeze(0)
+        ctx = seq_len - q_len
+        mask = None
+        if causal and q_len > 1 and ctx > 0:
+            rows = torch.arange(q_len, device=device).unsqueeze(1) + ctx
+            mask = torch.arange(seq_len, device=device) <= rows
+        out = F.scaled_dot_product_attention(
+            q,
+            k.float().transpose(1, 2),
+            v.float().transpose(1, 2),
+            attn_mask=mask,
+            is_causal=causal and q_len > 1 and ctx == 0,
+            scale=scale,
+            enable_gqa=gqa,
+        )
+        output[q_start : q_start + q_len] = out[0].transpose(0, 1)
+        return
+    max_s = max(lens[b] for b in reqs)
+    consecutive = reqs == list(range(reqs[0], reqs[0] + len(reqs)))
+    lens_t = torch.tensor([lens[b] for b in reqs], device=device)
+    pos = torch.arange(max_s, device=device)
+    valid = pos < lens_t.unsqueeze(1)  # [B, S]
+    tok = torch.where(valid, pos, 0)  # padded key slots read the request's token 0
+    rows = block_table[reqs[0] : reqs[0] + len(reqs)] if consecutive else block_table[reqs]
+    blk = rows.long().gather(1, torch.div(tok, block_size, rounding_mode="floor"))
+    off = tok % block_size
+    k = key_cache[blk, off].float().transpose(1, 2)  # [B, Hkv, S, D]
+    v = value_cache[blk, off].float().transpose(1, 2)
+    if max_q == 1:
+        q_rows = [starts[b] for b in reqs]
+        contiguous = q_rows == list(range(q_rows[0], q_rows[0] + len(q_rows)))
+        q_idx = None if contiguous else torch.tensor(q_rows, device=device)
+        q = query[q_rows[0] : q_rows[0] + len(q_rows)] if q_idx is None else query[q_idx]
+        out = F.scaled_dot_product_attention(
+            q.float().unsqueeze(2),
+            k,
+            v,
+            attn_mask=valid[:, None, None, :],  # decode: query 0 sees keys 0..seq_len-1, causal or not
+            scale=scale,
+            enable_gqa=gqa,
+        ).squeeze(2)
+        if q_idx is None:
+            output[q_rows[0] : q_rows[0] + len(q_rows)] = out
+        else:
+            output[q_idx] = out.to(output.dtype)
+        return
+    q_lens_t = torch.tensor([q_lens[b] for b in reqs], device=device)
+    j = torch.arange(max_q, device=device)
+    keep = j < q_lens_t.unsqueeze(1)  # [B, Q]: real query rows
+    jq = torch.minimum(j, q_lens_t.unsqueeze(1) - 1)
+    q_idx = torch.tensor([starts[b] for b in reqs], device=device).unsqueeze(1) + jq
+    if causal:
+        last = (lens_t - q_lens_t).unsqueeze(1) + jq  # query j sees keys 0..ctx+j (all < seq_len)
+        mask = pos <= last.unsqueeze(2)  # [B, Q, S]
+    else:
+        mask = valid.unsqueeze(1)
+    out = F.scaled_dot_product_attention(
+        query[q_idx].float().transpose(1, 2),  # [B, Hq, Q, D]
+        k,
+        v,
+        attn_mask=mask.unsqueeze(1),
+        scale=scale,
+        enable_gqa=gqa,
+    ).transpose(1, 2)  # [B, Q, Hq, Dv]
+    output[q_idx[keep]] = out[keep].to(output.dtype)
 
 
 class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
@@ -106,20 +213,24 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
             n <= key.shape[0] and n <= value.shape[0],
             f"slot_mapping has {n} slots but key/value have {key.shape[0]}/{value.shape[0]} tokens",
         )
+        if n == 0:
+            return
         num_blocks, block_size = key_cache.shape[:2]
         slots = slot_mapping.long()
-        keep = slots >= 0
-        slots = slots[keep]
-        if slots.numel() == 0:
-            return
-        top = int(slots.max())
+        low, top = (int(v) for v in torch.aminmax(slots))
+        key, value = key[:n], value[:n]
+        if low < 0:  # padding slots: drop them (the common all-valid case needs no mask)
+            keep = slots >= 0
+            slots, key, value = slots[keep], key[keep], value[keep]
+            if slots.numel() == 0:
+                return
         _require(
             top < num_blocks * block_size,
             f"slot {top} is out of range for a cache of {num_blocks} blocks x {block_size}",
         )
-        blocks, offsets = slots // block_size, slots % block_size
-        key_cache[blocks, offsets] = key[:n][keep].to(key_cache.dtype)
-        value_cache[blocks, offsets] = value[:n][keep].to(value_cache.dtype)
+        blocks, offsets = torch.div(slots, block_size, rounding_mode="floor"), slots % block_size
+        key_cache[blocks, offsets] = key.to(key_cache.dtype)
+        value_cache[blocks, offsets] = value.to(value_cache.dtype)
 
     def fused_infer_attention(
         self,
@@ -172,29 +283,35 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
                 output.shape[0] >= num_tokens and tuple(output.shape[1:]) == (num_heads, head_size_v),
                 f"output must be [>= {num_tokens}, {num_heads}, {head_size_v}], got {tuple(output.shape)}",
             )
-        group = num_heads // num_kv_heads
-        for b, seq_len in enumerate(lens):
-            q_start, q_end = starts[b], starts[b + 1]
-            q_len = q_end - q_start
+        q_lens = [end - start for start, end in itertools.pairwise(starts)]
+        decodes, prefills = [], []
+        for b, (q_len, seq_len) in enumerate(zip(q_lens, lens, strict=True)):
             _require(
                 0 <= q_len <= seq_len,
                 f"request {b}: query length {q_len} must be within [0, seq_len={seq_len}]",
             )
-            if q_len == 0:
-                continue
-            blocks = _blocks_for(block_table, b, seq_len, block_size)
-            k = key_cache[blocks].flatten(0, 1)[:seq_len].float()
-            v = value_cache[blocks].flatten(0, 1)[:seq_len].float()
-            q = query[q_start:q_end].float().view(q_len, num_kv_heads, group, head_size)
-            scores = torch.einsum("qhgd,shd->hgqs", q, k) * scale
-            if causal:
-                ctx = seq_len - q_len
-                rows = torch.arange(q_len, device=scores.device).unsqueeze(1) + ctx
-                cols = torch.arange(seq_len, device=scores.device).unsqueeze(0)
-                scores = scores.masked_fill(cols > rows, float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
-            out = torch.einsum("hgqs,shd->qhgd", probs, v).reshape(q_len, num_heads, head_size_v)
-            output[q_start:q_end] = out.to(output.dtype)
+            if q_len:  # an idle request's blocks are not looked at
+                _check_blocks(block_table, b, seq_len, block_size)
+                (decodes if q_len == 1 else prefills).append(b)
+        if is_batch_invariant():
+            # Every request alone: its result cannot depend on the other requests' lengths.
+            groups = [[b] for b in sorted(decodes + prefills)]
+        else:
+            groups = [decodes] if decodes else []
+            real = sum(q_lens[b] * lens[b] for b in prefills)
+            padded = (
+                len(prefills)
+                * max((q_lens[b] for b in prefills), default=0)
+                * max((lens[b] for b in prefills), default=0)
+            )
+            if len(prefills) > 1 and padded <= 2 * real:
+                groups.append(prefills)
+            else:
+                groups.extend([b] for b in prefills)
+        for reqs in groups:
+            _attend_group(
+                query, key_cache, value_cache, block_table, starts, q_lens, lens, reqs, scale, causal, output
+            )
         return output[:num_tokens]
 
     def kv_load(self, key_cache, value_cache, block_table, seq_lens):
@@ -218,9 +335,8 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
             weight.shape[-1] == x.shape[-1],
             f"weight has {weight.shape[-1]} elements, x's last dim is {x.shape[-1]}",
         )
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-        return (normed * weight.float()).to(x.dtype)
+        # one fused fp32 op instead of six elementwise/reduction temporaries
+        return torch.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
 
     def add_rms_norm(self, x, residual, weight, eps):
         _require(
@@ -232,7 +348,7 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
             weight.shape[-1] == x.shape[-1],
             f"weight has {weight.shape[-1]} elements, x's last dim is {x.shape[-1]}",
         )
-        normed = total * torch.rsqrt(total.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
+        normed = torch.rms_norm(total, (x.shape[-1],), weight.float(), eps)
         return normed.to(x.dtype), total.to(x.dtype)
 
     def swiglu(self, x):
@@ -248,20 +364,29 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
 
+        half = rot_dim // 2
+        # (first, second) halves of the rotated dims: neox halves, GPT-J interleaved pairs
+        first, second = (
+            (slice(0, half), slice(half, rot_dim))
+            if is_neox
+            else (slice(0, rot_dim, 2), slice(1, rot_dim, 2))
+        )
+
         def rotate(x: torch.Tensor) -> torch.Tensor:
             _require(
                 x.shape[-1] % head_size == 0,
                 f"tensor of shape {tuple(x.shape)} is not a multiple of head_size={head_size}",
             )
             heads = x.reshape(x.shape[0], -1, head_size).float()
-            rot, rest = heads[..., :rot_dim], heads[..., rot_dim:]
-            if is_neox:
-                x1, x2 = rot.chunk(2, dim=-1)
-                rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-            else:
-                x1, x2 = rot[..., 0::2], rot[..., 1::2]
-                rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-            return torch.cat((rotated, rest), dim=-1).reshape(x.shape).to(x.dtype)
+            out = torch.empty_like(heads, memory_format=torch.contiguous_format)
+            x1, x2 = heads[..., first], heads[..., second]
+            o1, o2 = out[..., first], out[..., second]
+            # written in place, same expressions (bitwise): x1*cos - x2*sin, x2*cos + x1*sin
+            torch.mul(x1, cos, out=o1).sub_(x2 * sin)
+            torch.mul(x2, cos, out=o2).add_(x1 * sin)
+            if rot_dim < head_size:
+                out[..., rot_dim:] = heads[..., rot_dim:]
+            return out.view(x.shape).to(x.dtype)
 
         return rotate(query), (rotate(key) if key is not None else None)
 
