@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from vllm_ascend.eplb.expert_map_file import save_expert_map
 from vllm_ascend.eplb.placement import generate_expert_map
-from vllm_ascend.eplb.testing import qwen3_moe_spec, write_expert_map
-from vllm_ascend.runner.testing.tiny_models import build_tiny_model
+from vllm_ascend.runner.testing.tiny_models import build_tiny_model, qwen3_moe_spec
 
 MAX_NEW_TOKENS = 12
 PROMPTS = (
@@ -23,6 +23,13 @@ PROMPTS = (
 MOE_OPS = ("moe_gating_top_k", "moe_init_routing", "grouped_matmul", "swiglu", "moe_finalize_routing")
 #: Two ranks of five slots: experts 0 and 1 have a second copy on rank 1 (2 redundant experts).
 REDUNDANT_PLACEMENT = [[0, 1, 2, 3, 4], [5, 6, 7, 0, 1]]
+
+
+def write_expert_map(rows: list[list[int]], num_layers: int, path: Path) -> Path:
+    """Write an expert-map JSON file giving every layer the same ``[ranks][slots]`` placement."""
+    table = np.broadcast_to(np.asarray(rows, dtype=np.int64), (num_layers, len(rows), len(rows[0])))
+    save_expert_map(table, path)
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -71,10 +71,9 @@ def register_model_builder(kind: str, factory: ConfigFactory) -> None:
     MODEL_BUILDERS[kind] = factory
 
 
-def _qwen3_config(spec: TinyModelSpec, vocab_size: int) -> Any:
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
+def _common_config(spec: TinyModelSpec, vocab_size: int) -> dict[str, Any]:
+    """The config fields every family takes from the spec."""
+    return dict(
         vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -84,33 +83,46 @@ def _qwen3_config(spec: TinyModelSpec, vocab_size: int) -> Any:
         head_dim=spec.head_dim,
         max_position_embeddings=spec.max_position_embeddings,
         initializer_range=spec.init_std,
-        tie_word_embeddings=True,
         rope_theta=10000.0,
-        **spec.extra,
     )
+
+
+def _qwen3_config(spec: TinyModelSpec, vocab_size: int) -> Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**_common_config(spec, vocab_size), tie_word_embeddings=True, **spec.extra)
 
 
 def _llama_config(spec: TinyModelSpec, vocab_size: int) -> Any:
     from transformers import LlamaConfig
 
-    return LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim,
-        max_position_embeddings=spec.max_position_embeddings,
-        initializer_range=spec.init_std,
-        tie_word_embeddings=False,
-        rope_theta=10000.0,
+    return LlamaConfig(**_common_config(spec, vocab_size), tie_word_embeddings=False, **spec.extra)
+
+
+#: Routed experts and experts per token of the tiny MoE model.
+MOE_NUM_EXPERTS = 8
+MOE_TOP_K = 2
+
+
+def _qwen3_moe_config(spec: TinyModelSpec, vocab_size: int) -> Any:
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        **_common_config(spec, vocab_size),
+        moe_intermediate_size=spec.intermediate_size // 2,
+        num_experts=MOE_NUM_EXPERTS,
+        num_experts_per_tok=MOE_TOP_K,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        tie_word_embeddings=True,
         **spec.extra,
     )
 
 
 register_model_builder("qwen3", _qwen3_config)
 register_model_builder("llama", _llama_config)
+register_model_builder("qwen3_moe", _qwen3_moe_config)
 
 
 def corpus(num_lines: int = 2000, seed: int = 0) -> list[str]:
@@ -192,3 +204,8 @@ def qwen3_spec(**overrides: Any) -> TinyModelSpec:
 
 def llama_spec(**overrides: Any) -> TinyModelSpec:
     return replace(TinyModelSpec(kind="llama", seed=1), **overrides)
+
+
+def qwen3_moe_spec(**overrides: Any) -> TinyModelSpec:
+    """Qwen3-MoE: 8 experts, top-2, 2 layers, hidden 128, 4 heads / 2 KV heads of 32."""
+    return replace(TinyModelSpec(kind="qwen3_moe", seed=2), **overrides)
