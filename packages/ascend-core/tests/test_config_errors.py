@@ -352,5 +352,9 @@ def test_family_specific_options_are_checked(data, family, message):
 
 
 def test_family_dependent_options_pass_where_supported():
-    AscendConfig.from_dict({"mc2_comm_algorithm": "hierarchy"}).derive_and_validate(family="A2")
-    AscendConfig.from_dict({"enable_megamoe": True}).derive_and_validate(_vllm(ep=True, tp=2), family="A5")
+    a2 = AscendConfig.from_dict({"mc2_comm_algorithm": "hierarchy"}).derive_and_validate(family="A2")
+    assert a2.mc2_comm_algorithm == "hierarchy"
+    a5 = AscendConfig.from_dict({"enable_megamoe": True}).derive_and_validate(
+        _vllm(ep=True, tp=2), family="A5"
+    )
+    assert a5.enable_megamoe is True
