@@ -176,4 +176,6 @@ def test_no_wheel_contains_the_namespace_init(wheels):
     ids=["default", "quant-eplb", "all", "core-alone"],
 )
 def test_install_profile(tmp_path, wheels, base_site, requirement, expected):
-    check(install_profile(tmp_path, wheels, base_site, requirement), expected)
+    report = install_profile(tmp_path, wheels, base_site, requirement)
+    assert set(report["dists"]) == expected
+    check(report, expected)

@@ -9,14 +9,6 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
-def _probe() -> None:
-    pass
-
-
-IS_INTERPRETED = not isinstance(_probe, triton.runtime.JITFunction)
-
-
 def vocab_block(vocab_size: int, cap: int = 8192) -> int:
     """Power-of-two tile over the vocabulary (smaller under the interpreter, which is slow)."""
     return min(triton.next_power_of_2(vocab_size), 1024 if IS_INTERPRETED else cap)
@@ -83,6 +75,10 @@ def hash32(x):
     x = x ^ (x >> 15)
     x = x * 0x846CA68B
     return x ^ (x >> 16)
+
+
+# ``triton.jit`` returns an interpreter wrapper instead of a JITFunction under TRITON_INTERPRET=1.
+IS_INTERPRETED = not isinstance(hash32, triton.runtime.JITFunction)
 
 
 def check_logits(logits) -> None:
