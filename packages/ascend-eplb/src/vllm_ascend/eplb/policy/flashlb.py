@@ -8,6 +8,7 @@ import numpy as np
 
 from vllm_ascend.eplb.policy.base import EplbPolicy
 from vllm_ascend.eplb.policy.packing import (
+    aggregate_score,
     align_ranks,
     better,
     keep_slots,
@@ -17,6 +18,7 @@ from vllm_ascend.eplb.policy.packing import (
     repack_extremes,
     replica_counts,
     replica_counts_of,
+    risk_load,
     shift_replicas,
     slot_weights,
     swap_refine,
@@ -26,39 +28,30 @@ from vllm_ascend.eplb.policy.packing import (
 
 
 def downsample(samples: np.ndarray, limit: int) -> np.ndarray:
-    """Average consecutive samples so at most ``limit`` remain (keeps the time order)."""
+    """Sum consecutive samples so at most ``limit`` remain (keeps the time order and the total)."""
     if samples.shape[0] <= limit:
         return samples
     groups = np.array_split(np.arange(samples.shape[0]), limit)
-    return np.stack([samples[g].mean(axis=0) for g in groups])
-
-
-def peak_score(table: np.ndarray, samples: np.ndarray) -> np.ndarray:
-    """Per layer: time-averaged peak/mean rank load over the samples ``[samples, layers, n]``.
-
-    Summing sample loads per rank captures the covariance between the experts a rank holds."""
-    layers, ranks, slots = table.shape
-    n = samples.shape[-1]
-    counts = replica_counts_of(table, n)
-    share = (samples / np.maximum(counts, 1)).reshape(samples.shape[0], -1)
-    flat = (np.arange(layers)[:, None] * n + table.reshape(layers, -1)).ravel()
-    per_rank = share[:, flat].reshape(samples.shape[0], layers, ranks, slots).sum(-1)
-    mean = per_rank.mean(axis=2)
-    ratio = np.where(mean > 0, per_rank.max(axis=2) / np.where(mean > 0, mean, 1), 1.0)
-    return ratio.mean(axis=0)
+    return np.stack([samples[g].sum(axis=0) for g in groups])
 
 
 class FlashLB(EplbPolicy):
-    """Minimise the time-averaged peak/mean rank load.
+    """Minimise the risk-aware peak/mean of the window aggregate.
 
-    Loads are risk-aware, ``μ + z·σ`` per expert (``z`` = ``risk_z``, 0.674: the 75th percentile)
-    from a sliding window (``window`` = 16 samples, down-sampled to ``max_samples`` = 64). Two candidates
-    per layer: an incremental one (replica re-allocation, swaps and re-packing of the extreme ranks,
-    within ``max_move_fraction`` of the slots) and, where that plan is still above the lower bound by more than 20 × ``update_margin`` and the
-    budget is at least half the slots, a fresh LPT packing aligned to the current ranks by Hungarian
-    matching (used only when it fits the same move budget). The better candidate replaces the current placement only
-    when the current score exceeds it by more than ``update_margin`` (0.5%), or when the incremental
-    plan keeps the score and narrows the spread of risk-weighted rank loads.
+    A sliding window (``window`` = 16 samples) of per-expert loads gives each expert a mean ``μ``
+    and variance per sample. The objective is what a rank faces over the next window of the same
+    length: its summed load plus ``risk_z`` (0.674, the 75th percentile) standard deviations of that
+    sum, ``max_r(T_r + z·σ_r) / mean``, with ``σ_r`` taken from the rank's per-sample loads (so the
+    covariance between its experts counts; samples are summed down to ``max_samples`` = 64). Packing
+    works on the additive linearisation of that objective (:func:`risk_load`).
+
+    Two candidates per layer: an incremental one (replica re-allocation, swaps and re-packing of the
+    extreme ranks, within ``max_move_fraction`` of the slots) and, where that plan is still above the
+    lower bound by more than 20 × ``update_margin`` and the budget is at least half the slots, a
+    fresh LPT packing aligned to the current ranks by Hungarian matching (used only when it fits the
+    same move budget). The better candidate replaces the current placement only when the current
+    score exceeds it by more than ``update_margin`` (0.05%), or when the incremental plan keeps the
+    score and narrows the spread of risk-weighted rank loads.
 
     The workload may be one sample ``[layers, ranks, slots]`` or several ``[samples, layers, ranks,
     slots]``; either is converted to logical loads and appended to the sliding window.
@@ -74,14 +67,20 @@ class FlashLB(EplbPolicy):
         layers, ranks, slots = table.shape
         for sample in workload.reshape(-1, *table.shape):
             self.window.append(logical_load(table, sample, n))
-        samples = downsample(np.stack(self.window), self.option("max_samples", 64, lo=1))
+        history = np.stack(self.window)
+        samples = downsample(history, self.option("max_samples", 64, lo=1))
         z = self.option("risk_z", 0.674, lo=0.0)
-        risk = samples.mean(axis=0) + z * samples.std(axis=0)
+        horizon = history.shape[0]
+        mu, var = history.mean(axis=0), history.var(axis=0)
         budget = int(self.option("max_move_fraction", 0.3, lo=0.0, hi=1.0) * ranks * slots)
-        mean = risk.sum(axis=1) / ranks
-        margin = self.option("update_margin", 0.005, lo=0.0)
+        margin = self.option("update_margin", 0.0005, lo=0.0)
 
-        shifted = shift_replicas(risk, replica_counts_of(table, n), np.full(layers, budget // 2), ranks)
+        cur = replica_counts_of(table, n)
+        shifted = shift_replicas(
+            risk_load(mu, var, cur, ranks, z, horizon), cur, np.full(layers, budget // 2), ranks
+        )
+        risk = risk_load(mu, var, shifted, ranks, z, horizon)
+        mean = risk.sum(axis=1) / ranks
         inc, inc_w, left = within_budget(table, risk, shifted, np.full(layers, budget))
         inc = swap_refine_widening(inc, inc_w, n, 100, 2e-3 * mean, left)
         for _ in range(2):  # where single swaps stall: re-pack the extreme ranks, then swap again
@@ -91,20 +90,21 @@ class FlashLB(EplbPolicy):
 
         fresh, need_fresh = inc, np.zeros(layers, dtype=bool)
         if budget >= ranks * slots // 2:  # an aligned fresh packing moves about half the slots
-            target = replica_counts(risk, ranks * slots, ranks)
-            lower = np.maximum(mean, (risk / target).max(axis=1))
+            target = replica_counts(mu, ranks * slots, ranks)
+            fresh_risk = risk_load(mu, var, target, ranks, z, horizon)
+            lower = np.maximum(mean, (fresh_risk / target).max(axis=1))
             need_fresh = slot_weights(inc, risk).sum(axis=2).max(axis=1) > lower * (1 + 20 * margin)
         if need_fresh.any():  # even the incremental plan is far from the bound: try a fresh packing
-            fresh, fresh_w, stuck = lpt_pack(risk, target, ranks, slots)
+            fresh, fresh_w, stuck = lpt_pack(fresh_risk, target, ranks, slots)
             fresh, _ = swap_refine(fresh, fresh_w, n, 100, 1e-4 * mean)
             fresh = align_ranks(table, np.where(stuck[:, None, None], table, fresh), n)
             need_fresh &= ~stuck & (moved_slots(table, fresh) <= budget)
 
         scores = np.stack(
             [
-                peak_score(table, samples),
-                peak_score(inc, samples),
-                np.where(need_fresh, peak_score(fresh, samples), np.inf),
+                aggregate_score(table, samples, z),
+                aggregate_score(inc, samples, z),
+                np.where(need_fresh, aggregate_score(fresh, samples, z), np.inf),
             ]
         )
         best = np.argmin(scores[1:], axis=0) + 1

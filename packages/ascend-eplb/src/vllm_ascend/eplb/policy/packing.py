@@ -426,3 +426,36 @@ def expert_weights_of(table: np.ndarray, slot_w: np.ndarray, n: int) -> np.ndarr
     out = np.zeros((layers, n))
     out[np.arange(layers)[:, None], table.reshape(layers, -1)] = slot_w.reshape(layers, -1)
     return out
+
+
+def risk_load(
+    mu: np.ndarray, var: np.ndarray, counts: np.ndarray, ranks: int, z: float, horizon: int
+) -> np.ndarray:
+    """Loads ``[layers, n]`` whose per-replica share ``load / counts`` prices a rank's risk additively.
+
+    Over ``horizon`` steps a rank's load has mean ``h·m_r`` (``m_r = Σ μ/c``) and variance ``h·v_r``
+    (``v_r = Σ var/c²``, replicas of one expert move together). Linearising ``h·m_r + z·√(h·v_r)``
+    around the average rank variance ``v̄`` gives per replica ``μ/c + β·var/c²`` with
+    ``β = z / (2·√(h·v̄))``, which the additive packing primitives can use directly."""
+    counts = np.maximum(counts, 1)
+    vbar = (var / counts).sum(axis=1, keepdims=True) / ranks
+    beta = np.where(vbar > 0, z / (2 * np.sqrt(horizon * np.where(vbar > 0, vbar, 1))), 0.0)
+    return mu + beta * var / counts
+
+
+def aggregate_score(table: np.ndarray, samples: np.ndarray, z: float) -> np.ndarray:
+    """Per layer: ``max_r(T_r + z·σ_r) / mean_r T_r`` of the window aggregate.
+
+    ``samples`` ``[k, layers, n]`` are consecutive load samples; ``T_r`` is a rank's summed load
+    over them and ``σ_r = √k ·`` the standard deviation of its per-sample loads, which includes the
+    covariance between the experts the rank holds."""
+    layers, ranks, slots = table.shape
+    k, _, n = samples.shape
+    counts = replica_counts_of(table, n)
+    share = (samples / np.maximum(counts, 1)).reshape(k, -1)
+    flat = (np.arange(layers)[:, None] * n + table.reshape(layers, -1)).ravel()
+    per_rank = share[:, flat].reshape(k, layers, ranks, slots).sum(-1)
+    total = per_rank.sum(axis=0)
+    risk = total + z * np.sqrt(k) * per_rank.std(axis=0)
+    mean = total.mean(axis=1)
+    return np.where(mean > 0, risk.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
