@@ -278,3 +278,27 @@ def test_repack_extremes_keeps_valid_plans_within_budget():
         assert np.all(after <= before + 1e-9)
         improved += int((after < before - 1e-9).any())
     assert improved > 10
+
+
+@pytest.mark.parametrize("name", ["swift", "flashlb"])
+def test_swap_depth_is_validated(name):
+    table = np.array([[[0, 1], [2, 3]]])
+    work = np.array([[[9.0, 9.0], [1.0, 1.0]]])
+    for bad in (0, 1.5):
+        with pytest.raises(EplbInputError, match="swap_depth"):
+            PolicyFactory.generate_policy(name, {"swap_depth": bad}).rebalance_experts(table, work)
+
+
+def test_swap_refine_depth_lowers_the_ranks_below_the_peak():
+    from vllm_ascend.eplb.policy.packing import swap_refine
+
+    # rank 0 holds one expert heavier than the mean: no swap lowers it; rank 1 can still swap with rank 2
+    table = np.array([[[0, 1], [2, 3], [4, 5]]])
+    w = np.array([[[10.0, 0.0], [4.0, 4.0], [0.5, 0.5]]])
+    flat, _ = swap_refine(table, w, 6, 10, np.zeros(1), depth=1)
+    deep, deep_w = swap_refine(table, w, 6, 10, np.zeros(1), depth=2)
+    assert flat.tolist() == table.tolist()
+    assert deep_w.sum(axis=2).tolist() == [[10.0, 4.5, 4.5]]
+    assert sorted(map(sorted, deep[0, 1:].tolist())) == [[2, 4], [3, 5]] or sorted(
+        map(sorted, deep[0, 1:].tolist())
+    ) == [[2, 5], [3, 4]]

@@ -11,6 +11,7 @@ from vllm_ascend.eplb.policy.packing import (
     aggregate_score,
     align_ranks,
     better,
+    imbalance,
     keep_slots,
     logical_load,
     lpt_pack,
@@ -45,8 +46,9 @@ class FlashLB(EplbPolicy):
     covariance between its experts counts; samples are summed down to ``max_samples`` = 64). Packing
     works on the additive linearisation of that objective (:func:`risk_load`).
 
-    Two candidates per layer: an incremental one (replica re-allocation, swaps and re-packing of the
-    extreme ranks, within ``max_move_fraction`` of the slots) and, where that plan is still above the
+    Layers whose window max/mean is below ``skip_threshold`` (1.01) are not searched. Two candidates
+    per layer: an incremental one (replica re-allocation, swaps off the ``swap_depth`` (2) heaviest ranks
+    and re-packing of the extreme ranks, within ``max_move_fraction`` of the slots) and, where that plan is still above the
     lower bound by more than 20 × ``update_margin`` and the budget is at least half the slots, a
     fresh LPT packing aligned to the current ranks by Hungarian matching (used only when it fits the
     same move budget). The better candidate replaces the current placement only when the current
@@ -62,6 +64,19 @@ class FlashLB(EplbPolicy):
     def __init__(self, config=None) -> None:
         super().__init__(config)
         self.window: deque[np.ndarray] = deque(maxlen=self.option("window", 16, lo=1))
+
+    def incremental(
+        self, table: np.ndarray, risk: np.ndarray, counts: np.ndarray, n: int, budget: int
+    ) -> np.ndarray:
+        """Within ``budget`` changed slots per layer: move to ``counts`` replicas, swap off the
+        heaviest ranks, re-pack the extreme ranks where swaps stall and swap again."""
+        gain = 2e-3 * risk.sum(axis=1) / table.shape[1]
+        full = np.full(table.shape[0], budget)
+        inc, inc_w, left = within_budget(table, risk, counts, full)
+        inc = swap_refine_widening(inc, inc_w, n, 60, gain, left, self.option("swap_depth", 2, lo=1))
+        inc, inc_w = repack_extremes(inc, slot_weights(inc, risk), n, full - moved_slots(table, inc))
+        inc, _ = swap_refine(inc, inc_w, n, 25, gain, max_moved=full - moved_slots(table, inc))
+        return keep_slots(table, inc)
 
     def plan(self, table: np.ndarray, workload: np.ndarray, n: int) -> np.ndarray:
         layers, ranks, slots = table.shape
@@ -81,12 +96,10 @@ class FlashLB(EplbPolicy):
         )
         risk = risk_load(mu, var, shifted, ranks, z, horizon)
         mean = risk.sum(axis=1) / ranks
-        inc, inc_w, left = within_budget(table, risk, shifted, np.full(layers, budget))
-        inc = swap_refine_widening(inc, inc_w, n, 100, 2e-3 * mean, left)
-        for _ in range(2):  # where single swaps stall: re-pack the extreme ranks, then swap again
-            inc, inc_w = repack_extremes(inc, slot_weights(inc, risk), n, budget - moved_slots(table, inc))
-            inc, _ = swap_refine(inc, inc_w, n, 25, 2e-3 * mean, max_moved=budget - moved_slots(table, inc))
-        inc = keep_slots(table, inc)
+        inc = table.copy()
+        todo = imbalance(table, mu) >= self.option("skip_threshold", 1.01, lo=1.0)
+        if todo.any():
+            inc[todo] = self.incremental(table[todo], risk[todo], shifted[todo], n, budget)
 
         fresh, need_fresh = inc, np.zeros(layers, dtype=bool)
         if budget >= ranks * slots // 2:  # an aligned fresh packing moves about half the slots

@@ -223,12 +223,16 @@ def swap_refine(
     min_gain: np.ndarray,
     max_moved: np.ndarray | None = None,
     candidates: int | None = 8,
+    depth: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Swap one expert of the most-loaded rank with one of a lightly loaded rank while the pair's
-    peak drops by more than ``min_gain`` (per layer); at most ``max_swaps`` swaps, and at most
+    peak drops by more than ``min_gain`` (per layer); at most ``max_swaps`` steps, and at most
     ``max_moved`` changed slots per layer when given. The ``candidates`` lightest ranks are the partners;
     ``None`` picks at most the lighter half, as many as keep one step near ``SWAP_SEARCH`` candidate
-    pairs per layer (at least 8). The search runs in float32; loads are kept in float64."""
+    pairs per layer (at least 8). With ``depth`` > 1, a layer whose heaviest rank has no such swap
+    tries its next-heaviest ranks (down to the ``depth``-th), so the ranks just below the peak are
+    lowered too (the next window's peak is often one of them). The search runs in float32; loads are
+    kept in float64."""
     table, slot_w = table.copy(), slot_w.copy()
     layers, ranks, slots = table.shape
     if ranks < 2:
@@ -239,6 +243,7 @@ def swap_refine(
     moved = np.zeros(layers, dtype=np.int64)
     min_gain = np.broadcast_to(min_gain, (layers,))
     rows = np.arange(layers)
+    level = np.zeros(layers, dtype=np.int64)
     for _ in range(max_swaps):
         if max_moved is not None:
             rows = rows[moved[rows] + 2 <= max_moved[rows]]
@@ -246,7 +251,10 @@ def swap_refine(
             break
         m, r1 = rows.size, rows[:, None]
         lr = load[rows]
-        a = np.argmax(lr, axis=1)
+        if depth > 1:
+            a = np.argsort(-lr, axis=1)[np.arange(m), level[rows]]
+        else:
+            a = np.argmax(lr, axis=1)
         la = lr[np.arange(m), a]
         light = np.argpartition(lr, k - 1, axis=1)[:, :k]  # [m, k]
         wa, ea = slot_w[rows, a].astype(np.float32), table[rows, a]  # [m, slots]
@@ -254,7 +262,8 @@ def swap_refine(
         lb = lr[np.arange(m)[:, None], light].astype(np.float32)
         la32 = la.astype(np.float32)
         delta = wa[:, :, None, None] - wb[:, None]  # [m, slots_a, k, slots_b]
-        peak = np.maximum(la32[:, None, None, None] - delta, lb[:, None, :, None] + delta)
+        # the pair's new peak is max(la - delta, lb + delta): its drop is min(delta, la - lb - delta)
+        drop = np.minimum(delta, (la32[:, None] - lb)[:, None, :, None] - delta)
         eb_on_a = has[r1[:, :, None], a[:, None, None], eb]  # [m, k, slots_b]
         ea_on_b = has[r1[:, :, None], light[:, :, None], ea[:, None, :]]  # [m, k, slots_a]
         ok = (
@@ -262,12 +271,15 @@ def swap_refine(
             & ~ea_on_b.transpose(0, 2, 1)[..., None]
             & (light != a[:, None])[:, None, :, None]
         )
-        gain = np.where(ok, la32[:, None, None, None] - peak, -np.inf).reshape(m, -1)
+        gain = np.where(ok, drop, -np.inf).reshape(m, -1)
         best = np.argmax(gain, axis=1)
         go = gain[np.arange(m), best] > min_gain[rows]
-        rows, a, light, best = rows[go], a[go], light[go], best[go]  # a layer without a gain is done
+        level[rows] = np.where(go, 0, level[rows] + 1)
+        keep = rows[go | (level[rows] < min(depth, ranks - 1))]  # without a gain at any level: done
+        rows, a, light, best = rows[go], a[go], light[go], best[go]
         if not rows.size:
-            break
+            rows = keep
+            continue
         i, kb, j = np.unravel_index(best, (slots, k, slots))
         li, ai, b = rows, a, light[np.arange(rows.size), kb]
         e1, e2 = table[li, ai, i], table[li, b, j]
@@ -279,6 +291,7 @@ def swap_refine(
         load[li, ai] += w2 - w1
         load[li, b] += w1 - w2
         moved[li] += 2
+        rows = keep
     return table, slot_w
 
 
@@ -366,11 +379,19 @@ def within_budget(
 
 
 def swap_refine_widening(
-    table: np.ndarray, slot_w: np.ndarray, n: int, max_swaps: int, min_gain: np.ndarray, max_moved: np.ndarray
+    table: np.ndarray,
+    slot_w: np.ndarray,
+    n: int,
+    max_swaps: int,
+    min_gain: np.ndarray,
+    max_moved: np.ndarray,
+    depth: int = 1,
 ) -> np.ndarray:
     """:func:`swap_refine` with the default partner width, then (at most ``WIDE_SWAPS`` swaps) with
     every rank as a partner for the layers that stalled, within one shared move budget."""
-    first, first_w = swap_refine(table, slot_w, n, max_swaps, min_gain, max_moved, candidates=None)
+    first, first_w = swap_refine(
+        table, slot_w, n, max_swaps, min_gain, max_moved, candidates=None, depth=depth
+    )
     left = max_moved - moved_slots(table, first)
     return swap_refine(first, first_w, n, WIDE_SWAPS, min_gain, left, candidates=table.shape[1] - 1)[0]
 

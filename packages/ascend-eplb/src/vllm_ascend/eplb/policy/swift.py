@@ -27,7 +27,7 @@ class SwiftBalanceEplb(EplbPolicy):
     Layers with max/mean below ``skip_threshold`` (1.01) are left alone. Replicas shift, one at a
     time and within half the move budget, from the expert that needs them least to the one with the
     highest per-replica load (surplus copies leave the hottest ranks, new copies land on the coolest ranks that
-    lack them); then the hottest rank swaps experts with cooler ranks while a swap lowers the pair's
+    lack them); then the hottest rank (or, where it has no such swap, the next-hottest, down to the ``swap_depth``-th (2)) swaps experts with cooler ranks while a swap lowers the pair's
     peak by at least ``min_swap_gain`` (0.2%; upstream uses 1%) of the mean rank load, up to ``max_swaps`` (100) swaps and
     ``max_move_fraction`` (0.3) of the layer's slots; where single swaps stall, the heaviest and
     lightest ranks are pooled and re-packed within the remaining budget. A layer keeps the new plan only if its
@@ -46,7 +46,15 @@ class SwiftBalanceEplb(EplbPolicy):
         new, slot_w, budget = within_budget(table, load, target, budget)
         mean = load.sum(axis=1) / ranks
         gain = self.option("min_swap_gain", 0.002, lo=0.0) * mean
-        new = swap_refine_widening(new, slot_w, n, self.option("max_swaps", 100, lo=0), gain, budget)
+        new = swap_refine_widening(
+            new,
+            slot_w,
+            n,
+            self.option("max_swaps", 100, lo=0),
+            gain,
+            budget,
+            self.option("swap_depth", 2, lo=1),
+        )
         for _ in range(2):  # where single swaps stall: re-pack the extreme ranks, then swap again
             new, slot_w = repack_extremes(new, slot_weights(new, load), n, total - moved_slots(table, new))
             new, _ = swap_refine(new, slot_w, n, 25, gain, max_moved=total - moved_slots(table, new))
