@@ -156,6 +156,10 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=5, help="rebalances per trace")
     parser.add_argument("--steps", type=int, default=16, help="forward steps per window")
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per step")
+    parser.add_argument("--families", nargs="+", choices=FAMILIES, help="only these trace families")
+    parser.add_argument(
+        "--configs", nargs="+", metavar="RANKSxR", help="only these (ranks, redundant) configs, e.g. 64x64"
+    )
     args = parser.parse_args()
     try:
         import torch
@@ -169,6 +173,13 @@ def main() -> None:
     configs, families = (QUICK_CONFIGS, ["zipf1.0", "drift"]) if args.quick else (CONFIGS, FAMILIES)
     if args.quick:
         args.windows = min(args.windows, 3)
+    families = args.families or families
+    if args.configs:
+        wanted = [tuple(int(v) for v in c.split("x")) for c in args.configs]
+        unknown = [c for c in wanted if c not in CONFIGS]
+        if unknown:
+            parser.error(f"--configs: {unknown} not among {[f'{r}x{x}' for r, x in CONFIGS]}")
+        configs = wanted
 
     print(
         f"{LAYERS} layers × {EXPERTS} experts, top-{TOP_K}, {args.tokens} tokens/step, {args.steps} steps/window, "

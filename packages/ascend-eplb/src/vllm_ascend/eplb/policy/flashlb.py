@@ -19,12 +19,12 @@ from vllm_ascend.eplb.policy.packing import (
     repack_extremes,
     replica_counts,
     replica_counts_of,
+    retarget_replicas,
     risk_load,
     shift_replicas,
     slot_weights,
     swap_refine,
     swap_refine_widening,
-    within_budget,
 )
 
 
@@ -72,7 +72,8 @@ class FlashLB(EplbPolicy):
         heaviest ranks, re-pack the extreme ranks where swaps stall and swap again."""
         gain = 2e-3 * risk.sum(axis=1) / table.shape[1]
         full = np.full(table.shape[0], budget)
-        inc, inc_w, left = within_budget(table, risk, counts, full)
+        inc, inc_w = retarget_replicas(table, risk, counts, full)
+        left = full - moved_slots(table, inc)
         inc = swap_refine_widening(inc, inc_w, n, 60, gain, left, self.option("swap_depth", 2, lo=1))
         inc, inc_w = repack_extremes(inc, slot_weights(inc, risk), n, full - moved_slots(table, inc))
         inc, _ = swap_refine(inc, inc_w, n, 25, gain, max_moved=full - moved_slots(table, inc))
@@ -92,7 +93,7 @@ class FlashLB(EplbPolicy):
 
         cur = replica_counts_of(table, n)
         shifted = shift_replicas(
-            risk_load(mu, var, cur, ranks, z, horizon), cur, np.full(layers, budget // 2), ranks
+            risk_load(mu, var, cur, ranks, z, horizon), cur, np.full(layers, budget), ranks
         )
         risk = risk_load(mu, var, shifted, ranks, z, horizon)
         mean = risk.sum(axis=1) / ranks

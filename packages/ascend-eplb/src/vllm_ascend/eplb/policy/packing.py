@@ -322,60 +322,48 @@ def moved_slots(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     return (old != new).sum(axis=(1, 2))
 
 
-def change_replica_counts(
-    table: np.ndarray, load: np.ndarray, target: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Move from the table's replica counts to ``target`` with few slot changes: surplus replicas
-    leave the most-loaded ranks, missing ones go (heaviest first) to the least-loaded ranks.
+def retarget_replicas(
+    table: np.ndarray, load: np.ndarray, target: np.ndarray, max_moved: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Move towards the replica counts ``target`` one changed slot at a time: each missing replica
+    (heaviest per-replica share first) overwrites a surplus replica of another expert, picking, among
+    all slots of experts that still have a surplus, the one whose rank ends up least loaded (and does
+    not hold the expert yet); at most ``max_moved`` slots per layer.
 
-    Returns the table, its per-slot weights under ``target`` and the per-layer "stuck" flag.
-    """
+    The landing rank is not fixed by which surplus copy would be dropped first: under strong skew a new replica of a hot expert weighs about a whole rank's mean
+    load and must land where the rest of the rank is light. Returns the table and its per-slot
+    weights (shares under the counts actually reached)."""
     layers, ranks, slots = table.shape
     n = load.shape[1]
-    original, current = table, replica_counts_of(table, n)
+    rows = np.arange(layers)
+    current = replica_counts_of(table, n)
     surplus = np.maximum(current - target, 0)
-    deficit = np.maximum(target - current, 0)
-    w = slot_weights(table, load, current)
-    if surplus.any():
-        by_load = np.argsort(np.argsort(-w.sum(axis=2), axis=1), axis=1)  # 0 = most loaded rank
-        flat = table.reshape(layers, -1)
-        key = flat * ranks + np.repeat(by_load, slots, axis=1)
-        order = np.argsort(key, axis=1)
-        e_sorted = np.take_along_axis(flat, order, axis=1)
-        idx = np.broadcast_to(np.arange(flat.shape[1]), flat.shape)
-        starts = np.maximum.accumulate(np.where(np.diff(e_sorted, axis=1, prepend=-1) != 0, idx, 0), axis=1)
-        drop_sorted = (idx - starts) < np.take_along_axis(surplus, e_sorted, axis=1)
-        drop = np.zeros_like(drop_sorted)
-        np.put_along_axis(drop, order, drop_sorted, axis=1)
-        table = np.where(drop.reshape(table.shape), -1, table)
     per = load / np.maximum(target, 1)
-    w = np.where(
-        table < 0,
-        0.0,
-        np.take_along_axis(per, np.maximum(table, 0).reshape(layers, -1), axis=1).reshape(table.shape),
-    )
-    if not deficit.any():
-        return table, w, np.zeros(layers, dtype=bool)
-    items, item_w = expand_replicas(per, deficit)
-    filled, _, stuck = fill_holes(table, w, items, item_w, n)
-    filled = keep_slots(original, filled)
-    w = np.take_along_axis(per, np.maximum(filled, 0).reshape(layers, -1), axis=1).reshape(table.shape)
-    return filled, np.where(filled < 0, 0.0, w), stuck
-
-
-def within_budget(
-    table: np.ndarray, load: np.ndarray, target: np.ndarray, budget: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`change_replica_counts` where it fits ``budget`` changed slots, else the table as is.
-
-    Returns the table, its per-slot weights and the per-layer budget left."""
-    new, w, stuck = change_replica_counts(table, load, target)
-    used = moved_slots(table, new)
-    back = stuck | (used > budget)
-    keep = back[:, None, None]
-    new = np.where(keep, table, new)
-    w = np.where(keep, slot_weights(table, load), w)
-    return new, w, budget - np.where(back, 0, used)
+    items, item_w = expand_replicas(per, np.maximum(target - current, 0))
+    flat = table.reshape(layers, -1).copy()
+    w = np.take_along_axis(per, flat, axis=1)
+    rank_load = w.reshape(layers, ranks, slots).sum(axis=2)
+    has = presence(table, n)
+    rank_of = np.repeat(np.arange(ranks), slots)
+    budget = np.broadcast_to(max_moved, (layers,))
+    for k in range(min(items.shape[1], int(budget.max(initial=0)))):
+        e = items[:, k]
+        act = (e >= 0) & (k < budget)
+        if not act.any():
+            break
+        ec = np.maximum(e, 0)
+        cand = (surplus[rows[:, None], flat] > 0) & ~has[rows, :, ec][:, rank_of]
+        after = np.where(cand, rank_load[:, rank_of] - w + item_w[:, k, None], np.inf)
+        pick = np.argmin(after, axis=1)
+        ok = act & np.isfinite(after[rows, pick])
+        li, si = rows[ok], pick[ok]
+        ri, old = rank_of[si], flat[li, si]
+        surplus[li, old] -= 1
+        has[li, ri, old], has[li, ri, ec[ok]] = False, True
+        rank_load[li, ri] += item_w[ok, k] - w[li, si]
+        flat[li, si], w[li, si] = ec[ok], item_w[ok, k]
+    out = flat.reshape(table.shape)
+    return out, slot_weights(out, load)
 
 
 def swap_refine_widening(

@@ -13,11 +13,11 @@ from vllm_ascend.eplb.policy.packing import (
     moved_slots,
     repack_extremes,
     replica_counts_of,
+    retarget_replicas,
     shift_replicas,
     slot_weights,
     swap_refine,
     swap_refine_widening,
-    within_budget,
 )
 
 
@@ -42,8 +42,9 @@ class SwiftBalanceEplb(EplbPolicy):
         total = np.full(layers, int(self.option("max_move_fraction", 0.3, lo=0.0, hi=1.0) * ranks * slots))
         budget = total
         cur = replica_counts_of(table, n)
-        target = shift_replicas(load, cur, budget // 2, ranks)
-        new, slot_w, budget = within_budget(table, load, target, budget)
+        target = shift_replicas(load, cur, budget, ranks)
+        new, slot_w = retarget_replicas(table, load, target, budget)
+        budget = total - moved_slots(table, new)
         mean = load.sum(axis=1) / ranks
         gain = self.option("min_swap_gain", 0.002, lo=0.0) * mean
         new = swap_refine_widening(
