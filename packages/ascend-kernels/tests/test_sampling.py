@@ -136,6 +136,35 @@ def test_top_k_top_p_matches_the_sort_reference(gen, dtype, ties, which):
         assert kept[4] >= k[4] and kept[1] == torch.isfinite(logits[1]).sum()
 
 
+def test_top_k_top_p_takes_the_bounded_path_and_the_whole_row_fallback(gen, monkeypatch):
+    """Small k / p are bounded by the sub-tile maxima and searched on a gathered scratch; a k above
+    the number of sub-tiles, and a p the maxima's mass cannot reach, search the whole row."""
+    gathered, searched = [], []
+    gather, select = tkp_triton._gather, tkp_triton._select
+
+    def spy_gather(*args):
+        gathered.append(int(n := gather(*args)))
+        return n
+
+    def spy_select(*args):
+        searched.append(int(args[3]))  # n_ready: -1 is the whole-row search
+        return select(*args)
+
+    monkeypatch.setattr(tkp_triton, "_gather", spy_gather)
+    monkeypatch.setattr(tkp_triton, "_select", spy_select)
+    vocab = 256
+    logits = _logits(gen, 4, vocab, torch.float32) * 3
+    logits[3] *= 0.01  # nearly flat: the maxima hold about 1/SUB of the mass
+    k = torch.tensor([2, vocab // tkp_triton.SUB + 1, 0, 0], dtype=torch.int32)
+    p = torch.tensor([1.0, 1.0, 0.2, 0.999])
+    got, want = logits.clone(), logits.clone()
+    K.apply_top_k_top_p(got, k, p)
+    top_k_top_p.apply_top_k_top_p_torch(want, k, p)
+    assert torch.equal(got, want)
+    assert len(gathered) == 2 and all(0 < n <= tkp_triton.CAP for n in gathered)
+    assert searched == [gathered[0], -1, gathered[1], -1]
+
+
 def test_top_k_keeps_exactly_k_distinct_values(gen):
     logits = torch.randperm(200, generator=gen).float().unsqueeze(0)
     k = torch.tensor([17])

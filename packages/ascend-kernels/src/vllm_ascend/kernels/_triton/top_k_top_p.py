@@ -1,26 +1,28 @@
 """Triton :func:`vllm_ascend.kernels.apply_top_k_top_p`: a threshold search instead of a sort.
 
-One program per row, one launch. The kept set is ``{x >= t}``; the search narrows an interval
-``[lo, top]`` known to hold ``t`` by testing ``NP`` pivots spread over it per pass:
+The kept set of a row is ``{x >= t}``. Three launches:
 
-1. Row pass: max, smallest finite value, finite count and the softmax normaliser.
-2. Coarse passes over the whole row: per pivot, the count (top-k) or probability mass (top-p) of
-   ``{x >= pivot}``; the last pivot still reaching the target becomes ``lo`` and the next one the
-   exclusive bound ``hi``. They stop once the bucket ``[lo, hi)`` holds at most ``CAP`` elements.
-3. One pass copies the candidates to a per-row scratch: every element ``>= lo`` when they fit
-   (top-p then reuses them after top-k), else the bucket, whose count and mass above ``hi`` are
-   carried as a base.
-4. Exact passes over the scratch also gather, per pivot, the smallest element ``>= pivot`` and the
-   largest ``< pivot``, so ``lo`` and ``top`` become element values; the search ends when they
-   meet. Ties are therefore kept exactly as a sort would keep them. Top-p runs on the distribution
-   left by top-k.
-5. A last pass writes ``-inf`` below the threshold (only dropped elements are written).
+1. ``_summary_kernel`` (rows split into chunks so that small batches fill the device): per chunk the
+   max, softmax sum, min and finite count; per sub-tile of ``SUB`` consecutive elements its max.
+2. ``_threshold_kernel`` (one program per row): combines the chunk statistics, then bounds ``t``
+   from below with the sub-tile maxima alone: they are distinct elements, so if ``c`` of them are
+   ``>= v`` the row has at least ``c`` elements ``>= v`` (and at least their mass), i.e. ``t >= v``
+   as soon as ``c >= k`` (or their mass reaches the top-p target). Only sub-tiles whose max reaches
+   that bound can hold candidates: they alone are read, and their elements ``>= bound`` copied to a
+   per-row scratch (typically a few times ``k``), where exact pivot passes find ``t``: per pass
+   ``NP`` pivots spread over an interval ``[lo, top]`` known to hold ``t`` give the count (top-k)
+   or probability mass (top-p) of ``{x >= pivot}`` and the nearest elements above and below each
+   pivot, so ``lo`` and ``top`` become element values and meet at ``t``; ties are kept exactly as a
+   sort keeps them. Top-p runs on the distribution left by top-k. Rows where the bound is too weak
+   (flat distributions with a high ``p``, massive ties, ``k`` above the scratch) search the whole
+   row instead: coarse pivot passes until a bucket fits the scratch, then the same exact passes.
+3. ``_mask_kernel`` (split like 1): writes ``-inf`` below ``t``; sub-tiles whose max is below ``t``
+   are written without being read.
 
-Rows whose bucket never fits ``CAP`` (massive ties) run the exact passes on the whole row. The
-scratch (``rows x CAP`` values per device and dtype) is cached and shared: calls must not run
-concurrently on two streams of one device. Masses
-are float32 sums, so a top-p threshold can differ from a float64 sort where the cumulative mass
-is within rounding of ``p``.
+So a typical row is read once in full and written once, plus the few sub-tiles near the top.
+Scratch buffers are cached per device and shared: calls must not run concurrently on two streams
+of one device. Masses are float32 sums, so a top-p threshold can differ from a float64 sort where
+the cumulative mass is within rounding of ``p``.
 """
 
 from __future__ import annotations
@@ -29,36 +31,25 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._triton.common import IS_INTERPRETED, SMALL_BATCH_ROWS, check_logits
+from vllm_ascend.kernels._triton.common import (
+    IS_INTERPRETED,
+    SMALL_BATCH_ROWS,
+    check_logits,
+    row_split,
+    scratch,
+)
 
 NUM_PIVOTS = 8
+SCRATCH_PIVOTS = 32
+BOUND_PIVOTS = 16
+BOUND_PASSES = 2
+SUB = 8 if IS_INTERPRETED else 16
 CAP = 64 if IS_INTERPRETED else 16384
 MAX_PASSES = 48
-_scratch: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-
-
-@triton.jit
-def _row_stats(row_ptr, vocab, BLOCK: tl.constexpr):
-    run_max = tl.full([BLOCK], float("-inf"), tl.float32)
-    run_sum = tl.zeros([BLOCK], tl.float32)
-    mn = tl.full([BLOCK], float("inf"), tl.float32)
-    finite = tl.zeros([BLOCK], tl.int32)
-    offs = tl.arange(0, BLOCK)
-    nxt = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
-    for start in range(0, vocab, BLOCK):
-        x = nxt.to(tl.float32)
-        offs = start + BLOCK + tl.arange(0, BLOCK)
-        nxt = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
-        ok = x > float("-inf")
-        new_max = tl.maximum(run_max, x)
-        safe = tl.where(new_max > float("-inf"), new_max, 0.0)
-        run_sum = run_sum * tl.exp(run_max - safe) + tl.exp(x - safe)
-        run_max = new_max
-        mn = tl.minimum(mn, tl.where(ok, x, float("inf")))
-        finite += ok.to(tl.int32)
-    m = tl.max(run_max, 0)
-    z = tl.sum(run_sum * tl.exp(run_max - m), 0)
-    return m, tl.min(mn, 0), tl.sum(finite, 0), z
+MASS_MARGIN = tl.constexpr(
+    1.0 + 2.0**-14
+)  # the bound's float32 mass must beat the target by more than rounding
+_STATS = 4  # per chunk: max, softmax sum relative to it, min, finite count
 
 
 @triton.jit
@@ -150,6 +141,9 @@ def _select(
     BY_MASS: tl.constexpr,
     NP: tl.constexpr,
     BLOCK: tl.constexpr,
+    NP_C: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    WIDE: tl.constexpr,
     MAX_PASSES: tl.constexpr,
 ):
     """Threshold ``t`` (largest element whose ``{x >= t}`` reaches the target), ``#{x >= t}``, and the
@@ -197,6 +191,66 @@ def _select(
         base_mass = mass_hi
     # Exact passes: lo and top become elements until they meet.
     top = tl.minimum(hi, row_max)
+    if n > WIDE:  # many candidates: wide tiles, fewer pivots
+        lo, count_lo = _exact(
+            src_ptr,
+            n,
+            lo,
+            top,
+            count_lo,
+            row_max,
+            floor,
+            base_count,
+            base_mass,
+            target_count,
+            target_mass,
+            BY_MASS,
+            NP,
+            BLOCK,
+            MAX_PASSES,
+        )
+    else:
+        lo, count_lo = _exact(
+            src_ptr,
+            n,
+            lo,
+            top,
+            count_lo,
+            row_max,
+            floor,
+            base_count,
+            base_mass,
+            target_count,
+            target_mass,
+            BY_MASS,
+            NP_C,
+            BLOCK_C,
+            MAX_PASSES,
+        )
+    return lo, count_lo, tl.where(tail_in_scratch == 1, n, -1)
+
+
+@triton.jit
+def _exact(
+    src_ptr,
+    n,
+    lo,
+    top,
+    count_lo,
+    row_max,
+    floor,
+    base_count,
+    base_mass,
+    target_count,
+    target_mass,
+    BY_MASS: tl.constexpr,
+    NP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    MAX_PASSES: tl.constexpr,
+):
+    """Narrow ``[lo, top]`` to the threshold: per pass the nearest elements around ``NP`` pivots
+    become the new ends, so they are element values and meet at ``t``."""
+    idx = tl.arange(0, NP)
     passes = tl.zeros([], tl.int32)
     searching = lo < top
     while searching:
@@ -209,49 +263,228 @@ def _select(
         )
         count_lo = tl.where(j == 0, count_lo, _take(cnt, idx, j - 1, 0) + base_count)
         new_lo = tl.where(j == 0, lo, _take(above_min, idx, j - 1, 0.0))
-        new_top = _take(below_max, idx, j, -inf)
+        new_top = _take(below_max, idx, j, float("-inf"))
         done = (j == NP) | (new_lo >= new_top)
         answer = tl.where(j == NP, top, new_lo)
         lo = tl.where(done, answer, new_lo)
         top = tl.where(done, answer, new_top)
         passes += 1
         searching = (lo < top) & (passes < MAX_PASSES)
-    return lo, count_lo, tl.where(tail_in_scratch == 1, n, -1)
+    return lo, count_lo
 
 
 @triton.jit
-def _top_k_top_p_kernel(
+def _summary_kernel(
+    logits_ptr,
+    row_stride,
+    vocab,
+    chunk,
+    n_sub,
+    maxima_ptr,
+    stats_ptr,
+    NEED_SUM: tl.constexpr,
+    SUB: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+    lo_idx = c * chunk
+    end = tl.minimum(lo_idx + chunk, vocab)
+    NS: tl.constexpr = BLOCK // SUB
+    sub = tl.arange(0, NS)
+    col = tl.arange(0, SUB)
+    run_max = tl.full([NS], float("-inf"), tl.float32)
+    run_sum = tl.zeros([NS], tl.float32)
+    mn = tl.full([NS, SUB], float("inf"), tl.float32)
+    finite = tl.zeros([NS, SUB], tl.int32)
+    for start in range(lo_idx, end, BLOCK):
+        offs = start + sub[:, None] * SUB + col[None, :]
+        x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
+        sub_max = tl.max(x, 1)
+        s = start // SUB + sub
+        tl.store(maxima_ptr + row.to(tl.int64) * n_sub + s, sub_max, mask=s < tl.cdiv(end, SUB))
+        if NEED_SUM:  # softmax sum per sub-tile lane: one exponential per element
+            new_max = tl.maximum(run_max, sub_max)
+            safe = tl.where(new_max > float("-inf"), new_max, 0.0)
+            run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(tl.exp(x - safe[:, None]), 1)
+            run_max = new_max
+        else:
+            run_max = tl.maximum(run_max, sub_max)
+        ok = x > float("-inf")
+        mn = tl.minimum(mn, tl.where(ok, x, float("inf")))
+        finite += ok.to(tl.int32)
+    m = tl.max(run_max, 0)
+    safe_m = tl.where(m > float("-inf"), m, 0.0)
+    out = stats_ptr + (row.to(tl.int64) * tl.num_programs(1) + c) * 4
+    tl.store(out, m)
+    tl.store(out + 1, tl.sum(run_sum * tl.exp(run_max - safe_m), 0))
+    tl.store(out + 2, tl.min(tl.min(mn, 1), 0))
+    tl.store(out + 3, tl.sum(tl.sum(finite, 1), 0).to(tl.float32))
+
+
+@triton.jit
+def _bound(
+    maxima_ptr,
+    n_sub,
+    row_min,
+    row_max,
+    floor,
+    target_count,
+    target_mass,
+    BY_MASS: tl.constexpr,
+    NP: tl.constexpr,
+    PASSES: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Largest pivot ``v`` (to ``(row_max - row_min) / NP**PASSES``) such that the sub-tile maxima
+    ``>= v`` alone reach the target: a lower bound of the threshold; ``row_min`` if none does."""
+    idx = tl.arange(0, NP)
+    lo = row_min
+    top = row_max
+    for _ in range(PASSES):
+        piv = _pivots(lo, top, NP)
+        cnt, mass, _, _, _ = _pivot_pass(
+            maxima_ptr, n_sub, piv, row_max, floor, lo, False, BY_MASS, NP, BLOCK
+        )
+        j = tl.sum(
+            _reached(cnt, mass, 0, 0.0, target_count, target_mass * MASS_MARGIN, BY_MASS).to(tl.int32), 0
+        )
+        lo = tl.where(j == 0, lo, _take(piv, idx, j - 1, 0.0))
+        top = tl.where(j == NP, top, _take(piv, idx, j, 0.0))
+    return lo
+
+
+@triton.jit
+def _gather(
+    row_ptr,
+    maxima_ptr,
+    n_sub,
+    vocab,
+    lo,
+    cand_ptr,
+    sel_ptr,
+    cap,
+    SUB: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Copy every element ``>= lo`` to the scratch, reading only sub-tiles whose max is ``>= lo``;
+    returns how many (more than ``cap``: the scratch holds only part of them, or more than
+    ``cap // 4`` sub-tiles qualified and none were read).
+
+    First the indices of those sub-tiles are listed (one pass over the maxima), then they are
+    loaded ``BLOCK_C // SUB`` at a time, so the loop does not walk the whole row."""
+    offs = tl.arange(0, BLOCK)
+    nxt = tl.load(maxima_ptr + offs, mask=offs < n_sub, other=float("-inf"))
+    n_sel = tl.zeros([], tl.int32)
+    for s0 in range(0, n_sub, BLOCK):
+        sel = nxt >= lo
+        offs = s0 + BLOCK + tl.arange(0, BLOCK)
+        nxt = tl.load(maxima_ptr + offs, mask=offs < n_sub, other=float("-inf"))
+        pos = n_sel + tl.cumsum(sel.to(tl.int32), 0) - 1
+        tl.store(sel_ptr + pos, s0 + tl.arange(0, BLOCK), mask=sel & (pos < cap))
+        n_sel += tl.sum(sel.to(tl.int32), 0)
+    tl.debug_barrier()
+    n = tl.zeros([], tl.int32)
+    if n_sel > cap // 4:  # likely more candidates than fit: not worth loading them one by one
+        n = cap + 1
+    else:
+        NS: tl.constexpr = BLOCK_C // SUB
+        col = tl.arange(0, SUB)
+        for i0 in range(0, n_sel, NS):
+            i = i0 + tl.arange(0, NS)
+            s = tl.load(sel_ptr + i, mask=i < n_sel, other=0)
+            offs2 = s[:, None] * SUB + col[None, :]
+            x = tl.load(row_ptr + offs2, mask=(i < n_sel)[:, None] & (offs2 < vocab), other=float("-inf"))
+            keep = tl.reshape(x.to(tl.float32) >= lo, [BLOCK_C])
+            pos = n + tl.cumsum(keep.to(tl.int32), 0) - 1
+            tl.store(cand_ptr + pos, tl.reshape(x, [BLOCK_C]), mask=keep & (pos < cap))
+            n += tl.sum(keep.to(tl.int32), 0)
+        tl.debug_barrier()
+    return n
+
+
+@triton.jit
+def _threshold_kernel(
     logits_ptr,
     row_stride,
     k_ptr,
     p_ptr,
-    scratch_ptr,
+    maxima_ptr,
+    stats_ptr,
+    cand_base_ptr,
+    sel_base_ptr,
+    threshold_ptr,
     vocab,
+    n_sub,
+    n_chunks,
     cap,
     HAS_K: tl.constexpr,
     HAS_P: tl.constexpr,
     NP: tl.constexpr,
+    NP_C: tl.constexpr,
+    BOUND_NP: tl.constexpr,
+    BOUND_PASSES: tl.constexpr,
+    SUB: tl.constexpr,
     BLOCK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    WIDE: tl.constexpr,
+    CHUNKS: tl.constexpr,
     MAX_PASSES: tl.constexpr,
 ):
     row = tl.program_id(0)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
-    cand_ptr = scratch_ptr + row.to(tl.int64) * cap
-    row_max, row_min, finite, z = _row_stats(row_ptr, vocab, BLOCK)
+    cand_ptr = cand_base_ptr + row.to(tl.int64) * cap
+    sel_ptr = sel_base_ptr + row.to(tl.int64) * cap
+    row_maxima = maxima_ptr + row.to(tl.int64) * n_sub
+    ci = tl.arange(0, CHUNKS)
+    st = stats_ptr + (row.to(tl.int64) * n_chunks + ci) * 4
+    inside = ci < n_chunks
+    c_max = tl.load(st, mask=inside, other=float("-inf"))
+    row_max = tl.max(c_max, 0)
+    safe = tl.where(row_max > float("-inf"), row_max, 0.0)
+    z = tl.sum(tl.load(st + 1, mask=inside, other=0.0) * tl.exp(c_max - safe), 0)
+    row_min = tl.min(tl.load(st + 2, mask=inside, other=float("inf")), 0)
+    finite = tl.sum(tl.load(st + 3, mask=inside, other=0.0), 0).to(tl.int32)
     threshold = tl.full([], float("-inf"), tl.float32)
     count = finite
     n_ready = tl.full([], -1, tl.int32)
     if HAS_K:
         k = tl.load(k_ptr + row).to(tl.int32)
         if (k > 0) & (k < finite):
+            lo = row_min
+            n = finite
+            if k <= n_sub:
+                bound = _bound(
+                    row_maxima,
+                    n_sub,
+                    row_min,
+                    row_max,
+                    float("-inf"),
+                    k,
+                    0.0,
+                    False,
+                    BOUND_NP,
+                    BOUND_PASSES,
+                    BLOCK,
+                )
+                if bound > row_min:
+                    n_bound = _gather(
+                        row_ptr, row_maxima, n_sub, vocab, bound, cand_ptr, sel_ptr, cap, SUB, BLOCK, BLOCK_C
+                    )
+                    if n_bound <= cap:
+                        n_ready = n_bound
+                        lo = bound
+                        n = n_bound
             threshold, count, n_ready = _select(
                 row_ptr,
                 vocab,
                 cand_ptr,
                 n_ready,
                 cap,
-                row_min,
-                finite,
+                lo,
+                n,
                 row_max,
                 float("-inf"),
                 k,
@@ -259,47 +492,68 @@ def _top_k_top_p_kernel(
                 False,
                 NP,
                 BLOCK,
+                NP_C,
+                BLOCK_C,
+                WIDE,
                 MAX_PASSES,
             )
     if HAS_P:
         p = tl.load(p_ptr + row)
         if (p < 1.0) & (finite > 0):
             target = p * z
+            lo = tl.maximum(threshold, row_min)
             if threshold > float("-inf"):  # top-p over what top-k kept
+                src = row_ptr
+                n_src = vocab
                 if n_ready >= 0:
-                    _, _, _, _, kept = _pivot_pass(
-                        cand_ptr,
-                        n_ready,
-                        _pivots(threshold, row_max, NP),
-                        row_max,
-                        threshold,
-                        threshold,
-                        False,
-                        True,
-                        NP,
-                        BLOCK,
-                    )
-                else:
-                    _, _, _, _, kept = _pivot_pass(
-                        row_ptr,
-                        vocab,
-                        _pivots(threshold, row_max, NP),
-                        row_max,
-                        threshold,
-                        threshold,
-                        False,
-                        True,
-                        NP,
-                        BLOCK,
-                    )
+                    src = cand_ptr
+                    n_src = n_ready
+                _, _, _, _, kept = _pivot_pass(
+                    src,
+                    n_src,
+                    _pivots(threshold, row_max, NP),
+                    row_max,
+                    threshold,
+                    threshold,
+                    False,
+                    True,
+                    NP,
+                    BLOCK_C,
+                )
                 target = p * kept
+            else:
+                bound = _bound(
+                    row_maxima,
+                    n_sub,
+                    row_min,
+                    row_max,
+                    float("-inf"),
+                    0,
+                    target,
+                    True,
+                    BOUND_NP,
+                    BOUND_PASSES,
+                    BLOCK,
+                )
+                # The mass below v is at most finite * exp(v - max): below the v where that is the
+                # 1 - p left over, {x >= v} must hold at least p (a bound for flat rows).
+                tail = row_max + tl.log((1.0 - p) * z * 0.999 / finite.to(tl.float32))
+                bound = tl.maximum(bound, tl.minimum(tail, row_max))
+                if bound > row_min:
+                    lo = bound  # the whole-row search starts here too (count: at most finite)
+                    n_bound = _gather(
+                        row_ptr, row_maxima, n_sub, vocab, bound, cand_ptr, sel_ptr, cap, SUB, BLOCK, BLOCK_C
+                    )
+                    if n_bound <= cap:
+                        n_ready = n_bound
+                        count = n_bound
             threshold, count, n_ready = _select(
                 row_ptr,
                 vocab,
                 cand_ptr,
                 n_ready,
                 cap,
-                tl.maximum(threshold, row_min),
+                lo,
                 count,
                 row_max,
                 threshold,
@@ -308,28 +562,42 @@ def _top_k_top_p_kernel(
                 True,
                 NP,
                 BLOCK,
+                NP_C,
+                BLOCK_C,
+                WIDE,
                 MAX_PASSES,
             )
-    if threshold > float("-inf"):
-        for start in range(0, vocab, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < vocab
-            x = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            tl.store(
-                row_ptr + offs,
-                tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty),
-                mask=mask & (x < threshold),
-            )
+    tl.store(threshold_ptr + row, threshold)
 
 
-def _candidates(rows: int, like: torch.Tensor) -> torch.Tensor:
-    """Per-row candidate scratch in the logits' dtype (values are copied exactly)."""
-    key = (like.device, like.dtype)
-    buf = _scratch.get(key)
-    if buf is None or buf.numel() < rows * CAP:
-        buf = torch.empty(rows * CAP, dtype=like.dtype, device=like.device)
-        _scratch[key] = buf
-    return buf
+@triton.jit
+def _mask_kernel(
+    logits_ptr,
+    row_stride,
+    vocab,
+    chunk,
+    n_sub,
+    maxima_ptr,
+    threshold_ptr,
+    SUB: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    t = tl.load(threshold_ptr + row)
+    if t > float("-inf"):
+        row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+        start0 = tl.program_id(1) * chunk
+        end = tl.minimum(start0 + chunk, vocab)
+        NS: tl.constexpr = BLOCK // SUB
+        sub = tl.arange(0, NS)
+        col = tl.arange(0, SUB)
+        for start in range(start0, end, BLOCK):
+            s = start // SUB + sub
+            sel = tl.load(maxima_ptr + row.to(tl.int64) * n_sub + s, mask=s < n_sub, other=float("-inf")) >= t
+            offs = start + sub[:, None] * SUB + col[None, :]
+            inb = offs < vocab  # chunks are whole tiles: only the row end needs a mask
+            x = tl.load(row_ptr + offs, mask=inb & sel[:, None], other=float("-inf"))
+            tl.store(row_ptr + offs, tl.where(x.to(tl.float32) < t, float("-inf"), x), mask=inb)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
@@ -337,22 +605,58 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     rows, vocab = logits.shape
     if rows == 0 or (k is None and p is None):
         return logits
-    # H200: few rows want big tiles (bytes in flight per program), many rows want small ones.
-    block, warps = (4096, 16) if rows <= SMALL_BATCH_ROWS else (1024, 4)
-    block = min(triton.next_power_of_2(vocab), 128 if IS_INTERPRETED else block)
-    _top_k_top_p_kernel[(rows,)](
+    dev = logits.device
+    block = max(SUB, min(triton.next_power_of_2(vocab), 64 if IS_INTERPRETED else 2048))
+    chunks, chunk = row_split(rows, vocab, block, dev)
+    n_sub = triton.cdiv(vocab, SUB)
+    maxima = scratch("top_k_top_p.maxima", rows * n_sub, torch.float32, dev)
+    stats = scratch("top_k_top_p.stats", rows * chunks * _STATS, torch.float32, dev)
+    thresholds = scratch("top_k_top_p.threshold", rows, torch.float32, dev)
+    _summary_kernel[(rows, chunks)](
+        logits,
+        logits.stride(0),
+        vocab,
+        chunk,
+        n_sub,
+        maxima,
+        stats,
+        NEED_SUM=p is not None,
+        SUB=SUB,
+        BLOCK=block,
+        num_warps=8,
+    )
+    # H200: the per-row search is latency-bound; few rows want wide programs, many rows narrow ones
+    # (more of them resident per multiprocessor).
+    search_block, warps = (2048, 16) if rows <= SMALL_BATCH_ROWS else (512, 4)
+    _threshold_kernel[(rows,)](
         logits,
         logits.stride(0),
         k if k is not None else logits,
         p.to(torch.float32) if p is not None else logits,
-        _candidates(rows, logits),
+        maxima,
+        stats,
+        scratch("top_k_top_p.candidates", rows * CAP, logits.dtype, dev),
+        scratch("top_k_top_p.subtiles", rows * CAP, torch.int32, dev),
+        thresholds,
         vocab,
+        n_sub,
+        chunks,
         CAP,
         HAS_K=k is not None,
         HAS_P=p is not None,
         NP=NUM_PIVOTS,
-        BLOCK=block,
+        NP_C=SCRATCH_PIVOTS,
+        BOUND_NP=BOUND_PIVOTS,
+        BOUND_PASSES=BOUND_PASSES,
+        SUB=SUB,
+        BLOCK=max(SUB, min(triton.next_power_of_2(vocab), 128 if IS_INTERPRETED else search_block)),
+        BLOCK_C=64 if IS_INTERPRETED else 512,
+        WIDE=32 if IS_INTERPRETED else 4096,
+        CHUNKS=triton.next_power_of_2(chunks),
         MAX_PASSES=MAX_PASSES,
         num_warps=warps,
+    )
+    _mask_kernel[(rows, chunks)](
+        logits, logits.stride(0), vocab, chunk, n_sub, maxima, thresholds, SUB=SUB, BLOCK=block, num_warps=8
     )
     return logits
