@@ -11,6 +11,7 @@ from scipy.optimize import linear_sum_assignment
 
 SWAP_SEARCH = 1024
 WIDE_SWAPS = 25
+_FORBID = np.float32(1e30)
 
 
 def presence(table: np.ndarray, n: int) -> np.ndarray:
@@ -238,12 +239,15 @@ def swap_refine(
     if ranks < 2:
         return table, slot_w
     k = min(ranks - 1, candidates or max(8, min(ranks // 2, SWAP_SEARCH // slots**2)))
-    has = presence(table, n)
+    has = np.ascontiguousarray(presence(table, n))
+    has_flat = has.reshape(-1)  # a view: updated together with ``has``
+    w32 = slot_w.astype(np.float32)
     load = slot_w.sum(axis=2)
     moved = np.zeros(layers, dtype=np.int64)
     min_gain = np.broadcast_to(min_gain, (layers,))
     rows = np.arange(layers)
     level = np.zeros(layers, dtype=np.int64)
+    dmax = min(depth, ranks)
     for _ in range(max_swaps):
         if max_moved is not None:
             rows = rows[moved[rows] + 2 <= max_moved[rows]]
@@ -251,27 +255,30 @@ def swap_refine(
             break
         m, r1 = rows.size, rows[:, None]
         lr = load[rows]
-        if depth > 1:
-            a = np.argsort(-lr, axis=1)[np.arange(m), level[rows]]
-        else:
-            a = np.argmax(lr, axis=1)
+        a = np.argmax(lr, axis=1)
+        deeper = np.flatnonzero(level[rows] > 0)
+        if deeper.size:  # the level-th heaviest rank where the heavier ones had no gain
+            top = np.argpartition(-lr[deeper], dmax - 1, axis=1)[:, :dmax]
+            top = np.take_along_axis(
+                top, np.argsort(-np.take_along_axis(lr[deeper], top, axis=1), axis=1), axis=1
+            )
+            a[deeper] = top[np.arange(deeper.size), level[rows[deeper]]]
         la = lr[np.arange(m), a]
         light = np.argpartition(lr, k - 1, axis=1)[:, :k]  # [m, k]
-        wa, ea = slot_w[rows, a].astype(np.float32), table[rows, a]  # [m, slots]
-        wb, eb = slot_w[r1, light].astype(np.float32), table[r1, light]  # [m, k, slots]
-        lb = lr[np.arange(m)[:, None], light].astype(np.float32)
-        la32 = la.astype(np.float32)
-        delta = wa[:, :, None, None] - wb[:, None]  # [m, slots_a, k, slots_b]
+        pair_rank = r1 * ranks + light  # [m, k] flat (layer, rank) index of each partner
+        ea, eb = table[rows, a], table.reshape(-1, slots)[pair_rank]  # [m, slots], [m, k, slots]
+        # forbidden exchanges (the expert is already on the other rank, a hole, or the partner is
+        # the rank itself) get a huge finite weight, so their drop is hugely negative without a mask
+        ea_on_b = has_flat[(pair_rank * n)[:, :, None] + ea[:, None, :]].transpose(0, 2, 1)  # [m, slots_a, k]
+        wa = np.where(ea_on_b | (ea < 0)[:, :, None], -_FORBID, w32[rows, a][:, :, None])
+        eb_on_a = has_flat[((rows * ranks + a) * n)[:, None, None] + eb]  # [m, k, slots_b]
+        wb = np.where(eb_on_a | (eb < 0), _FORBID, w32.reshape(-1, slots)[pair_rank]).reshape(m, 1, -1)
+        gap = np.where(light == a[:, None], -_FORBID, la[:, None] - lr[np.arange(m)[:, None], light])
+        # delta[m, slots_a, (k, slots_b)]: flattened partner axis keeps numpy's inner loops long
+        delta = np.repeat(wa, slots, axis=2) - wb
         # the pair's new peak is max(la - delta, lb + delta): its drop is min(delta, la - lb - delta)
-        drop = np.minimum(delta, (la32[:, None] - lb)[:, None, :, None] - delta)
-        eb_on_a = has[r1[:, :, None], a[:, None, None], eb]  # [m, k, slots_b]
-        ea_on_b = has[r1[:, :, None], light[:, :, None], ea[:, None, :]]  # [m, k, slots_a]
-        ok = (
-            ~eb_on_a[:, None]
-            & ~ea_on_b.transpose(0, 2, 1)[..., None]
-            & (light != a[:, None])[:, None, :, None]
-        )
-        gain = np.where(ok, drop, -np.inf).reshape(m, -1)
+        drop = np.repeat(gap.astype(np.float32), slots, axis=1)[:, None, :] - delta
+        gain = np.minimum(delta, drop, out=delta).reshape(m, -1)
         best = np.argmax(gain, axis=1)
         go = gain[np.arange(m), best] > min_gain[rows]
         level[rows] = np.where(go, 0, level[rows] + 1)
@@ -286,6 +293,7 @@ def swap_refine(
         w1, w2 = slot_w[li, ai, i], slot_w[li, b, j]
         table[li, ai, i], table[li, b, j] = e2, e1
         slot_w[li, ai, i], slot_w[li, b, j] = w2, w1
+        w32[li, ai, i], w32[li, b, j] = w2, w1
         has[li, ai, e1], has[li, b, e2] = False, False
         has[li, ai, e2], has[li, b, e1] = True, True
         load[li, ai] += w2 - w1
