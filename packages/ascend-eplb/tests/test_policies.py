@@ -302,3 +302,77 @@ def test_swap_refine_depth_lowers_the_ranks_below_the_peak():
     assert sorted(map(sorted, deep[0, 1:].tolist())) == [[2, 4], [3, 5]] or sorted(
         map(sorted, deep[0, 1:].tolist())
     ) == [[2, 5], [3, 4]]
+
+
+def test_retarget_replicas_lands_new_copies_on_the_lightest_rank():
+    from vllm_ascend.eplb.policy.packing import replica_counts_of, retarget_replicas
+
+    # expert 0 is hot; expert 1 has a surplus copy on ranks 0 and 2. The new copy of 0 must replace
+    # the surplus copy on rank 2 (light partners), not the one on rank 0 next to the other hot copy.
+    table = np.array([[[0, 1, 2], [3, 4, 5], [6, 1, 7]]])
+    load = np.array([[60.0, 2.0, 9.0, 1.0, 1.0, 1.0, 1.0, 1.0]])
+    target = np.array([[2, 1, 1, 1, 1, 1, 1, 1]])
+    new, w = retarget_replicas(table, load, target, np.array([5]))
+    _check_plan(table, new, 8)
+    assert new.tolist() == [[[0, 1, 2], [3, 4, 5], [6, 0, 7]]]
+    assert replica_counts_of(new, 8).tolist() == target.tolist()
+    assert np.allclose(w, slot_weights(new, load))
+    # no budget: nothing changes
+    assert retarget_replicas(table, load, target, np.array([0]))[0].tolist() == table.tolist()
+
+
+def test_retarget_replicas_stays_within_budget_on_random_traces():
+    from vllm_ascend.eplb.policy.packing import replica_counts, replica_counts_of, retarget_replicas
+
+    rng = np.random.default_rng(3)
+    for _ in range(100):
+        table, load, n = _trace(rng, skewed=True)
+        _, ranks, slots = table.shape
+        target = replica_counts(load, ranks * slots, ranks)
+        budget = np.full(table.shape[0], int(rng.integers(0, table[0].size + 1)))
+        new, _ = retarget_replicas(table, load, target, budget)
+        _check_plan(table, new, n)
+        assert np.all(moved_slots(table, new) <= budget)
+        # every changed slot moves a count towards the target
+        gap_before = np.abs(replica_counts_of(table, n) - target).sum(axis=1)
+        gap_after = np.abs(replica_counts_of(new, n) - target).sum(axis=1)
+        assert np.all(gap_before - gap_after == 2 * moved_slots(table, new))
+
+
+def test_swap_threshold_is_fine_only_where_one_replica_outweighs_the_mean():
+    from vllm_ascend.eplb.policy.packing import swap_threshold
+
+    load = np.array([[90.0, 10.0, 10.0, 10.0], [30.0, 30.0, 30.0, 30.0]])
+    counts = np.ones((2, 4), dtype=np.int64)
+    # 2 ranks: both means are 60; layer 0's expert 0 (90) alone exceeds its mean
+    assert np.allclose(swap_threshold(load, counts, 2, 0.01, 0.001), [0.06, 0.6])
+    # with three replicas expert 0 no longer dominates
+    counts[0, 0] = 3
+    assert np.allclose(swap_threshold(load, counts, 2, 0.01, 0.001), [0.6, 0.6])
+
+
+@pytest.mark.parametrize("name", ["swift", "flashlb"])
+@pytest.mark.parametrize("field", ["min_swap_gain", "dominant_swap_gain"])
+def test_swap_gains_are_validated(name, field):
+    table = np.array([[[0, 1], [2, 3]]])
+    work = np.array([[[9.0, 9.0], [1.0, 1.0]]])
+    for bad, match in ((-0.1, r"outside the allowed range \[0.0, None\]"), ("x", "must be a float")):
+        with pytest.raises(EplbInputError, match=rf"{field}.*{match}"):
+            PolicyFactory.generate_policy(name, {field: bad}).rebalance_experts(table, work)
+
+
+def test_dominant_swap_gain_picks_the_lightest_partners_for_a_dominant_expert():
+    # no redundancy, expert 0 outweighs the mean: its rank should end with the lightest experts.
+    # Partners differ by 0.06-0.9 % of the mean (632): below min_swap_gain, above dominant_swap_gain.
+    rng = np.random.default_rng(0)
+    n, ranks = 16, 4
+    load = np.concatenate([[1000.0], 100.0 + rng.permutation(15) * 0.4])[None]
+    table = generate_global_placement(n, ranks, 0, 1)
+    policy = PolicyFactory.generate_policy("swift", {"min_swap_gain": 0.01})
+    _, _, new = policy.rebalance_experts(table, slot_weights(table, load))
+    hot_rank = int(np.flatnonzero((new[0] == 0).any(axis=1))[0])
+    partners = sorted(load[0, new[0, hot_rank]].tolist())[:3]
+    assert partners == sorted(load[0, 1:].tolist())[:3]
+    coarse = PolicyFactory.generate_policy("swift", {"min_swap_gain": 0.01, "dominant_swap_gain": 0.01})
+    _, _, stuck = coarse.rebalance_experts(table, slot_weights(table, load))
+    assert rank_loads(stuck, load).max() > rank_loads(new, load).max()

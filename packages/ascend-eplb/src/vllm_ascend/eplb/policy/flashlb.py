@@ -25,6 +25,7 @@ from vllm_ascend.eplb.policy.packing import (
     slot_weights,
     swap_refine,
     swap_refine_widening,
+    swap_threshold,
 )
 
 
@@ -47,8 +48,11 @@ class FlashLB(EplbPolicy):
     works on the additive linearisation of that objective (:func:`risk_load`).
 
     Layers whose window max/mean is below ``skip_threshold`` (1.01) are not searched. Two candidates
-    per layer: an incremental one (replica re-allocation, swaps off the ``swap_depth`` (2) heaviest ranks
-    and re-packing of the extreme ranks, within ``max_move_fraction`` of the slots) and, where that plan is still above the
+    per layer: an incremental one (replica re-allocation with new copies overwriting the surplus copy
+    whose rank ends up least loaded, swaps off the ``swap_depth`` (2) heaviest ranks that lower the
+    pair's peak by ``min_swap_gain`` (0.2 %) of the mean, ``dominant_swap_gain`` (0.05 %) where one
+    replica outweighs the mean, and re-packing of the extreme ranks, within ``max_move_fraction`` of
+    the slots) and, where that plan is still above the
     lower bound by more than 20 × ``update_margin`` and the budget is at least half the slots, a
     fresh LPT packing aligned to the current ranks by Hungarian matching (used only when it fits the
     same move budget). The better candidate replaces the current placement only when the current
@@ -70,7 +74,13 @@ class FlashLB(EplbPolicy):
     ) -> np.ndarray:
         """Within ``budget`` changed slots per layer: move to ``counts`` replicas, swap off the
         heaviest ranks, re-pack the extreme ranks where swaps stall and swap again."""
-        gain = 2e-3 * risk.sum(axis=1) / table.shape[1]
+        gain = swap_threshold(
+            risk,
+            counts,
+            table.shape[1],
+            self.option("min_swap_gain", 0.002, lo=0.0),
+            self.option("dominant_swap_gain", 0.0005, lo=0.0),
+        )
         full = np.full(table.shape[0], budget)
         inc, inc_w = retarget_replicas(table, risk, counts, full)
         left = full - moved_slots(table, inc)
@@ -114,13 +124,13 @@ class FlashLB(EplbPolicy):
             fresh = align_ranks(table, np.where(stuck[:, None, None], table, fresh), n)
             need_fresh &= ~stuck & (moved_slots(table, fresh) <= budget)
 
-        scores = np.stack(
-            [
-                aggregate_score(table, samples, z),
-                aggregate_score(inc, samples, z),
-                np.where(need_fresh, aggregate_score(fresh, samples, z), np.inf),
-            ]
-        )
+        current = aggregate_score(table, samples, z)
+        scores = np.stack([current, current, np.full(layers, np.inf)])
+        searched = (inc != table).any(axis=(1, 2))  # layers the search left alone score as before
+        if searched.any():
+            scores[1, searched] = aggregate_score(inc[searched], samples[:, searched], z)
+        if need_fresh.any():
+            scores[2, need_fresh] = aggregate_score(fresh[need_fresh], samples[:, need_fresh], z)
         best = np.argmin(scores[1:], axis=0) + 1
         best_score = scores[best, np.arange(layers)]
         update = scores[0] > best_score * (1 + margin)

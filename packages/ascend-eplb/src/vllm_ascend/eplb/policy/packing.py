@@ -303,6 +303,18 @@ def swap_refine(
     return table, slot_w
 
 
+def swap_threshold(
+    load: np.ndarray, counts: np.ndarray, ranks: int, coarse: float, fine: float
+) -> np.ndarray:
+    """Per-layer least peak drop a swap must bring: ``fine`` × the mean rank load where one replica
+    alone outweighs the mean (its rank's peak is that replica plus partners, so every lighter
+    partner is a real reduction), else ``coarse`` × the mean (smaller swaps of a layer that can
+    reach the mean mostly chase the window's noise and cost moves and time)."""
+    mean = load.sum(axis=1) / ranks
+    dominant = (load / np.maximum(counts, 1)).max(axis=1) > mean
+    return np.where(dominant, fine, coarse) * mean
+
+
 def slot_weights(table: np.ndarray, load: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
     """Per-slot share ``load[e] / count[e]`` for a table (replicas split their expert's load evenly)."""
     n = load.shape[-1]
@@ -384,11 +396,13 @@ def swap_refine_widening(
     depth: int = 1,
 ) -> np.ndarray:
     """:func:`swap_refine` with the default partner width, then (at most ``WIDE_SWAPS`` swaps) with
-    every rank as a partner for the layers that stalled, within one shared move budget."""
+    every rank as a partner for the layers that stalled (changed fewer than ``2·max_swaps`` slots),
+    within one shared move budget."""
     first, first_w = swap_refine(
         table, slot_w, n, max_swaps, min_gain, max_moved, candidates=None, depth=depth
     )
-    left = max_moved - moved_slots(table, first)
+    used = moved_slots(table, first)
+    left = np.where(used >= 2 * max_swaps, 0, max_moved - used)
     return swap_refine(first, first_w, n, WIDE_SWAPS, min_gain, left, candidates=table.shape[1] - 1)[0]
 
 

@@ -18,6 +18,7 @@ from vllm_ascend.eplb.policy.packing import (
     slot_weights,
     swap_refine,
     swap_refine_widening,
+    swap_threshold,
 )
 
 
@@ -25,13 +26,17 @@ class SwiftBalanceEplb(EplbPolicy):
     """Start from the current placement and change only what pays off.
 
     Layers with max/mean below ``skip_threshold`` (1.01) are left alone. Replicas shift, one at a
-    time and within half the move budget, from the expert that needs them least to the one with the
-    highest per-replica load (surplus copies leave the hottest ranks, new copies land on the coolest ranks that
-    lack them); then the hottest rank (or, where it has no such swap, the next-hottest, down to the ``swap_depth``-th (2)) swaps experts with cooler ranks while a swap lowers the pair's
-    peak by at least ``min_swap_gain`` (0.2%; upstream uses 1%) of the mean rank load, up to ``max_swaps`` (100) swaps and
+    time and within the move budget, from the expert that needs them least to the one with the
+    highest per-replica load; each new copy overwrites the surplus copy whose rank ends up least
+    loaded (:func:`retarget_replicas`: under strong skew a hot replica weighs about a whole rank's
+    mean). Then the hottest rank (or, where it has no such swap, the next-hottest, down to the
+    ``swap_depth``-th (2)) swaps experts with cooler ranks while a swap lowers the pair's peak by at
+    least ``min_swap_gain`` (0.2 %; upstream uses 1 %) of the mean rank load, or by
+    ``dominant_swap_gain`` (0.05 %) in layers where one replica alone outweighs the mean (there every
+    lighter partner of that replica is a real reduction), up to ``max_swaps`` (100) swaps and
     ``max_move_fraction`` (0.3) of the layer's slots; where single swaps stall, the heaviest and
-    lightest ranks are pooled and re-packed within the remaining budget. A layer keeps the new plan only if its
-    imbalance improves (or, with the peak unchanged, the spread of rank loads shrinks).
+    lightest ranks are pooled and re-packed within the remaining budget. A layer keeps the new plan
+    only if its imbalance improves (or, with the peak unchanged, the spread of rank loads shrinks).
     """
 
     def plan(self, table: np.ndarray, workload: np.ndarray, n: int) -> np.ndarray:
@@ -45,8 +50,13 @@ class SwiftBalanceEplb(EplbPolicy):
         target = shift_replicas(load, cur, budget, ranks)
         new, slot_w = retarget_replicas(table, load, target, budget)
         budget = total - moved_slots(table, new)
-        mean = load.sum(axis=1) / ranks
-        gain = self.option("min_swap_gain", 0.002, lo=0.0) * mean
+        gain = swap_threshold(
+            load,
+            target,
+            ranks,
+            self.option("min_swap_gain", 0.002, lo=0.0),
+            self.option("dominant_swap_gain", 0.0005, lo=0.0),
+        )
         new = swap_refine_widening(
             new,
             slot_w,
