@@ -165,6 +165,29 @@ def test_top_k_top_p_takes_the_bounded_path_and_the_whole_row_fallback(gen, monk
     assert searched == [gathered[0], -1, gathered[1], -1]
 
 
+def test_top_p_alone_splits_its_search_and_falls_back_when_the_bracket_overflows(gen, monkeypatch):
+    """Top-p without top-k narrows a bracket in split rounds and searches it in the scratch; a row of
+    ties keeps the whole row in its bracket, more than the scratch holds, and searches the row."""
+    whole_row = []
+    select = tkp_triton._select
+
+    def spy_select(*args):
+        whole_row.append(int(args[3]))
+        return select(*args)
+
+    monkeypatch.setattr(tkp_triton, "_select", spy_select)
+    vocab = 4 * tkp_triton.CAP
+    logits = _logits(gen, 4, vocab, torch.float32) * 3
+    logits[2] = 1.5  # ties everywhere
+    p = torch.tensor([0.01, 0.9, 0.5, 0.999])
+    got, want = logits.clone(), logits.clone()
+    K.apply_top_k_top_p(got, None, p)
+    top_k_top_p.apply_top_k_top_p_torch(want, None, p)
+    assert torch.equal(got, want)
+    assert whole_row == [-1]
+    assert torch.isfinite(got).sum(1).tolist()[2] == vocab and torch.isfinite(got[0]).sum() == 1
+
+
 def test_top_k_keeps_exactly_k_distinct_values(gen):
     logits = torch.randperm(200, generator=gen).float().unsqueeze(0)
     k = torch.tensor([17])

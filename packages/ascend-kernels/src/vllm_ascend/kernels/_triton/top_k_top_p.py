@@ -1,28 +1,37 @@
 """Triton :func:`vllm_ascend.kernels.apply_top_k_top_p`: a threshold search instead of a sort.
 
-The kept set of a row is ``{x >= t}``. Three launches:
+The kept set of a row is ``{x >= t}``. The first and last launches are shared:
 
-1. ``_summary_kernel`` (rows split into chunks so that small batches fill the device): per chunk the
-   max, softmax sum, min and finite count; per sub-tile of ``SUB`` consecutive elements its max.
-2. ``_threshold_kernel`` (one program per row): combines the chunk statistics, then bounds ``t``
-   from below with the sub-tile maxima alone: they are distinct elements, so if ``c`` of them are
-   ``>= v`` the row has at least ``c`` elements ``>= v`` (and at least their mass), i.e. ``t >= v``
-   as soon as ``c >= k`` (or their mass reaches the top-p target). Only sub-tiles whose max reaches
-   that bound can hold candidates: they alone are read, and their elements ``>= bound`` copied to a
-   per-row scratch (typically a few times ``k``), where exact pivot passes find ``t``: per pass
-   ``NP`` pivots spread over an interval ``[lo, top]`` known to hold ``t`` give the count (top-k)
-   or probability mass (top-p) of ``{x >= pivot}`` and the nearest elements above and below each
-   pivot, so ``lo`` and ``top`` become element values and meet at ``t``; ties are kept exactly as a
-   sort keeps them. Top-p runs on the distribution left by top-k. Rows where the bound is too weak
-   (flat distributions with a high ``p``, massive ties, ``k`` above the scratch) search the whole
-   row instead: coarse pivot passes until a bucket fits the scratch, then the same exact passes.
-3. ``_mask_kernel`` (split like 1): writes ``-inf`` below ``t``; sub-tiles whose max is below ``t``
-   are written without being read.
+* ``_summary_kernel`` (rows split into chunks so that small batches fill the device): per chunk the
+  max, softmax sum, min and finite count; per sub-tile of ``SUB`` consecutive elements its max.
+* ``_mask_kernel`` (split the same way): writes ``-inf`` below ``t``; sub-tiles whose max is below
+  ``t`` are written without being read.
 
-So a typical row is read once in full and written once, plus the few sub-tiles near the top.
-Scratch buffers are cached per device and shared: calls must not run concurrently on two streams
-of one device. Masses are float32 sums, so a top-p threshold can differ from a float64 sort where
-the cumulative mass is within rounding of ``p``.
+With top-k (``_threshold_kernel``, one program per row): the sub-tile maxima are distinct
+elements, so if ``c`` of them are ``>= v`` the row has at least ``c`` elements ``>= v`` (and at
+least their mass), i.e. ``t >= v`` as soon as ``c >= k`` (or their mass reaches the top-p target).
+Only sub-tiles whose max reaches that bound can hold candidates: they alone are read, and their
+elements ``>= bound`` copied to a per-row scratch (typically a few times ``k``), where exact pivot
+passes find ``t``: per pass, pivots spread over an interval ``[lo, top]`` known to hold ``t`` give
+the count (top-k) or probability mass (top-p) of ``{x >= pivot}`` and the nearest elements above
+and below each pivot, so ``lo`` and ``top`` become element values and meet at ``t``; ties are kept
+exactly as a sort keeps them. Top-p then runs on the scratch, over the distribution top-k left.
+Rows whose bound is too weak (``k`` above the number of sub-tiles, massive ties, top-k off with a
+flat distribution) search the whole row: coarse pivot passes until a bucket fits the scratch, then
+the same exact passes.
+
+Top-p alone (flat distributions keep thousands of tokens, beyond what maxima bound): the search is
+split over the device. ``TOP_P_ROUNDS`` launches of ``_top_p_round_kernel`` each give, per chunk,
+the mass of ``{x >= pivot}`` for ``ROUND_PIVOTS`` pivots over the bracket the earlier rounds left
+(starting at an analytic lower bound, see ``_tail_bound``); every program replays the rounds from
+those partials, so no per-row state is stored. ``_top_p_bucket_kernel`` copies the elements of the
+final bracket to the scratch (one atomic per tile), and ``_top_p_threshold_kernel`` searches them
+exactly, with the mass above the bracket as a base.
+
+So a typical row is read about twice and written once. Scratch buffers are cached per device and
+shared: calls must not run concurrently on two streams of one device. Masses are float32 sums, so
+a top-p threshold can differ from a float64 sort where the cumulative mass is within rounding of
+``p``.
 """
 
 from __future__ import annotations
@@ -41,6 +50,9 @@ from vllm_ascend.kernels._triton.common import (
 
 NUM_PIVOTS = 8
 SCRATCH_PIVOTS = 32
+ROUND_PIVOTS = 8
+ROUND_BLOCK = 512
+TOP_P_ROUNDS = 2
 BOUND_PIVOTS = 16
 BOUND_PASSES = 2
 SUB = 8 if IS_INTERPRETED else 16
@@ -73,9 +85,15 @@ def _pivot_pass(
     BLOCK: tl.constexpr,
 ):
     """Per pivot: count and mass of ``{x >= pivot}``; with ``EXACT`` also the nearest elements
-    above/below it and the mass of ``{x >= lo}``. Elements under ``floor`` count as ``-inf``."""
+    above/below it and the mass of ``{x >= lo}``. Elements under ``floor`` count as ``-inf``.
+
+    Counts and masses are kept per lane and reduced once at the end (a reduction across the
+    program per tile would dominate long passes); the exact passes, over a few tiles of
+    candidates, reduce per tile instead to keep their four accumulators small."""
     cnt = tl.zeros([NP], tl.int32)
     mass = tl.zeros([NP], tl.float32)
+    lane_cnt = tl.zeros([BLOCK, NP], tl.int32)
+    lane_mass = tl.zeros([BLOCK, NP], tl.float32)
     above_min = tl.full([NP], float("inf"), tl.float32)
     below_max = tl.full([NP], float("-inf"), tl.float32)
     mass_lo = tl.zeros([BLOCK], tl.float32)
@@ -87,14 +105,22 @@ def _pivot_pass(
         nxt = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf"))
         x = tl.where(x >= floor, x, float("-inf"))
         ge = x[:, None] >= piv[None, :]
-        cnt += tl.sum(ge.to(tl.int32), 0)
-        if BY_MASS:
-            e = tl.exp(x - row_max)
-            mass += tl.sum(tl.where(ge, e[:, None], 0.0), 0)
-            mass_lo += tl.where(x >= lo, e, 0.0)
         if EXACT:
+            cnt += tl.sum(ge.to(tl.int32), 0)
             above_min = tl.minimum(above_min, tl.min(tl.where(ge, x[:, None], float("inf")), 0))
             below_max = tl.maximum(below_max, tl.max(tl.where(ge, float("-inf"), x[:, None]), 0))
+        else:
+            lane_cnt += ge.to(tl.int32)
+        if BY_MASS:
+            e = tl.exp(x - row_max)
+            if EXACT:
+                mass += tl.sum(tl.where(ge, e[:, None], 0.0), 0)
+            else:
+                lane_mass += tl.where(ge, e[:, None], 0.0)
+            mass_lo += tl.where(x >= lo, e, 0.0)
+    if not EXACT:
+        cnt = tl.sum(lane_cnt, 0)
+        mass = tl.sum(lane_mass, 0)
     return cnt, mass, above_min, below_max, tl.sum(mass_lo, 0)
 
 
@@ -282,6 +308,7 @@ def _summary_kernel(
     n_sub,
     maxima_ptr,
     stats_ptr,
+    counter_ptr,
     NEED_SUM: tl.constexpr,
     SUB: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -317,10 +344,256 @@ def _summary_kernel(
     m = tl.max(run_max, 0)
     safe_m = tl.where(m > float("-inf"), m, 0.0)
     out = stats_ptr + (row.to(tl.int64) * tl.num_programs(1) + c) * 4
+    if c == 0:
+        tl.store(counter_ptr + row, 0)
     tl.store(out, m)
     tl.store(out + 1, tl.sum(run_sum * tl.exp(run_max - safe_m), 0))
     tl.store(out + 2, tl.min(tl.min(mn, 1), 0))
     tl.store(out + 3, tl.sum(tl.sum(finite, 1), 0).to(tl.float32))
+
+
+@triton.jit
+def _row_stats(stats_ptr, row, n_chunks, CHUNKS: tl.constexpr):
+    """Row max, softmax sum relative to it, min and finite count from the chunk statistics."""
+    ci = tl.arange(0, CHUNKS)
+    st = stats_ptr + (row.to(tl.int64) * n_chunks + ci) * 4
+    inside = ci < n_chunks
+    c_max = tl.load(st, mask=inside, other=float("-inf"))
+    row_max = tl.max(c_max, 0)
+    safe = tl.where(row_max > float("-inf"), row_max, 0.0)
+    z = tl.sum(tl.load(st + 1, mask=inside, other=0.0) * tl.exp(c_max - safe), 0)
+    row_min = tl.min(tl.load(st + 2, mask=inside, other=float("inf")), 0)
+    finite = tl.sum(tl.load(st + 3, mask=inside, other=0.0), 0).to(tl.int32)
+    return row_max, z, row_min, finite
+
+
+@triton.jit
+def _tail_bound(row_max, z, finite, p):
+    """The mass below ``v`` is at most ``finite * exp(v - max)``: where that is the ``1 - p`` left
+    over, ``{x >= v}`` must hold at least ``p``, so ``v`` bounds the top-p threshold from below."""
+    return tl.minimum(row_max + tl.log((1.0 - p) * z * 0.999 / finite.to(tl.float32)), row_max)
+
+
+@triton.jit
+def _bracket(
+    partials_ptr,
+    row,
+    rows,
+    n_chunks,
+    lo,
+    target,
+    row_max,
+    ROUNDS: tl.constexpr,
+    NP: tl.constexpr,
+    CHUNKS: tl.constexpr,
+):
+    """Replay the split top-p rounds: ``(lo, hi, count, mass)`` with the threshold in ``[lo, hi)``
+    and ``count`` / ``mass`` those of ``{x >= hi}``. Round ``r``'s per-chunk counts and masses of
+    ``{x >= pivot}`` are at ``partials[r, row, chunk, pivot, 2]``."""
+    idx = tl.arange(0, NP)
+    ci = tl.arange(0, CHUNKS)
+    hi = tl.full([], float("inf"), tl.float32)
+    count_hi = tl.zeros([], tl.float32)
+    mass_hi = tl.zeros([], tl.float32)
+    for r in tl.static_range(ROUNDS):
+        piv = _pivots(lo, tl.minimum(hi, row_max), NP)
+        at = partials_ptr + (((r * rows + row).to(tl.int64) * n_chunks + ci[:, None]) * NP + idx[None, :]) * 2
+        inside = (ci < n_chunks)[:, None]
+        cnt = tl.sum(tl.load(at, mask=inside, other=0.0), 0)
+        mass = tl.sum(tl.load(at + 1, mask=inside, other=0.0), 0)
+        j = tl.sum((mass >= target).to(tl.int32), 0)
+        lo = tl.where(j == 0, lo, _take(piv, idx, j - 1, 0.0))
+        count_hi = tl.where(j == NP, count_hi, _take(cnt, idx, j, 0.0))
+        mass_hi = tl.where(j == NP, mass_hi, _take(mass, idx, j, 0.0))
+        hi = tl.where(j == NP, hi, _take(piv, idx, j, 0.0))
+    return lo, hi, count_hi, mass_hi
+
+
+@triton.jit
+def _top_p_round_kernel(
+    logits_ptr,
+    row_stride,
+    p_ptr,
+    stats_ptr,
+    partials_ptr,
+    rows,
+    vocab,
+    chunk,
+    n_chunks,
+    ROUND: tl.constexpr,
+    NP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNKS: tl.constexpr,
+):
+    """One split round of the top-p search: this chunk's count and mass of ``{x >= pivot}`` for
+    ``NP`` pivots over the bracket the earlier rounds left."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    row_max, z, row_min, finite = _row_stats(stats_ptr, row, n_chunks, CHUNKS)
+    p = tl.load(p_ptr + row)
+    if (p < 1.0) & (finite > 0):
+        start = c * chunk
+        lo = tl.maximum(row_min, _tail_bound(row_max, z, finite, p))
+        lo, hi, _, _ = _bracket(partials_ptr, row, rows, n_chunks, lo, p * z, row_max, ROUND, NP, CHUNKS)
+        piv = _pivots(lo, tl.minimum(hi, row_max), NP)
+        cnt, mass, _, _, _ = _pivot_pass(
+            logits_ptr + row.to(tl.int64) * row_stride + start,
+            tl.minimum(chunk, vocab - start),
+            piv,
+            row_max,
+            float("-inf"),
+            lo,
+            False,
+            True,
+            NP,
+            BLOCK,
+        )
+        out = partials_ptr + (((ROUND * rows + row).to(tl.int64) * n_chunks + c) * NP + tl.arange(0, NP)) * 2
+        tl.store(out, cnt.to(tl.float32))
+        tl.store(out + 1, mass)
+
+
+@triton.jit
+def _top_p_bucket_kernel(
+    logits_ptr,
+    row_stride,
+    p_ptr,
+    stats_ptr,
+    partials_ptr,
+    counter_ptr,
+    cand_base_ptr,
+    rows,
+    vocab,
+    chunk,
+    n_chunks,
+    cap,
+    ROUNDS: tl.constexpr,
+    NP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNKS: tl.constexpr,
+):
+    """Copy this chunk's elements of the final bracket ``[lo, hi)`` to the row's scratch, at
+    offsets taken from a per-row counter (one atomic per tile that has any)."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    row_max, z, row_min, finite = _row_stats(stats_ptr, row, n_chunks, CHUNKS)
+    p = tl.load(p_ptr + row)
+    if (p < 1.0) & (finite > 0):
+        lo = tl.maximum(row_min, _tail_bound(row_max, z, finite, p))
+        lo, hi, _, _ = _bracket(partials_ptr, row, rows, n_chunks, lo, p * z, row_max, ROUNDS, NP, CHUNKS)
+        row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+        cand_ptr = cand_base_ptr + row.to(tl.int64) * cap
+        end = tl.minimum(c * chunk + chunk, vocab)
+        for start in range(c * chunk, end, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
+            xf = x.to(tl.float32)
+            keep = (xf >= lo) & (xf < hi)
+            n = tl.sum(keep.to(tl.int32), 0)
+            if n > 0:
+                base = tl.atomic_add(counter_ptr + row, n)
+                pos = base + tl.cumsum(keep.to(tl.int32), 0) - 1
+                tl.store(cand_ptr + pos, x, mask=keep & (pos < cap))
+
+
+@triton.jit
+def _top_p_threshold_kernel(
+    logits_ptr,
+    row_stride,
+    p_ptr,
+    stats_ptr,
+    partials_ptr,
+    counter_ptr,
+    cand_base_ptr,
+    threshold_ptr,
+    rows,
+    vocab,
+    n_chunks,
+    cap,
+    ROUNDS: tl.constexpr,
+    NP_R: tl.constexpr,
+    NP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NP_C: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    WIDE: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    MAX_PASSES: tl.constexpr,
+):
+    """The exact top-p threshold of a row from its bracket in the scratch (whole-row search when
+    the bracket overflowed the scratch)."""
+    row = tl.program_id(0)
+    row_max, z, row_min, finite = _row_stats(stats_ptr, row, n_chunks, CHUNKS)
+    p = tl.load(p_ptr + row)
+    threshold = tl.full([], float("-inf"), tl.float32)
+    if (p < 1.0) & (finite > 0):
+        target = p * z
+        lo = tl.maximum(row_min, _tail_bound(row_max, z, finite, p))
+        lo, hi, count_hi, mass_hi = _bracket(
+            partials_ptr, row, rows, n_chunks, lo, target, row_max, ROUNDS, NP_R, CHUNKS
+        )
+        n = tl.load(counter_ptr + row)
+        cand_ptr = cand_base_ptr + row.to(tl.int64) * cap
+        if n <= cap:
+            top = tl.minimum(hi, row_max)
+            if n > WIDE:
+                threshold, _ = _exact(
+                    cand_ptr,
+                    n,
+                    lo,
+                    top,
+                    tl.zeros([], tl.int32),
+                    row_max,
+                    float("-inf"),
+                    count_hi.to(tl.int32),
+                    mass_hi,
+                    0,
+                    target,
+                    True,
+                    NP,
+                    BLOCK,
+                    MAX_PASSES,
+                )
+            else:
+                threshold, _ = _exact(
+                    cand_ptr,
+                    n,
+                    lo,
+                    top,
+                    tl.zeros([], tl.int32),
+                    row_max,
+                    float("-inf"),
+                    count_hi.to(tl.int32),
+                    mass_hi,
+                    0,
+                    target,
+                    True,
+                    NP_C,
+                    BLOCK_C,
+                    MAX_PASSES,
+                )
+        else:
+            threshold, _, _ = _select(
+                logits_ptr + row.to(tl.int64) * row_stride,
+                vocab,
+                cand_ptr,
+                -1,
+                cap,
+                lo,
+                finite,
+                row_max,
+                float("-inf"),
+                0,
+                target,
+                True,
+                NP,
+                BLOCK,
+                NP_C,
+                BLOCK_C,
+                WIDE,
+                MAX_PASSES,
+            )
+    tl.store(threshold_ptr + row, threshold)
 
 
 @triton.jit
@@ -420,7 +693,6 @@ def _threshold_kernel(
     n_sub,
     n_chunks,
     cap,
-    HAS_K: tl.constexpr,
     HAS_P: tl.constexpr,
     NP: tl.constexpr,
     NP_C: tl.constexpr,
@@ -438,65 +710,56 @@ def _threshold_kernel(
     cand_ptr = cand_base_ptr + row.to(tl.int64) * cap
     sel_ptr = sel_base_ptr + row.to(tl.int64) * cap
     row_maxima = maxima_ptr + row.to(tl.int64) * n_sub
-    ci = tl.arange(0, CHUNKS)
-    st = stats_ptr + (row.to(tl.int64) * n_chunks + ci) * 4
-    inside = ci < n_chunks
-    c_max = tl.load(st, mask=inside, other=float("-inf"))
-    row_max = tl.max(c_max, 0)
-    safe = tl.where(row_max > float("-inf"), row_max, 0.0)
-    z = tl.sum(tl.load(st + 1, mask=inside, other=0.0) * tl.exp(c_max - safe), 0)
-    row_min = tl.min(tl.load(st + 2, mask=inside, other=float("inf")), 0)
-    finite = tl.sum(tl.load(st + 3, mask=inside, other=0.0), 0).to(tl.int32)
+    row_max, z, row_min, finite = _row_stats(stats_ptr, row, n_chunks, CHUNKS)
     threshold = tl.full([], float("-inf"), tl.float32)
     count = finite
     n_ready = tl.full([], -1, tl.int32)
-    if HAS_K:
-        k = tl.load(k_ptr + row).to(tl.int32)
-        if (k > 0) & (k < finite):
-            lo = row_min
-            n = finite
-            if k <= n_sub:
-                bound = _bound(
-                    row_maxima,
-                    n_sub,
-                    row_min,
-                    row_max,
-                    float("-inf"),
-                    k,
-                    0.0,
-                    False,
-                    BOUND_NP,
-                    BOUND_PASSES,
-                    BLOCK,
-                )
-                if bound > row_min:
-                    n_bound = _gather(
-                        row_ptr, row_maxima, n_sub, vocab, bound, cand_ptr, sel_ptr, cap, SUB, BLOCK, BLOCK_C
-                    )
-                    if n_bound <= cap:
-                        n_ready = n_bound
-                        lo = bound
-                        n = n_bound
-            threshold, count, n_ready = _select(
-                row_ptr,
-                vocab,
-                cand_ptr,
-                n_ready,
-                cap,
-                lo,
-                n,
+    k = tl.load(k_ptr + row).to(tl.int32)
+    if (k > 0) & (k < finite):
+        lo = row_min
+        n = finite
+        if k <= n_sub:
+            bound = _bound(
+                row_maxima,
+                n_sub,
+                row_min,
                 row_max,
                 float("-inf"),
                 k,
                 0.0,
                 False,
-                NP,
-                BLOCK,
-                NP_C,
+                BOUND_NP,
+                BOUND_PASSES,
                 BLOCK_C,
-                WIDE,
-                MAX_PASSES,
             )
+            if bound > row_min:
+                n_bound = _gather(
+                    row_ptr, row_maxima, n_sub, vocab, bound, cand_ptr, sel_ptr, cap, SUB, BLOCK, BLOCK_C
+                )
+                if n_bound <= cap:
+                    n_ready = n_bound
+                    lo = bound
+                    n = n_bound
+        threshold, count, n_ready = _select(
+            row_ptr,
+            vocab,
+            cand_ptr,
+            n_ready,
+            cap,
+            lo,
+            n,
+            row_max,
+            float("-inf"),
+            k,
+            0.0,
+            False,
+            NP,
+            BLOCK,
+            NP_C,
+            BLOCK_C,
+            WIDE,
+            MAX_PASSES,
+        )
     if HAS_P:
         p = tl.load(p_ptr + row)
         if (p < 1.0) & (finite > 0):
@@ -533,12 +796,9 @@ def _threshold_kernel(
                     True,
                     BOUND_NP,
                     BOUND_PASSES,
-                    BLOCK,
+                    BLOCK_C,
                 )
-                # The mass below v is at most finite * exp(v - max): below the v where that is the
-                # 1 - p left over, {x >= v} must hold at least p (a bound for flat rows).
-                tail = row_max + tl.log((1.0 - p) * z * 0.999 / finite.to(tl.float32))
-                bound = tl.maximum(bound, tl.minimum(tail, row_max))
+                bound = tl.maximum(bound, _tail_bound(row_max, z, finite, p))
                 if bound > row_min:
                     lo = bound  # the whole-row search starts here too (count: at most finite)
                     n_bound = _gather(
@@ -606,20 +866,25 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     if rows == 0 or (k is None and p is None):
         return logits
     dev = logits.device
+    row_stride = logits.stride(0)
     block = max(SUB, min(triton.next_power_of_2(vocab), 64 if IS_INTERPRETED else 2048))
     chunks, chunk = row_split(rows, vocab, block, dev)
     n_sub = triton.cdiv(vocab, SUB)
     maxima = scratch("top_k_top_p.maxima", rows * n_sub, torch.float32, dev)
     stats = scratch("top_k_top_p.stats", rows * chunks * _STATS, torch.float32, dev)
+    counter = scratch("top_k_top_p.counter", rows, torch.int32, dev)
     thresholds = scratch("top_k_top_p.threshold", rows, torch.float32, dev)
+    cand = scratch("top_k_top_p.candidates", rows * CAP, logits.dtype, dev)
+    p32 = p.to(torch.float32) if p is not None else logits
     _summary_kernel[(rows, chunks)](
         logits,
-        logits.stride(0),
+        row_stride,
         vocab,
         chunk,
         n_sub,
         maxima,
         stats,
+        counter,
         NEED_SUM=p is not None,
         SUB=SUB,
         BLOCK=block,
@@ -628,35 +893,92 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     # H200: the per-row search is latency-bound; few rows want wide programs, many rows narrow ones
     # (more of them resident per multiprocessor).
     search_block, warps = (2048, 16) if rows <= SMALL_BATCH_ROWS else (512, 4)
-    _threshold_kernel[(rows,)](
-        logits,
-        logits.stride(0),
-        k if k is not None else logits,
-        p.to(torch.float32) if p is not None else logits,
-        maxima,
-        stats,
-        scratch("top_k_top_p.candidates", rows * CAP, logits.dtype, dev),
-        scratch("top_k_top_p.subtiles", rows * CAP, torch.int32, dev),
-        thresholds,
-        vocab,
-        n_sub,
-        chunks,
-        CAP,
-        HAS_K=k is not None,
-        HAS_P=p is not None,
+    search_block = max(SUB, min(triton.next_power_of_2(vocab), 128 if IS_INTERPRETED else search_block))
+    exact = dict(
         NP=NUM_PIVOTS,
+        BLOCK=search_block,
         NP_C=SCRATCH_PIVOTS,
-        BOUND_NP=BOUND_PIVOTS,
-        BOUND_PASSES=BOUND_PASSES,
-        SUB=SUB,
-        BLOCK=max(SUB, min(triton.next_power_of_2(vocab), 128 if IS_INTERPRETED else search_block)),
         BLOCK_C=64 if IS_INTERPRETED else 512,
         WIDE=32 if IS_INTERPRETED else 4096,
         CHUNKS=triton.next_power_of_2(chunks),
         MAX_PASSES=MAX_PASSES,
-        num_warps=warps,
     )
+    if k is None:  # top-p alone: split rounds narrow the threshold over the whole device
+        partials = scratch(
+            "top_k_top_p.partials", TOP_P_ROUNDS * rows * chunks * ROUND_PIVOTS * 2, torch.float32, dev
+        )
+        split = dict(NP=ROUND_PIVOTS, BLOCK=block, CHUNKS=exact["CHUNKS"], num_warps=8)
+        for r in range(TOP_P_ROUNDS):  # small tiles: each element meets ROUND_PIVOTS pivots
+            _top_p_round_kernel[(rows, chunks)](
+                logits,
+                row_stride,
+                p32,
+                stats,
+                partials,
+                rows,
+                vocab,
+                chunk,
+                chunks,
+                ROUND=r,
+                **(split | dict(BLOCK=min(block, ROUND_BLOCK))),
+            )
+        _top_p_bucket_kernel[(rows, chunks)](
+            logits,
+            row_stride,
+            p32,
+            stats,
+            partials,
+            counter,
+            cand,
+            rows,
+            vocab,
+            chunk,
+            chunks,
+            CAP,
+            ROUNDS=TOP_P_ROUNDS,
+            **split,
+        )
+        _top_p_threshold_kernel[(rows,)](
+            logits,
+            row_stride,
+            p32,
+            stats,
+            partials,
+            counter,
+            cand,
+            thresholds,
+            rows,
+            vocab,
+            chunks,
+            CAP,
+            ROUNDS=TOP_P_ROUNDS,
+            NP_R=ROUND_PIVOTS,
+            num_warps=warps,
+            **exact,
+        )
+    else:
+        _threshold_kernel[(rows,)](
+            logits,
+            row_stride,
+            k,
+            p32,
+            maxima,
+            stats,
+            cand,
+            scratch("top_k_top_p.subtiles", rows * CAP, torch.int32, dev),
+            thresholds,
+            vocab,
+            n_sub,
+            chunks,
+            CAP,
+            HAS_P=p is not None,
+            BOUND_NP=BOUND_PIVOTS,
+            BOUND_PASSES=BOUND_PASSES,
+            SUB=SUB,
+            num_warps=warps,
+            **exact,
+        )
     _mask_kernel[(rows, chunks)](
-        logits, logits.stride(0), vocab, chunk, n_sub, maxima, thresholds, SUB=SUB, BLOCK=block, num_warps=8
+        logits, row_stride, vocab, chunk, n_sub, maxima, thresholds, SUB=SUB, BLOCK=block, num_warps=8
     )
     return logits
