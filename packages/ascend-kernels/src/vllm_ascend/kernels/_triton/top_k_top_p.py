@@ -217,8 +217,54 @@ def _select(
         base_mass = mass_hi
     # Exact passes: lo and top become elements until they meet.
     top = tl.minimum(hi, row_max)
-    if n > WIDE:  # many candidates: wide tiles, fewer pivots
-        lo, count_lo = _exact(
+    lo, count_lo = _exact(
+        src_ptr,
+        n,
+        lo,
+        top,
+        count_lo,
+        row_max,
+        floor,
+        base_count,
+        base_mass,
+        target_count,
+        target_mass,
+        BY_MASS,
+        NP,
+        BLOCK,
+        NP_C,
+        BLOCK_C,
+        WIDE,
+        MAX_PASSES,
+    )
+    return lo, count_lo, tl.where(tail_in_scratch == 1, n, -1)
+
+
+@triton.jit
+def _exact(
+    src_ptr,
+    n,
+    lo,
+    top,
+    count_lo,
+    row_max,
+    floor,
+    base_count,
+    base_mass,
+    target_count,
+    target_mass,
+    BY_MASS: tl.constexpr,
+    NP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NP_C: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    WIDE: tl.constexpr,
+    MAX_PASSES: tl.constexpr,
+):
+    """:func:`_narrow` over ``n`` candidates: more than ``WIDE`` take the row's wide tiles and
+    ``NP`` pivots, fewer the candidate tiles and ``NP_C`` pivots (fewer, cheaper passes)."""
+    if n > WIDE:
+        lo, count_lo = _narrow(
             src_ptr,
             n,
             lo,
@@ -236,7 +282,7 @@ def _select(
             MAX_PASSES,
         )
     else:
-        lo, count_lo = _exact(
+        lo, count_lo = _narrow(
             src_ptr,
             n,
             lo,
@@ -253,11 +299,11 @@ def _select(
             BLOCK_C,
             MAX_PASSES,
         )
-    return lo, count_lo, tl.where(tail_in_scratch == 1, n, -1)
+    return lo, count_lo
 
 
 @triton.jit
-def _exact(
+def _narrow(
     src_ptr,
     n,
     lo,
@@ -535,43 +581,26 @@ def _top_p_threshold_kernel(
         n = tl.load(counter_ptr + row)
         cand_ptr = cand_base_ptr + row.to(tl.int64) * cap
         if n <= cap:
-            top = tl.minimum(hi, row_max)
-            if n > WIDE:
-                threshold, _ = _exact(
-                    cand_ptr,
-                    n,
-                    lo,
-                    top,
-                    tl.zeros([], tl.int32),
-                    row_max,
-                    float("-inf"),
-                    count_hi.to(tl.int32),
-                    mass_hi,
-                    0,
-                    target,
-                    True,
-                    NP,
-                    BLOCK,
-                    MAX_PASSES,
-                )
-            else:
-                threshold, _ = _exact(
-                    cand_ptr,
-                    n,
-                    lo,
-                    top,
-                    tl.zeros([], tl.int32),
-                    row_max,
-                    float("-inf"),
-                    count_hi.to(tl.int32),
-                    mass_hi,
-                    0,
-                    target,
-                    True,
-                    NP_C,
-                    BLOCK_C,
-                    MAX_PASSES,
-                )
+            threshold, _ = _exact(
+                cand_ptr,
+                n,
+                lo,
+                tl.minimum(hi, row_max),
+                tl.zeros([], tl.int32),
+                row_max,
+                float("-inf"),
+                count_hi.to(tl.int32),
+                mass_hi,
+                0,
+                target,
+                True,
+                NP,
+                BLOCK,
+                NP_C,
+                BLOCK_C,
+                WIDE,
+                MAX_PASSES,
+            )
         else:
             threshold, _, _ = _select(
                 logits_ptr + row.to(tl.int64) * row_stride,
