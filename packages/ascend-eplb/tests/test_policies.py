@@ -376,3 +376,33 @@ def test_dominant_swap_gain_picks_the_lightest_partners_for_a_dominant_expert():
     coarse = PolicyFactory.generate_policy("swift", {"min_swap_gain": 0.01, "dominant_swap_gain": 0.01})
     _, _, stuck = coarse.rebalance_experts(table, slot_weights(table, load))
     assert rank_loads(stuck, load).max() > rank_loads(new, load).max()
+
+
+def test_chain_refine_lowers_a_peak_that_single_swaps_cannot():
+    from vllm_ascend.eplb.policy.packing import chain_refine, swap_refine
+
+    table = np.array([[[2, 3, 8], [6, 1, 0], [4, 5, 0], [1, 2, 7]]])
+    load = np.array([[18.0, 8.0, 7.0, 1.0, 7.0, 7.0, 7.0, 13.0, 15.0]])
+    w = slot_weights(table, load)
+    assert w.sum(axis=2).tolist() == [[19.5, 20.0, 23.0, 20.5]]
+    # no single swap with any partner, at any depth, lowers the peak
+    stalled, _ = swap_refine(table, w, 9, 50, np.zeros(1), candidates=3, depth=4)
+    assert stalled.tolist() == table.tolist()
+    new, new_w = chain_refine(table, w, 9, 5, np.zeros(1), np.array([12]))
+    _check_plan(table, new, 9)
+    assert np.allclose(new_w, slot_weights(new, load))
+    assert new_w.sum(axis=2).max() == 22.5
+    assert moved_slots(table, new).tolist() == [4]
+    # a chain changes four slots: with a budget of three nothing moves
+    assert chain_refine(table, w, 9, 5, np.zeros(1), np.array([3]))[0].tolist() == table.tolist()
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "match"),
+    [("chain_steps", -1, "outside"), ("chain_steps", 2.5, "int"), ("chain_gain", -0.1, "outside")],
+)
+def test_chain_options_are_validated(field, bad, match):
+    table = np.array([[[0, 1], [2, 3]]])
+    work = np.array([[[9.0, 9.0], [1.0, 1.0]]])
+    with pytest.raises(EplbInputError, match=f"{field}.*{match}"):
+        PolicyFactory.generate_policy("swift", {field: bad}).rebalance_experts(table, work)

@@ -12,6 +12,7 @@ from scipy.optimize import linear_sum_assignment
 SWAP_SEARCH = 1024
 WIDE_SWAPS = 25
 _FORBID = np.float32(1e30)
+CHAIN_MAX_SLOTS = 8
 
 
 def presence(table: np.ndarray, n: int) -> np.ndarray:
@@ -300,6 +301,126 @@ def swap_refine(
         load[li, b] += w1 - w2
         moved[li] += 2
         rows = keep
+    return table, slot_w
+
+
+def chain_refine(
+    table: np.ndarray,
+    slot_w: np.ndarray,
+    n: int,
+    max_steps: int,
+    min_gain: np.ndarray,
+    max_moved: np.ndarray,
+    firsts: int = 8,
+    partners: int = 8,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Two-swap ejection chains off the peak rank, for placements where single swaps stall.
+
+    The peak rank ``a`` hands an expert to a rank ``x`` for a lighter one, which may push ``x``
+    above the old peak; ``x`` then swaps with one of the ``partners`` lightest ranks. The ``firsts``
+    first swaps are picked by ``max(a after, min(x after, old peak))`` (x's best slot for each of
+    a's slots and each rank x); among them the chain (or the plain swap, when ``x`` stays below
+    the peak) with the lowest resulting max over the touched ranks is applied when it lowers the
+    peak by more than ``min_gain``; at most
+    four changed slots per step and ``max_moved`` per layer. Under strong skew with redundancy the
+    peak rank often holds two hot replicas that no single swap can move (every other rank holds
+    one too); a chain moves one to a rank whose light experts go on. So only layers whose peak rank
+    holds two replicas of at least a third of the mean rank load each, and with at most
+    ``CHAIN_MAX_SLOTS`` slots per rank, are searched (with many slots single swaps have enough small
+    experts to work with, and the search grows with slots²). Runs in float32."""
+    table, slot_w = table.copy(), slot_w.copy()
+    layers, ranks, slots = table.shape
+    if ranks < 3 or slots > CHAIN_MAX_SLOTS:
+        return table, slot_w
+    t_first, q_n = min(firsts, (ranks - 1) * slots), min(partners, ranks - 2) + 2
+    has = np.ascontiguousarray(presence(table, n))
+    has_flat = has.reshape(-1)
+    w32 = slot_w.astype(np.float32)
+    load = slot_w.sum(axis=2)
+    moved = np.zeros(layers, dtype=np.int64)
+    min_gain = np.broadcast_to(min_gain, (layers,))
+    heavy = load.mean(axis=1) / 3
+    rows = np.arange(layers)
+    rank_ids = np.arange(ranks)
+    for _ in range(max_steps):
+        rows = rows[moved[rows] + 4 <= max_moved[rows]]
+        a = np.argmax(load[rows], axis=1)
+        rows, a = (v[(slot_w[rows, a] >= heavy[rows, None]).sum(axis=1) >= 2] for v in (rows, a))
+        if not rows.size:
+            break
+        m, mi = rows.size, np.arange(rows.size)
+        lr = load[rows].astype(np.float32)
+        peak = lr[mi, a]
+        light = np.argpartition(lr, q_n - 1, axis=1)[:, :q_n]  # [m, Q] (a or x may be among them)
+        ea, tx = table[rows, a], table[rows]  # [m, slots], [m, ranks, slots]
+        # first swap a's slot i <-> x's slot j; forbidden pairs priced out of reach
+        ea_on_x = has_flat[((rows[:, None] * ranks + rank_ids) * n)[:, :, None] + ea[:, None, :]]  # [m, x, i]
+        wa_x = np.where(ea_on_x.transpose(0, 2, 1), -_FORBID, w32[rows, a][:, :, None])  # [m, i, x]
+        ex_on_a = has_flat[((rows * ranks + a) * n)[:, None, None] + tx] | (rank_ids == a[:, None])[..., None]
+        wx_a = np.where(ex_on_a, _FORBID, w32[rows])  # [m, x, j]
+        # layout [m, j, i, x]: the reductions over x's slot j and the inner loops run over i·x
+        d = wa_x[:, None] - wx_a.transpose(0, 2, 1)[:, :, None, :]
+        pk = peak[:, None, None, None]
+        key = np.maximum(pk - d, np.minimum(lr[:, None, None, :] + d, pk))
+        key_ix, jbest = key[:, 0], np.zeros((m, slots, ranks), dtype=np.int64)
+        for jj in range(1, slots):  # x's best slot for each (i, x), slice by slice (fast in numpy)
+            lower = key[:, jj] < key_ix
+            key_ix, jbest = np.where(lower, key[:, jj], key_ix), np.where(lower, jj, jbest)
+        key_ix = key_ix.reshape(m, -1)
+        pick = np.argpartition(key_ix, t_first - 1, axis=1)[:, :t_first]  # [m, T]
+        i, x = np.unravel_index(pick, (slots, ranks))
+        j = np.take_along_axis(jbest.reshape(m, -1), pick, axis=1)
+        dd = d[mi[:, None], j, i, x]
+        na, nx = peak[:, None] - dd, lr[mi[:, None], x] + dd
+        plain = np.where(nx < peak[:, None], np.maximum(na, nx), np.inf)  # [m, T]
+        # fix: x (after the first swap) swaps its slot p with slot s of a light rank q
+        mt = mi[:, None]
+        e_in, w_in = ea[mt, i], w32[rows[:, None], a[:, None], i]  # [m, T]
+        x_items, x_w = tx[mt, x].copy(), w32[rows[:, None], x].copy()  # [m, T, slots]
+        np.put_along_axis(x_items, j[..., None], e_in[..., None], axis=2)
+        np.put_along_axis(x_w, j[..., None], w_in[..., None], axis=2)
+        qflat = (rows[:, None] * ranks + light) * n  # [m, Q]
+        bad_q = (light[:, None, :] == x[..., None]) | (light == a[:, None])[:, None, :]  # [m, T, Q]
+        xp_on_q = (
+            has_flat[qflat[:, None, None, :] + x_items[..., None]] | bad_q[:, :, None, :]
+        )  # [m, T, p, Q]
+        x_wq = np.where(xp_on_q, -_FORBID, x_w[..., None])
+        q_items = tx[mt, light]  # [m, Q, slots]
+        eq_on_x = has_flat[((rows[:, None] * ranks + x) * n)[:, :, None, None] + q_items[:, None]]
+        eq_on_x |= q_items[:, None] == e_in[:, :, None, None]  # [m, T, Q, s]
+        q_wx = np.where(eq_on_x, _FORBID, w32[rows[:, None], light][:, None])  # [m, T, Q, s]
+        # d2[m, T, p, (Q, s)]: flattened partner axis keeps numpy's inner loops long
+        d2 = np.repeat(x_wq, slots, axis=3) - q_wx.reshape(m, t_first, 1, -1)
+        lq = np.repeat(lr[mt, light], slots, axis=1)[:, None, None, :]
+        val = np.maximum(nx[:, :, None, None] - d2, lq + d2).reshape(m, t_first, -1)
+        fix = np.argmin(val, axis=2)  # [m, T]
+        chained = np.maximum(na, np.take_along_axis(val, fix[..., None], axis=2)[..., 0])
+        use_chain = chained < plain
+        value = np.minimum(plain, chained)
+        best = np.argmin(value, axis=1)
+        go = value[mi, best] < peak - min_gain[rows]
+        if not go.any():
+            break
+        g = np.flatnonzero(go)
+        li, bi = rows[g], best[g]
+        p, qk, si = np.unravel_index(fix[g, bi], (slots, q_n, slots))
+        steps = (
+            (a[g], i[g, bi], x[g, bi], j[g, bi], np.ones(g.size, dtype=bool)),
+            (x[g, bi], p, light[g, qk], si, use_chain[g, bi]),
+        )
+        for r1, s1, r2, s2, sel in steps:
+            lsel, r1, s1, r2, s2 = li[sel], r1[sel], s1[sel], r2[sel], s2[sel]
+            e1, e2 = table[lsel, r1, s1], table[lsel, r2, s2]
+            w1, w2 = slot_w[lsel, r1, s1], slot_w[lsel, r2, s2]
+            table[lsel, r1, s1], table[lsel, r2, s2] = e2, e1
+            slot_w[lsel, r1, s1], slot_w[lsel, r2, s2] = w2, w1
+            w32[lsel, r1, s1], w32[lsel, r2, s2] = w2, w1
+            has[lsel, r1, e1], has[lsel, r2, e2] = False, False
+            has[lsel, r1, e2], has[lsel, r2, e1] = True, True
+            load[lsel, r1] += w2 - w1
+            load[lsel, r2] += w1 - w2
+            moved[lsel] += 2
+        rows = rows[go]
     return table, slot_w
 
 

@@ -7,6 +7,7 @@ import numpy as np
 from vllm_ascend.eplb.policy.base import EplbPolicy
 from vllm_ascend.eplb.policy.packing import (
     better,
+    chain_refine,
     imbalance,
     keep_slots,
     logical_load,
@@ -35,8 +36,10 @@ class SwiftBalanceEplb(EplbPolicy):
     ``dominant_swap_gain`` (0.05 %) in layers where one replica alone outweighs the mean (there every
     lighter partner of that replica is a real reduction), up to ``max_swaps`` (100) swaps and
     ``max_move_fraction`` (0.3) of the layer's slots; where single swaps stall, the heaviest and
-    lightest ranks are pooled and re-packed within the remaining budget. A layer keeps the new plan
-    only if its imbalance improves (or, with the peak unchanged, the spread of rank loads shrinks).
+    lightest ranks are pooled and re-packed within the remaining budget, and up to ``chain_steps``
+    (10) two-swap chains move a hot replica off a peak rank that holds two (:func:`chain_refine`,
+    each lowering the peak by ``chain_gain``, 0.05 % of the mean). A layer keeps the new plan only
+    if its imbalance improves (or, with the peak unchanged, the spread of rank loads shrinks).
     """
 
     def plan(self, table: np.ndarray, workload: np.ndarray, n: int) -> np.ndarray:
@@ -68,7 +71,11 @@ class SwiftBalanceEplb(EplbPolicy):
         )
         for _ in range(2):  # where single swaps stall: re-pack the extreme ranks, then swap again
             new, slot_w = repack_extremes(new, slot_weights(new, load), n, total - moved_slots(table, new))
-            new, _ = swap_refine(new, slot_w, n, 25, gain, max_moved=total - moved_slots(table, new))
+            new, slot_w = swap_refine(new, slot_w, n, 25, gain, max_moved=total - moved_slots(table, new))
+        steps = self.option("chain_steps", 10, lo=0)
+        if steps:
+            cg = self.option("chain_gain", 0.0005, lo=0.0) * load.sum(axis=1) / ranks
+            new, _ = chain_refine(new, slot_w, n, steps, cg, total - moved_slots(table, new))
         new = keep_slots(table, new)
         keep = ~todo | ~better(table, new, load)
         return np.where(keep[:, None, None], table, new)
