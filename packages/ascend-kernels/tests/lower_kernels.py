@@ -1,0 +1,160 @@
+"""Lower every Triton kernel launch of ``vllm_ascend.kernels`` to Triton IR for a GPU target, on a
+machine without one. Run as a script (``test_lowering.py`` does, in a fresh process), never under
+``TRITON_INTERPRET=1``: the interpreter accepts code the compiler rejects (non-constexpr globals,
+a loop-carried value changing type), which the CPU tests would otherwise only find on a GPU.
+
+Each public op and the warm-up run on cpu tensors with the Triton path forced and launches
+intercepted: a launch is lowered through Triton's front end (``ASTSource.make_ir``, the stage
+that type-checks the kernel) for ``GPUTarget("cuda", 90, 32)`` instead of running. Kernel outputs
+are therefore never written; the wrappers only read their inputs. Prints one line per distinct
+(kernel, signature, constexprs) lowered and exits 1 if any fails or a kernel is never launched.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import sys
+import traceback
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    raise SystemExit("run without TRITON_INTERPRET=1: the interpreter skips the compiler front end")
+
+import torch
+from triton._C.libtriton import ir
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+import vllm_ascend.kernels as K
+import vllm_ascend.kernels._backend as backend_choice
+
+TARGET = GPUTarget("cuda", 90, 32)
+BACKEND = CUDABackend(TARGET)
+_DTYPES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "i1",
+}
+lowered: dict[tuple, str | None] = {}
+
+
+def _arg_type(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + _DTYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"unsupported kernel argument {value!r}")
+
+
+def _lower(fn: JITFunction, args: tuple, kwargs: dict) -> None:
+    names = [p.name for p in fn.params]
+    bound = dict(zip(names, args, strict=False)) | {k: v for k, v in kwargs.items() if k in names}
+    signature, constexprs = {}, {}
+    for param in fn.params:
+        value = bound[param.name]
+        if param.is_constexpr or value is None:
+            signature[param.name] = "constexpr"
+            constexprs[param.name] = value
+        else:
+            signature[param.name] = _arg_type(value)
+    warps = kwargs.get("num_warps", 4)
+    key = (fn.__name__, tuple(signature.items()), tuple((k, repr(v)) for k, v in constexprs.items()), warps)
+    if key in lowered:
+        return
+    try:
+        options = BACKEND.parse_options({"num_warps": warps})
+        context = ir.context()
+        ir.load_dialects(context)
+        BACKEND.load_dialects(context)
+        ASTSource(fn=fn, signature=signature, constexprs=constexprs).make_ir(
+            TARGET, options, BACKEND.get_codegen_implementation(options), BACKEND.get_module_map(), context
+        )
+        lowered[key] = None
+    except Exception as exc:  # every failure is reported with its kernel and constexprs
+        lowered[key] = f"{type(exc).__name__}: {exc}"
+
+
+def _intercept(self, *args, grid, warmup, **kwargs):
+    _lower(self, args, kwargs)
+
+
+def _exercise() -> None:
+    """Every public op, with the variants the wrappers compile separately."""
+    gen = torch.Generator().manual_seed(0)
+    for vocab in (1000, 32000, 151936):
+        results = K.kernel_warmup("cpu", vocab, (torch.float32, torch.bfloat16, torch.float16))
+        if not all(results.values()):
+            raise RuntimeError(f"warm-up failed outside the lowering: {results}")
+    caches = [torch.zeros(2, 12, 4, 2, 8, dtype=torch.bfloat16), torch.zeros(12, 3, 5, dtype=torch.int8)]
+    K.zero_kv_blocks(caches, torch.tensor([3, 0, 11]), [1, 0])
+    table = torch.randint(0, 1000, (5, 6), generator=gen, dtype=torch.int32)
+    req, pos = torch.randint(0, 5, (50,), generator=gen), torch.randint(0, 96, (50,), generator=gen)
+    for world, interleave in ((1, 1), (2, 4)):
+        K.compute_slot_mapping(table, req, pos, 8, world, 0, interleave)
+    for dtype in (torch.float32, torch.bfloat16):
+        dim, width = 20, 4
+        qsl = torch.tensor([0, 5, 6, 25, 27], dtype=torch.int32)
+        weight = torch.randn(dim, width, generator=gen).to(dtype)
+        states = torch.randn(6, dim, width - 1, generator=gen).to(dtype)
+        lines = torch.tensor([4, 0, -1, 2], dtype=torch.int32)
+        for bias, activation in ((torch.randn(dim, generator=gen).to(dtype), "silu"), (None, None)):
+            x = torch.randn(dim, 27, generator=gen).to(dtype)
+            K.causal_conv1d_fn(
+                x, weight, bias, states, qsl, lines, torch.tensor([True, True, False, False]), activation
+            )
+            for shape in ((4, dim), (4, dim, 3)):
+                K.causal_conv1d_update(
+                    torch.randn(*shape, generator=gen).to(dtype), states, weight, bias, activation, lines
+                )
+        a, b = torch.randn(7, 6, generator=gen).to(dtype), torch.randn(7, 6, generator=gen).to(dtype)
+        K.fused_gdn_gating(torch.randn(6, generator=gen), a, b, torch.randn(6, generator=gen), 1.0, 20.0)
+
+
+def main() -> int:
+    JITFunction.run = _intercept
+    backend_choice.use_triton = lambda device: True
+    _exercise()
+    from vllm_ascend.kernels import _triton
+
+    modules = [
+        importlib.import_module(f"{_triton.__name__}.{m.name}")
+        for m in pkgutil.iter_modules(_triton.__path__)
+    ]
+    defined = {
+        name
+        for module in modules
+        for name, obj in vars(module).items()
+        if isinstance(obj, JITFunction) and name.endswith("_kernel")
+    }
+    failed = {k: err for k, err in lowered.items() if err}
+    for (name, _, constexprs, warps), err in sorted(lowered.items()):
+        print(
+            f"{'FAIL' if err else 'ok  '} {name} warps={warps} {dict(constexprs)}"
+            + (f"\n     {err}" if err else "")
+        )
+    missing = defined - {name for name, *_ in lowered}
+    if missing:
+        print(f"never launched: {sorted(missing)}")
+    print(f"{len(lowered)} launches lowered, {len(failed)} failed, {len(defined)} kernels defined")
+    return 1 if failed or missing else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Exception:
+        traceback.print_exc()
+        sys.exit(2)
