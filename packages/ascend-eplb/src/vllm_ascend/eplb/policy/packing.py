@@ -289,19 +289,36 @@ def swap_refine(
             rows = keep
             continue
         i, kb, j = np.unravel_index(best, (slots, k, slots))
-        li, ai, b = rows, a, light[np.arange(rows.size), kb]
-        e1, e2 = table[li, ai, i], table[li, b, j]
-        w1, w2 = slot_w[li, ai, i], slot_w[li, b, j]
-        table[li, ai, i], table[li, b, j] = e2, e1
-        slot_w[li, ai, i], slot_w[li, b, j] = w2, w1
-        w32[li, ai, i], w32[li, b, j] = w2, w1
-        has[li, ai, e1], has[li, b, e2] = False, False
-        has[li, ai, e2], has[li, b, e1] = True, True
-        load[li, ai] += w2 - w1
-        load[li, b] += w1 - w2
-        moved[li] += 2
+        _swap_slots(table, slot_w, w32, has, load, moved, rows, a, i, light[np.arange(rows.size), kb], j)
         rows = keep
     return table, slot_w
+
+
+def _swap_slots(
+    table: np.ndarray,
+    slot_w: np.ndarray,
+    w32: np.ndarray,
+    has: np.ndarray,
+    load: np.ndarray,
+    moved: np.ndarray,
+    layers: np.ndarray,
+    r1: np.ndarray,
+    s1: np.ndarray,
+    r2: np.ndarray,
+    s2: np.ndarray,
+) -> None:
+    """Exchange slot ``(r1, s1)`` with ``(r2, s2)`` per layer, updating the weights, presence and
+    rank-load bookkeeping of the swap searches in place."""
+    e1, e2 = table[layers, r1, s1], table[layers, r2, s2]
+    w1, w2 = slot_w[layers, r1, s1], slot_w[layers, r2, s2]
+    table[layers, r1, s1], table[layers, r2, s2] = e2, e1
+    slot_w[layers, r1, s1], slot_w[layers, r2, s2] = w2, w1
+    w32[layers, r1, s1], w32[layers, r2, s2] = w2, w1
+    has[layers, r1, e1], has[layers, r2, e2] = False, False
+    has[layers, r1, e2], has[layers, r2, e1] = True, True
+    load[layers, r1] += w2 - w1
+    load[layers, r2] += w1 - w2
+    moved[layers] += 2
 
 
 def chain_refine(
@@ -409,17 +426,7 @@ def chain_refine(
             (x[g, bi], p, light[g, qk], si, use_chain[g, bi]),
         )
         for r1, s1, r2, s2, sel in steps:
-            lsel, r1, s1, r2, s2 = li[sel], r1[sel], s1[sel], r2[sel], s2[sel]
-            e1, e2 = table[lsel, r1, s1], table[lsel, r2, s2]
-            w1, w2 = slot_w[lsel, r1, s1], slot_w[lsel, r2, s2]
-            table[lsel, r1, s1], table[lsel, r2, s2] = e2, e1
-            slot_w[lsel, r1, s1], slot_w[lsel, r2, s2] = w2, w1
-            w32[lsel, r1, s1], w32[lsel, r2, s2] = w2, w1
-            has[lsel, r1, e1], has[lsel, r2, e2] = False, False
-            has[lsel, r1, e2], has[lsel, r2, e1] = True, True
-            load[lsel, r1] += w2 - w1
-            load[lsel, r2] += w1 - w2
-            moved[lsel] += 2
+            _swap_slots(table, slot_w, w32, has, load, moved, li[sel], r1[sel], s1[sel], r2[sel], s2[sel])
         rows = rows[go]
     return table, slot_w
 
