@@ -25,7 +25,7 @@ split over the device. ``TOP_P_ROUNDS`` launches of ``_top_p_round_kernel`` each
 the mass of ``{x >= pivot}`` for ``ROUND_PIVOTS`` pivots over the bracket the earlier rounds left
 (starting at an analytic lower bound, see ``_tail_bound``); every program replays the rounds from
 those partials, so no per-row state is stored. ``_top_p_bucket_kernel`` copies the elements of the
-final bracket to the scratch (one atomic per tile), and ``_top_p_threshold_kernel`` searches them
+final bracket to the scratch (a relaxed atomic per element), and ``_top_p_threshold_kernel`` searches them
 exactly, with the mass above the bracket as a base.
 
 So a typical row is read about twice and written once. Scratch buffers are cached per device and
@@ -51,7 +51,7 @@ from vllm_ascend.kernels._triton.common import (
 NUM_PIVOTS = 8
 SCRATCH_PIVOTS = 32
 ROUND_PIVOTS = 8
-ROUND_BLOCK = 512
+ROUND_BLOCK = 1024
 TOP_P_ROUNDS = 2
 BOUND_PIVOTS = 16
 BOUND_PASSES = 2
@@ -79,49 +79,51 @@ def _pivot_pass(
     row_max,
     floor,
     lo,
-    EXACT: tl.constexpr,
     BY_MASS: tl.constexpr,
     NP: tl.constexpr,
     BLOCK: tl.constexpr,
+    COUNT: tl.constexpr = True,
 ):
-    """Per pivot: count and mass of ``{x >= pivot}``; with ``EXACT`` also the nearest elements
-    above/below it and the mass of ``{x >= lo}``. Elements under ``floor`` count as ``-inf``.
+    """Per pivot: count (zero without ``COUNT``) and mass of ``{x >= pivot}``, and the mass of
+    ``{x >= lo}``. Elements under ``floor`` count as ``-inf``.
 
-    Counts and masses are kept per lane and reduced once at the end (a reduction across the
-    program per tile would dominate long passes); the exact passes, over a few tiles of
-    candidates, reduce per tile instead to keep their four accumulators small."""
-    cnt = tl.zeros([NP], tl.int32)
-    mass = tl.zeros([NP], tl.float32)
-    lane_cnt = tl.zeros([BLOCK, NP], tl.int32)
-    lane_mass = tl.zeros([BLOCK, NP], tl.float32)
-    above_min = tl.full([NP], float("inf"), tl.float32)
-    below_max = tl.full([NP], float("-inf"), tl.float32)
-    mass_lo = tl.zeros([BLOCK], tl.float32)
-    offs = tl.arange(0, BLOCK)
+    Tiles are loaded as ``[1, BLOCK]`` and the pivot axis comes first, so a tile broadcasts against
+    the pivots in the layout it was loaded in (a 1-D tile would go through shared memory on every
+    iteration). Counts and masses are kept per lane and reduced once at the end: a reduction across
+    the program per tile (and per pivot) would dominate the pass."""
+    lane_cnt = tl.zeros([NP, BLOCK], tl.int32)
+    lane_mass = tl.zeros([NP, BLOCK], tl.float32)
+    mass_lo = tl.zeros([1, BLOCK], tl.float32)
+    pv = piv[:, None]
+    offs = tl.arange(0, BLOCK)[None, :]
     nxt = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf"))
     for start in range(0, n, BLOCK):
         x = nxt.to(tl.float32)
-        offs = start + BLOCK + tl.arange(0, BLOCK)
+        offs = start + BLOCK + tl.arange(0, BLOCK)[None, :]
         nxt = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf"))
         x = tl.where(x >= floor, x, float("-inf"))
-        ge = x[:, None] >= piv[None, :]
-        if EXACT:
-            cnt += tl.sum(ge.to(tl.int32), 0)
-            above_min = tl.minimum(above_min, tl.min(tl.where(ge, x[:, None], float("inf")), 0))
-            below_max = tl.maximum(below_max, tl.max(tl.where(ge, float("-inf"), x[:, None]), 0))
-        else:
+        ge = x >= pv
+        if COUNT:
             lane_cnt += ge.to(tl.int32)
         if BY_MASS:
             e = tl.exp(x - row_max)
-            if EXACT:
-                mass += tl.sum(tl.where(ge, e[:, None], 0.0), 0)
-            else:
-                lane_mass += tl.where(ge, e[:, None], 0.0)
+            lane_mass += tl.where(ge, e, 0.0)
             mass_lo += tl.where(x >= lo, e, 0.0)
-    if not EXACT:
-        cnt = tl.sum(lane_cnt, 0)
-        mass = tl.sum(lane_mass, 0)
-    return cnt, mass, above_min, below_max, tl.sum(mass_lo, 0)
+    return tl.sum(lane_cnt, 1), tl.sum(lane_mass, 1), tl.sum(tl.sum(mass_lo, 1), 0)
+
+
+@triton.jit
+def _neighbours(src_ptr, n, floor, above, below, BLOCK: tl.constexpr):
+    """``(min{x >= above}, max{x < below})`` over the candidates (``inf`` / ``-inf`` when empty)."""
+    lane_min = tl.full([BLOCK], float("inf"), tl.float32)
+    lane_max = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
+        x = tl.where(x >= floor, x, float("-inf"))
+        lane_min = tl.minimum(lane_min, tl.where(x >= above, x, float("inf")))
+        lane_max = tl.maximum(lane_max, tl.where(x < below, x, float("-inf")))
+    return tl.min(lane_min, 0), tl.max(lane_max, 0)
 
 
 @triton.jit
@@ -187,7 +189,7 @@ def _select(
     while searching:
         top = tl.minimum(hi, row_max)
         piv = _pivots(lo, top, NP)
-        cnt, mass, _, _, _ = _pivot_pass(row_ptr, vocab, piv, row_max, floor, lo, False, BY_MASS, NP, BLOCK)
+        cnt, mass, _ = _pivot_pass(row_ptr, vocab, piv, row_max, floor, lo, BY_MASS, NP, BLOCK)
         j = tl.sum(_reached(cnt, mass, 0, 0.0, target_count, target_mass, BY_MASS).to(tl.int32), 0)
         count_lo = tl.where(j == 0, count_lo, _take(cnt, idx, j - 1, 0))
         lo = tl.where(j == 0, lo, _take(piv, idx, j - 1, 0.0))
@@ -327,15 +329,23 @@ def _narrow(
     searching = lo < top
     while searching:
         piv = _pivots(lo, top, NP)
-        cnt, mass, above_min, below_max, _ = _pivot_pass(
-            src_ptr, n, piv, row_max, floor, lo, True, BY_MASS, NP, BLOCK
-        )
+        cnt, mass, _ = _pivot_pass(src_ptr, n, piv, row_max, floor, lo, BY_MASS, NP, BLOCK)
         j = tl.sum(
             _reached(cnt, mass, base_count, base_mass, target_count, target_mass, BY_MASS).to(tl.int32), 0
         )
         count_lo = tl.where(j == 0, count_lo, _take(cnt, idx, j - 1, 0) + base_count)
-        new_lo = tl.where(j == 0, lo, _take(above_min, idx, j - 1, 0.0))
-        new_top = _take(below_max, idx, j, float("-inf"))
+        # The new ends: the smallest element at or above the last pivot that reached the target,
+        # the largest below the first that did not (only these two, not one per pivot).
+        above, below = _neighbours(
+            src_ptr,
+            n,
+            floor,
+            _take(piv, idx, j - 1, float("inf")),
+            _take(piv, idx, j, float("-inf")),
+            BLOCK,
+        )
+        new_lo = tl.where(j == 0, lo, above)
+        new_top = below
         done = (j == NP) | (new_lo >= new_top)
         answer = tl.where(j == NP, top, new_lo)
         lo = tl.where(done, answer, new_lo)
@@ -482,17 +492,17 @@ def _top_p_round_kernel(
         lo = tl.maximum(row_min, _tail_bound(row_max, z, finite, p))
         lo, hi, _, _ = _bracket(partials_ptr, row, rows, n_chunks, lo, p * z, row_max, ROUND, NP, CHUNKS)
         piv = _pivots(lo, tl.minimum(hi, row_max), NP)
-        cnt, mass, _, _, _ = _pivot_pass(
+        cnt, mass, _ = _pivot_pass(
             logits_ptr + row.to(tl.int64) * row_stride + start,
             tl.minimum(chunk, vocab - start),
             piv,
             row_max,
             float("-inf"),
             lo,
-            False,
             True,
             NP,
             BLOCK,
+            False,
         )
         out = partials_ptr + (((ROUND * rows + row).to(tl.int64) * n_chunks + c) * NP + tl.arange(0, NP)) * 2
         tl.store(out, cnt.to(tl.float32))
@@ -519,7 +529,7 @@ def _top_p_bucket_kernel(
     CHUNKS: tl.constexpr,
 ):
     """Copy this chunk's elements of the final bracket ``[lo, hi)`` to the row's scratch, at
-    offsets taken from a per-row counter (one atomic per tile that has any)."""
+    offsets taken from a per-row counter."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     row_max, z, row_min, finite = _row_stats(stats_ptr, row, n_chunks, CHUNKS)
@@ -535,11 +545,10 @@ def _top_p_bucket_kernel(
             x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
             xf = x.to(tl.float32)
             keep = (xf >= lo) & (xf < hi)
-            n = tl.sum(keep.to(tl.int32), 0)
-            if n > 0:
-                base = tl.atomic_add(counter_ptr + row, n)
-                pos = base + tl.cumsum(keep.to(tl.int32), 0) - 1
-                tl.store(cand_ptr + pos, x, mask=keep & (pos < cap))
+            # One relaxed atomic per kept element (a bracket holds ~1/80 of the row): cheaper than a
+            # prefix sum over every tile, and the order of the scratch does not matter.
+            pos = tl.atomic_add(counter_ptr + row + tl.zeros_like(offs), 1, mask=keep, sem="relaxed")
+            tl.store(cand_ptr + pos, x, mask=keep & (pos < cap))
 
 
 @triton.jit
@@ -646,9 +655,7 @@ def _bound(
     top = row_max
     for _ in range(PASSES):
         piv = _pivots(lo, top, NP)
-        cnt, mass, _, _, _ = _pivot_pass(
-            maxima_ptr, n_sub, piv, row_max, floor, lo, False, BY_MASS, NP, BLOCK
-        )
+        cnt, mass, _ = _pivot_pass(maxima_ptr, n_sub, piv, row_max, floor, lo, BY_MASS, NP, BLOCK)
         j = tl.sum(
             _reached(cnt, mass, 0, 0.0, target_count, target_mass * MASS_MARGIN, BY_MASS).to(tl.int32), 0
         )
@@ -800,17 +807,17 @@ def _threshold_kernel(
                 if n_ready >= 0:
                     src = cand_ptr
                     n_src = n_ready
-                _, _, _, _, kept = _pivot_pass(
+                _, _, kept = _pivot_pass(
                     src,
                     n_src,
                     _pivots(threshold, row_max, NP),
                     row_max,
                     threshold,
                     threshold,
-                    False,
                     True,
                     NP,
                     BLOCK_C,
+                    False,
                 )
                 target = p * kept
             else:
@@ -927,7 +934,7 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
         NP=NUM_PIVOTS,
         BLOCK=search_block,
         NP_C=SCRATCH_PIVOTS,
-        BLOCK_C=64 if IS_INTERPRETED else 512,
+        BLOCK_C=64 if IS_INTERPRETED else 32 * warps,  # one candidate per lane: no register spills
         WIDE=32 if IS_INTERPRETED else 4096,
         CHUNKS=triton.next_power_of_2(chunks),
         MAX_PASSES=MAX_PASSES,
