@@ -13,9 +13,11 @@ least their mass), i.e. ``t >= v`` as soon as ``c >= k`` (or their mass reaches 
 Only sub-tiles whose max reaches that bound can hold candidates: they alone are read, and their
 elements ``>= bound`` copied to a per-row scratch (typically a few times ``k``), where exact pivot
 passes find ``t``: per pass, pivots spread over an interval ``[lo, top]`` known to hold ``t`` give
-the count (top-k) or probability mass (top-p) of ``{x >= pivot}`` and the nearest elements above
-and below each pivot, so ``lo`` and ``top`` become element values and meet at ``t``; ties are kept
-exactly as a sort keeps them. Top-p then runs on the scratch, over the distribution top-k left.
+the count (top-k) or probability mass (top-p) of ``{x >= pivot}``; the pivots around the target
+then give way to the nearest elements (one more sweep, or none when the candidates fit one tile and
+stay in registers for the whole search), so ``lo`` and ``top`` become element values and meet at
+``t``; ties are kept exactly as a sort keeps them. Top-p then runs on the scratch, over the
+distribution top-k left.
 Rows whose bound is too weak (``k`` above the number of sub-tiles, massive ties, top-k off with a
 flat distribution) search the whole row: coarse pivot passes until a bucket fits the scratch, then
 the same exact passes.
@@ -58,6 +60,9 @@ BOUND_PASSES = 2
 SUB = 8 if IS_INTERPRETED else 16
 CAP = 64 if IS_INTERPRETED else 16384
 MAX_PASSES = 48
+# (tile, warps) of the per-row search programs, for batches up to SMALL_BATCH_ROWS and above
+SMALL_BATCH_SEARCH = (2048, 8)
+LARGE_BATCH_SEARCH = (512, 4)
 MASS_MARGIN = tl.constexpr(
     1.0 + 2.0**-14
 )  # the bound's float32 mass must beat the target by more than rounding
@@ -323,36 +328,63 @@ def _narrow(
     MAX_PASSES: tl.constexpr,
 ):
     """Narrow ``[lo, top]`` to the threshold: per pass the nearest elements around ``NP`` pivots
-    become the new ends, so they are element values and meet at ``t``."""
+    become the new ends, so they are element values and meet at ``t``. Candidates that fit one
+    tile are loaded once and every pass runs on registers (the passes are a dependent chain, so a
+    memory round trip per pass is what a short search costs)."""
     idx = tl.arange(0, NP)
     passes = tl.zeros([], tl.int32)
     searching = lo < top
-    while searching:
-        piv = _pivots(lo, top, NP)
-        cnt, mass, _ = _pivot_pass(src_ptr, n, piv, row_max, floor, lo, BY_MASS, NP, BLOCK)
-        j = tl.sum(
-            _reached(cnt, mass, base_count, base_mass, target_count, target_mass, BY_MASS).to(tl.int32), 0
-        )
-        count_lo = tl.where(j == 0, count_lo, _take(cnt, idx, j - 1, 0) + base_count)
-        # The new ends: the smallest element at or above the last pivot that reached the target,
-        # the largest below the first that did not (only these two, not one per pivot).
-        above, below = _neighbours(
-            src_ptr,
-            n,
-            floor,
-            _take(piv, idx, j - 1, float("inf")),
-            _take(piv, idx, j, float("-inf")),
-            BLOCK,
-        )
-        new_lo = tl.where(j == 0, lo, above)
-        new_top = below
-        done = (j == NP) | (new_lo >= new_top)
-        answer = tl.where(j == NP, top, new_lo)
-        lo = tl.where(done, answer, new_lo)
-        top = tl.where(done, answer, new_top)
-        passes += 1
-        searching = (lo < top) & (passes < MAX_PASSES)
+    if n <= BLOCK:
+        offs = tl.arange(0, BLOCK)[None, :]
+        x = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
+        x = tl.where(x >= floor, x, float("-inf"))
+        e = x
+        if BY_MASS:
+            e = tl.exp(x - row_max)
+        while searching:
+            piv = _pivots(lo, top, NP)
+            ge = x >= piv[:, None]
+            cnt = tl.sum(ge.to(tl.int32), 1)
+            mass = tl.sum(tl.where(ge, e, 0.0), 1)
+            j = tl.sum(
+                _reached(cnt, mass, base_count, base_mass, target_count, target_mass, BY_MASS).to(tl.int32), 0
+            )
+            above = tl.min(tl.min(tl.where(x >= _take(piv, idx, j - 1, float("inf")), x, float("inf")), 1), 0)
+            below = tl.max(tl.max(tl.where(x < _take(piv, idx, j, float("-inf")), x, float("-inf")), 1), 0)
+            lo, top, count_lo = _advance(j, lo, top, count_lo, cnt, base_count, above, below, NP)
+            passes += 1
+            searching = (lo < top) & (passes < MAX_PASSES)
+    else:
+        while searching:
+            piv = _pivots(lo, top, NP)
+            cnt, mass, _ = _pivot_pass(src_ptr, n, piv, row_max, floor, lo, BY_MASS, NP, BLOCK)
+            j = tl.sum(
+                _reached(cnt, mass, base_count, base_mass, target_count, target_mass, BY_MASS).to(tl.int32), 0
+            )
+            above, below = _neighbours(
+                src_ptr,
+                n,
+                floor,
+                _take(piv, idx, j - 1, float("inf")),
+                _take(piv, idx, j, float("-inf")),
+                BLOCK,
+            )
+            lo, top, count_lo = _advance(j, lo, top, count_lo, cnt, base_count, above, below, NP)
+            passes += 1
+            searching = (lo < top) & (passes < MAX_PASSES)
     return lo, count_lo
+
+
+@triton.jit
+def _advance(j, lo, top, count_lo, cnt, base_count, above, below, NP: tl.constexpr):
+    """One narrowing step: ``j`` pivots reached the target; ``above`` is the smallest element at or
+    above the last of them, ``below`` the largest under the next (only these two, not one per
+    pivot). Returns the new ``(lo, top, count_lo)``; ``lo == top`` once they meet at ``t``."""
+    count_lo = tl.where(j == 0, count_lo, _take(cnt, tl.arange(0, NP), j - 1, 0) + base_count)
+    new_lo = tl.where(j == 0, lo, above)
+    done = (j == NP) | (new_lo >= below)
+    answer = tl.where(j == NP, top, new_lo)
+    return tl.where(done, answer, new_lo), tl.where(done, answer, below), count_lo
 
 
 @triton.jit
@@ -570,7 +602,7 @@ def _top_p_threshold_kernel(
     NP: tl.constexpr,
     BLOCK: tl.constexpr,
     NP_C: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    EXACT_BLOCK: tl.constexpr,
     WIDE: tl.constexpr,
     CHUNKS: tl.constexpr,
     MAX_PASSES: tl.constexpr,
@@ -606,7 +638,7 @@ def _top_p_threshold_kernel(
                 NP,
                 BLOCK,
                 NP_C,
-                BLOCK_C,
+                EXACT_BLOCK,
                 WIDE,
                 MAX_PASSES,
             )
@@ -627,7 +659,7 @@ def _top_p_threshold_kernel(
                 NP,
                 BLOCK,
                 NP_C,
-                BLOCK_C,
+                EXACT_BLOCK,
                 WIDE,
                 MAX_PASSES,
             )
@@ -737,6 +769,7 @@ def _threshold_kernel(
     SUB: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    EXACT_BLOCK: tl.constexpr,
     WIDE: tl.constexpr,
     CHUNKS: tl.constexpr,
     MAX_PASSES: tl.constexpr,
@@ -792,7 +825,7 @@ def _threshold_kernel(
             NP,
             BLOCK,
             NP_C,
-            BLOCK_C,
+            EXACT_BLOCK,
             WIDE,
             MAX_PASSES,
         )
@@ -859,7 +892,7 @@ def _threshold_kernel(
                 NP,
                 BLOCK,
                 NP_C,
-                BLOCK_C,
+                EXACT_BLOCK,
                 WIDE,
                 MAX_PASSES,
             )
@@ -928,13 +961,13 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     )
     # H200: the per-row search is latency-bound; few rows want wide programs, many rows narrow ones
     # (more of them resident per multiprocessor).
-    search_block, warps = (2048, 16) if rows <= SMALL_BATCH_ROWS else (512, 4)
+    search_block, warps = SMALL_BATCH_SEARCH if rows <= SMALL_BATCH_ROWS else LARGE_BATCH_SEARCH
     search_block = max(SUB, min(triton.next_power_of_2(vocab), 128 if IS_INTERPRETED else search_block))
     exact = dict(
         NP=NUM_PIVOTS,
         BLOCK=search_block,
         NP_C=SCRATCH_PIVOTS,
-        BLOCK_C=64 if IS_INTERPRETED else 32 * warps,  # one candidate per lane: no register spills
+        EXACT_BLOCK=64 if IS_INTERPRETED else 32 * warps,  # one candidate per lane: no register spills
         WIDE=32 if IS_INTERPRETED else 4096,
         CHUNKS=triton.next_power_of_2(chunks),
         MAX_PASSES=MAX_PASSES,
@@ -1008,6 +1041,7 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
             chunks,
             CAP,
             HAS_P=p is not None,
+            BLOCK_C=64 if IS_INTERPRETED else 512,
             BOUND_NP=BOUND_PIVOTS,
             BOUND_PASSES=BOUND_PASSES,
             SUB=SUB,
