@@ -8,6 +8,12 @@ intercepted: a launch is lowered through Triton's front end (``ASTSource.make_ir
 that type-checks the kernel) for ``GPUTarget("cuda", 90, 32)`` instead of running. Kernel outputs
 are therefore never written; the wrappers only read their inputs. Prints one line per distinct
 (kernel, signature, constexprs) lowered and exits 1 if any fails or a kernel is never launched.
+
+With ``--sass`` each launch is instead compiled to a cubin for ``sm_90`` (Triton's wheel carries
+``ptxas`` and ``cuobjdump``, so no GPU is needed) with the divisibility hints a real launch gets, and
+one line per launch gives its instruction count, register spills (local stores/loads), shared
+memory, layout conversions left in the TTGIR and the instruction mix of its loops: what to look at
+before spending device time on a kernel's speed.
 """
 
 from __future__ import annotations
@@ -15,13 +21,17 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import re
+import subprocess
 import sys
 import traceback
+from pathlib import Path
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     raise SystemExit("run without TRITON_INTERPRET=1: the interpreter skips the compiler front end")
 
 import torch
+import triton
 from triton._C.libtriton import ir
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDABackend
@@ -45,6 +55,9 @@ _DTYPES = {
     torch.bool: "i1",
 }
 lowered: dict[tuple, str | None] = {}
+SASS = "--sass" in sys.argv
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+_ADDRESS = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 
 def _arg_type(value) -> str:
@@ -75,6 +88,10 @@ def _lower(fn: JITFunction, args: tuple, kwargs: dict) -> None:
     if key in lowered:
         return
     try:
+        if SASS:
+            lowered[key] = None
+            print(_sass_report(fn, signature, constexprs, bound, warps), flush=True)
+            return
         options = BACKEND.parse_options({"num_warps": warps})
         context = ir.context()
         ir.load_dialects(context)
@@ -85,6 +102,42 @@ def _lower(fn: JITFunction, args: tuple, kwargs: dict) -> None:
         lowered[key] = None
     except Exception as exc:  # every failure is reported with its kernel and constexprs
         lowered[key] = f"{type(exc).__name__}: {exc}"
+
+
+def _sass_report(fn: JITFunction, signature: dict, constexprs: dict, bound: dict, warps: int) -> str:
+    """Compile for sm_90 and summarise the SASS (pointers and multiples of 16 marked divisible by
+    16, as Triton's launcher specialises them)."""
+    names = list(signature)
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(names)
+        if signature[name].startswith("*")
+        or (signature[name] in ("i32", "i64") and int(bound[name]) % 16 == 0 and bound[name])
+    }
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    kernel = triton.compile(src, target=TARGET, options={"num_warps": warps})
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"{fn.__name__}.cubin"
+    path.write_bytes(kernel.asm["cubin"])
+    dump = subprocess.run([str(CUOBJDUMP), "-sass", str(path)], capture_output=True, text=True, check=True)
+    code = [(int(m.group(1), 16), m.group(2)) for m in map(_ADDRESS.match, dump.stdout.splitlines()) if m]
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", text).split()[0] for _, text in code]
+    loops = []
+    for addr, text in code:
+        target = re.search(r"BRA (0x[0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            body = [
+                o.split(".")[0]
+                for (a, _), o in zip(code, ops, strict=True)
+                if int(target.group(1), 16) <= a <= addr
+            ]
+            mix = sorted({o: body.count(o) for o in body}.items(), key=lambda kv: -kv[1])[:6]
+            loops.append(f"{len(body)} [{' '.join(f'{o}:{n}' for o, n in mix)}]")
+    spills = sum(op.startswith(("STL", "LDL")) for op in ops)
+    return (
+        f"{fn.__name__} warps={warps} {constexprs}: {len(code)} instructions, {spills} spill ops, "
+        f"smem {kernel.metadata.shared} B, {kernel.asm['ttgir'].count('convert_layout')} layout "
+        f"conversions; loops: {'; '.join(loops) or 'none'}"
+    )
 
 
 def _intercept(self, *args, grid, warmup, **kwargs):
@@ -141,6 +194,8 @@ def main() -> int:
     }
     failed = {k: err for k, err in lowered.items() if err}
     for (name, _, constexprs, warps), err in sorted(lowered.items()):
+        if SASS and not err:
+            continue
         print(
             f"{'FAIL' if err else 'ok  '} {name} warps={warps} {dict(constexprs)}"
             + (f"\n     {err}" if err else "")
