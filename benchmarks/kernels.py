@@ -184,6 +184,15 @@ def eager_token_logprobs(x, ids):
     return torch.log_softmax(x.float(), dim=1).gather(1, ids.unsqueeze(1)).squeeze(1)
 
 
+def eager_topk_logprobs(x, ids, n):
+    """What a sampler runs without the kernel (vLLM's sampler does the same): log-softmax, topk,
+    rank of the chosen token."""
+    lp = torch.log_softmax(x.float(), dim=1)
+    chosen = lp.gather(1, ids.unsqueeze(1))
+    top_lp, top_ids = lp.topk(n, dim=1)
+    return top_ids, top_lp, chosen, (lp > chosen).sum(dim=1) + 1
+
+
 def _compiled(fn):
     return torch.compile(fn, dynamic=True)
 
@@ -377,7 +386,7 @@ def _logprobs_case(shape, logits, batch, vocab, dtype, ro, peer):
     if _want("token_logprobs"):
         _token_logprobs_case(shape, logits, ids, dtype, ro, peer)
     if _want("topk_logprobs"):
-        _topk_logprobs_case(shape, logits, ids, dtype, ro)
+        _topk_logprobs_case(shape, logits, ids, dtype, ro, peer)
 
 
 def _token_logprobs_case(shape, logits, ids, dtype, ro, peer):
@@ -399,12 +408,15 @@ def _token_logprobs_case(shape, logits, ids, dtype, ro, peer):
     )
 
 
-def _topk_logprobs_case(shape, logits, ids, dtype, ro):
+def _topk_logprobs_case(shape, logits, ids, dtype, ro, peer):
     got = K.compute_topk_logprobs(logits, 20, ids)
     ref = logprobs.compute_topk_logprobs_torch(logits, 20, ids)
-    check = f"ranks-off={int((got[2] != ref[2]).sum())} lp-diff={max_diff(got[1], ref[1]):.1e}"
+    ids_off = int((got[0] != ref[0]).any(dim=1).sum())
+    check = (
+        f"ids-off={ids_off} ranks-off={int((got[2] != ref[2]).sum())} lp-diff={max_diff(got[1], ref[1]):.1e}"
+    )
     us = bench(lambda: K.compute_topk_logprobs(logits, 20, ids))
-    eager = bench(lambda: logprobs.compute_topk_logprobs_torch(logits, 20, ids))
+    eager = bench(lambda: eager_topk_logprobs(logits, ids, 20))
     record(
         "topk_logprobs(k=20)",
         shape,
@@ -412,7 +424,7 @@ def _topk_logprobs_case(shape, logits, ids, dtype, ro):
         us,
         ro,
         eager,
-        None,
+        peer("topk_lp", eager_topk_logprobs, logits, ids, 20),
         check,
         host=host_us(lambda: K.compute_topk_logprobs(logits, 20, ids)),
     )

@@ -41,6 +41,7 @@ def _calls(op, logits, batch, vocab):
         "gumbel": lambda: K.gumbel_sample(logits, temp, seeds, pos),
         "min_p": lambda: K.apply_min_p(work, mp),
         "token_logprobs": lambda: K.compute_token_logprobs(logits, ids),
+        "topk_logprobs": lambda: K.compute_topk_logprobs(logits, 20, ids),
     }
     return table[op], restore
 

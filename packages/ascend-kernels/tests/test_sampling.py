@@ -210,14 +210,50 @@ def test_token_logprobs(gen, dtype, rows):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [4, 9])  # several chunks per row / one chunk per row
-def test_topk_logprobs_with_ranks(gen, dtype, rows):
-    logits = _logits(gen, rows, 400, dtype)
-    chosen = torch.randint(0, 400, (rows,), generator=gen)
-    chosen[0] = logits[0].float().argmax()
-    ids, vals, ranks = K.compute_topk_logprobs(logits, 5, chosen)
-    ref_ids, ref_vals, ref_ranks = logprobs.compute_topk_logprobs_torch(logits, 5, chosen)
+def _check_topk_logprobs(logits, n, chosen):
+    ids, vals, ranks = K.compute_topk_logprobs(logits, n, chosen)
+    ref_ids, ref_vals, ref_ranks = logprobs.compute_topk_logprobs_torch(logits, n, chosen)
+    assert ids.shape == vals.shape == (logits.shape[0], n + 1) and ids.dtype == torch.int64
     assert torch.equal(ids, ref_ids) and torch.equal(ranks, ref_ranks)
-    torch.testing.assert_close(vals, ref_vals, rtol=1e-5, atol=1e-5)
-    assert ranks[0] == 1 and ids[:, 0].tolist() == chosen.tolist()
+    torch.testing.assert_close(vals, ref_vals, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert ids[:, 0].tolist() == chosen.tolist()
+    return ids, vals, ranks
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("rows", "vocab", "n"), [(4, 400, 5), (9, 400, 20), (3, 333, 64), (2, 100, 0)])
+def test_topk_logprobs_with_ranks(gen, dtype, rows, vocab, n):
+    """4 rows: several summary chunks per row; 9: one. ``n`` = 64 spans several rank steps."""
+    logits = _logits(gen, rows, vocab, dtype)
+    chosen = torch.randint(0, vocab, (rows,), generator=gen)
+    chosen[0] = logits[0].float().argmax()
+    _, vals, ranks = _check_topk_logprobs(logits, n, chosen)
+    assert ranks[0] == 1
+    if n:
+        assert bool((vals[:, 1:-1] >= vals[:, 2:]).all()) and torch.equal(vals[0, 0], vals[0, 1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_topk_logprobs_ties_and_masked_rows(gen, dtype):
+    """Equal logits come in token order, also when more sub-tiles reach the n-th value than the
+    search lists (a constant row); rows with fewer finite logits than n fill up with ``-inf`` ones;
+    ``n`` above the number of sub-tiles searches the whole row."""
+    vocab = 700
+    logits = _logits(gen, 5, vocab, dtype).round()  # many equal values
+    logits[1] = 0.0
+    logits[2, ::3] = 1.0
+    logits[3] = float("-inf")
+    logits[3, [5, 100, 600]] = torch.tensor([1.0, 2.0, 1.0], dtype=dtype)
+    chosen = torch.randint(0, vocab, (5,), generator=gen)
+    chosen[3] = 100
+    ids, _, ranks = _check_topk_logprobs(logits, 20, chosen)
+    assert ids[1, 1:].tolist() == list(range(20)) and ranks[1] == 1
+    assert ids[3, 1:5].tolist() == [100, 5, 600, 0] and ranks[3] == 1
+    _check_topk_logprobs(logits, 200, chosen)
+
+
+def test_topk_logprobs_rejects_bad_counts():
+    logits = torch.zeros(2, 10)
+    for n in (-1, 11):
+        with pytest.raises(ValueError, match=r"num_logprobs must be in \[0, 10\].*got " + str(n)):
+            K.compute_topk_logprobs(logits, n, torch.zeros(2, dtype=torch.int64))

@@ -24,17 +24,26 @@ def compute_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> tor
     return impl(logits, token_ids)
 
 
+TRITON_MAX_LOGPROBS = 256
+"""Largest ``num_logprobs`` the Triton path serves (it ranks its entries pairwise); above, the
+reference's stable sort is the faster way anyway."""
+
+
 def compute_topk_logprobs_torch(
     logits: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Reference of :func:`compute_topk_logprobs`."""
+    """Reference of :func:`compute_topk_logprobs` (a stable sort: equal logits in token order)."""
     x = logits.to(torch.float32)
     lse = torch.logsumexp(x, dim=1, keepdim=True)
     chosen = token_ids.to(torch.int64).unsqueeze(1)
     chosen_x = x.gather(1, chosen)
-    top_x, top_ids = x.topk(num_logprobs, dim=1)
+    top_ids = torch.sort(x, dim=1, descending=True, stable=True).indices[:, :num_logprobs]
     ranks = (x > chosen_x).sum(dim=1) + 1
-    return torch.cat([chosen, top_ids], dim=1), torch.cat([chosen_x, top_x], dim=1) - lse, ranks
+    return (
+        torch.cat([chosen, top_ids], dim=1),
+        torch.cat([chosen_x, x.gather(1, top_ids)], dim=1) - lse,
+        ranks,
+    )
 
 
 def compute_topk_logprobs(
@@ -43,10 +52,16 @@ def compute_topk_logprobs(
     """The chosen token and the ``num_logprobs`` most likely tokens of each row; not in place.
 
     ``logits``: ``[B, V]`` float32/bfloat16/float16; ``token_ids``: ``[B]`` int (the sampled tokens);
-    ``num_logprobs`` >= 0. Returns ``(ids [B, 1 + n] int64, logprobs [B, 1 + n] float32,
-    ranks [B] int64)``: column 0 is the chosen token, columns 1.. the top ``n`` in descending order;
-    ``rank = 1 + #{tokens with a strictly larger logit}``. On the Triton path the log-sum-exp and
-    ranks come from one fused pass over the row; the top-``n`` ids come from ``torch.topk``.
+    ``0 <= num_logprobs <= V``. Returns ``(ids [B, 1 + n] int64, logprobs [B, 1 + n] float32,
+    ranks [B] int64)``: column 0 is the chosen token, columns 1.. the top ``n`` in descending order,
+    equal logits in token-id order (so the result is deterministic);
+    ``rank = 1 + #{tokens with a strictly larger logit}``. The Triton path reads each row once
+    (log-sum-exp, rank and sub-tile maxima) and then only the few sub-tiles that hold the top ``n``.
     """
+    vocab = logits.shape[-1]
+    if not 0 <= num_logprobs <= vocab:
+        raise ValueError(f"num_logprobs must be in [0, {vocab}] (the vocabulary size), got {num_logprobs}")
+    if num_logprobs > TRITON_MAX_LOGPROBS:
+        return compute_topk_logprobs_torch(logits, num_logprobs, token_ids)
     impl = dispatch("logprobs", "compute_topk_logprobs", compute_topk_logprobs_torch, logits.device)
     return impl(logits, num_logprobs, token_ids)

@@ -38,6 +38,8 @@ a top-p threshold can differ from a float64 sort where the cumulative mass is wi
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -60,6 +62,7 @@ BOUND_PASSES = 2
 SUB = 8 if IS_INTERPRETED else 16
 CAP = 64 if IS_INTERPRETED else 16384
 MAX_PASSES = 48
+GATHER_BLOCK = 64 if IS_INTERPRETED else 512  # elements loaded per step from listed sub-tiles
 # (tile, warps) of the per-row search programs, for batches up to SMALL_BATCH_ROWS and above
 SMALL_BATCH_SEARCH = (2048, 8)
 LARGE_BATCH_SEARCH = (512, 4)
@@ -397,13 +400,21 @@ def _summary_kernel(
     maxima_ptr,
     stats_ptr,
     counter_ptr,
+    chosen_ptr,
+    above_ptr,
     NEED_SUM: tl.constexpr,
     SUB: tl.constexpr,
     BLOCK: tl.constexpr,
+    COUNT_ABOVE: tl.constexpr = False,
 ):
+    """Per chunk: max, softmax sum, min, finite count (and with ``COUNT_ABOVE`` the number of
+    elements above the row's ``chosen`` token, for its rank); per sub-tile: its max."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+    chosen = tl.zeros([], tl.float32)
+    if COUNT_ABOVE:
+        chosen = tl.load(row_ptr + tl.load(chosen_ptr + row)).to(tl.float32)
     lo_idx = c * chunk
     end = tl.minimum(lo_idx + chunk, vocab)
     NS: tl.constexpr = BLOCK // SUB
@@ -413,6 +424,7 @@ def _summary_kernel(
     run_sum = tl.zeros([NS], tl.float32)
     mn = tl.full([NS, SUB], float("inf"), tl.float32)
     finite = tl.zeros([NS, SUB], tl.int32)
+    above = tl.zeros([NS, SUB], tl.int32)
     for start in range(lo_idx, end, BLOCK):
         offs = start + sub[:, None] * SUB + col[None, :]
         x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
@@ -429,6 +441,8 @@ def _summary_kernel(
         ok = x > float("-inf")
         mn = tl.minimum(mn, tl.where(ok, x, float("inf")))
         finite += ok.to(tl.int32)
+        if COUNT_ABOVE:
+            above += (x > chosen).to(tl.int32)
     m = tl.max(run_max, 0)
     safe_m = tl.where(m > float("-inf"), m, 0.0)
     out = stats_ptr + (row.to(tl.int64) * tl.num_programs(1) + c) * 4
@@ -438,6 +452,8 @@ def _summary_kernel(
     tl.store(out + 1, tl.sum(run_sum * tl.exp(run_max - safe_m), 0))
     tl.store(out + 2, tl.min(tl.min(mn, 1), 0))
     tl.store(out + 3, tl.sum(tl.sum(finite, 1), 0).to(tl.float32))
+    if COUNT_ABOVE:
+        tl.store(above_ptr + row.to(tl.int64) * tl.num_programs(1) + c, tl.sum(tl.sum(above, 1), 0))
 
 
 @triton.jit
@@ -747,21 +763,18 @@ def _gather(
 
 
 @triton.jit
-def _threshold_kernel(
-    logits_ptr,
-    row_stride,
-    k_ptr,
-    p_ptr,
-    maxima_ptr,
-    stats_ptr,
-    cand_base_ptr,
-    sel_base_ptr,
-    threshold_ptr,
+def _top_k_threshold(
+    row_ptr,
+    row_maxima,
+    cand_ptr,
+    sel_ptr,
     vocab,
     n_sub,
-    n_chunks,
     cap,
-    HAS_P: tl.constexpr,
+    k,
+    finite,
+    row_min,
+    row_max,
     NP: tl.constexpr,
     NP_C: tl.constexpr,
     BOUND_NP: tl.constexpr,
@@ -771,19 +784,13 @@ def _threshold_kernel(
     BLOCK_C: tl.constexpr,
     EXACT_BLOCK: tl.constexpr,
     WIDE: tl.constexpr,
-    CHUNKS: tl.constexpr,
     MAX_PASSES: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    row_ptr = logits_ptr + row.to(tl.int64) * row_stride
-    cand_ptr = cand_base_ptr + row.to(tl.int64) * cap
-    sel_ptr = sel_base_ptr + row.to(tl.int64) * cap
-    row_maxima = maxima_ptr + row.to(tl.int64) * n_sub
-    row_max, z, row_min, finite = _row_stats(stats_ptr, row, n_chunks, CHUNKS)
+    """``(t, #{x >= t}, n_ready)`` for the ``k`` largest of a row (``t = -inf``, count ``finite``
+    when ``k`` keeps every finite element or is off); ``n_ready`` as :func:`_select` returns it."""
     threshold = tl.full([], float("-inf"), tl.float32)
     count = finite
     n_ready = tl.full([], -1, tl.int32)
-    k = tl.load(k_ptr + row).to(tl.int32)
     if (k > 0) & (k < finite):
         lo = row_min
         n = finite
@@ -829,6 +836,67 @@ def _threshold_kernel(
             WIDE,
             MAX_PASSES,
         )
+    return threshold, count, n_ready
+
+
+@triton.jit
+def _threshold_kernel(
+    logits_ptr,
+    row_stride,
+    k_ptr,
+    p_ptr,
+    maxima_ptr,
+    stats_ptr,
+    cand_base_ptr,
+    sel_base_ptr,
+    threshold_ptr,
+    vocab,
+    n_sub,
+    n_chunks,
+    cap,
+    HAS_P: tl.constexpr,
+    NP: tl.constexpr,
+    NP_C: tl.constexpr,
+    BOUND_NP: tl.constexpr,
+    BOUND_PASSES: tl.constexpr,
+    SUB: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    EXACT_BLOCK: tl.constexpr,
+    WIDE: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    MAX_PASSES: tl.constexpr,
+):
+    row = tl.program_id(0)
+    row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+    cand_ptr = cand_base_ptr + row.to(tl.int64) * cap
+    sel_ptr = sel_base_ptr + row.to(tl.int64) * cap
+    row_maxima = maxima_ptr + row.to(tl.int64) * n_sub
+    row_max, z, row_min, finite = _row_stats(stats_ptr, row, n_chunks, CHUNKS)
+    k = tl.load(k_ptr + row).to(tl.int32)
+    threshold, count, n_ready = _top_k_threshold(
+        row_ptr,
+        row_maxima,
+        cand_ptr,
+        sel_ptr,
+        vocab,
+        n_sub,
+        cap,
+        k,
+        finite,
+        row_min,
+        row_max,
+        NP,
+        NP_C,
+        BOUND_NP,
+        BOUND_PASSES,
+        SUB,
+        BLOCK,
+        BLOCK_C,
+        EXACT_BLOCK,
+        WIDE,
+        MAX_PASSES,
+    )
     if HAS_P:
         p = tl.load(p_ptr + row)
         if (p < 1.0) & (finite > 0):
@@ -929,41 +997,59 @@ def _mask_kernel(
             tl.store(row_ptr + offs, tl.where(x.to(tl.float32) < t, float("-inf"), x), mask=inb)
 
 
-def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
-    check_logits(logits)
+class Summary(NamedTuple):
+    """What :func:`summarize` leaves on the device for the per-row searches."""
+
+    block: int
+    chunks: int
+    chunk: int
+    n_sub: int
+    maxima: torch.Tensor  # [rows * n_sub] float32: the max of each sub-tile
+    stats: torch.Tensor  # [rows * chunks * 4] float32: see ``_STATS``
+    counter: torch.Tensor  # [rows] int32, zeroed
+    above: torch.Tensor | None  # [rows * chunks] int32: elements above the chosen token per chunk
+
+
+def summarize(logits: torch.Tensor, need_sum: bool, chosen: torch.Tensor | None = None) -> Summary:
+    """Launch ``_summary_kernel`` over ``logits`` (rows split so that small batches fill the device);
+    with ``chosen`` (one token id per row) also count, per chunk, the elements above that token."""
     rows, vocab = logits.shape
-    if rows == 0 or (k is None and p is None):
-        return logits
     dev = logits.device
-    row_stride = logits.stride(0)
     block = max(SUB, min(triton.next_power_of_2(vocab), 64 if IS_INTERPRETED else 2048))
     chunks, chunk = row_split(rows, vocab, block, dev)
     n_sub = triton.cdiv(vocab, SUB)
     maxima = scratch("top_k_top_p.maxima", rows * n_sub, torch.float32, dev)
     stats = scratch("top_k_top_p.stats", rows * chunks * _STATS, torch.float32, dev)
     counter = scratch("top_k_top_p.counter", rows, torch.int32, dev)
-    thresholds = scratch("top_k_top_p.threshold", rows, torch.float32, dev)
-    cand = scratch("top_k_top_p.candidates", rows * CAP, logits.dtype, dev)
-    p32 = p.to(torch.float32) if p is not None else logits
+    above = None if chosen is None else scratch("top_k_top_p.above", rows * chunks, torch.int32, dev)
     _summary_kernel[(rows, chunks)](
         logits,
-        row_stride,
+        logits.stride(0),
         vocab,
         chunk,
         n_sub,
         maxima,
         stats,
         counter,
-        NEED_SUM=p is not None,
+        counter if chosen is None else chosen,
+        counter if above is None else above,
+        NEED_SUM=need_sum,
         SUB=SUB,
         BLOCK=block,
+        COUNT_ABOVE=chosen is not None,
         num_warps=8,
     )
-    # H200: the per-row search is latency-bound; few rows want wide programs, many rows narrow ones
-    # (more of them resident per multiprocessor).
+    return Summary(block, chunks, chunk, n_sub, maxima, stats, counter, above)
+
+
+def search_settings(rows: int, vocab: int, chunks: int) -> tuple[int, dict[str, int]]:
+    """``(num_warps, constexprs)`` of the per-row search programs.
+
+    H200: the per-row search is latency-bound; few rows want wide programs, many rows narrow ones
+    (more of them resident per multiprocessor)."""
     search_block, warps = SMALL_BATCH_SEARCH if rows <= SMALL_BATCH_ROWS else LARGE_BATCH_SEARCH
     search_block = max(SUB, min(triton.next_power_of_2(vocab), 128 if IS_INTERPRETED else search_block))
-    exact = dict(
+    return warps, dict(
         NP=NUM_PIVOTS,
         BLOCK=search_block,
         NP_C=SCRATCH_PIVOTS,
@@ -972,6 +1058,29 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
         CHUNKS=triton.next_power_of_2(chunks),
         MAX_PASSES=MAX_PASSES,
     )
+
+
+def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+    check_logits(logits)
+    rows, vocab = logits.shape
+    if rows == 0 or (k is None and p is None):
+        return logits
+    dev = logits.device
+    row_stride = logits.stride(0)
+    sm = summarize(logits, need_sum=p is not None)
+    block, chunks, chunk, n_sub, maxima, stats, counter = (
+        sm.block,
+        sm.chunks,
+        sm.chunk,
+        sm.n_sub,
+        sm.maxima,
+        sm.stats,
+        sm.counter,
+    )
+    thresholds = scratch("top_k_top_p.threshold", rows, torch.float32, dev)
+    cand = scratch("top_k_top_p.candidates", rows * CAP, logits.dtype, dev)
+    p32 = p.to(torch.float32) if p is not None else logits
+    warps, exact = search_settings(rows, vocab, chunks)
     if k is None:  # top-p alone: split rounds narrow the threshold over the whole device
         partials = scratch(
             "top_k_top_p.partials", TOP_P_ROUNDS * rows * chunks * ROUND_PIVOTS * 2, torch.float32, dev
@@ -1041,7 +1150,7 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
             chunks,
             CAP,
             HAS_P=p is not None,
-            BLOCK_C=64 if IS_INTERPRETED else 512,
+            BLOCK_C=GATHER_BLOCK,
             BOUND_NP=BOUND_PIVOTS,
             BOUND_PASSES=BOUND_PASSES,
             SUB=SUB,
