@@ -165,6 +165,31 @@ def test_top_k_top_p_takes_the_bounded_path_and_the_whole_row_fallback(gen, monk
     assert searched == [gathered[0], -1, gathered[1], -1]
 
 
+def test_small_k_is_bounded_by_the_group_maxima(gen, monkeypatch):
+    """A k far below the number of sub-tile groups takes its bound from the group maxima (GROUP
+    times fewer values to pass over); a larger k from the sub-tile maxima. Same kept sets."""
+    sizes = []
+    bound = tkp_triton._bound
+
+    def spy_bound(*args):
+        sizes.append(int(args[1]))
+        return bound(*args)
+
+    monkeypatch.setattr(tkp_triton, "_bound", spy_bound)
+    vocab = 2048
+    n_sub = vocab // tkp_triton.SUB
+    n_grp = n_sub // tkp_triton.GROUP
+    logits = _logits(gen, 2, vocab, torch.float32)
+    k = torch.tensor([2, n_grp // 2], dtype=torch.int32)
+    got, want = logits.clone(), logits.clone()
+    K.apply_top_k_top_p(got, k, None)
+    top_k_top_p.apply_top_k_top_p_torch(want, k, None)
+    assert torch.equal(got, want) and sizes == [n_grp, n_sub]
+    sizes.clear()
+    _check_topk_logprobs(logits, 3, torch.tensor([0, 1]))
+    assert sizes == [n_grp, n_grp]
+
+
 def test_top_p_alone_splits_its_search_and_falls_back_when_the_bracket_overflows(gen, monkeypatch):
     """Top-p without top-k narrows a bracket in split rounds and searches it in the scratch; a row of
     ties keeps the whole row in its bracket, more than the scratch holds, and searches the row."""

@@ -62,6 +62,8 @@ BOUND_PASSES = 2
 SUB = 8 if IS_INTERPRETED else 16
 CAP = 64 if IS_INTERPRETED else 16384
 MAX_PASSES = 48
+GROUP = 4 if IS_INTERPRETED else 16  # sub-tiles per group (the summary also keeps group maxima)
+GROUP_RATIO = tl.constexpr(8)  # the top-k bound uses group maxima when k * this <= their number
 GATHER_BLOCK = 64 if IS_INTERPRETED else 512  # elements loaded per step from listed sub-tiles
 # (tile, warps) of the per-row search programs, for batches up to SMALL_BATCH_ROWS and above
 SMALL_BATCH_SEARCH = (2048, 8)
@@ -398,17 +400,21 @@ def _summary_kernel(
     chunk,
     n_sub,
     maxima_ptr,
+    n_grp,
+    groups_ptr,
     stats_ptr,
     counter_ptr,
     chosen_ptr,
     above_ptr,
     NEED_SUM: tl.constexpr,
     SUB: tl.constexpr,
+    GROUP: tl.constexpr,
     BLOCK: tl.constexpr,
     COUNT_ABOVE: tl.constexpr = False,
 ):
     """Per chunk: max, softmax sum, min, finite count (and with ``COUNT_ABOVE`` the number of
-    elements above the row's ``chosen`` token, for its rank); per sub-tile: its max."""
+    elements above the row's ``chosen`` token, for its rank); per sub-tile: its max; per group of
+    ``GROUP`` sub-tiles: its max."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
@@ -431,6 +437,9 @@ def _summary_kernel(
         sub_max = tl.max(x, 1)
         s = start // SUB + sub
         tl.store(maxima_ptr + row.to(tl.int64) * n_sub + s, sub_max, mask=s < tl.cdiv(end, SUB))
+        g = start // (SUB * GROUP) + tl.arange(0, NS // GROUP)
+        grp_max = tl.max(tl.reshape(sub_max, [NS // GROUP, GROUP]), 1)
+        tl.store(groups_ptr + row.to(tl.int64) * n_grp + g, grp_max, mask=g < tl.cdiv(end, SUB * GROUP))
         if NEED_SUM:  # softmax sum per sub-tile lane: one exponential per element
             new_max = tl.maximum(run_max, sub_max)
             safe = tl.where(new_max > float("-inf"), new_max, 0.0)
@@ -766,10 +775,12 @@ def _gather(
 def _top_k_threshold(
     row_ptr,
     row_maxima,
+    row_groups,
     cand_ptr,
     sel_ptr,
     vocab,
     n_sub,
+    n_grp,
     cap,
     k,
     finite,
@@ -795,18 +806,15 @@ def _top_k_threshold(
         lo = row_min
         n = finite
         if k <= n_sub:
+            # Group maxima bound as well and are GROUP times fewer; their bound is weaker, so only
+            # for k well below their number.
+            src = row_maxima
+            n_src = n_sub
+            if k * GROUP_RATIO <= n_grp:
+                src = row_groups
+                n_src = n_grp
             bound = _bound(
-                row_maxima,
-                n_sub,
-                row_min,
-                row_max,
-                float("-inf"),
-                k,
-                0.0,
-                False,
-                BOUND_NP,
-                BOUND_PASSES,
-                BLOCK_C,
+                src, n_src, row_min, row_max, float("-inf"), k, 0.0, False, BOUND_NP, BOUND_PASSES, BLOCK_C
             )
             if bound > row_min:
                 n_bound = _gather(
@@ -846,12 +854,14 @@ def _threshold_kernel(
     k_ptr,
     p_ptr,
     maxima_ptr,
+    groups_ptr,
     stats_ptr,
     cand_base_ptr,
     sel_base_ptr,
     threshold_ptr,
     vocab,
     n_sub,
+    n_grp,
     n_chunks,
     cap,
     HAS_P: tl.constexpr,
@@ -877,10 +887,12 @@ def _threshold_kernel(
     threshold, count, n_ready = _top_k_threshold(
         row_ptr,
         row_maxima,
+        groups_ptr + row.to(tl.int64) * n_grp,
         cand_ptr,
         sel_ptr,
         vocab,
         n_sub,
+        n_grp,
         cap,
         k,
         finite,
@@ -1005,6 +1017,8 @@ class Summary(NamedTuple):
     chunk: int
     n_sub: int
     maxima: torch.Tensor  # [rows * n_sub] float32: the max of each sub-tile
+    n_grp: int
+    groups: torch.Tensor  # [rows * n_grp] float32: the max of each group of sub-tiles
     stats: torch.Tensor  # [rows * chunks * 4] float32: see ``_STATS``
     counter: torch.Tensor  # [rows] int32, zeroed
     above: torch.Tensor | None  # [rows * chunks] int32: elements above the chosen token per chunk
@@ -1019,6 +1033,9 @@ def summarize(logits: torch.Tensor, need_sum: bool, chosen: torch.Tensor | None 
     chunks, chunk = row_split(rows, vocab, block, dev)
     n_sub = triton.cdiv(vocab, SUB)
     maxima = scratch("top_k_top_p.maxima", rows * n_sub, torch.float32, dev)
+    group = min(GROUP, block // SUB)
+    n_grp = triton.cdiv(n_sub, group)
+    groups = scratch("top_k_top_p.groups", rows * n_grp, torch.float32, dev)
     stats = scratch("top_k_top_p.stats", rows * chunks * _STATS, torch.float32, dev)
     counter = scratch("top_k_top_p.counter", rows, torch.int32, dev)
     above = None if chosen is None else scratch("top_k_top_p.above", rows * chunks, torch.int32, dev)
@@ -1029,17 +1046,20 @@ def summarize(logits: torch.Tensor, need_sum: bool, chosen: torch.Tensor | None 
         chunk,
         n_sub,
         maxima,
+        n_grp,
+        groups,
         stats,
         counter,
         counter if chosen is None else chosen,
         counter if above is None else above,
         NEED_SUM=need_sum,
         SUB=SUB,
+        GROUP=group,
         BLOCK=block,
         COUNT_ABOVE=chosen is not None,
         num_warps=8,
     )
-    return Summary(block, chunks, chunk, n_sub, maxima, stats, counter, above)
+    return Summary(block, chunks, chunk, n_sub, maxima, n_grp, groups, stats, counter, above)
 
 
 def search_settings(rows: int, vocab: int, chunks: int) -> tuple[int, dict[str, int]]:
@@ -1141,12 +1161,14 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
             k,
             p32,
             maxima,
+            sm.groups,
             stats,
             cand,
             scratch("top_k_top_p.subtiles", rows * CAP, torch.int32, dev),
             thresholds,
             vocab,
             n_sub,
+            sm.n_grp,
             chunks,
             CAP,
             HAS_P=p is not None,
