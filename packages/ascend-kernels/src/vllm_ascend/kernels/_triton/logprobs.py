@@ -174,15 +174,19 @@ MIN_PAD = 32  # one compiled variant serves every n up to this (vLLM's default m
 def _collect(
     row_ptr,
     row_maxima,
+    row_groups,
     n_sub,
+    n_grp,
     vocab,
     t,
     n,
+    gsel_ptr,
     sel_ptr,
     cap,
     buf_v_ptr,
     buf_i_ptr,
     SUB: tl.constexpr,
+    GROUP: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_C: tl.constexpr,
     NPAD: tl.constexpr,
@@ -190,18 +194,9 @@ def _collect(
     """Copy the elements ``> t`` (value, token id) to ``buf[0:]`` and the first ``n`` elements ``== t``
     in token order to ``buf[NPAD:]``; returns how many are ``> t``.
 
-    Only sub-tiles whose max reaches ``t`` are read: they are listed first (one pass over the
-    maxima); when more than ``cap`` qualify (``t = -inf``, massive ties) every sub-tile is visited
-    and the maxima mask the loads."""
-    n_sel = tl.zeros([], tl.int32)
-    for s0 in range(0, n_sub, BLOCK):
-        s = s0 + tl.arange(0, BLOCK)
-        sel = tl.load(row_maxima + s, mask=s < n_sub, other=float("-inf")) >= t
-        sel = sel & (s < n_sub)
-        pos = n_sel + tl.cumsum(sel.to(tl.int32), 0) - 1
-        tl.store(sel_ptr + pos, s, mask=sel & (pos < cap))
-        n_sel += tl.sum(sel.to(tl.int32), 0)
-    tl.debug_barrier()
+    Only sub-tiles whose max reaches ``t`` are read: they are listed first; when more than ``cap``
+    qualify (``t = -inf``, massive ties) every sub-tile is visited and the maxima mask the loads."""
+    n_sel = tkp._list_subtiles(row_maxima, row_groups, n_sub, n_grp, t, gsel_ptr, sel_ptr, cap, GROUP, BLOCK)
     listed = n_sel <= cap
     total = tl.where(listed, n_sel, n_sub)
     NS: tl.constexpr = BLOCK_C // SUB
@@ -269,6 +264,7 @@ def _topk_logprobs_kernel(
     stats_ptr,
     above_ptr,
     cand_base_ptr,
+    gsel_base_ptr,
     sel_base_ptr,
     buf_v_base_ptr,
     buf_i_base_ptr,
@@ -287,6 +283,7 @@ def _topk_logprobs_kernel(
     BOUND_NP: tl.constexpr,
     BOUND_PASSES: tl.constexpr,
     SUB: tl.constexpr,
+    GROUP: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_C: tl.constexpr,
     EXACT_BLOCK: tl.constexpr,
@@ -309,11 +306,14 @@ def _topk_logprobs_kernel(
     tl.store(rank_ptr + row, above.to(tl.int64) + 1)
     if n > 0:
         sel_ptr = sel_base_ptr + r64 * cap
+        gsel_ptr = gsel_base_ptr + r64 * n_grp
+        row_groups = groups_ptr + r64 * n_grp
         t, _, _ = tkp._top_k_threshold(
             row_ptr,
             row_maxima,
-            groups_ptr + r64 * n_grp,
+            row_groups,
             cand_base_ptr + r64 * cap,
+            gsel_ptr,
             sel_ptr,
             vocab,
             n_sub,
@@ -328,6 +328,7 @@ def _topk_logprobs_kernel(
             BOUND_NP,
             BOUND_PASSES,
             SUB,
+            GROUP,
             BLOCK,
             BLOCK_C,
             EXACT_BLOCK,
@@ -337,7 +338,24 @@ def _topk_logprobs_kernel(
         buf_v = buf_v_base_ptr + r64 * (2 * NPAD)
         buf_i = buf_i_base_ptr + r64 * (2 * NPAD)
         c_gt = _collect(
-            row_ptr, row_maxima, n_sub, vocab, t, n, sel_ptr, cap, buf_v, buf_i, SUB, BLOCK, BLOCK_C, NPAD
+            row_ptr,
+            row_maxima,
+            row_groups,
+            n_sub,
+            n_grp,
+            vocab,
+            t,
+            n,
+            gsel_ptr,
+            sel_ptr,
+            cap,
+            buf_v,
+            buf_i,
+            SUB,
+            GROUP,
+            BLOCK,
+            BLOCK_C,
+            NPAD,
         )
         _store_ranked(buf_v, buf_i, c_gt, n, lse, ids_ptr + out + 1, lp_ptr + out + 1, NPAD, JB)
 
@@ -367,6 +385,7 @@ def compute_topk_logprobs(
         sm.stats,
         sm.above,
         scratch("top_k_top_p.candidates", rows * tkp.CAP, logits.dtype, dev),
+        scratch("top_k_top_p.group_list", rows * sm.n_grp, torch.int32, dev),
         scratch("top_k_top_p.subtiles", rows * tkp.CAP, torch.int32, dev),
         scratch("logprobs.top_values", rows * 2 * npad, torch.float32, dev),
         scratch("logprobs.top_ids", rows * 2 * npad, torch.int32, dev),
@@ -383,6 +402,7 @@ def compute_topk_logprobs(
         BOUND_NP=tkp.BOUND_PIVOTS,
         BOUND_PASSES=tkp.BOUND_PASSES,
         SUB=tkp.SUB,
+        GROUP=sm.group,
         BLOCK_C=tkp.GATHER_BLOCK,
         num_warps=warps,
         **search,

@@ -722,16 +722,60 @@ def _bound(
 
 
 @triton.jit
+def _list_subtiles(
+    row_maxima,
+    row_groups,
+    n_sub,
+    n_grp,
+    v,
+    gsel_ptr,
+    sel_ptr,
+    cap,
+    GROUP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """List the sub-tiles whose max is ``>= v`` in ascending order (the first ``cap`` of them);
+    returns how many. Groups whose max is below ``v`` are listed out first, so their sub-tile
+    maxima are never read: a high ``v`` touches a few groups' maxima, not the row's."""
+    n_g = tl.zeros([], tl.int32)
+    for g0 in range(0, n_grp, BLOCK):
+        g = g0 + tl.arange(0, BLOCK)
+        sel = (tl.load(row_groups + g, mask=g < n_grp, other=float("-inf")) >= v) & (g < n_grp)
+        pos = n_g + tl.cumsum(sel.to(tl.int32), 0) - 1
+        tl.store(gsel_ptr + pos, g, mask=sel)
+        n_g += tl.sum(sel.to(tl.int32), 0)
+    tl.debug_barrier()
+    NG: tl.constexpr = 32  # groups per step
+    n_sel = tl.zeros([], tl.int32)
+    for i0 in range(0, n_g, NG):
+        i = i0 + tl.arange(0, NG)
+        g = tl.load(gsel_ptr + i, mask=i < n_g, other=0)
+        sub = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        sub = tl.reshape(sub, [NG * GROUP])
+        ok = tl.reshape(tl.broadcast_to((i < n_g)[:, None], [NG, GROUP]), [NG * GROUP]) & (sub < n_sub)
+        sel = (tl.load(row_maxima + sub, mask=ok, other=float("-inf")) >= v) & ok
+        pos = n_sel + tl.cumsum(sel.to(tl.int32), 0) - 1
+        tl.store(sel_ptr + pos, sub, mask=sel & (pos < cap))
+        n_sel += tl.sum(sel.to(tl.int32), 0)
+    tl.debug_barrier()
+    return n_sel
+
+
+@triton.jit
 def _gather(
     row_ptr,
     maxima_ptr,
+    groups_ptr,
     n_sub,
+    n_grp,
     vocab,
     lo,
     cand_ptr,
+    gsel_ptr,
     sel_ptr,
     cap,
     SUB: tl.constexpr,
+    GROUP: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
@@ -739,19 +783,9 @@ def _gather(
     returns how many (more than ``cap``: the scratch holds only part of them, or more than
     ``cap // 4`` sub-tiles qualified and none were read).
 
-    First the indices of those sub-tiles are listed (one pass over the maxima), then they are
+    First the indices of those sub-tiles are listed (:func:`_list_subtiles`), then they are
     loaded ``BLOCK_C // SUB`` at a time, so the loop does not walk the whole row."""
-    offs = tl.arange(0, BLOCK)
-    nxt = tl.load(maxima_ptr + offs, mask=offs < n_sub, other=float("-inf"))
-    n_sel = tl.zeros([], tl.int32)
-    for s0 in range(0, n_sub, BLOCK):
-        sel = nxt >= lo
-        offs = s0 + BLOCK + tl.arange(0, BLOCK)
-        nxt = tl.load(maxima_ptr + offs, mask=offs < n_sub, other=float("-inf"))
-        pos = n_sel + tl.cumsum(sel.to(tl.int32), 0) - 1
-        tl.store(sel_ptr + pos, s0 + tl.arange(0, BLOCK), mask=sel & (pos < cap))
-        n_sel += tl.sum(sel.to(tl.int32), 0)
-    tl.debug_barrier()
+    n_sel = _list_subtiles(maxima_ptr, groups_ptr, n_sub, n_grp, lo, gsel_ptr, sel_ptr, cap, GROUP, BLOCK)
     n = tl.zeros([], tl.int32)
     if n_sel > cap // 4:  # likely more candidates than fit: not worth loading them one by one
         n = cap + 1
@@ -777,6 +811,7 @@ def _top_k_threshold(
     row_maxima,
     row_groups,
     cand_ptr,
+    gsel_ptr,
     sel_ptr,
     vocab,
     n_sub,
@@ -791,6 +826,7 @@ def _top_k_threshold(
     BOUND_NP: tl.constexpr,
     BOUND_PASSES: tl.constexpr,
     SUB: tl.constexpr,
+    GROUP: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_C: tl.constexpr,
     EXACT_BLOCK: tl.constexpr,
@@ -818,7 +854,21 @@ def _top_k_threshold(
             )
             if bound > row_min:
                 n_bound = _gather(
-                    row_ptr, row_maxima, n_sub, vocab, bound, cand_ptr, sel_ptr, cap, SUB, BLOCK, BLOCK_C
+                    row_ptr,
+                    row_maxima,
+                    row_groups,
+                    n_sub,
+                    n_grp,
+                    vocab,
+                    bound,
+                    cand_ptr,
+                    gsel_ptr,
+                    sel_ptr,
+                    cap,
+                    SUB,
+                    GROUP,
+                    BLOCK,
+                    BLOCK_C,
                 )
                 if n_bound <= cap:
                     n_ready = n_bound
@@ -857,6 +907,7 @@ def _threshold_kernel(
     groups_ptr,
     stats_ptr,
     cand_base_ptr,
+    gsel_base_ptr,
     sel_base_ptr,
     threshold_ptr,
     vocab,
@@ -870,6 +921,7 @@ def _threshold_kernel(
     BOUND_NP: tl.constexpr,
     BOUND_PASSES: tl.constexpr,
     SUB: tl.constexpr,
+    GROUP: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_C: tl.constexpr,
     EXACT_BLOCK: tl.constexpr,
@@ -882,13 +934,16 @@ def _threshold_kernel(
     cand_ptr = cand_base_ptr + row.to(tl.int64) * cap
     sel_ptr = sel_base_ptr + row.to(tl.int64) * cap
     row_maxima = maxima_ptr + row.to(tl.int64) * n_sub
+    row_groups = groups_ptr + row.to(tl.int64) * n_grp
+    gsel_ptr = gsel_base_ptr + row.to(tl.int64) * n_grp
     row_max, z, row_min, finite = _row_stats(stats_ptr, row, n_chunks, CHUNKS)
     k = tl.load(k_ptr + row).to(tl.int32)
     threshold, count, n_ready = _top_k_threshold(
         row_ptr,
         row_maxima,
-        groups_ptr + row.to(tl.int64) * n_grp,
+        row_groups,
         cand_ptr,
+        gsel_ptr,
         sel_ptr,
         vocab,
         n_sub,
@@ -903,6 +958,7 @@ def _threshold_kernel(
         BOUND_NP,
         BOUND_PASSES,
         SUB,
+        GROUP,
         BLOCK,
         BLOCK_C,
         EXACT_BLOCK,
@@ -951,7 +1007,21 @@ def _threshold_kernel(
                 if bound > row_min:
                     lo = bound  # the whole-row search starts here too (count: at most finite)
                     n_bound = _gather(
-                        row_ptr, row_maxima, n_sub, vocab, bound, cand_ptr, sel_ptr, cap, SUB, BLOCK, BLOCK_C
+                        row_ptr,
+                        row_maxima,
+                        row_groups,
+                        n_sub,
+                        n_grp,
+                        vocab,
+                        bound,
+                        cand_ptr,
+                        gsel_ptr,
+                        sel_ptr,
+                        cap,
+                        SUB,
+                        GROUP,
+                        BLOCK,
+                        BLOCK_C,
                     )
                     if n_bound <= cap:
                         n_ready = n_bound
@@ -1017,6 +1087,7 @@ class Summary(NamedTuple):
     chunk: int
     n_sub: int
     maxima: torch.Tensor  # [rows * n_sub] float32: the max of each sub-tile
+    group: int  # sub-tiles per group
     n_grp: int
     groups: torch.Tensor  # [rows * n_grp] float32: the max of each group of sub-tiles
     stats: torch.Tensor  # [rows * chunks * 4] float32: see ``_STATS``
@@ -1059,7 +1130,7 @@ def summarize(logits: torch.Tensor, need_sum: bool, chosen: torch.Tensor | None 
         COUNT_ABOVE=chosen is not None,
         num_warps=8,
     )
-    return Summary(block, chunks, chunk, n_sub, maxima, n_grp, groups, stats, counter, above)
+    return Summary(block, chunks, chunk, n_sub, maxima, group, n_grp, groups, stats, counter, above)
 
 
 def search_settings(rows: int, vocab: int, chunks: int) -> tuple[int, dict[str, int]]:
@@ -1164,6 +1235,7 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
             sm.groups,
             stats,
             cand,
+            scratch("top_k_top_p.group_list", rows * sm.n_grp, torch.int32, dev),
             scratch("top_k_top_p.subtiles", rows * CAP, torch.int32, dev),
             thresholds,
             vocab,
@@ -1176,6 +1248,7 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
             BOUND_NP=BOUND_PIVOTS,
             BOUND_PASSES=BOUND_PASSES,
             SUB=SUB,
+            GROUP=sm.group,
             num_warps=warps,
             **exact,
         )
