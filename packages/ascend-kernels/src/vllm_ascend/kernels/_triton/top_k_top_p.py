@@ -431,9 +431,12 @@ def _summary_kernel(
     mn = tl.full([NS, SUB], float("inf"), tl.float32)
     finite = tl.zeros([NS, SUB], tl.int32)
     above = tl.zeros([NS, SUB], tl.int32)
-    for start in range(lo_idx, end, BLOCK):
-        offs = start + sub[:, None] * SUB + col[None, :]
-        x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
+    tile = sub[:, None] * SUB + col[None, :]
+    nxt = tl.load(row_ptr + lo_idx + tile, mask=lo_idx + tile < end, other=float("-inf"))
+    for start in range(lo_idx, end, BLOCK):  # the next tile is loaded before this one is reduced
+        x = nxt.to(tl.float32)
+        offs = start + BLOCK + tile
+        nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
         sub_max = tl.max(x, 1)
         s = start // SUB + sub
         tl.store(maxima_ptr + row.to(tl.int64) * n_sub + s, sub_max, mask=s < tl.cdiv(end, SUB))
@@ -736,27 +739,36 @@ def _list_subtiles(
 ):
     """List the sub-tiles whose max is ``>= v`` in ascending order (the first ``cap`` of them);
     returns how many. Groups whose max is below ``v`` are listed out first, so their sub-tile
-    maxima are never read: a high ``v`` touches a few groups' maxima, not the row's."""
-    n_g = tl.zeros([], tl.int32)
-    for g0 in range(0, n_grp, BLOCK):
-        g = g0 + tl.arange(0, BLOCK)
-        sel = (tl.load(row_groups + g, mask=g < n_grp, other=float("-inf")) >= v) & (g < n_grp)
-        pos = n_g + tl.cumsum(sel.to(tl.int32), 0) - 1
-        tl.store(gsel_ptr + pos, g, mask=sel)
-        n_g += tl.sum(sel.to(tl.int32), 0)
-    tl.debug_barrier()
-    NG: tl.constexpr = 32  # groups per step
+    maxima are never read: a high ``v`` touches a few groups' maxima, not the row's. Rows of at most
+    ``2 * BLOCK`` sub-tiles are listed in one or two flat steps instead (fewer dependent steps)."""
     n_sel = tl.zeros([], tl.int32)
-    for i0 in range(0, n_g, NG):
-        i = i0 + tl.arange(0, NG)
-        g = tl.load(gsel_ptr + i, mask=i < n_g, other=0)
-        sub = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-        sub = tl.reshape(sub, [NG * GROUP])
-        ok = tl.reshape(tl.broadcast_to((i < n_g)[:, None], [NG, GROUP]), [NG * GROUP]) & (sub < n_sub)
-        sel = (tl.load(row_maxima + sub, mask=ok, other=float("-inf")) >= v) & ok
-        pos = n_sel + tl.cumsum(sel.to(tl.int32), 0) - 1
-        tl.store(sel_ptr + pos, sub, mask=sel & (pos < cap))
-        n_sel += tl.sum(sel.to(tl.int32), 0)
+    if n_sub <= 2 * BLOCK:
+        for s0 in range(0, n_sub, BLOCK):
+            sub = s0 + tl.arange(0, BLOCK)
+            sel = (tl.load(row_maxima + sub, mask=sub < n_sub, other=float("-inf")) >= v) & (sub < n_sub)
+            pos = n_sel + tl.cumsum(sel.to(tl.int32), 0) - 1
+            tl.store(sel_ptr + pos, sub, mask=sel & (pos < cap))
+            n_sel += tl.sum(sel.to(tl.int32), 0)
+    else:
+        n_g = tl.zeros([], tl.int32)
+        for g0 in range(0, n_grp, BLOCK):
+            g = g0 + tl.arange(0, BLOCK)
+            sel = (tl.load(row_groups + g, mask=g < n_grp, other=float("-inf")) >= v) & (g < n_grp)
+            pos = n_g + tl.cumsum(sel.to(tl.int32), 0) - 1
+            tl.store(gsel_ptr + pos, g, mask=sel)
+            n_g += tl.sum(sel.to(tl.int32), 0)
+        tl.debug_barrier()
+        NG: tl.constexpr = 32  # groups per step
+        for i0 in range(0, n_g, NG):
+            i = i0 + tl.arange(0, NG)
+            g = tl.load(gsel_ptr + i, mask=i < n_g, other=0)
+            sub = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+            sub = tl.reshape(sub, [NG * GROUP])
+            ok = tl.reshape(tl.broadcast_to((i < n_g)[:, None], [NG, GROUP]), [NG * GROUP]) & (sub < n_sub)
+            sel = (tl.load(row_maxima + sub, mask=ok, other=float("-inf")) >= v) & ok
+            pos = n_sel + tl.cumsum(sel.to(tl.int32), 0) - 1
+            tl.store(sel_ptr + pos, sub, mask=sel & (pos < cap))
+            n_sel += tl.sum(sel.to(tl.int32), 0)
     tl.debug_barrier()
     return n_sel
 
