@@ -165,6 +165,30 @@ def test_top_k_top_p_takes_the_bounded_path_and_the_whole_row_fallback(gen, monk
     assert searched == [gathered[0], -1, gathered[1], -1]
 
 
+def test_exact_search_tiers_agree_with_the_sort_reference(gen, monkeypatch):
+    """Candidates that fit one per lane, several per lane (registers, fewer pivots) and a whole row
+    (streamed) each take their own exact-search tier; every tier keeps what the sort keeps."""
+    tiles = set()
+    narrow = tkp_triton._narrow
+
+    def spy_narrow(*args):
+        tiles.add(int(args[13]))  # BLOCK: the tile the tier searches with
+        return narrow(*args)
+
+    monkeypatch.setattr(tkp_triton, "_narrow", spy_narrow)
+    for vocab, k in ((256, 3), (256, 40), (256, 90), (4096, 600)):
+        logits = _logits(gen, 3, vocab, torch.float32)
+        logits[2] = 1.5  # all tied: the row itself is searched
+        kk = torch.full((3,), k, dtype=torch.int32)
+        for p in (None, torch.tensor([0.9, 0.5, 1.0])):
+            got, want = logits.clone(), logits.clone()
+            K.apply_top_k_top_p(got, kk, p)
+            top_k_top_p.apply_top_k_top_p_torch(want, kk, p)
+            assert torch.equal(got, want), (vocab, k, p)
+    per_lane = 32  # the interpreter's one-candidate-per-lane tile
+    assert {per_lane, per_lane * int(tkp_triton.REG_PER_LANE)} <= tiles and max(tiles) > 64, tiles
+
+
 def test_small_k_is_bounded_by_the_group_maxima(gen, monkeypatch):
     """A k far below the number of sub-tile groups takes its bound from the group maxima (GROUP
     times fewer values to pass over); a larger k from the sub-tile maxima. Same kept sets."""

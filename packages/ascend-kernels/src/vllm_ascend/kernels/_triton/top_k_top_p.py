@@ -62,6 +62,7 @@ BOUND_PASSES = 2
 SUB = 8 if IS_INTERPRETED else 16
 CAP = 64 if IS_INTERPRETED else 16384
 MAX_PASSES = 48
+REG_PER_LANE = tl.constexpr(2 if IS_INTERPRETED else 8)  # exact search on registers up to this many per lane
 GROUP = 4 if IS_INTERPRETED else 16  # sub-tiles per group (the summary also keeps group maxima)
 GROUP_RATIO = tl.constexpr(8)  # the top-k bound uses group maxima when k * this <= their number
 GATHER_BLOCK = 64 if IS_INTERPRETED else 512  # elements loaded per step from listed sub-tiles
@@ -274,8 +275,29 @@ def _exact(
     MAX_PASSES: tl.constexpr,
 ):
     """:func:`_narrow` over ``n`` candidates: more than ``WIDE`` take the row's wide tiles and
-    ``NP`` pivots, fewer the candidate tiles and ``NP_C`` pivots (fewer, cheaper passes)."""
-    if n > WIDE:
+    ``NP`` pivots, fewer the candidate tiles and ``NP_C`` pivots (fewer, cheaper passes); up to
+    ``REG_PER_LANE`` candidates per lane stay in registers for every pass, with ``NP`` pivots (a
+    pass over registers costs far less than the memory round trip of a streamed one)."""
+    REG: tl.constexpr = BLOCK_C * REG_PER_LANE
+    if (n > BLOCK_C) & (n <= REG):
+        lo, count_lo = _narrow(
+            src_ptr,
+            n,
+            lo,
+            top,
+            count_lo,
+            row_max,
+            floor,
+            base_count,
+            base_mass,
+            target_count,
+            target_mass,
+            BY_MASS,
+            NP,
+            REG,
+            MAX_PASSES,
+        )
+    elif n > WIDE:
         lo, count_lo = _narrow(
             src_ptr,
             n,
@@ -1156,7 +1178,7 @@ def search_settings(rows: int, vocab: int, chunks: int) -> tuple[int, dict[str, 
         NP=NUM_PIVOTS,
         BLOCK=search_block,
         NP_C=SCRATCH_PIVOTS,
-        EXACT_BLOCK=64 if IS_INTERPRETED else 32 * warps,  # one candidate per lane: no register spills
+        EXACT_BLOCK=32 if IS_INTERPRETED else 32 * warps,  # one candidate per lane: no register spills
         WIDE=32 if IS_INTERPRETED else 4096,
         CHUNKS=triton.next_power_of_2(chunks),
         MAX_PASSES=MAX_PASSES,
