@@ -301,6 +301,19 @@ def test_topk_logprobs_ties_and_masked_rows(gen, dtype):
     _check_topk_logprobs(logits, 200, chosen)
 
 
+def test_topk_logprobs_above_the_kernel_limit_use_the_stable_sort(gen, monkeypatch):
+    from vllm_ascend.kernels._triton import logprobs as lp_triton
+
+    def no_kernel(*args):
+        raise AssertionError("the Triton path must not serve n > TRITON_MAX_LOGPROBS")
+
+    monkeypatch.setattr(lp_triton, "compute_topk_logprobs", no_kernel)
+    n = logprobs.TRITON_MAX_LOGPROBS + 1
+    logits = _logits(gen, 2, n + 5, torch.bfloat16)
+    ids, _, _ = _check_topk_logprobs(logits, n, torch.tensor([0, 1]))
+    assert sorted(ids[0, 1:].tolist()) == sorted(logits[0].float().argsort(descending=True)[:n].tolist())
+
+
 def test_topk_logprobs_rejects_bad_counts():
     logits = torch.zeros(2, 10)
     for n in (-1, 11):
