@@ -136,22 +136,24 @@ def test_top_k_top_p_matches_the_sort_reference(gen, dtype, ties, which):
         assert kept[4] >= k[4] and kept[1] == torch.isfinite(logits[1]).sum()
 
 
+def _spy(monkeypatch, name, record):
+    """Wrap the interpreted ``tkp_triton.<name>``: after each call, ``record(args, result)``."""
+    real = getattr(tkp_triton, name)
+
+    def spy(*args):
+        out = real(*args)
+        record(args, out)
+        return out
+
+    monkeypatch.setattr(tkp_triton, name, spy)
+
+
 def test_top_k_top_p_takes_the_bounded_path_and_the_whole_row_fallback(gen, monkeypatch):
     """Small k / p are bounded by the sub-tile maxima and searched on a gathered scratch; a k above
     the number of sub-tiles, and a p the maxima's mass cannot reach, search the whole row."""
     gathered, searched = [], []
-    gather, select = tkp_triton._gather, tkp_triton._select
-
-    def spy_gather(*args):
-        gathered.append(int(n := gather(*args)))
-        return n
-
-    def spy_select(*args):
-        searched.append(int(args[3]))  # n_ready: -1 is the whole-row search
-        return select(*args)
-
-    monkeypatch.setattr(tkp_triton, "_gather", spy_gather)
-    monkeypatch.setattr(tkp_triton, "_select", spy_select)
+    _spy(monkeypatch, "_gather", lambda args, n: gathered.append(int(n)))
+    _spy(monkeypatch, "_select", lambda args, _: searched.append(int(args[3])))  # n_ready -1: whole row
     vocab = 256
     logits = _logits(gen, 4, vocab, torch.float32) * 3
     logits[3] *= 0.01  # nearly flat: the maxima hold about 1/SUB of the mass
@@ -169,13 +171,7 @@ def test_exact_search_tiers_agree_with_the_sort_reference(gen, monkeypatch):
     """Candidates that fit one per lane, several per lane (registers, fewer pivots) and a whole row
     (streamed) each take their own exact-search tier; every tier keeps what the sort keeps."""
     tiles = set()
-    narrow = tkp_triton._narrow
-
-    def spy_narrow(*args):
-        tiles.add(int(args[13]))  # BLOCK: the tile the tier searches with
-        return narrow(*args)
-
-    monkeypatch.setattr(tkp_triton, "_narrow", spy_narrow)
+    _spy(monkeypatch, "_narrow", lambda args, _: tiles.add(int(args[13])))  # BLOCK: the tier's tile
     for vocab, k in ((256, 3), (256, 40), (256, 90), (4096, 600)):
         logits = _logits(gen, 3, vocab, torch.float32)
         logits[2] = 1.5  # all tied: the row itself is searched
@@ -193,13 +189,7 @@ def test_small_k_is_bounded_by_the_group_maxima(gen, monkeypatch):
     """A k far below the number of sub-tile groups takes its bound from the group maxima (GROUP
     times fewer values to pass over); a larger k from the sub-tile maxima. Same kept sets."""
     sizes = []
-    bound = tkp_triton._bound
-
-    def spy_bound(*args):
-        sizes.append(int(args[1]))
-        return bound(*args)
-
-    monkeypatch.setattr(tkp_triton, "_bound", spy_bound)
+    _spy(monkeypatch, "_bound", lambda args, _: sizes.append(int(args[1])))  # how many maxima it read
     vocab = 2048
     n_sub = vocab // tkp_triton.SUB
     n_grp = n_sub // tkp_triton.GROUP
@@ -218,13 +208,7 @@ def test_top_p_alone_splits_its_search_and_falls_back_when_the_bracket_overflows
     """Top-p without top-k narrows a bracket in split rounds and searches it in the scratch; a row of
     ties keeps the whole row in its bracket, more than the scratch holds, and searches the row."""
     whole_row = []
-    select = tkp_triton._select
-
-    def spy_select(*args):
-        whole_row.append(int(args[3]))
-        return select(*args)
-
-    monkeypatch.setattr(tkp_triton, "_select", spy_select)
+    _spy(monkeypatch, "_select", lambda args, _: whole_row.append(int(args[3])))
     vocab = 4 * tkp_triton.CAP
     logits = _logits(gen, 4, vocab, torch.float32) * 3
     logits[2] = 1.5  # ties everywhere
