@@ -1,10 +1,10 @@
 """Triton logprob kernels.
 
-Token logprobs: an online log-sum-exp per row chunk, then a tiny combine. Large batches and short rows run one program per row (one chunk) and write the result directly.
-Batches of fewer rows than multiprocessors with long rows split each row into chunks so that every
-multiprocessor streams; each program writes its chunk's ``(max, sum of exp(x - max)[, #{x >
-chosen}])`` and a combine kernel (one program per row) merges them. The chunk count is a runtime
-argument (not a compile-time specialisation).
+Token logprobs: an online log-sum-exp per row chunk, then a tiny combine. Large batches and short
+rows run one program per row (one chunk) and write the result directly. Batches of fewer rows than
+multiprocessors with long rows split each row into chunks so that every multiprocessor streams; each
+program writes its chunk's ``(max, sum of exp(x - max))`` and a combine kernel (one program per row)
+merges them. The chunk count is a runtime argument (not a compile-time specialisation).
 
 Top-``n`` logprobs reuse the top-k machinery of :mod:`.top_k_top_p`: its summary launch gives the
 log-sum-exp, the chosen token's rank (elements above it, per chunk) and the sub-tile maxima; one

@@ -3,21 +3,25 @@
 The kept set of a row is ``{x >= t}``. The first and last launches are shared:
 
 * ``_summary_kernel`` (rows split into chunks so that small batches fill the device): per chunk the
-  max, softmax sum, min and finite count; per sub-tile of ``SUB`` consecutive elements its max.
+  max, softmax sum, min and finite count; per sub-tile of ``SUB`` consecutive elements its max, and
+  per group of ``GROUP`` sub-tiles its max (:mod:`.logprobs` also has it count, per chunk, the
+  elements above a chosen token).
 * ``_mask_kernel`` (split the same way): writes ``-inf`` below ``t``; sub-tiles whose max is below
   ``t`` are written without being read.
 
 With top-k (``_threshold_kernel``, one program per row): the sub-tile maxima are distinct
 elements, so if ``c`` of them are ``>= v`` the row has at least ``c`` elements ``>= v`` (and at
 least their mass), i.e. ``t >= v`` as soon as ``c >= k`` (or their mass reaches the top-p target).
-Only sub-tiles whose max reaches that bound can hold candidates: they alone are read, and their
+A ``k`` far below the number of groups takes the bound from the group maxima instead (16 times
+fewer values). Only sub-tiles whose max reaches that bound can hold candidates: they are listed
+through the group maxima (groups below the bound are skipped whole), they alone are read, and their
 elements ``>= bound`` copied to a per-row scratch (typically a few times ``k``), where exact pivot
 passes find ``t``: per pass, pivots spread over an interval ``[lo, top]`` known to hold ``t`` give
 the count (top-k) or probability mass (top-p) of ``{x >= pivot}``; the pivots around the target
-then give way to the nearest elements (one more sweep, or none when the candidates fit one tile and
-stay in registers for the whole search), so ``lo`` and ``top`` become element values and meet at
-``t``; ties are kept exactly as a sort keeps them. Top-p then runs on the scratch, over the
-distribution top-k left.
+then give way to the nearest elements (one more sweep, or none when the candidates, up to
+``REG_PER_LANE`` per lane, stay in registers for the whole search), so ``lo`` and ``top`` become
+element values and meet at ``t``; ties are kept exactly as a sort keeps them. Top-p then runs on the
+scratch, over the distribution top-k left.
 Rows whose bound is too weak (``k`` above the number of sub-tiles, massive ties, top-k off with a
 flat distribution) search the whole row: coarse pivot passes until a bucket fits the scratch, then
 the same exact passes.
