@@ -52,6 +52,28 @@ def row_split(rows: int, vocab: int, block: int, device: torch.device, per_sm: i
     return triton.cdiv(vocab, chunk), chunk
 
 
+def vector(dtype: torch.dtype) -> int:
+    """Elements of ``dtype`` per 16-byte load."""
+    return 16 // dtype.itemsize
+
+
+def slot_shape(tile: int, warps: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """``(A, NG, V)`` of a ``[A, NG, V]`` tile of ``tile`` elements (see :func:`slots`): ``V`` per
+    16-byte load, ``NG`` one slot per thread (fewer under the interpreter)."""
+    v = vector(dtype)
+    ng = 8 if IS_INTERPRETED else 32 * warps
+    return max(1, tile // (ng * v)), ng, v
+
+
+@triton.jit
+def slots(A: tl.constexpr, NG: tl.constexpr, V: tl.constexpr):
+    """Offsets of a ``[A, NG, V]`` tile: slot ``g`` (one thread) holds ``A`` vectors of ``V`` elements
+    ``NG * V`` apart, so each load is coalesced across the slots and a reduction over axes 0 and 2
+    (one value per slot) stays inside its thread: no shuffles, no barriers."""
+    a = tl.arange(0, A)[:, None, None]
+    return (a * NG + tl.arange(0, NG)[None, :, None]) * V + tl.arange(0, V)[None, None, :]
+
+
 _scratch: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = {}
 
 

@@ -1,16 +1,12 @@
-"""Triton :func:`vllm_ascend.kernels.gumbel_sample`: rows split into chunks, then a tiny combine.
+"""Triton :func:`vllm_ascend.kernels.gumbel_sample`: the two-level race of :mod:`..gumbel`.
 
-Each program takes one chunk of one row and keeps the best score ``x / T + g`` of its chunk, where
-``g = -log(-log(u))`` is the reference's noise. The two logarithms dominate the cost (libdevice
-``logf`` is ~30 instructions), so a tile computes them only when one of its elements can still beat
-the chunk's best exact score ``b``: since ``g`` increases with ``u``, ``x + g(u) >= b`` needs
-``u >= exp(-exp(x - b)) >= 1 - exp(x - b)``; the last bound costs one fast exponential. It is tested
-with slack (a margin in score space, a few ulps in ``u``, and ``x * (1 / T)`` in place of the exact
-division), so the filter never drops a possible winner and the result is exactly the reference's
-argmax; after the first tiles of a chunk few tiles pass. A tile whose largest logit is more than
-the largest possible noise below ``b`` is skipped before hashing. With one chunk per row the kernel
-writes the token; otherwise per-chunk ``(score, index)`` partials go to a combine kernel (highest
-score, lowest index on ties).
+One program per row chunk. A tile is ``[A, NG, V]``: ``NG`` groups of ``GROUP = A * V`` consecutive
+tokens, each group held by one thread (``V`` contiguous elements per load, ``A`` loads), so the group's
+max, its exponential sum and its noise are computed once, by its own thread, without shuffles or
+barriers; per token the work is a subtraction, a multiply, one exponential and an add. Each thread
+keeps its best group score; at the end the chunk's best group (lowest index on ties) runs the token
+race over its ``GROUP`` tokens. With one chunk per row the kernel writes the token; otherwise
+per-chunk ``(score, token)`` partials go to a combine kernel (highest score, lowest token on ties).
 """
 
 from __future__ import annotations
@@ -19,54 +15,31 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._triton.common import IS_INTERPRETED, check_logits, hash32, row_split, scratch
+from vllm_ascend.kernels import gumbel as ref
+from vllm_ascend.kernels._triton.common import (
+    IS_INTERPRETED,
+    check_logits,
+    hash32,
+    row_split,
+    scratch,
+    vector,
+)
 
-BLOCK = 256 if IS_INTERPRETED else 1024
 WARPS = 4
-PER_SM = 8
+GROUPS_PER_TILE = 8 if IS_INTERPRETED else 32 * WARPS  # one group per thread per tile
+PER_SM = 4
 COMBINE_BLOCK = 128
-MAX_NOISE = tl.constexpr(17.0)  # > -log(-log(1 - 2**-24)) ~ 16.64, the largest noise the 23-bit u can draw
+TOKEN_MIX = tl.constexpr(ref.TOKEN_MIX)
+TOKEN_KEY = tl.constexpr(ref.TOKEN_KEY)
 
 
 @triton.jit
-def _tile(
-    raw,
-    y,
-    offs,
-    end,
-    key,
-    t,
-    random_row,
-    noise_scale,
-    best_val,
-    best_idx,
-    best,
-    APPLY_TEMPERATURE: tl.constexpr,
-):
-    """Fold one tile into the chunk's running best (``y``: the filter's estimate of ``raw / T``)."""
-    valid = (offs < end) & (raw > float("-inf"))
-    h = hash32(key ^ (offs.to(tl.uint32) * 0x9E3779B9))
-    # f = 1 + k / 2**23 for the 23 random bits k, built from the bits (no int-to-float conversion):
-    # u = (k + 0.5) / 2**23 = (f - 1) + 2**-24 exactly.
+def _noise(key, index):
+    """``-log(-log(u))`` of ``index`` (uint32) under ``key``; u from 23 hash bits, built from the bits
+    (``f = 1 + k / 2**23``, so ``u = (k + 0.5) / 2**23 = (f - 1) + 2**-24`` exactly)."""
+    h = hash32(key ^ (index * TOKEN_MIX))
     f = (0x3F800000 | (h >> 9)).to(tl.float32, bitcast=True)
-    # Filter: y + g(u) >= best - margin needs u >= exp(-exp(z)) with z = y + margin - best, and
-    # exp(-a) >= 1 - a, so u >= 1 - exp(z) holds for every possible winner: one exponential.
-    # Slack: exp(z) taken 2**-16 larger, and 2**-19 (16 values of k) off the threshold.
-    z = y + (1e-3 + 1e-5 * tl.abs(best) - best)
-    f_min = (2.0 - 1.0 / 524288.0) - tl.exp(z) * (1.0 + 1.0 / 65536.0)
-    cand = valid & tl.where(random_row, f >= f_min, z >= 0.0)
-    if tl.max(cand.to(tl.int32), 0) > 0:
-        x = raw
-        if APPLY_TEMPERATURE:
-            x = raw / tl.where(random_row, t, 1.0)  # the reference's rounding
-        u = (f - 1.0) + 1.0 / 16777216.0
-        s = x + noise_scale * -tl.log(-tl.log(u))
-        s = tl.where(offs < end, s, float("-inf"))
-        better = s > best_val
-        best_val = tl.where(better, s, best_val)
-        best_idx = tl.where(better, offs, best_idx)
-        best = tl.max(best_val, 0)
-    return best_val, best_idx, best
+    return -tl.log(-tl.log((f - 1.0) + 1.0 / 16777216.0))
 
 
 @triton.jit(do_not_specialize=["num_chunks"])
@@ -83,56 +56,63 @@ def _gumbel_kernel(
     chunk,
     num_chunks,
     APPLY_TEMPERATURE: tl.constexpr,
-    BLOCK: tl.constexpr,
+    A: tl.constexpr,
+    NG: tl.constexpr,
+    V: tl.constexpr,
 ):
     row = tl.program_id(0)
     part = tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
     t = tl.load(temp_ptr + row)
     random_row = t > 0
-    noise_scale = tl.where(random_row, 1.0, 0.0)
+    scale = tl.full([], 1.0, tl.float32)
+    if APPLY_TEMPERATURE:
+        scale = tl.where(random_row, 1.0 / tl.where(random_row, t, 1.0), 1.0)
     seed = tl.load(seed_ptr + row).to(tl.int64)
     pos = tl.load(pos_ptr + row).to(tl.int64)
     key = hash32(hash32((seed & 0xFFFFFFFF).to(tl.uint32)) ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
     key = hash32(key ^ (pos & 0xFFFFFFFF).to(tl.uint32))
+    c = scale * 1.4426950408889634  # log2(e) / T
+    G: tl.constexpr = A * V
+    TILE: tl.constexpr = NG * G
     begin = part * chunk
     end = tl.minimum(begin + chunk, vocab)
-    best_val = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_idx = tl.zeros([BLOCK], tl.int32)
-    best = tl.full([], float("-inf"), tl.float32)  # best exact score of this chunk so far
-    offs = begin + tl.arange(0, BLOCK)
-    nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
-    inv_t = 1.0 / tl.where(random_row, t, 1.0)
-    for start in range(begin, end, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        raw = nxt.to(tl.float32)
-        nxt = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < end, other=float("-inf"))
-        y = raw  # cheap estimate of the scaled logit for the filter (the exact division is slow)
-        if APPLY_TEMPERATURE:
-            y = raw * inv_t
-        # The noise is at most MAX_NOISE: a tile whose largest y is that far below best cannot win.
-        if tl.max(y, 0) + noise_scale * MAX_NOISE >= best - (1e-3 + 1e-5 * tl.abs(best)):
-            best_val, best_idx, best = _tile(
-                raw,
-                y,
-                offs,
-                end,
-                key,
-                t,
-                random_row,
-                noise_scale,
-                best_val,
-                best_idx,
-                best,
-                APPLY_TEMPERATURE,
-            )
-    top = tl.max(best_val, 0)
-    winner = tl.min(tl.where(best_val == top, best_idx, vocab), 0)
+    lane = tl.arange(0, NG)
+    local = (lane[None, :, None] * A + tl.arange(0, A)[:, None, None]) * V + tl.arange(0, V)[None, None, :]
+    best = tl.full([NG], float("-inf"), tl.float32)
+    best_grp = begin // G + lane
+    nxt = tl.load(row_ptr + begin + local, mask=begin + local < end, other=float("-inf"))
+    for start in range(begin, end, TILE):  # the next tile is loaded before this one is raced
+        x = nxt.to(tl.float32)
+        offs = start + TILE + local
+        nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
+        m = tl.max(tl.max(x, 2), 0)
+        # exp((x - m) / T) as exp2(x * c - m * c): one FMA and one exponential per token
+        mc = tl.where(m > float("-inf"), m, 0.0) * c
+        mass = tl.sum(tl.sum(tl.math.exp2(x * c - mc[None, :, None]), 2), 0)
+        grp = start // G + lane
+        log_mass = tl.log(tl.where(mass > 0, mass, 1.0))  # an empty group scores -inf through m
+        score = tl.where(random_row, m * scale + log_mass + _noise(key, grp.to(tl.uint32)), m)
+        better = score > best
+        best = tl.where(better, score, best)
+        best_grp = tl.where(better, grp, best_grp)
+    top = tl.max(best, 0)
+    won = tl.min(tl.where(best == top, best_grp, 2147483647), 0)
+    # Token race inside the winning group.
+    tokens = won * G + tl.arange(0, G)
+    inside = tokens < vocab
+    xt = tl.load(row_ptr + tokens, mask=inside, other=float("-inf")).to(tl.float32)
+    yt = xt
+    if APPLY_TEMPERATURE:
+        yt = xt / tl.where(random_row, t, 1.0)  # the reference's rounding
+    noisy = yt + _noise(hash32(key ^ TOKEN_KEY), tokens.to(tl.uint32))
+    s = tl.where(inside, tl.where(random_row, noisy, xt), float("-inf"))
+    token = tl.min(tl.where(s == tl.max(s, 0), tokens, 2147483647), 0)
     if num_chunks == 1:
-        tl.store(out_ptr + row, winner.to(tl.int64))
+        tl.store(out_ptr + row, token.to(tl.int64))
     else:
         tl.store(part_val_ptr + row * num_chunks + part, top)
-        tl.store(part_idx_ptr + row * num_chunks + part, winner)
+        tl.store(part_idx_ptr + row * num_chunks + part, token)
 
 
 @triton.jit(do_not_specialize=["num_chunks"])
@@ -164,7 +144,8 @@ def gumbel_sample(
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows == 0:
         return out
-    chunks, chunk = row_split(rows, vocab, BLOCK, logits.device, PER_SM)
+    v = vector(logits.dtype)
+    chunks, chunk = row_split(rows, vocab, GROUPS_PER_TILE * ref.GROUP, logits.device, PER_SM)
     part_val = scratch("gumbel_val", rows * chunks, torch.float32, logits.device)
     part_idx = scratch("gumbel_idx", rows * chunks, torch.int32, logits.device)
     _gumbel_kernel[(rows, chunks)](
@@ -180,7 +161,9 @@ def gumbel_sample(
         chunk,
         chunks,
         APPLY_TEMPERATURE=apply_temperature,
-        BLOCK=BLOCK,
+        A=ref.GROUP // v,
+        NG=GROUPS_PER_TILE,
+        V=v,
         num_warps=WARPS,
     )
     if chunks > 1:

@@ -30,9 +30,12 @@ from vllm_ascend.kernels._triton.common import (
     row_block,
     row_split,
     scratch,
+    slot_shape,
+    slots,
 )
 
 COMBINE_BLOCK = 128
+LOG2E = tl.constexpr(1.4426950408889634)
 PER_SM = 1  # split only batches of fewer rows than multiprocessors (H200: B = 256 runs best unsplit)
 # ... and only rows of at least this many tiles: the combine launch costs ~2 us, so on an H200 a
 # split 64 x 32000 row set took 11.2 us against 9.2 unsplit, while 64 x 151936 gained (24.3 -> 22.8).
@@ -40,19 +43,22 @@ MIN_SPLIT_TILES = 1 if IS_INTERPRETED else 16
 
 
 @triton.jit
-def _chunk_lse(row_ptr, begin, end, BLOCK: tl.constexpr):
-    """``(max, sum of exp(x - max))`` over ``[begin, end)`` of a row (float32)."""
-    run_max = tl.full([BLOCK], float("-inf"), tl.float32)
-    run_sum = tl.zeros([BLOCK], tl.float32)
-    offs = begin + tl.arange(0, BLOCK)
-    nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
-    for start in range(begin, end, BLOCK):
+def _chunk_lse(row_ptr, begin, end, A: tl.constexpr, NG: tl.constexpr, V: tl.constexpr):
+    """``(max, sum of exp(x - max))`` over ``[begin, end)`` of a row (float32). Slot tiles: each thread
+    rescales its running sum once per tile (by its slot's max), so a token costs one exponential."""
+    TILE: tl.constexpr = A * NG * V
+    local = slots(A, NG, V)
+    run_max = tl.full([NG], float("-inf"), tl.float32)
+    run_sum = tl.zeros([NG], tl.float32)
+    nxt = tl.load(row_ptr + begin + local, mask=begin + local < end, other=float("-inf"))
+    for start in range(begin, end, TILE):
         x = nxt.to(tl.float32)
-        offs = start + BLOCK + tl.arange(0, BLOCK)
+        offs = start + TILE + local
         nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
-        new_max = tl.maximum(run_max, x)
-        safe = tl.where(new_max > float("-inf"), new_max, 0.0)
-        run_sum = run_sum * tl.exp(run_max - safe) + tl.exp(x - safe)
+        new_max = tl.maximum(run_max, tl.max(tl.max(x, 2), 0))
+        safe = tl.where(new_max > float("-inf"), new_max, 0.0) * LOG2E
+        terms = tl.sum(tl.sum(tl.math.exp2(x * LOG2E - safe[None, :, None]), 2), 0)
+        run_sum = run_sum * tl.math.exp2(run_max * LOG2E - safe) + terms
         run_max = new_max
     m = tl.max(run_max, 0)
     safe = tl.where(m > float("-inf"), m, 0.0)
@@ -99,13 +105,15 @@ def _token_logprob_kernel(
     chunk,
     num_chunks,
     IDS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    A: tl.constexpr,
+    NG: tl.constexpr,
+    V: tl.constexpr,
 ):
     row = tl.program_id(0)
     part = tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
     begin = part * chunk
-    m, s = _chunk_lse(row_ptr, begin, tl.minimum(begin + chunk, vocab), BLOCK)
+    m, s = _chunk_lse(row_ptr, begin, tl.minimum(begin + chunk, vocab), A, NG, V)
     if num_chunks == 1:
         _store_token_logprobs(row_ptr, row, m + tl.log(s), ids_ptr, num_ids, out_ptr, IDS)
     else:
@@ -132,15 +140,18 @@ def _token_logprob_combine_kernel(
     _store_token_logprobs(row_ptr, row, lse, ids_ptr, num_ids, out_ptr, IDS)
 
 
-def _split(rows: int, vocab: int, device: torch.device) -> tuple[int, int, int]:
-    """``(BLOCK, chunks, chunk)``; unsplit rows keep the one-program-per-row tiles (few rows: each
+def _split(
+    rows: int, vocab: int, dtype: torch.dtype, device: torch.device
+) -> tuple[dict[str, int], int, int]:
+    """``(slot shape, chunks, chunk)``; unsplit rows keep the one-program-per-row tiles (few rows: each
     program needs more bytes in flight, H200: 8192 best up to ~128 rows)."""
-    block = row_block(vocab, 4096)
-    chunks, chunk = row_split(rows, vocab, block, device, PER_SM)
-    if chunks > 1 and triton.cdiv(vocab, block) >= MIN_SPLIT_TILES:
-        return block, chunks, chunk
-    block = row_block(vocab, 8192 if rows <= SMALL_BATCH_ROWS else 4096)
-    return block, 1, triton.cdiv(vocab, block) * block
+    a, ng, v = slot_shape(row_block(vocab, 4096), ROW_WARPS, dtype)
+    tile = a * ng * v
+    chunks, chunk = row_split(rows, vocab, tile, device, PER_SM)
+    if chunks > 1 and triton.cdiv(vocab, tile) >= MIN_SPLIT_TILES:
+        return dict(A=a, NG=ng, V=v), chunks, chunk
+    a, ng, v = slot_shape(row_block(vocab, 8192 if rows <= SMALL_BATCH_ROWS else 4096), ROW_WARPS, dtype)
+    return dict(A=a, NG=ng, V=v), 1, triton.cdiv(vocab, a * ng * v) * a * ng * v
 
 
 def compute_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
@@ -149,7 +160,7 @@ def compute_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> tor
     ids = token_ids.reshape(rows, -1).contiguous()
     out = torch.empty(ids.shape, dtype=torch.float32, device=logits.device)
     if out.numel():
-        block, chunks, chunk = _split(rows, vocab, logits.device)
+        shape, chunks, chunk = _split(rows, vocab, logits.dtype, logits.device)
         part_m, part_s = (
             scratch(name, rows * chunks, torch.float32, logits.device) for name in ("lse_m", "lse_s")
         )
@@ -157,7 +168,7 @@ def compute_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> tor
         width = triton.next_power_of_2(n_ids)
         _token_logprob_kernel[(rows, chunks)](
             logits, logits.stride(0), ids, n_ids, out, part_m, part_s, vocab, chunk, chunks,
-            IDS=width, BLOCK=block, num_warps=ROW_WARPS,
+            IDS=width, num_warps=ROW_WARPS, **shape,
         )  # fmt: skip
         if chunks > 1:
             _token_logprob_combine_kernel[(rows,)](

@@ -1,8 +1,12 @@
-"""Triton :func:`vllm_ascend.kernels.apply_min_p`: row max, then a masking pass.
+"""Triton :func:`vllm_ascend.kernels.apply_min_p`: a max pass that keeps per-slot maxima, then a
+masking pass that reads only the slots that can hold a kept token.
 
-Batches of at least one row per multiprocessor: one program per row does both passes. Smaller
-batches split each row into chunks so that every multiprocessor streams: a first launch writes
-per-chunk maxima, a second one reduces the row's few partials and masks its chunk.
+Tiles are ``[A, NG, V]`` slot tiles (:func:`.common.slots`): the max pass writes each slot's max (in
+the logits' dtype, so exact) beside the row max; the masking pass writes ``-inf`` over every slot
+whose max is below the threshold ``max + log(min_p)`` without reading it, and reads the few others.
+A row is read once and written once. Batches of at least one row per multiprocessor run one program
+per row (both passes, a barrier between them); smaller batches split each row into chunks: a first
+launch writes per-chunk maxima, a second one reduces the row's few partials and masks its chunk.
 """
 
 from __future__ import annotations
@@ -11,74 +15,98 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._triton.common import ROW_WARPS, check_logits, row_block, row_split, scratch
+from vllm_ascend.kernels._triton.common import (
+    IS_INTERPRETED,
+    check_logits,
+    row_split,
+    scratch,
+    slot_shape,
+    slots,
+)
 
 COMBINE_BLOCK = 128
-PER_SM = 1  # split only batches of fewer rows than multiprocessors (H200: B = 256 runs best unsplit)
+PER_SM = 1  # split only batches of fewer rows than multiprocessors
+TILE = (
+    128 if IS_INTERPRETED else 4096
+)  # elements per tile (H200: 32-element slots for fp32 and bf16, 4 warps)
+WARPS = 4
 
 
 @triton.jit
-def _mask_below(row_ptr, begin, end, threshold, BLOCK: tl.constexpr):
-    offs = begin + tl.arange(0, BLOCK)
-    nxt = tl.load(row_ptr + offs, mask=offs < end, other=0.0)
-    for start in range(begin, end, BLOCK):
-        x = nxt.to(tl.float32)
-        offs = start + tl.arange(0, BLOCK)
-        nxt = tl.load(row_ptr + offs + BLOCK, mask=offs + BLOCK < end, other=0.0)
-        tl.store(
-            row_ptr + offs,
-            tl.full([BLOCK], float("-inf"), row_ptr.dtype.element_ty),
-            mask=(offs < end) & (x < threshold),
-        )
-
-
-@triton.jit
-def _range_max(row_ptr, begin, end, BLOCK: tl.constexpr):
-    run = tl.full([BLOCK], float("-inf"), tl.float32)
-    offs = begin + tl.arange(0, BLOCK)
-    nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
-    for start in range(begin, end, BLOCK):
-        x = nxt.to(tl.float32)
-        offs = start + BLOCK + tl.arange(0, BLOCK)
+def _max_pass(row_ptr, smax_ptr, begin, end, A: tl.constexpr, NG: tl.constexpr, V: tl.constexpr):
+    """Row max over ``[begin, end)``; writes every slot's max to ``smax_ptr`` (slot ``begin // TILE *
+    NG + lane``)."""
+    TILE: tl.constexpr = A * NG * V
+    local = slots(A, NG, V)
+    lane = tl.arange(0, NG)
+    run = tl.full([NG], float("-inf"), tl.float32)
+    nxt = tl.load(row_ptr + begin + local, mask=begin + local < end, other=float("-inf"))
+    for start in range(begin, end, TILE):
+        x = nxt
+        offs = start + TILE + local
         nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
-        run = tl.maximum(run, x)
+        m = tl.max(tl.max(x, 2), 0)
+        tl.store(smax_ptr + start // TILE * NG + lane, m)
+        run = tl.maximum(run, m.to(tl.float32))
     return tl.max(run, 0)
 
 
 @triton.jit
-def _min_p_kernel(logits_ptr, row_stride, minp_ptr, vocab, BLOCK: tl.constexpr):
+def _mask_pass(row_ptr, smax_ptr, begin, end, threshold, A: tl.constexpr, NG: tl.constexpr, V: tl.constexpr):
+    """Write ``-inf`` over ``[begin, end)`` where ``x < threshold``; slots whose max is below it are
+    written without being read."""
+    TILE: tl.constexpr = A * NG * V
+    local = slots(A, NG, V)
+    lane = tl.arange(0, NG)
+    for start in range(begin, end, TILE):
+        live = tl.load(smax_ptr + start // TILE * NG + lane).to(tl.float32) >= threshold
+        offs = start + local
+        inb = offs < end
+        x = tl.load(row_ptr + offs, mask=inb & live[None, :, None], other=float("-inf"))
+        tl.store(row_ptr + offs, tl.where(x.to(tl.float32) < threshold, float("-inf"), x), mask=inb)
+
+
+@triton.jit
+def _min_p_kernel(
+    logits_ptr,
+    row_stride,
+    minp_ptr,
+    smax_ptr,
+    n_slots,
+    vocab,
+    A: tl.constexpr,
+    NG: tl.constexpr,
+    V: tl.constexpr,
+):
     row = tl.program_id(0)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+    row_smax = smax_ptr + row.to(tl.int64) * n_slots
     mp = tl.load(minp_ptr + row)
     limit = tl.where(mp > 0, vocab, 0)
-    threshold = _range_max(row_ptr, 0, limit, BLOCK) + tl.log(tl.where(mp > 0, mp, 1.0))
-    _mask_below(row_ptr, 0, limit, threshold, BLOCK)
+    threshold = _max_pass(row_ptr, row_smax, 0, limit, A, NG, V) + tl.log(tl.where(mp > 0, mp, 1.0))
+    tl.debug_barrier()  # the slot maxima written by every thread
+    _mask_pass(row_ptr, row_smax, 0, limit, threshold, A, NG, V)
 
 
 @triton.jit
 def _chunk_max_kernel(
-    logits_ptr, row_stride, minp_ptr, part_ptr, vocab, chunk, num_chunks, BLOCK: tl.constexpr
-):
+    logits_ptr, row_stride, minp_ptr, smax_ptr, n_slots, part_ptr, vocab, chunk, num_chunks,
+    A: tl.constexpr, NG: tl.constexpr, V: tl.constexpr,
+):  # fmt: skip
     row = tl.program_id(0)
     part = tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
     begin = part * chunk
     end = tl.where(tl.load(minp_ptr + row) > 0, tl.minimum(begin + chunk, vocab), begin)
-    tl.store(part_ptr + row * num_chunks + part, _range_max(row_ptr, begin, end, BLOCK))
+    m = _max_pass(row_ptr, smax_ptr + row.to(tl.int64) * n_slots, begin, end, A, NG, V)
+    tl.store(part_ptr + row * num_chunks + part, m)
 
 
 @triton.jit
 def _chunk_mask_kernel(
-    logits_ptr,
-    row_stride,
-    minp_ptr,
-    part_ptr,
-    vocab,
-    chunk,
-    num_chunks,
-    BLOCK: tl.constexpr,
-    CB: tl.constexpr,
-):
+    logits_ptr, row_stride, minp_ptr, smax_ptr, n_slots, part_ptr, vocab, chunk, num_chunks,
+    A: tl.constexpr, NG: tl.constexpr, V: tl.constexpr, CB: tl.constexpr,
+):  # fmt: skip
     row = tl.program_id(0)
     part = tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
@@ -90,7 +118,8 @@ def _chunk_mask_kernel(
         c = c0 + tl.arange(0, CB)
         v = tl.load(part_ptr + row * num_chunks + c, mask=c < num_chunks, other=float("-inf"))
         top = tl.maximum(top, tl.max(v, 0))
-    _mask_below(row_ptr, begin, end, top + tl.log(tl.where(mp > 0, mp, 1.0)), BLOCK)
+    threshold = top + tl.log(tl.where(mp > 0, mp, 1.0))
+    _mask_pass(row_ptr, smax_ptr + row.to(tl.int64) * n_slots, begin, end, threshold, A, NG, V)
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -98,14 +127,18 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     rows, vocab = logits.shape
     if not rows:
         return logits
-    block = row_block(vocab)
+    a, ng, v = slot_shape(TILE, WARPS, logits.dtype)
+    tile = a * ng * v
+    n_slots = triton.cdiv(vocab, tile) * ng
+    smax = scratch("min_p.smax", rows * n_slots, logits.dtype, logits.device)
     mp = min_p.to(torch.float32)
-    chunks, chunk = row_split(rows, vocab, block, logits.device, PER_SM)
+    chunks, chunk = row_split(rows, vocab, tile, logits.device, PER_SM)
+    shape = dict(A=a, NG=ng, V=v, num_warps=WARPS)
     if chunks == 1:
-        _min_p_kernel[(rows,)](logits, logits.stride(0), mp, vocab, BLOCK=block, num_warps=ROW_WARPS)
+        _min_p_kernel[(rows,)](logits, logits.stride(0), mp, smax, n_slots, vocab, **shape)
         return logits
     part = scratch("min_p", rows * chunks, torch.float32, logits.device)
-    args = (logits, logits.stride(0), mp, part, vocab, chunk, chunks)
-    _chunk_max_kernel[(rows, chunks)](*args, BLOCK=block, num_warps=ROW_WARPS)
-    _chunk_mask_kernel[(rows, chunks)](*args, BLOCK=block, CB=COMBINE_BLOCK, num_warps=ROW_WARPS)
+    args = (logits, logits.stride(0), mp, smax, n_slots, part, vocab, chunk, chunks)
+    _chunk_max_kernel[(rows, chunks)](*args, **shape)
+    _chunk_mask_kernel[(rows, chunks)](*args, CB=COMBINE_BLOCK, **shape)
     return logits
