@@ -50,10 +50,10 @@ def test_gumbel_matches_reference_with_the_same_noise(gen, dtype, scale_first):
 def test_gumbel_long_rows_match_reference(gen, dtype, rows):
     """Rows of many tiles (1 row: split in chunks and combined; 24: one chunk each), masked tokens,
     sharp (small T) and flat (large T) distributions, a greedy row: the same draws as the reference."""
-    vocab = 3000
+    vocab = 9000  # three 4096-token blocks, the last one partial
     logits = _logits(gen, rows, vocab, dtype, scale=4.0)
     logits[0, ::5] = float("-inf")
-    logits[0, 64:96] = float("-inf")  # a whole group masked
+    logits[0, gumbel.group_tokens(3)[2]] = float("-inf")  # a whole group masked
     temp = torch.rand(rows, generator=gen) * 3 + 0.02
     temp[rows // 2] = 0.0
     seeds = torch.randint(0, 2**62, (rows,), generator=gen)
@@ -63,6 +63,17 @@ def test_gumbel_long_rows_match_reference(gen, dtype, rows):
         want = gumbel.gumbel_sample_torch(logits, temp, seeds, positions)
         assert torch.equal(got, want)
         assert logits[0, got[0]] > float("-inf")
+
+
+def test_gumbel_greedy_ties_go_to_the_lowest_token(gen):
+    """Token 512 shares a group with token 0, token 4 is in the next group: still token 4 wins."""
+    logits = torch.randn(3, 5000, generator=gen)
+    logits[0, [512, 4]] = 9.0
+    logits[1, [4700, 600]] = 9.0  # different blocks
+    logits[2, [1, 3]] = 9.0
+    temp = torch.zeros(3)
+    seeds, pos = torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)
+    assert K.gumbel_sample(logits, temp, seeds, pos).tolist() == [4, 600, 1]
 
 
 def test_gumbel_fully_masked_row_takes_token_zero(gen):
@@ -95,7 +106,7 @@ def _chi2_limit(dof: int, z: float = 3.719) -> float:
 @pytest.mark.parametrize(
     ("sample", "vocab", "draws"),
     [(K.gumbel_sample, 40, 2000), (gumbel.gumbel_sample_torch, 100, 20000)],
-    ids=["kernel-2-groups", "reference-4-groups"],
+    ids=["kernel-10-groups", "reference-25-groups"],
 )
 def test_gumbel_is_distributed_as_softmax_of_scaled_logits(gen, sample, vocab, draws):
     """Both races decide (several groups): the token frequencies follow softmax(logits / T)."""

@@ -26,10 +26,9 @@ from vllm_ascend.kernels._triton.common import (
 
 COMBINE_BLOCK = 128
 PER_SM = 1  # split only batches of fewer rows than multiprocessors
-TILE = (
-    128 if IS_INTERPRETED else 4096
-)  # elements per tile (H200: 32-element slots for fp32 and bf16, 4 warps)
-WARPS = 4
+# (elements per tile, warps): one program per row / split rows (H200: 32-element slots either way)
+ROW_TILE = (128, 4) if IS_INTERPRETED else (16384, 16)
+SPLIT_TILE = (128, 4) if IS_INTERPRETED else (4096, 4)
 
 
 @triton.jit
@@ -53,17 +52,33 @@ def _max_pass(row_ptr, smax_ptr, begin, end, A: tl.constexpr, NG: tl.constexpr, 
 
 @triton.jit
 def _mask_pass(row_ptr, smax_ptr, begin, end, threshold, A: tl.constexpr, NG: tl.constexpr, V: tl.constexpr):
-    """Write ``-inf`` over ``[begin, end)`` where ``x < threshold``; slots whose max is below it are
-    written without being read."""
+    """Write ``-inf`` over ``[begin, end)`` where ``x < threshold``. Slots whose max is below it are
+    written without being read (their store waits on nothing); the next tile's slot maxima are
+    loaded before this tile is written."""
     TILE: tl.constexpr = A * NG * V
     local = slots(A, NG, V)
     lane = tl.arange(0, NG)
+    nxt = tl.load(smax_ptr + begin // TILE * NG + lane, mask=begin + 0 * lane < end, other=float("-inf"))
     for start in range(begin, end, TILE):
-        live = tl.load(smax_ptr + start // TILE * NG + lane).to(tl.float32) >= threshold
+        live = nxt.to(tl.float32) >= threshold
+        nxt = tl.load(
+            smax_ptr + (start // TILE + 1) * NG + lane,
+            mask=start + TILE + 0 * lane < end,
+            other=float("-inf"),
+        )
         offs = start + local
         inb = offs < end
-        x = tl.load(row_ptr + offs, mask=inb & live[None, :, None], other=float("-inf"))
-        tl.store(row_ptr + offs, tl.where(x.to(tl.float32) < threshold, float("-inf"), x), mask=inb)
+        tl.store(
+            row_ptr + offs,
+            tl.full(offs.shape, float("-inf"), row_ptr.dtype.element_ty),
+            mask=inb & ~live[None, :, None],
+        )
+        x = tl.load(row_ptr + offs, mask=inb & live[None, :, None])
+        tl.store(
+            row_ptr + offs,
+            tl.where(x.to(tl.float32) < threshold, float("-inf"), x),
+            mask=inb & live[None, :, None],
+        )
 
 
 @triton.jit
@@ -127,13 +142,16 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     rows, vocab = logits.shape
     if not rows:
         return logits
-    a, ng, v = slot_shape(TILE, WARPS, logits.dtype)
-    tile = a * ng * v
-    n_slots = triton.cdiv(vocab, tile) * ng
-    smax = scratch("min_p.smax", rows * n_slots, logits.dtype, logits.device)
     mp = min_p.to(torch.float32)
+    tile, warps = SPLIT_TILE
     chunks, chunk = row_split(rows, vocab, tile, logits.device, PER_SM)
-    shape = dict(A=a, NG=ng, V=v, num_warps=WARPS)
+    if chunks == 1:
+        tile, warps = ROW_TILE
+        chunk = triton.cdiv(vocab, tile) * tile
+    a, ng, v = slot_shape(tile, warps, logits.dtype)
+    n_slots = triton.cdiv(vocab, a * ng * v) * ng
+    smax = scratch("min_p.smax", rows * n_slots, logits.dtype, logits.device)
+    shape = dict(A=a, NG=ng, V=v, num_warps=warps)
     if chunks == 1:
         _min_p_kernel[(rows,)](logits, logits.stride(0), mp, smax, n_slots, vocab, **shape)
         return logits
