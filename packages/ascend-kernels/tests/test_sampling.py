@@ -50,10 +50,10 @@ def test_gumbel_matches_reference_with_the_same_noise(gen, dtype, scale_first):
 def test_gumbel_long_rows_match_reference(gen, dtype, rows):
     """Rows of many tiles (1 row: split in chunks and combined; 24: one chunk each), masked tokens,
     sharp (small T) and flat (large T) distributions, a greedy row: the same draws as the reference."""
-    vocab = 9000  # three 4096-token blocks, the last one partial
+    vocab = 3000
     logits = _logits(gen, rows, vocab, dtype, scale=4.0)
     logits[0, ::5] = float("-inf")
-    logits[0, gumbel.group_tokens(3)[2]] = float("-inf")  # a whole group masked
+    logits[0, 64:96] = float("-inf")  # a whole group masked
     temp = torch.rand(rows, generator=gen) * 3 + 0.02
     temp[rows // 2] = 0.0
     seeds = torch.randint(0, 2**62, (rows,), generator=gen)
@@ -66,7 +66,7 @@ def test_gumbel_long_rows_match_reference(gen, dtype, rows):
 
 
 def test_gumbel_greedy_ties_go_to_the_lowest_token(gen):
-    """Token 512 shares a group with token 0, token 4 is in the next group: still token 4 wins."""
+    """Equal maxima in one group, in two groups, in two row chunks: the lowest token id wins."""
     logits = torch.randn(3, 5000, generator=gen)
     logits[0, [512, 4]] = 9.0
     logits[1, [4700, 600]] = 9.0  # different blocks

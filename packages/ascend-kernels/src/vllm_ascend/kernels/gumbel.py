@@ -1,16 +1,12 @@
 """Gumbel-max sampling with per-request seeds and positions (reproducible on every backend).
 
-Two-level Gumbel-max. The vocabulary is cut into groups of 32 tokens; a random row first races the
-groups: group ``g`` scores ``m_g / T + log(sum_i exp((x_i - m_g) / T)) + n_g`` (``m_g`` its largest
-logit, ``n_g`` a Gumbel draw), its log-mass plus noise; then the tokens of the winning group race with
-their own draws: ``x_i / T + n_i``. The winner is distributed exactly as ``softmax(x / T)`` (the group
-wins with its share of the mass, the token with its share of the group), but only one noise per group
-and 32 per row are drawn, so a token costs one exponential instead of a hash and two logarithms.
-Greedy rows (``T <= 0``) take the plain argmax (lowest token id on ties).
-
-Groups: the row is cut into blocks of ``BLOCK_TOKENS = 4096``; group ``j < 128`` of block ``b`` (index
-``128 b + j``) holds the tokens ``4096 b + 4 (128 a + j) + v`` for ``a < 8, v < 4``: eight 4-token
-runs, 512 tokens apart, so that 128 threads reading a block side by side each hold one whole group.
+Two-level Gumbel-max. The vocabulary is cut into groups of ``GROUP`` consecutive tokens. A random row
+first races the groups: group ``g`` scores ``m_g / T + log(sum_i exp((x_i - m_g) / T)) + n_g`` (``m_g``
+its largest logit, ``n_g`` a Gumbel draw), the log-mass of the group plus noise; then the tokens of the
+winning group race with their own draws: ``x_i / T + n_i``. The winner is distributed exactly as
+``softmax(x / T)`` (the group wins with its share of the mass, the token with its share of the
+group), but only one noise per group and ``GROUP`` per row are drawn, so the cost per token is one
+exponential instead of a hash and two logarithms. Greedy rows (``T <= 0``) take the plain argmax.
 
 Noise: ``n = -log(-log(u))``, ``u = ((h >> 9) + 0.5) / 2**23``, ``h = hash32(key ^ (i * 0x9E3779B9 mod
 2**32))`` where ``i`` is the group index (group race, ``key = row_key``) or the token id (token race,
@@ -30,20 +26,7 @@ HASH_M1 = 0x7FEB352D
 HASH_M2 = 0x846CA68B
 TOKEN_MIX = 0x9E3779B9
 TOKEN_KEY = 0x68E31DA4  # separates the token race's draws from the group race's
-# The group layout (part of the format: changing it changes the draws): a block of RUNS * SLOTS * RUN
-# tokens holds SLOTS groups, each of RUNS runs of RUN consecutive tokens, SLOTS * RUN tokens apart.
-RUN = 4
-SLOTS = 128
-RUNS = 8
-BLOCK_TOKENS = RUNS * SLOTS * RUN
-GROUP = RUNS * RUN
-
-
-def group_tokens(n_groups: int, device: torch.device | None = None) -> torch.Tensor:
-    """``[n_groups, GROUP]`` int64: the token ids of each group, in increasing order."""
-    blocks = -(-n_groups // SLOTS)
-    ids = torch.arange(blocks * BLOCK_TOKENS, dtype=torch.int64, device=device)
-    return ids.view(blocks, RUNS, SLOTS, RUN).transpose(1, 2).reshape(blocks * SLOTS, GROUP)[:n_groups]
+GROUP = 32  # tokens per group (part of the format: changing it changes the draws)
 
 
 def hash32_torch(x: torch.Tensor) -> torch.Tensor:
@@ -77,32 +60,32 @@ def gumbel_sample_torch(
     apply_temperature: bool = True,
 ) -> torch.Tensor:
     """Reference of :func:`gumbel_sample` (the same draws, in plain torch)."""
-    vocab = logits.shape[1]
+    rows, vocab = logits.shape
     x = logits.to(torch.float32)
     t = temperature.to(torch.float32).unsqueeze(1)
     random_rows = t > 0
     scale = torch.ones_like(t)
     if apply_temperature:
         scale = torch.where(random_rows, 1.0 / torch.where(random_rows, t, scale), scale)
-    n_grp = -(-vocab // BLOCK_TOKENS) * SLOTS
-    members = group_tokens(n_grp, x.device)
-    inside = members < vocab
-    xg = torch.where(inside, x[:, members.clamp(max=vocab - 1)], float("-inf"))  # [rows, n_grp, GROUP]
+    n_grp = -(-vocab // GROUP)
+    xg = torch.full((rows, n_grp * GROUP), float("-inf"), dtype=torch.float32, device=x.device)
+    xg[:, :vocab] = x
+    xg = xg.view(rows, n_grp, GROUP)
     m = xg.max(dim=2).values
     m_safe = torch.where(m > float("-inf"), m, torch.zeros_like(m))
     mass = torch.exp((xg - m_safe.unsqueeze(2)) * scale.unsqueeze(2)).sum(dim=2)
     keys = row_keys_torch(seeds, positions).unsqueeze(1)
     groups = torch.arange(n_grp, dtype=torch.int64, device=x.device).unsqueeze(0)
-    score = m * scale + torch.log(mass) + gumbel_noise_torch(keys, groups)
-    won = score.argmax(dim=1)
-    tokens = members[won]  # [rows, GROUP]
-    xt = torch.where(inside[won], x.gather(1, tokens.clamp(max=vocab - 1)), float("-inf"))
+    score = torch.where(random_rows, m * scale + torch.log(mass) + gumbel_noise_torch(keys, groups), m)
+    won = score.argmax(dim=1, keepdim=True)
+    tokens = won * GROUP + torch.arange(GROUP, device=x.device).unsqueeze(0)
+    inside = tokens < vocab
+    tokens = torch.where(inside, tokens, tokens.new_zeros(()))
+    xt = x.gather(1, tokens)
     yt = xt / t if apply_temperature else xt
-    noisy = torch.where(
-        inside[won], yt + gumbel_noise_torch(hash32_torch(keys ^ TOKEN_KEY), tokens), float("-inf")
-    )
-    drawn = tokens.gather(1, noisy.argmax(dim=1, keepdim=True)).squeeze(1)
-    return torch.where(random_rows.squeeze(1), drawn, x.argmax(dim=1))
+    noisy = yt + gumbel_noise_torch(hash32_torch(keys ^ TOKEN_KEY), tokens)
+    s = torch.where(inside, torch.where(random_rows, noisy, xt), float("-inf"))
+    return tokens.gather(1, s.argmax(dim=1, keepdim=True)).squeeze(1)
 
 
 def gumbel_sample(
