@@ -27,6 +27,7 @@ from vllm_ascend.kernels._triton.common import (
     ROW_WARPS,
     SMALL_BATCH_ROWS,
     check_logits,
+    multiprocessors,
     row_block,
     row_split,
     scratch,
@@ -36,7 +37,8 @@ from vllm_ascend.kernels._triton.common import (
 
 COMBINE_BLOCK = 128
 LOG2E = tl.constexpr(1.4426950408889634)
-PER_SM = 1  # split only batches of fewer rows than multiprocessors (H200: B = 256 runs best unsplit)
+PER_SM = 2  # batches of fewer rows than multiprocessors: split for this many programs per multiprocessor
+# (H200: 64 x 151936 took 23.7 us split 3 ways, 20.9 split 5 ways; 256 rows run best unsplit)
 # ... and only rows of at least this many tiles: the combine launch costs ~2 us, so on an H200 a
 # split 64 x 32000 row set took 11.2 us against 9.2 unsplit, while 64 x 151936 gained (24.3 -> 22.8).
 MIN_SPLIT_TILES = 1 if IS_INTERPRETED else 16
@@ -148,7 +150,7 @@ def _split(
     a, ng, v = slot_shape(row_block(vocab, 4096), ROW_WARPS, dtype)
     tile = a * ng * v
     chunks, chunk = row_split(rows, vocab, tile, device, PER_SM)
-    if chunks > 1 and triton.cdiv(vocab, tile) >= MIN_SPLIT_TILES:
+    if rows < multiprocessors(device) and chunks > 1 and triton.cdiv(vocab, tile) >= MIN_SPLIT_TILES:
         return dict(A=a, NG=ng, V=v), chunks, chunk
     a, ng, v = slot_shape(row_block(vocab, 8192 if rows <= SMALL_BATCH_ROWS else 4096), ROW_WARPS, dtype)
     return dict(A=a, NG=ng, V=v), 1, triton.cdiv(vocab, a * ng * v) * a * ng * v

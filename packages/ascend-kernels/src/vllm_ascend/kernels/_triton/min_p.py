@@ -18,6 +18,7 @@ import triton.language as tl
 from vllm_ascend.kernels._triton.common import (
     IS_INTERPRETED,
     check_logits,
+    multiprocessors,
     row_split,
     scratch,
     slot_shape,
@@ -25,7 +26,7 @@ from vllm_ascend.kernels._triton.common import (
 )
 
 COMBINE_BLOCK = 128
-PER_SM = 1  # split only batches of fewer rows than multiprocessors
+PER_SM = 4  # batches of fewer rows than multiprocessors: split for this many programs per multiprocessor
 # (elements per tile, warps): one program per row / split rows (H200: 32-element slots either way)
 ROW_TILE = (128, 4) if IS_INTERPRETED else (16384, 16)
 SPLIT_TILE = (128, 4) if IS_INTERPRETED else (4096, 4)
@@ -144,7 +145,9 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
         return logits
     mp = min_p.to(torch.float32)
     tile, warps = SPLIT_TILE
-    chunks, chunk = row_split(rows, vocab, tile, logits.device, PER_SM)
+    chunks, chunk = 1, vocab
+    if rows < multiprocessors(logits.device):  # H200: 256 rows ran best unsplit, 64 split 9 ways
+        chunks, chunk = row_split(rows, vocab, tile, logits.device, PER_SM)
     if chunks == 1:
         tile, warps = ROW_TILE
         chunk = triton.cdiv(vocab, tile) * tile
