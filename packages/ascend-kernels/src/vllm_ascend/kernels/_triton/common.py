@@ -14,6 +14,7 @@ def vocab_block(vocab_size: int, cap: int = 8192) -> int:
     return min(triton.next_power_of_2(vocab_size), 1024 if IS_INTERPRETED else cap)
 
 
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E): folds the scale into an FMA
 ROW_WARPS = 16
 SMALL_BATCH_ROWS = 128  # up to this many rows, per-row kernels use larger tiles (see row_block callers)
 

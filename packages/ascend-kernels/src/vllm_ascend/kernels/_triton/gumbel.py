@@ -18,6 +18,7 @@ import triton.language as tl
 from vllm_ascend.kernels import gumbel as ref
 from vllm_ascend.kernels._triton.common import (
     IS_INTERPRETED,
+    LOG2E,
     check_logits,
     hash32,
     row_split,
@@ -94,7 +95,7 @@ def _gumbel_kernel(
     if APPLY_TEMPERATURE:
         scale = tl.where(random_row, 1.0 / tl.where(random_row, t, 1.0), 1.0)
     key = _row_key(seed_ptr, pos_ptr, row)
-    c = scale * 1.4426950408889634  # log2(e) / T
+    c = scale * LOG2E  # log2(e) / T
     G: tl.constexpr = A * V
     TILE: tl.constexpr = NG * G
     begin = part * chunk

@@ -24,6 +24,7 @@ import triton.language as tl
 from vllm_ascend.kernels._triton import top_k_top_p as tkp
 from vllm_ascend.kernels._triton.common import (
     IS_INTERPRETED,
+    LOG2E,
     ROW_WARPS,
     SMALL_BATCH_ROWS,
     check_logits,
@@ -36,7 +37,6 @@ from vllm_ascend.kernels._triton.common import (
 )
 
 COMBINE_BLOCK = 128
-LOG2E = tl.constexpr(1.4426950408889634)
 PER_SM = 2  # batches of fewer rows than multiprocessors: split for this many programs per multiprocessor
 # (H200: 64 x 151936 took 23.7 us split 3 ways, 20.9 split 5 ways; 256 rows run best unsplit)
 # ... and only rows of at least this many tiles: the combine launch costs ~2 us, so on an H200 a
