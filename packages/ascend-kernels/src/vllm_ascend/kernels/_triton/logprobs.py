@@ -24,7 +24,6 @@ import triton.language as tl
 from vllm_ascend.kernels._triton import top_k_top_p as tkp
 from vllm_ascend.kernels._triton.common import (
     IS_INTERPRETED,
-    LOG2E,
     ROW_WARPS,
     SMALL_BATCH_ROWS,
     check_logits,
@@ -58,9 +57,8 @@ def _chunk_lse(row_ptr, begin, end, A: tl.constexpr, NG: tl.constexpr, V: tl.con
         offs = start + TILE + local
         nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
         new_max = tl.maximum(run_max, tl.max(tl.max(x, 2), 0))
-        safe = tl.where(new_max > float("-inf"), new_max, 0.0) * LOG2E
-        terms = tl.sum(tl.sum(tl.math.exp2(x * LOG2E - safe[None, :, None]), 2), 0)
-        run_sum = run_sum * tl.math.exp2(run_max * LOG2E - safe) + terms
+        safe = tl.where(new_max > float("-inf"), new_max, 0.0)
+        run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(tl.sum(tl.exp(x - safe[None, :, None]), 2), 0)
         run_max = new_max
     m = tl.max(run_max, 0)
     safe = tl.where(m > float("-inf"), m, 0.0)

@@ -50,7 +50,6 @@ import triton.language as tl
 
 from vllm_ascend.kernels._triton.common import (
     IS_INTERPRETED,
-    LOG2E,
     SMALL_BATCH_ROWS,
     check_logits,
     row_split,
@@ -476,9 +475,9 @@ def _summary_kernel(
         tl.store(groups_ptr + row.to(tl.int64) * n_grp + g, grp_max, mask=g < tl.cdiv(end, SUB * GROUP))
         if NEED_SUM:  # softmax sum per sub-tile: one exponential per element
             new_max = tl.maximum(run_max, sub_max)
-            safe = tl.where(new_max > float("-inf"), new_max, 0.0) * LOG2E
-            terms = tl.sum(tl.sum(tl.math.exp2(x * LOG2E - safe[None, :, None]), 2), 0)
-            run_sum = run_sum * tl.math.exp2(run_max * LOG2E - safe) + terms
+            safe = tl.where(new_max > float("-inf"), new_max, 0.0)
+            # exp(x - max) as the top-p rounds compute it, so that their masses and this sum agree
+            run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(tl.sum(tl.exp(x - safe[None, :, None]), 2), 0)
             run_max = new_max
         else:
             run_max = tl.maximum(run_max, sub_max)
