@@ -54,7 +54,6 @@ from vllm_ascend.kernels._triton.common import (
     check_logits,
     row_split,
     scratch,
-    vector,
 )
 
 NUM_PIVOTS = 8
@@ -437,7 +436,6 @@ def _summary_kernel(
     SUB: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK: tl.constexpr,
-    V: tl.constexpr,
     COUNT_ABOVE: tl.constexpr = False,
 ):
     """Per chunk: max, softmax sum, min, finite count (and with ``COUNT_ABOVE`` the number of
@@ -452,40 +450,37 @@ def _summary_kernel(
     lo_idx = c * chunk
     end = tl.minimum(lo_idx + chunk, vocab)
     NS: tl.constexpr = BLOCK // SUB
-    A: tl.constexpr = SUB // V
     sub = tl.arange(0, NS)
-    # [A, NS, V]: sub-tile s is held whole by one thread (A loads of V contiguous elements), so every
-    # per-sub-tile reduction stays inside a thread
-    tile = (sub[None, :, None] * A + tl.arange(0, A)[:, None, None]) * V + tl.arange(0, V)[None, None, :]
+    col = tl.arange(0, SUB)
     run_max = tl.full([NS], float("-inf"), tl.float32)
     run_sum = tl.zeros([NS], tl.float32)
-    mn = tl.full([NS], float("inf"), tl.float32)
-    finite = tl.zeros([NS], tl.int32)
-    above = tl.zeros([NS], tl.int32)
+    mn = tl.full([NS, SUB], float("inf"), tl.float32)
+    finite = tl.zeros([NS, SUB], tl.int32)
+    above = tl.zeros([NS, SUB], tl.int32)
+    tile = sub[:, None] * SUB + col[None, :]
     nxt = tl.load(row_ptr + lo_idx + tile, mask=lo_idx + tile < end, other=float("-inf"))
     for start in range(lo_idx, end, BLOCK):  # the next tile is loaded before this one is reduced
         x = nxt.to(tl.float32)
         offs = start + BLOCK + tile
         nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
-        sub_max = tl.max(tl.max(x, 2), 0)
+        sub_max = tl.max(x, 1)
         s = start // SUB + sub
         tl.store(maxima_ptr + row.to(tl.int64) * n_sub + s, sub_max, mask=s < tl.cdiv(end, SUB))
         g = start // (SUB * GROUP) + tl.arange(0, NS // GROUP)
         grp_max = tl.max(tl.reshape(sub_max, [NS // GROUP, GROUP]), 1)
         tl.store(groups_ptr + row.to(tl.int64) * n_grp + g, grp_max, mask=g < tl.cdiv(end, SUB * GROUP))
-        if NEED_SUM:  # softmax sum per sub-tile: one exponential per element
+        if NEED_SUM:  # softmax sum per sub-tile lane: one exponential per element
             new_max = tl.maximum(run_max, sub_max)
             safe = tl.where(new_max > float("-inf"), new_max, 0.0)
-            # exp(x - max) as the top-p rounds compute it, so that their masses and this sum agree
-            run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(tl.sum(tl.exp(x - safe[None, :, None]), 2), 0)
+            run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(tl.exp(x - safe[:, None]), 1)
             run_max = new_max
         else:
             run_max = tl.maximum(run_max, sub_max)
         ok = x > float("-inf")
-        mn = tl.minimum(mn, tl.min(tl.min(tl.where(ok, x, float("inf")), 2), 0))
-        finite += tl.sum(tl.sum(ok.to(tl.int32), 2), 0)
+        mn = tl.minimum(mn, tl.where(ok, x, float("inf")))
+        finite += ok.to(tl.int32)
         if COUNT_ABOVE:
-            above += tl.sum(tl.sum((x > chosen).to(tl.int32), 2), 0)
+            above += (x > chosen).to(tl.int32)
     m = tl.max(run_max, 0)
     safe_m = tl.where(m > float("-inf"), m, 0.0)
     out = stats_ptr + (row.to(tl.int64) * tl.num_programs(1) + c) * 4
@@ -493,10 +488,10 @@ def _summary_kernel(
         tl.store(counter_ptr + row, 0)
     tl.store(out, m)
     tl.store(out + 1, tl.sum(run_sum * tl.exp(run_max - safe_m), 0))
-    tl.store(out + 2, tl.min(mn, 0))
-    tl.store(out + 3, tl.sum(finite, 0).to(tl.float32))
+    tl.store(out + 2, tl.min(tl.min(mn, 1), 0))
+    tl.store(out + 3, tl.sum(tl.sum(finite, 1), 0).to(tl.float32))
     if COUNT_ABOVE:
-        tl.store(above_ptr + row.to(tl.int64) * tl.num_programs(1) + c, tl.sum(above, 0))
+        tl.store(above_ptr + row.to(tl.int64) * tl.num_programs(1) + c, tl.sum(tl.sum(above, 1), 0))
 
 
 @triton.jit
@@ -1170,9 +1165,8 @@ def summarize(logits: torch.Tensor, need_sum: bool, chosen: torch.Tensor | None 
         SUB=SUB,
         GROUP=group,
         BLOCK=block,
-        V=min(SUB, vector(logits.dtype)),
         COUNT_ABOVE=chosen is not None,
-        num_warps=max(1, min(8, block // (SUB * 32))),  # a thread per sub-tile
+        num_warps=8,
     )
     return Summary(block, chunks, chunk, n_sub, maxima, group, n_grp, groups, stats, counter, above)
 
