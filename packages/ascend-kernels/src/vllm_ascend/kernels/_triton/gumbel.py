@@ -3,10 +3,10 @@
 One program per row chunk. A tile is ``[A, NG, V]``: ``NG`` groups of ``GROUP = A * V`` consecutive
 tokens, each group held by one thread (``V`` contiguous elements per load, ``A`` loads), so the group's
 max, its exponential sum and its noise are computed once, by its own thread, without shuffles or
-barriers; per token the work is a subtraction, a multiply, one exponential and an add. Each thread
-keeps its best group score; at the end the chunk's best group (lowest index on ties) runs the token
-race over its ``GROUP`` tokens. With one chunk per row the kernel writes the token; otherwise
-per-chunk ``(score, token)`` partials go to a combine kernel (highest score, lowest token on ties).
+barriers; per token the work is a multiply-add, one exponential and an add. Each thread keeps its
+best group score. With one chunk per row the program then runs the token race inside the row's best
+group (lowest index on ties) and writes the token; otherwise it writes its chunk's ``(score, group)``
+and a combine kernel picks the row's best group and runs the token race once per row.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from vllm_ascend.kernels._triton.common import (
     vector,
 )
 
-WARPS = 8  # H200 sweep (4/8/16 warps x 2-48 programs per SM): 8 warps at 4 per SM best or within 7 % at every shape
+WARPS = (
+    8  # H200 sweep of 4/8/16 warps x 2-48 programs per SM: 8 at 4 per SM within 7 % of the best everywhere
+)
 GROUPS_PER_TILE = 8 if IS_INTERPRETED else 32 * WARPS  # one group per thread per tile
 PER_SM = 4
 COMBINE_BLOCK = 128
@@ -46,6 +48,7 @@ def _noise(key, index):
 
 @triton.jit
 def _row_key(seed_ptr, pos_ptr, row):
+    """The row's 32-bit key from its int64 seed and position (see :mod:`..gumbel`)."""
     seed = tl.load(seed_ptr + row).to(tl.int64)
     pos = tl.load(pos_ptr + row).to(tl.int64)
     key = hash32(hash32((seed & 0xFFFFFFFF).to(tl.uint32)) ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
