@@ -76,6 +76,22 @@ def test_gumbel_greedy_ties_go_to_the_lowest_token(gen):
     assert K.gumbel_sample(logits, temp, seeds, pos).tolist() == [4, 600, 1]
 
 
+def test_split_rows_combine_in_their_last_program_and_leave_counters_zeroed(gen):
+    from vllm_ascend.kernels._triton import common
+
+    rows, vocab = 3, 2000  # fewer rows than programs: every row is split into chunks
+    logits = _logits(gen, rows, vocab, torch.float32)
+    temp, seeds, pos = torch.ones(rows), torch.arange(rows), torch.zeros(rows, dtype=torch.int64)
+    ids = torch.randint(0, vocab, (rows,), generator=gen)
+    for _ in range(2):  # the second call finds the counters the first one left
+        got = K.gumbel_sample(logits, temp, seeds, pos)
+        assert torch.equal(got, gumbel.gumbel_sample_torch(logits, temp, seeds, pos))
+        lp = K.compute_token_logprobs(logits, ids)
+        torch.testing.assert_close(lp, logprobs.compute_token_logprobs_torch(logits, ids))
+    for name in ("gumbel_counter", "lse_counter"):
+        assert not common.counters(name, rows, torch.device("cpu"))[:rows].any()
+
+
 def test_gumbel_fully_masked_row_takes_token_zero(gen):
     logits = torch.full((3, 100), float("-inf"))
     logits[1, 77] = 0.0

@@ -89,6 +89,29 @@ def scratch(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> 
     return buf
 
 
+def counters(name: str, rows: int, device: torch.device) -> torch.Tensor:
+    """A cached zeroed int32 buffer of one counter per row for :func:`last_chunk`; every launch that
+    uses it leaves it zeroed. Shared per device like :func:`scratch`."""
+    key = (name, device, torch.int32)
+    buf = _scratch.get(key)
+    if buf is None or buf.numel() < rows:
+        buf = torch.zeros(max(rows, 4096), dtype=torch.int32, device=device)
+        _scratch[key] = buf
+    return buf
+
+
+@triton.jit
+def last_chunk(counter_ptr, row, num_chunks):
+    """Whether this program is the last of its row's ``num_chunks`` to finish: it then sees every
+    partial the others stored before their own call (release/acquire on the counter) and combines
+    them, so a split row needs no second launch. The last program resets the counter."""
+    tl.debug_barrier()  # the partial stores of every thread precede the release
+    last = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel") == num_chunks - 1
+    if last:
+        tl.atomic_xchg(counter_ptr + row, 0)
+    return last
+
+
 @triton.jit
 def hash32(x):
     """The 32-bit mixer of ``vllm_ascend.kernels.gumbel`` (wrapping ``uint32`` arithmetic)."""

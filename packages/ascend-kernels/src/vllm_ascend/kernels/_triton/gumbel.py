@@ -5,8 +5,9 @@ tokens, each group held by one thread (``V`` contiguous elements per load, ``A``
 max, its exponential sum and its noise are computed once, by its own thread, without shuffles or
 barriers; per token the work is a multiply-add, one exponential and an add. Each thread keeps its
 best group score. With one chunk per row the program then runs the token race inside the row's best
-group (lowest index on ties) and writes the token; otherwise it writes its chunk's ``(score, group)``
-and a combine kernel picks the row's best group and runs the token race once per row.
+group (lowest index on ties) and writes the token; split rows write their chunk's ``(score, group)``
+and the row's last program to finish (:func:`.common.last_chunk`) picks the best group and runs the
+token race: one launch either way.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from vllm_ascend.kernels._triton.common import (
     IS_INTERPRETED,
     LOG2E,
     check_logits,
+    counters,
     hash32,
+    last_chunk,
     row_split,
     scratch,
     vector,
@@ -56,8 +59,9 @@ def _row_key(seed_ptr, pos_ptr, row):
 
 
 @triton.jit
-def _token_race(row_ptr, won, vocab, key, t, APPLY_TEMPERATURE: tl.constexpr, G: tl.constexpr):
-    """The drawn token of group ``won`` (greedy rows: its first largest logit)."""
+def _token_race(row_ptr, row, won, vocab, key, t, out_ptr, APPLY_TEMPERATURE: tl.constexpr, G: tl.constexpr):
+    """Write the row's drawn token: the token race inside group ``won`` (greedy rows: its first
+    largest logit)."""
     random_row = t > 0
     tokens = won * G + tl.arange(0, G)
     inside = tokens < vocab
@@ -67,7 +71,25 @@ def _token_race(row_ptr, won, vocab, key, t, APPLY_TEMPERATURE: tl.constexpr, G:
         yt = xt / tl.where(random_row, t, 1.0)  # the reference's rounding
     noisy = yt + _noise(hash32(key ^ TOKEN_KEY), tokens.to(tl.uint32))
     s = tl.where(inside, tl.where(random_row, noisy, xt), float("-inf"))
-    return tl.min(tl.where(s == tl.max(s, 0), tokens, NO_INDEX), 0)
+    token = tl.min(tl.where(s == tl.max(s, 0), tokens, NO_INDEX), 0)
+    tl.store(out_ptr + row, token.to(tl.int64))
+
+
+@triton.jit
+def _best_group(part_val_ptr, part_idx_ptr, row, num_chunks, CB: tl.constexpr):
+    """The row's best group over its chunks' partials (highest score, lowest group on ties)."""
+    best = tl.full([], float("-inf"), tl.float32)
+    won = tl.full([], NO_INDEX, tl.int32)
+    for c0 in range(0, num_chunks, CB):
+        c = c0 + tl.arange(0, CB)
+        m = c < num_chunks
+        v = tl.load(part_val_ptr + row * num_chunks + c, mask=m, other=float("-inf"))
+        i = tl.load(part_idx_ptr + row * num_chunks + c, mask=m, other=NO_INDEX)
+        top = tl.max(v, 0)
+        cand = tl.min(tl.where(m & (v == top), i, NO_INDEX), 0)
+        won = tl.where(top > best, cand, tl.where(top == best, tl.minimum(won, cand), won))
+        best = tl.maximum(best, top)
+    return won
 
 
 @triton.jit(do_not_specialize=["num_chunks"])
@@ -79,16 +101,19 @@ def _gumbel_kernel(
     pos_ptr,
     part_val_ptr,
     part_idx_ptr,
+    counter_ptr,
     out_ptr,
     vocab,
     chunk,
     num_chunks,
     APPLY_TEMPERATURE: tl.constexpr,
+    CB: tl.constexpr,
     A: tl.constexpr,
     NG: tl.constexpr,
     V: tl.constexpr,
 ):
-    """The group race over one row chunk; with one chunk per row also the token race."""
+    """The group race over one row chunk; the row's last chunk to finish (the only one, unsplit) then
+    runs the token race in the row's best group."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
@@ -124,47 +149,14 @@ def _gumbel_kernel(
         best_grp = tl.where(better, grp, best_grp)
     top = tl.max(best, 0)
     won = tl.min(tl.where(best == top, best_grp, NO_INDEX), 0)
-    if num_chunks == 1:
-        token = _token_race(row_ptr, won, vocab, key, t, APPLY_TEMPERATURE, G)
-        tl.store(out_ptr + row, token.to(tl.int64))
-    else:
+    if num_chunks > 1:
         tl.store(part_val_ptr + row * num_chunks + part, top)
         tl.store(part_idx_ptr + row * num_chunks + part, won)
-
-
-@triton.jit(do_not_specialize=["num_chunks"])
-def _gumbel_combine_kernel(
-    logits_ptr,
-    row_stride,
-    temp_ptr,
-    seed_ptr,
-    pos_ptr,
-    part_val_ptr,
-    part_idx_ptr,
-    out_ptr,
-    vocab,
-    num_chunks,
-    APPLY_TEMPERATURE: tl.constexpr,
-    G: tl.constexpr,
-    CB: tl.constexpr,
-):
-    """The row's best group over its chunks (highest score, lowest group on ties), then its token race."""
-    row = tl.program_id(0)
-    best = tl.full([], float("-inf"), tl.float32)
-    won = tl.full([], NO_INDEX, tl.int32)
-    for c0 in range(0, num_chunks, CB):
-        c = c0 + tl.arange(0, CB)
-        m = c < num_chunks
-        v = tl.load(part_val_ptr + row * num_chunks + c, mask=m, other=float("-inf"))
-        i = tl.load(part_idx_ptr + row * num_chunks + c, mask=m, other=NO_INDEX)
-        top = tl.max(v, 0)
-        cand = tl.min(tl.where(m & (v == top), i, NO_INDEX), 0)
-        won = tl.where(top > best, cand, tl.where(top == best, tl.minimum(won, cand), won))
-        best = tl.maximum(best, top)
-    row_ptr = logits_ptr + row.to(tl.int64) * row_stride
-    t = tl.load(temp_ptr + row)
-    token = _token_race(row_ptr, won, vocab, _row_key(seed_ptr, pos_ptr, row), t, APPLY_TEMPERATURE, G)
-    tl.store(out_ptr + row, token.to(tl.int64))
+        if last_chunk(counter_ptr, row, num_chunks):
+            won = _best_group(part_val_ptr, part_idx_ptr, row, num_chunks, CB)
+            _token_race(row_ptr, row, won, vocab, key, t, out_ptr, APPLY_TEMPERATURE, G)
+    else:
+        _token_race(row_ptr, row, won, vocab, key, t, out_ptr, APPLY_TEMPERATURE, G)
 
 
 def gumbel_sample(
@@ -192,30 +184,16 @@ def gumbel_sample(
         positions,
         part_val,
         part_idx,
+        counters("gumbel_counter", rows, logits.device),
         out,
         vocab,
         chunk,
         chunks,
         APPLY_TEMPERATURE=apply_temperature,
+        CB=COMBINE_BLOCK,
         A=ref.GROUP // v,
         NG=GROUPS_PER_TILE,
         V=v,
         num_warps=WARPS,
     )
-    if chunks > 1:
-        _gumbel_combine_kernel[(rows,)](
-            logits,
-            logits.stride(0),
-            temp,
-            seeds,
-            positions,
-            part_val,
-            part_idx,
-            out,
-            vocab,
-            chunks,
-            APPLY_TEMPERATURE=apply_temperature,
-            G=ref.GROUP,
-            CB=COMBINE_BLOCK,
-        )
     return out

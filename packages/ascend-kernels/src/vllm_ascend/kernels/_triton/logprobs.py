@@ -1,10 +1,10 @@
 """Triton logprob kernels.
 
-Token logprobs: an online log-sum-exp per row chunk, then a tiny combine. Large batches and short
-rows run one program per row (one chunk) and write the result directly. Batches of fewer rows than
-multiprocessors with long rows split each row into chunks so that every multiprocessor streams; each
-program writes its chunk's ``(max, sum of exp(x - max))`` and a combine kernel (one program per row)
-merges them. The chunk count is a runtime argument (not a compile-time specialisation).
+Token logprobs: an online log-sum-exp per row chunk. Large batches and short rows run one program
+per row (one chunk) and write the result directly. Batches of fewer rows than multiprocessors with
+long rows split each row into chunks so that every multiprocessor streams; each program writes its
+chunk's ``(max, sum of exp(x - max))`` and the row's last program to finish (:func:`.common.last_chunk`)
+merges them and writes the row: one launch either way. The chunk count is a runtime argument.
 
 Top-``n`` logprobs reuse the top-k machinery of :mod:`.top_k_top_p`: its summary launch gives the
 log-sum-exp, the chosen token's rank (elements above it, per chunk) and the sub-tile maxima; one
@@ -27,6 +27,8 @@ from vllm_ascend.kernels._triton.common import (
     ROW_WARPS,
     SMALL_BATCH_ROWS,
     check_logits,
+    counters,
+    last_chunk,
     multiprocessors,
     row_block,
     row_split,
@@ -38,8 +40,8 @@ from vllm_ascend.kernels._triton.common import (
 COMBINE_BLOCK = 128
 PER_SM = 2  # batches of fewer rows than multiprocessors: split for this many programs per multiprocessor
 # (H200: 64 x 151936 took 23.7 us split 3 ways, 20.9 split 5 ways; 256 rows run best unsplit)
-# ... and only rows of at least this many tiles: the combine launch costs ~2 us, so on an H200 a
-# split 64 x 32000 row set took 11.2 us against 9.2 unsplit, while 64 x 151936 gained (24.3 -> 22.8).
+# ... and only rows of at least this many tiles (H200, with a separate combine launch then: a split
+# 64 x 32000 row set took 11.2 us against 9.2 unsplit, while 64 x 151936 gained, 24.3 -> 22.8).
 MIN_SPLIT_TILES = 1 if IS_INTERPRETED else 16
 
 
@@ -101,10 +103,12 @@ def _token_logprob_kernel(
     out_ptr,
     part_m_ptr,
     part_s_ptr,
+    counter_ptr,
     vocab,
     chunk,
     num_chunks,
     IDS: tl.constexpr,
+    CB: tl.constexpr,
     A: tl.constexpr,
     NG: tl.constexpr,
     V: tl.constexpr,
@@ -119,25 +123,9 @@ def _token_logprob_kernel(
     else:
         tl.store(part_m_ptr + row * num_chunks + part, m)
         tl.store(part_s_ptr + row * num_chunks + part, s)
-
-
-@triton.jit(do_not_specialize=["num_chunks"])
-def _token_logprob_combine_kernel(
-    logits_ptr,
-    row_stride,
-    ids_ptr,
-    num_ids,
-    out_ptr,
-    part_m_ptr,
-    part_s_ptr,
-    num_chunks,
-    IDS: tl.constexpr,
-    CB: tl.constexpr,
-):
-    row = tl.program_id(0)
-    row_ptr = logits_ptr + row.to(tl.int64) * row_stride
-    lse = _combine(part_m_ptr, part_s_ptr, row * num_chunks, num_chunks, CB)
-    _store_token_logprobs(row_ptr, row, lse, ids_ptr, num_ids, out_ptr, IDS)
+        if last_chunk(counter_ptr, row, num_chunks):
+            lse = _combine(part_m_ptr, part_s_ptr, row * num_chunks, num_chunks, CB)
+            _store_token_logprobs(row_ptr, row, lse, ids_ptr, num_ids, out_ptr, IDS)
 
 
 def _split(
@@ -167,13 +155,10 @@ def compute_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> tor
         n_ids = ids.shape[1]
         width = triton.next_power_of_2(n_ids)
         _token_logprob_kernel[(rows, chunks)](
-            logits, logits.stride(0), ids, n_ids, out, part_m, part_s, vocab, chunk, chunks,
-            IDS=width, num_warps=ROW_WARPS, **shape,
+            logits, logits.stride(0), ids, n_ids, out, part_m, part_s,
+            counters("lse_counter", rows, logits.device), vocab, chunk, chunks,
+            IDS=width, CB=COMBINE_BLOCK, num_warps=ROW_WARPS, **shape,
         )  # fmt: skip
-        if chunks > 1:
-            _token_logprob_combine_kernel[(rows,)](
-                logits, logits.stride(0), ids, n_ids, out, part_m, part_s, chunks, IDS=width, CB=COMBINE_BLOCK
-            )
     return out.reshape(token_ids.shape)
 
 
