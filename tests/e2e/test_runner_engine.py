@@ -58,6 +58,7 @@ def test_our_platform_worker_runner_backend_and_ops_ran(llm, qwen3_prompts):
     assert type(worker) is NPUWorker
     runner = worker.model_runner
     assert type(runner) is NPUModelRunner
+    assert runner.kernel_warmup_results == {"sampling": True, "penalties": True}  # no speculative decoding
     assert type(runner.input_batch) is NPUInputBatch
     assert type(runner.input_batch.block_table) is MultiGroupBlockTable
     assert type(runner.sampler) is AscendSampler

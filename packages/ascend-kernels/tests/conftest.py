@@ -27,6 +27,8 @@ _TRITON_MODULES = (
     "slot_mapping",
     "conv1d",
     "gdn_gating",
+    "rejection",
+    "rms_norm",
 )
 
 
@@ -102,3 +104,14 @@ def assert_close_ulp(actual: torch.Tensor, expected: torch.Tensor, ulps: float |
 @pytest.fixture
 def close_ulp():
     return assert_close_ulp
+
+
+def chi2_limit(dof: int, z: float = 3.719) -> float:
+    """Chi-square quantile at p = 1e-4 (z: the normal quantile), Wilson-Hilferty approximation."""
+    c = 2.0 / (9.0 * dof)
+    return dof * (1.0 - c + z * c**0.5) ** 3
+
+
+@pytest.fixture(name="chi2_limit")
+def chi2_limit_fixture():
+    return chi2_limit

@@ -44,6 +44,7 @@ import vllm_ascend.kernels._backend as backend_choice
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = CUDABackend(TARGET)
 _DTYPES = {
+    torch.float64: "fp64",
     torch.float32: "fp32",
     torch.float16: "fp16",
     torch.bfloat16: "bf16",
@@ -148,7 +149,10 @@ def _exercise() -> None:
     """Every public op, with the variants the wrappers compile separately."""
     gen = torch.Generator().manual_seed(0)
     for vocab in (1000, 32000, 151936):
-        results = K.kernel_warmup("cpu", vocab, (torch.float32, torch.bfloat16, torch.float16))
+        head_dims = (128, 576) if vocab == 1000 else ()
+        results = K.kernel_warmup(
+            "cpu", vocab, (torch.float32, torch.bfloat16, torch.float16), head_dims=head_dims
+        )
         if not all(results.values()):
             raise RuntimeError(f"warm-up failed outside the lowering: {results}")
     caches = [torch.zeros(2, 12, 4, 2, 8, dtype=torch.bfloat16), torch.zeros(12, 3, 5, dtype=torch.int8)]

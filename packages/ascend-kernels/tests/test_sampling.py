@@ -113,18 +113,12 @@ def test_gumbel_position_and_seed_change_the_draw(gen):
     assert len(set(by_seed.tolist())) > 8
 
 
-def _chi2_limit(dof: int, z: float = 3.719) -> float:
-    """Chi-square quantile at p = 1e-4 (z: the normal quantile), Wilson-Hilferty approximation."""
-    c = 2.0 / (9.0 * dof)
-    return dof * (1.0 - c + z * c**0.5) ** 3
-
-
 @pytest.mark.parametrize(
     ("sample", "vocab", "draws"),
     [(K.gumbel_sample, 96, 2000), (gumbel.gumbel_sample_torch, 100, 20000)],
     ids=["kernel-3-groups", "reference-4-groups"],
 )
-def test_gumbel_is_distributed_as_softmax_of_scaled_logits(gen, sample, vocab, draws):
+def test_gumbel_is_distributed_as_softmax_of_scaled_logits(gen, chi2_limit, sample, vocab, draws):
     """Both races decide (several groups): the token frequencies follow softmax(logits / T)."""
     t = 0.7
     row = torch.randn(vocab, generator=gen) * 0.5
@@ -135,7 +129,7 @@ def test_gumbel_is_distributed_as_softmax_of_scaled_logits(gen, sample, vocab, d
     observed = torch.bincount(tokens, minlength=vocab).double()
     expected = torch.softmax(row.double() / t, 0) * draws
     chi2 = float(((observed - expected) ** 2 / expected).sum())
-    limit = _chi2_limit(vocab - 1)
+    limit = chi2_limit(vocab - 1)
     assert chi2 < limit, (
         f"chi-square {chi2:.1f} >= {limit:.1f} ({vocab - 1} dof, p < 1e-4): {observed.tolist()}"
     )

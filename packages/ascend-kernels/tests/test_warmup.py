@@ -14,7 +14,29 @@ def test_kernel_warmup_runs_the_built_in_items():
     assert warmup.kernel_warmup("cpu", 64, (torch.float32, torch.bfloat16)) == {
         "sampling": True,
         "penalties": True,
+        "rejection": True,
     }
+
+
+def test_qk_rms_warms_every_block_m_per_head_dim(monkeypatch):
+    """Given the model's head sizes, ``qk_rms`` runs every ``BLOCK_M`` variant for each of them."""
+    from vllm_ascend.kernels._triton import rms_norm as rms_triton
+
+    seen = []
+    real = rms_triton._q_rms_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append((kwargs["D"], kwargs["BLOCK_M"]))
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(rms_triton, "_q_rms_kernel", Spy())
+    result = warmup.kernel_warmup("cpu", 32, (torch.bfloat16,), include=("qk_rms",), head_dims=(64, 96))
+    assert result == {"qk_rms": True}
+    assert sorted(seen) == sorted((d, b) for d in (64, 96) for b in (1, 2, 4, 8, 16))
 
 
 def test_a_failing_item_is_logged_and_the_rest_continue(monkeypatch, caplog):
@@ -42,6 +64,16 @@ def test_a_failing_item_is_logged_and_the_rest_continue(monkeypatch, caplog):
 def test_unknown_items_are_rejected():
     with pytest.raises(ValueError, match=r"unknown warm-up items \['nope'\]"):
         warmup.kernel_warmup("cpu", 32, include=("nope",))
+    with pytest.raises(
+        ValueError,
+        match=r"unknown warm-up items \['qk_rms'\].*known: \['penalties', 'rejection', 'sampling'\]",
+    ):
+        warmup.kernel_warmup("cpu", 32, exclude=("qk_rms",))  # only an item with head_dims given
+
+
+def test_excluded_items_do_not_run(monkeypatch):
+    monkeypatch.setattr(warmup, "_REGISTERED", {})
+    assert warmup.kernel_warmup("cpu", 32, exclude=("rejection", "sampling")) == {"penalties": True}
 
 
 def test_compiled_triton_warms_both_tile_variants(monkeypatch):

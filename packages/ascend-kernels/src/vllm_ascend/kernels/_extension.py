@@ -19,6 +19,11 @@ KERNEL_NAMES = (
     "causal_conv1d_fn",
     "causal_conv1d_update",
     "fused_gdn_gating",
+    "rejection_greedy_sample",
+    "rejection_random_sample",
+    "sample_recovered_tokens",
+    "expand_batch_to_tokens",
+    "triton_q_rms",
 )
 
 

@@ -21,7 +21,7 @@ _REGISTERED: dict[str, WarmupFn] = {}
 
 
 def register_warmup(name: str, fn: WarmupFn) -> None:
-    """Add a warm-up item ``fn(device, vocab_size, dtypes)`` (e.g. a sibling's rejection or qk-rms kernels).
+    """Add a warm-up item ``fn(device, vocab_size, dtypes)`` (e.g. a sibling package's own kernels).
 
     Re-registering a name replaces the earlier function (extensions may load more than once).
     """
@@ -75,7 +75,7 @@ def sampling_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[torc
             K.compute_topk_logprobs(_logits(rows, vocab_size, dtype, device), 2, ids)
 
 
-def penalties_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]) -> None:
+def penalties_triton_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]) -> None:
     """Penalties (bincount + apply) and bad-words kernels, on a short dummy token history."""
     from vllm_ascend import kernels as K
 
@@ -94,6 +94,52 @@ def penalties_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[tor
         K.apply_bad_words(_logits(rows, vocab_size, dtype, device), history, lens, words, offsets, word_rows)
 
 
+def rejection_sampler_triton_warmup(
+    device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]
+) -> None:
+    """Speculative-decoding verification: greedy (all-greedy batch and mixed), random and
+    recovered-token sampling (with and without draft probabilities), and the per-token expansion
+    of float and integer request values, at the compiled draft-length variant every draft of up to
+    ``MIN_SPEC`` tokens uses (target and draft probabilities are float32 whatever the logits' dtype)."""
+    from vllm_ascend import kernels as K
+    from vllm_ascend.kernels._triton.rejection import MIN_SPEC
+
+    counts = torch.tensor([MIN_SPEC, 1], device=device)
+    cu = counts.cumsum(0).to(torch.int32)
+    n = int(counts.sum())
+    draft = torch.randint(0, vocab_size, (n,), device=device, dtype=torch.int32)
+    target = torch.softmax(torch.randn(n, vocab_size, device=device), -1)
+    bonus = torch.zeros(2, device=device, dtype=torch.int32)
+    uniform = torch.rand(n, device=device, dtype=torch.float64)
+    inv_q = 1.0 / torch.empty(2, vocab_size, device=device).exponential_()
+    is_greedy = torch.tensor([True, False], device=device)
+    out = torch.full((2, MIN_SPEC + 1), K.PLACEHOLDER_TOKEN_ID, device=device, dtype=torch.int32)
+    for greedy in (None, is_greedy):
+        K.rejection_greedy_sample(out, cu, draft, target.argmax(-1), bonus, greedy)
+    for draft_probs in (None, target.flip(-1).contiguous()):
+        recovered = K.sample_recovered_tokens(MIN_SPEC, cu, draft, draft_probs, target, inv_q)
+        K.rejection_random_sample(out, cu, draft, draft_probs, target, bonus, recovered, uniform, is_greedy)
+    for values in (torch.rand(2, device=device), counts.to(torch.int32), counts):
+        K.expand_batch_to_tokens(values, cu, n)
+
+
+def triton_rms_warmup(device: torch.device, head_dim: int, dtypes: Sequence[torch.dtype]) -> None:
+    """``triton_q_rms`` over ``[rows, head_dim]`` at every ``BLOCK_M`` variant a token count can
+    select (on the reference path, one call per dtype)."""
+    from vllm_ascend import kernels as K
+    from vllm_ascend.kernels._backend import use_triton
+
+    device = torch.device(device)
+    row_counts: tuple[int, ...] = (2,)
+    if use_triton(device):
+        from vllm_ascend.kernels._triton.rms_norm import programs, rms_block_m_values
+
+        row_counts = tuple(b * programs(device) for b in rms_block_m_values())
+    for rows in row_counts:
+        for dtype in dtypes:
+            K.triton_q_rms(torch.randn(rows, head_dim, device=device).to(dtype))
+
+
 def _run(
     name: str, fn: WarmupFn, device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]
 ) -> bool:
@@ -110,17 +156,39 @@ def kernel_warmup(
     vocab_size: int,
     dtypes: Iterable[torch.dtype] = (torch.float32,),
     include: Iterable[str] | None = None,
+    head_dims: Iterable[int] = (),
+    exclude: Iterable[str] = (),
 ) -> dict[str, bool]:
     """Run the built-in and registered warm-up items on ``device``; returns ``{name: succeeded}``.
 
     ``vocab_size`` fixes the block-size constexprs of the vocabulary kernels; ``dtypes`` are the
-    logits dtypes the sampler will see; ``include`` restricts to the named items.
+    logits dtypes the sampler will see; ``include`` restricts to the named items and ``exclude``
+    drops some (e.g. ``rejection`` without speculative decoding); ``head_dims`` (the head sizes of
+    a model that uses ``triton_q_rms``) adds the ``qk_rms`` item.
     """
     device = torch.device(device)
     dtypes = tuple(dtypes)
-    items: dict[str, WarmupFn] = {"sampling": sampling_warmup, "penalties": penalties_warmup, **_REGISTERED}
+    items: dict[str, WarmupFn] = {
+        "sampling": sampling_warmup,
+        "penalties": penalties_triton_warmup,
+        "rejection": rejection_sampler_triton_warmup,
+    }
+    dims = tuple(head_dims)
+    if dims:
+
+        def qk_rms(device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]) -> None:
+            for head_dim in dims:
+                triton_rms_warmup(device, head_dim, dtypes)
+
+        items["qk_rms"] = qk_rms
+    items.update(_REGISTERED)
+    skipped = set(exclude)
     wanted = set(items) if include is None else set(include)
-    unknown = wanted - set(items)
+    unknown = (wanted | skipped) - set(items)
     if unknown:
         raise ValueError(f"unknown warm-up items {sorted(unknown)}; known: {sorted(items)}")
-    return {name: _run(name, fn, device, vocab_size, dtypes) for name, fn in items.items() if name in wanted}
+    return {
+        name: _run(name, fn, device, vocab_size, dtypes)
+        for name, fn in items.items()
+        if name in wanted and name not in skipped
+    }

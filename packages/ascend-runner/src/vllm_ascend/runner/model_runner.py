@@ -16,6 +16,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.worker import gpu_model_runner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+from vllm_ascend.kernels import kernel_warmup
 from vllm_ascend.runner import device_context
 from vllm_ascend.runner.input_batch import NPUInputBatch
 from vllm_ascend.runner.kv_zeroer import AscendKVBlockZeroer
@@ -44,6 +45,7 @@ class NPUModelRunner(GPUModelRunner):
         device_context.install_accelerator_shims()
         with ascend_components():
             super().__init__(vllm_config, device)
+        self.kernel_warmup_results: dict[str, bool] = {}  # item -> compiled cleanly, after warm_up()
 
     def may_reinitialize_input_batch(self, kv_cache_config: KVCacheConfig) -> None:
         with ascend_components():
@@ -68,7 +70,15 @@ class NPUModelRunner(GPUModelRunner):
         device_context.synchronize()
 
     def warm_up(self) -> None:
-        """One dummy forward at the largest batch of requests and one sampler run (fills lazy state)."""
+        """Compile every sampling-kernel variant a step can hit (``kernel_warmup``: failures are
+        logged, not raised), then one dummy forward at the largest batch of requests and one sampler
+        run (fills lazy state)."""
+        self.kernel_warmup_results = kernel_warmup(
+            self.device,
+            self.model_config.get_vocab_size(),
+            (torch.float32,),  # the sampler works on float32 logits
+            exclude=() if self.speculative_config is not None else ("rejection",),
+        )
         num_reqs = min(self.scheduler_config.max_num_seqs, self.scheduler_config.max_num_batched_tokens)
         _, last_hidden_states = self._dummy_run(
             num_tokens=num_reqs, skip_eplb=True, cudagraph_runtime_mode=CUDAGraphMode.NONE
