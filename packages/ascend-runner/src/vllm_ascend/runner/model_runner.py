@@ -1,7 +1,7 @@
 """NPUModelRunner: vLLM's V1 GPU model runner on the NPU or the reference device.
 
 The inherited runner builds its collaborators by name; while it does, the names are bound to
-the Ascend classes (input batch + block tables, sampler, KV block zeroer) and ``torch.cuda``
+the Ascend classes (input batch + block tables, sampler, rejection sampler, KV block zeroer) and ``torch.cuda``
 streams/events are mapped onto the target device. No device-type branches live here.
 """
 
@@ -21,12 +21,14 @@ from vllm_ascend.runner import device_context
 from vllm_ascend.runner.input_batch import NPUInputBatch
 from vllm_ascend.runner.kv_zeroer import AscendKVBlockZeroer
 from vllm_ascend.runner.patching import replaced_names
+from vllm_ascend.runner.sample.rejection_sampler import AscendRejectionSampler
 from vllm_ascend.runner.sample.sampler import AscendSampler
 
 #: The vLLM names rebound while inherited code constructs collaborators.
 ASCEND_COMPONENTS = {
     "InputBatch": NPUInputBatch,
     "Sampler": AscendSampler,
+    "RejectionSampler": AscendRejectionSampler,
     "KVBlockZeroer": AscendKVBlockZeroer,
 }
 

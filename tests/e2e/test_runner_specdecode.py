@@ -1,0 +1,69 @@
+"""N-gram speculative decoding on the reference device: drafts verified by ``AscendRejectionSampler``
+on ``vllm_ascend.kernels`` give exactly the tokens of plain greedy decoding."""
+
+from __future__ import annotations
+
+import pytest
+
+import vllm_ascend.kernels as kernels
+
+PROMPTS = [list(range(10, 30)) * 3, [5, 6, 7, 8] * 10, [40, 41, 42, 43, 44, 40, 41, 42] * 4]
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
+
+
+def _tokens(llm, **params):
+    from vllm import SamplingParams
+
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in PROMPTS], SamplingParams(ignore_eos=True, **params), use_tqdm=False
+    )
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def _spy_verification(monkeypatch) -> dict[str, list[int]]:
+    """From now on, per verification call: the rows that accepted at least one draft token."""
+    seen: dict[str, list[int]] = {"greedy": [], "random": []}
+
+    def spy(name, real):
+        def call(output, *args):
+            result = real(output, *args)
+            seen[name].append(int(((output != kernels.PLACEHOLDER_TOKEN_ID).sum(1) >= 2).sum()))
+            return result
+
+        return call
+
+    monkeypatch.setattr(kernels, "rejection_greedy_sample", spy("greedy", kernels.rejection_greedy_sample))
+    monkeypatch.setattr(kernels, "rejection_random_sample", spy("random", kernels.rejection_random_sample))
+    return seen
+
+
+def test_ngram_drafts_are_verified_on_our_kernels(make_llm, tiny_qwen3, monkeypatch):
+    from vllm_ascend.runner.sample.rejection_sampler import AscendRejectionSampler
+
+    want = _tokens(make_llm(tiny_qwen3), temperature=0.0, max_tokens=48)
+    spec = make_llm(tiny_qwen3, speculative_config=NGRAM)
+    runner = spec.collective_rpc(lambda wrapper: wrapper.worker)[0].model_runner
+    assert type(runner.rejection_sampler) is AscendRejectionSampler
+    assert runner.kernel_warmup_results == {"sampling": True, "penalties": True, "rejection": True}
+
+    seen = _spy_verification(monkeypatch)  # after the engine's warm-up
+    assert _tokens(spec, temperature=0.0, max_tokens=48) == want
+    assert seen["greedy"] and sum(seen["greedy"]) > 0, seen  # some drafts were accepted
+    assert not seen["random"]
+
+    first = _tokens(spec, temperature=0.8, seed=3, max_tokens=24)
+    assert seen["random"]
+    assert _tokens(spec, temperature=0.8, seed=3, max_tokens=24) == first  # seeded: reproducible
+    assert all(0 <= t < 512 for row in first for t in row)
+
+
+def test_unsupported_verification_is_a_clear_error(make_llm, tiny_qwen3):
+    with pytest.raises(
+        Exception,
+        match=r"verify_method='block' is not implemented by vllm-ascend-runner; allowed: \('strict',\)",
+    ):
+        make_llm(
+            tiny_qwen3,
+            speculative_config=NGRAM,
+            additional_config={"rejection_sampler_config": {"verify_method": "block"}},
+        )
