@@ -46,6 +46,8 @@ from vllm_ascend.kernels import (  # noqa: E402
     logprobs,
     min_p,
     penalties,
+    rejection,
+    rms_norm,
     slot_mapping,
     temperature,
     top_k_top_p,
@@ -548,13 +550,110 @@ def sequence_suite(bw):
     )
 
 
+def rms_case(bw, tokens=8192, heads=32, head_dim=128):
+    """``triton_q_rms`` on a step's per-head queries: read and write each element once."""
+    x = torch.randn(tokens * heads, head_dim, device=DEV).to(torch.bfloat16)
+    got, ref = K.triton_q_rms(x), rms_norm.triton_q_rms_torch(x)
+    us = bench(lambda: K.triton_q_rms(x))
+    eager = bench(lambda: rms_norm.triton_q_rms_torch(x))
+    record(
+        "triton_q_rms",
+        f"T{tokens} H{heads} D{head_dim}",
+        torch.bfloat16,
+        us,
+        2 * x.numel() * 2 / bw / 1e3,
+        eager,
+        None,
+        f"ulp-off={ulps_ok(got, ref, torch.bfloat16)}",
+        host=host_us(lambda: K.triton_q_rms(x)),
+    )
+
+
+def specdecode_suite(bw, requests=256, drafts=4, vocab=151936):
+    """Speculative-decoding verification for ``requests`` requests of ``drafts`` draft tokens each:
+    recovered tokens (read the target and draft probabilities and the noise once: the memory floor),
+    greedy and random verification (a few gathers per request: launch-bound) and the expansion."""
+    n = requests * drafts
+    cu = torch.full((requests,), drafts, device=DEV).cumsum(0).to(torch.int32)
+    draft = torch.randint(0, vocab, (n,), device=DEV, dtype=torch.int32)
+    target = torch.softmax(torch.randn(n, vocab, device=DEV) * 3, -1)
+    q = torch.softmax(torch.randn(n, vocab, device=DEV) * 3, -1)
+    inv_q = 1.0 / torch.empty(requests, vocab, device=DEV).exponential_()
+    bonus = torch.randint(0, vocab, (requests,), device=DEV, dtype=torch.int32)
+    uniform = torch.rand(n, device=DEV, dtype=torch.float64)
+    is_greedy = torch.rand(requests, device=DEV) < 0.5
+    draft[::3] = target[::3].argmax(-1).to(torch.int32)  # some greedy drafts are accepted
+    shape = f"{requests}x{drafts} V{vocab}"
+    for probs in (None, q):
+        args = (drafts, cu, draft, probs, target, inv_q)
+        got = K.sample_recovered_tokens(*args)
+        check = f"mismatch={int((got != rejection.sample_recovered_tokens_torch(*args)).sum())}/{n}"
+        nbytes = (2 if probs is not None else 1) * target.numel() * 4 + inv_q.numel() * 4
+        record(
+            "sample_recovered_tokens" + ("(q)" if probs is not None else ""),
+            shape,
+            torch.float32,
+            bench(lambda: K.sample_recovered_tokens(*args)),  # noqa: B023
+            nbytes / bw / 1e3,
+            bench(lambda: rejection.sample_recovered_tokens_torch(*args)),  # noqa: B023
+            None,
+            check,
+            host=host_us(lambda: K.sample_recovered_tokens(*args)),  # noqa: B023
+        )
+    recovered = K.sample_recovered_tokens(drafts, cu, draft, None, target, inv_q)
+    out = torch.full((requests, drafts + 1), K.PLACEHOLDER_TOKEN_ID, device=DEV, dtype=torch.int32)
+    argmax = target.argmax(-1)
+    cases = {
+        "rejection_greedy_sample": (
+            K.rejection_greedy_sample,
+            rejection.rejection_greedy_sample_torch,
+            (cu, draft, argmax, bonus, is_greedy),
+        ),
+        "rejection_random_sample": (
+            K.rejection_random_sample,
+            rejection.rejection_random_sample_torch,
+            (cu, draft, None, target, bonus, recovered, uniform, is_greedy),
+        ),
+    }
+    for name, (fn, ref_fn, args) in cases.items():
+        got, ref = fn(out.clone(), *args), ref_fn(out.clone(), *args)
+        check = f"rows-off={int((got != ref).any(1).sum())}/{requests}"
+        record(
+            name,
+            shape,
+            torch.int32,
+            bench(lambda: fn(out, *args), restore=lambda: out.fill_(K.PLACEHOLDER_TOKEN_ID)),  # noqa: B023
+            None,
+            bench(lambda: ref_fn(out, *args), restore=lambda: out.fill_(K.PLACEHOLDER_TOKEN_ID)),  # noqa: B023
+            None,
+            check,
+            "launch-bound: no floor",
+            host=host_us(lambda: fn(out, *args)),  # noqa: B023
+        )
+    temps = torch.rand(requests, device=DEV)
+    got = K.expand_batch_to_tokens(temps, cu, n, 0, 1)
+    check = f"mismatch={int((got != rejection.expand_batch_to_tokens_torch(temps, cu, n, 0, 1)).sum())}/{n}"
+    record(
+        "expand_batch_to_tokens",
+        f"{requests}x{drafts}",
+        torch.float32,
+        bench(lambda: K.expand_batch_to_tokens(temps, cu, n, 0, 1)),
+        None,
+        bench(lambda: rejection.expand_batch_to_tokens_torch(temps, cu, n, 0, 1)),
+        None,
+        check,
+        "launch-bound: no floor",
+        host=host_us(lambda: K.expand_batch_to_tokens(temps, cu, n, 0, 1)),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes")
     parser.add_argument(
         "--compile", action="store_true", help="also time torch.compile of the eager peers (fp32)"
     )
-    parser.add_argument("--only", default="", help="comma list of suites: sampling,cache,sequence")
+    parser.add_argument("--only", default="", help="comma list of suites: sampling,cache,sequence,specdecode")
     parser.add_argument(
         "--ops",
         default="",
@@ -585,7 +684,7 @@ def main() -> None:
         "| host µs | check |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    suites = set(filter(None, args.only.split(","))) or {"sampling", "cache", "sequence"}
+    suites = set(filter(None, args.only.split(","))) or {"sampling", "cache", "sequence", "specdecode"}
     OPS.update(filter(None, args.ops.split(",")))
     if "sampling" in suites:
         batches = (1, 64, 1024) if args.quick else (1, 64, 256, 1024)
@@ -599,6 +698,9 @@ def main() -> None:
         cache_suite(bw, write_bw)
     if "sequence" in suites:
         sequence_suite(bw)
+        rms_case(bw)
+    if "specdecode" in suites:
+        specdecode_suite(bw)
     if args.json:
         Path(args.json).write_text(
             json.dumps(
