@@ -25,7 +25,9 @@ def test_q_rms_matches_reference(gen, close_ulp, dtype, shape):
 
 def test_q_rms_reads_strided_rows(gen, close_ulp):
     x = torch.randn(64, 10, generator=gen).t()  # [10, 64], last-dim stride 10
-    close_ulp(K.triton_q_rms(x), rms_norm.triton_q_rms_torch(x))
+    got = K.triton_q_rms(x)
+    assert x.stride(-1) == 10 and got.shape == (10, 64) and got.is_contiguous()
+    close_ulp(got, rms_norm.triton_q_rms_torch(x))
 
 
 def test_block_m_is_a_power_of_two_up_to_16():
