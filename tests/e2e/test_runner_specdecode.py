@@ -11,13 +11,21 @@ PROMPTS = [list(range(10, 30)) * 3, [5, 6, 7, 8] * 10, [40, 41, 42, 43, 44, 40, 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
 
 
-def _tokens(llm, **params):
+def _outputs(llm, **params):
     from vllm import SamplingParams
 
     outputs = llm.generate(
         [{"prompt_token_ids": p} for p in PROMPTS], SamplingParams(ignore_eos=True, **params), use_tqdm=False
     )
-    return [list(o.outputs[0].token_ids) for o in outputs]
+    return [o.outputs[0] for o in outputs]
+
+
+def _tokens(llm, **params):
+    return [list(o.token_ids) for o in _outputs(llm, **params)]
+
+
+def _chosen_logprobs(outputs):
+    return [[step[t].logprob for step, t in zip(o.logprobs, o.token_ids, strict=True)] for o in outputs]
 
 
 def _spy_verification(monkeypatch) -> dict[str, list[int]]:
@@ -40,20 +48,25 @@ def _spy_verification(monkeypatch) -> dict[str, list[int]]:
 def test_ngram_drafts_are_verified_on_our_kernels(make_llm, tiny_qwen3, monkeypatch):
     from vllm_ascend.runner.sample.rejection_sampler import AscendRejectionSampler
 
-    want = _tokens(make_llm(tiny_qwen3), temperature=0.0, max_tokens=48)
+    plain = _outputs(make_llm(tiny_qwen3), temperature=0.0, max_tokens=48, logprobs=2)
+    want = [list(o.token_ids) for o in plain]
     spec = make_llm(tiny_qwen3, speculative_config=NGRAM)
     runner = spec.collective_rpc(lambda wrapper: wrapper.worker)[0].model_runner
     assert type(runner.rejection_sampler) is AscendRejectionSampler
     assert runner.kernel_warmup_results == {"sampling": True, "penalties": True, "rejection": True}
 
     seen = _spy_verification(monkeypatch)  # after the engine's warm-up
-    assert _tokens(spec, temperature=0.0, max_tokens=48) == want
+    got = _outputs(spec, temperature=0.0, max_tokens=48, logprobs=2)
+    assert [list(o.token_ids) for o in got] == want
+    for a, b in zip(_chosen_logprobs(got), _chosen_logprobs(plain), strict=True):
+        assert a == pytest.approx(b, abs=1e-4)  # logprobs of verified tokens: those of plain decoding
     assert seen["greedy"] and sum(seen["greedy"]) > 0, seen  # some drafts were accepted
     assert not seen["random"]
 
-    first = _tokens(spec, temperature=0.8, seed=3, max_tokens=24)
+    params = dict(temperature=0.8, top_k=20, top_p=0.9, seed=3, max_tokens=24)
+    first = _tokens(spec, **params)
     assert seen["random"]
-    assert _tokens(spec, temperature=0.8, seed=3, max_tokens=24) == first  # seeded: reproducible
+    assert _tokens(spec, **params) == first  # seeded: reproducible
     assert all(0 <= t < 512 for row in first for t in row)
 
 

@@ -158,3 +158,17 @@ def test_bad_shapes_are_named():
         K.rejection_greedy_sample(torch.zeros(3, 3, dtype=torch.int32), cu, cu, cu, cu)
     with pytest.raises(ValueError, match="cu_num_tokens must hold one entry per request: got 2 for 3"):
         K.expand_batch_to_tokens(torch.zeros(3), cu, 2)
+    draft, probs = torch.tensor([1, 2]), torch.full((2, 4), 0.25)
+    with pytest.raises(
+        ValueError, match=r"target_probs must be float32 \[N, V\] with N = 2 draft tokens; got torch.float64"
+    ):
+        K.sample_recovered_tokens(1, cu, draft, None, probs.double(), torch.ones(2, 4))
+    with pytest.raises(
+        ValueError, match=r"draft_probs must have the shape of target_probs \(2, 4\), got \(2, 5\)"
+    ):
+        K.sample_recovered_tokens(1, cu, draft, torch.zeros(2, 5), probs, torch.ones(2, 4))
+    with pytest.raises(ValueError, match=r"inv_q must be \[B, V\] = \(2, 4\), got \(1, 4\)"):
+        K.sample_recovered_tokens(1, cu, draft, None, probs, torch.ones(1, 4))
+    out = torch.full((2, 2), P, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"target_probs must be float32 \[N, V\] with N = 2 .*\(3, 4\)"):
+        K.rejection_random_sample(out, cu, draft, None, torch.ones(3, 4), cu, draft, torch.rand(2), cu > 0)

@@ -77,6 +77,23 @@ def check_output(output: torch.Tensor, cu_num_draft_tokens: torch.Tensor) -> Non
         )
 
 
+def check_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, num_tokens: int) -> None:
+    """Target (and draft) probabilities must be float32 ``[N, V]``, one row per draft token."""
+    for name, probs in (("target_probs", target_probs), ("draft_probs", draft_probs)):
+        if probs is None:
+            continue
+        if probs.dtype != torch.float32 or probs.dim() != 2 or probs.shape[0] != num_tokens:
+            raise ValueError(
+                f"{name} must be float32 [N, V] with N = {num_tokens} draft tokens; "
+                f"got {probs.dtype} {tuple(probs.shape)}"
+            )
+    if draft_probs is not None and draft_probs.shape != target_probs.shape:
+        raise ValueError(
+            f"draft_probs must have the shape of target_probs {tuple(target_probs.shape)}, "
+            f"got {tuple(draft_probs.shape)}"
+        )
+
+
 def rejection_greedy_sample_torch(
     output: torch.Tensor,
     cu_num_draft_tokens: torch.Tensor,
@@ -163,6 +180,7 @@ def rejection_random_sample(
     ``is_greedy`` is set are left as they are. Other arguments as in :func:`rejection_greedy_sample`.
     """
     check_output(output, cu_num_draft_tokens)
+    check_probs(target_probs, draft_probs, draft_token_ids.numel())
     return dispatch("rejection", "rejection_random_sample", rejection_random_sample_torch, output.device)(
         output,
         cu_num_draft_tokens,
@@ -214,6 +232,11 @@ def sample_recovered_tokens(
     exponential draw per request and token (the caller seeds them per request). Returns ``[N]`` with
     the dtype of ``draft_token_ids``.
     """
+    check_probs(target_probs, draft_probs, draft_token_ids.numel())
+    if inv_q.dim() != 2 or inv_q.shape != (cu_num_draft_tokens.numel(), target_probs.shape[-1]):
+        raise ValueError(
+            f"inv_q must be [B, V] = {(cu_num_draft_tokens.numel(), target_probs.shape[-1])}, got {tuple(inv_q.shape)}"
+        )
     return dispatch(
         "rejection", "sample_recovered_tokens", sample_recovered_tokens_torch, target_probs.device
     )(max_spec_len, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, inv_q)
