@@ -28,14 +28,19 @@ from vllm_ascend.kernels._backend import dispatch
 PLACEHOLDER_TOKEN_ID = -1
 
 
+def _bounds(cu_num_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(start, end)`` of each request's tokens from the inclusive cumulative counts (int64)."""
+    end = cu_num_tokens.to(torch.int64)
+    return torch.cat([end.new_zeros(1), end[:-1]]), end
+
+
 def _request_of_tokens(cu_num_tokens: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(request, position)`` of each of the ``num_tokens`` flat tokens."""
-    cu = cu_num_tokens.to(torch.int64)
-    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
+    start, end = _bounds(cu_num_tokens)
     req = torch.repeat_interleave(
-        torch.arange(cu.numel(), device=cu.device), cu - starts, output_size=num_tokens
+        torch.arange(end.numel(), device=end.device), end - start, output_size=num_tokens
     )
-    return req, torch.arange(num_tokens, device=cu.device) - starts[req]
+    return req, torch.arange(num_tokens, device=end.device) - start[req]
 
 
 def _write_until_first_rejection(
@@ -48,19 +53,14 @@ def _write_until_first_rejection(
 ) -> None:
     """Write ``tokens`` up to and including each request's first rejected position; append the
     bonus token to the requests in ``requests`` (bool ``[B]``) with no rejection."""
-    num_tokens = tokens.numel()
-    req, pos = _request_of_tokens(cu_num_draft_tokens, num_tokens)
-    rej = rejected.to(torch.int64)
-    cum = torch.cumsum(rej, 0) - rej  # rejections before each token, over the whole flat batch
-    cu = cu_num_draft_tokens.to(torch.int64)
-    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
-    before_start = torch.cat([cum.new_zeros(1), torch.cumsum(rej, 0)])[starts]
-    written = (cum - before_start[req] == 0) & requests[req]
+    req, pos = _request_of_tokens(cu_num_draft_tokens, tokens.numel())
+    start, end = _bounds(cu_num_draft_tokens)
+    # running[i]: rejections among the first i flat tokens (one prefix sum serves every request)
+    running = torch.cat([rejected.new_zeros(1, dtype=torch.int64), torch.cumsum(rejected.to(torch.int64), 0)])
+    written = (running[:-1] == running[start][req]) & requests[req]
     output[req[written], pos[written]] = tokens[written].to(output.dtype)
-    total = torch.zeros(cu.numel(), dtype=torch.int64, device=cu.device).index_add_(0, req, rej)
-    done = requests & (total == 0)
-    rows = torch.nonzero(done).flatten()
-    output[rows, (cu - starts)[rows]] = bonus_token_ids.reshape(-1)[rows].to(output.dtype)
+    rows = torch.nonzero(requests & (running[end] == running[start])).flatten()
+    output[rows, (end - start)[rows]] = bonus_token_ids.reshape(-1)[rows].to(output.dtype)
 
 
 def check_output(output: torch.Tensor, cu_num_draft_tokens: torch.Tensor) -> None:
