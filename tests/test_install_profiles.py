@@ -10,35 +10,39 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SIBLINGS = {
-    "vllm-ascend-core": "vllm_ascend.core",
-    "vllm-ascend-runner": "vllm_ascend.runner",
-    "vllm-ascend-kernels": "vllm_ascend.kernels",
-    "vllm-ascend-quant": "vllm_ascend.quant",
-    "vllm-ascend-eplb": "vllm_ascend.eplb",
-    "vllm-ascend-specdecode": "vllm_ascend.specdecode",
-    "vllm-ascend-netloader": "vllm_ascend.netloader",
-    "vllm-ascend-310p": "vllm_ascend.ascend310p",
+#: packages/<dir> -> (its [project] table, its import package); nothing here lists the siblings by hand.
+_PACKAGES = {
+    pkg.name: (
+        tomllib.loads((pkg / "pyproject.toml").read_text())["project"],
+        "vllm_ascend." + next(i.parent.name for i in (pkg / "src/vllm_ascend").glob("*/__init__.py")),
+    )
+    for pkg in sorted(p for p in (ROOT / "packages").iterdir() if p.is_dir())
 }
+SIBLINGS = {project["name"]: leaf for project, leaf in _PACKAGES.values()}
+#: Distribution -> the core extension it declares (siblings without a descriptor are absent).
 EXTENSION_NAMES = {
-    "vllm-ascend-runner": "runner",
-    "vllm-ascend-kernels": "kernels",
-    "vllm-ascend-quant": "quant",
-    "vllm-ascend-eplb": "eplb",
-    "vllm-ascend-specdecode": "specdecode",
-    "vllm-ascend-netloader": "netloader",
-    "vllm-ascend-310p": "ascend310p",
+    project["name"]: name
+    for project, _ in _PACKAGES.values()
+    for name in project.get("entry-points", {}).get("vllm_ascend.extensions", {})
 }
-DEFAULT = {"vllm-ascend", "vllm-ascend-core", "vllm-ascend-runner", "vllm-ascend-kernels"}
+DEFAULT = {
+    "vllm-ascend",
+    *(
+        re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0]
+        for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    ),
+}
 
 PROBE = r"""
 import importlib, json, sys
@@ -151,7 +155,7 @@ def check(report: dict, expected: set[str]) -> None:
 
 def test_no_wheel_contains_the_namespace_init(wheels):
     built = sorted(wheels.glob("*.whl"))
-    assert len(built) == 9
+    assert len(built) == len(SIBLINGS) + 1
     tops: dict[str, set[str]] = {}
     for whl in built:
         names = zipfile.ZipFile(whl).namelist()
@@ -162,7 +166,7 @@ def test_no_wheel_contains_the_namespace_init(wheels):
     meta = next(name for name in tops if name.startswith("vllm_ascend-0"))
     assert tops.pop(meta) == set(), "the meta distribution must carry no code"
     all_leaves = [leaf for leaves in tops.values() for leaf in leaves]
-    assert len(all_leaves) == len(set(all_leaves)) == 8, tops
+    assert len(all_leaves) == len(set(all_leaves)) == len(SIBLINGS), tops
 
 
 @pytest.mark.parametrize(

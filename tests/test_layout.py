@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+ROOT_PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+#: ``packages/ascend-<name>/`` -> the import leaf under its ``src/vllm_ascend/``.
 PACKAGES = {
-    "core": "core",
-    "runner": "runner",
-    "kernels": "kernels",
-    "quant": "quant",
-    "eplb": "eplb",
-    "specdecode": "specdecode",
-    "netloader": "netloader",
-    "310p": "ascend310p",
+    pkg.name.removeprefix("ascend-"): next(
+        i.parent.name for i in (pkg / "src/vllm_ascend").glob("*/__init__.py")
+    )
+    for pkg in sorted((ROOT / "packages").iterdir())
+    if pkg.is_dir()
 }
+DISTS = {f"vllm-ascend-{name}" for name in PACKAGES}
 
 
 def test_no_namespace_init_anywhere():
@@ -26,10 +26,12 @@ def test_no_namespace_init_anywhere():
     assert strays == []
 
 
-def test_packages_folder_holds_exactly_the_eight_siblings():
-    assert sorted(p.name for p in (ROOT / "packages").iterdir() if p.is_dir()) == sorted(
-        f"ascend-{name}" for name in PACKAGES
-    )
+def test_every_package_folder_is_a_sibling_with_core_among_them():
+    assert [
+        p.name for p in (ROOT / "packages").iterdir() if p.is_dir() and not p.name.startswith("ascend-")
+    ] == []
+    assert {"core", "runner", "kernels"} <= set(PACKAGES)
+    assert ROOT_PROJECT["tool"]["uv"]["workspace"]["members"] == ["packages/*"]
 
 
 @pytest.mark.parametrize("name", sorted(PACKAGES))
@@ -52,24 +54,44 @@ def test_package_shape(name):
     deps = project["project"]["dependencies"]
     if name != "core":
         assert any(d.startswith("vllm-ascend-core") for d in deps)
-        assert project["project"]["entry-points"]["vllm_ascend.extensions"] == {
-            leaf: f"vllm_ascend.{leaf}._extension:EXTENSION"
-        }
+    # A sibling is a core extension exactly when it ships a descriptor, under its leaf's name.
+    extensions = project["project"].get("entry-points", {}).get("vllm_ascend.extensions")
+    if (pkg / "src/vllm_ascend" / leaf / "_extension.py").is_file():
+        assert extensions == {leaf: f"vllm_ascend.{leaf}._extension:EXTENSION"}
+    else:
+        assert extensions is None
 
 
-def test_meta_distribution_extras():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0]
+
+
+def _range_for(version: str) -> str:
+    major, minor, _ = version.split(".")
+    return f">={major}.{minor},<{major}.{int(minor) + 1}"
+
+
+def test_meta_distribution_uv_sources_and_packages_agree():
+    """One distribution per package folder; each is a default dependency or has an extra named after it."""
+    project = ROOT_PROJECT["project"]
     assert project["name"] == "vllm-ascend"
-    assert sorted(d.split(">")[0] for d in project["dependencies"]) == [
-        "vllm-ascend-core",
-        "vllm-ascend-kernels",
-        "vllm-ascend-runner",
-    ]
+    assert set(ROOT_PROJECT["tool"]["uv"]["sources"]) == DISTS
+    assert all(source == {"workspace": True} for source in ROOT_PROJECT["tool"]["uv"]["sources"].values())
+    default = {_name(d) for d in project["dependencies"]}
+    assert default == {"vllm-ascend-core", "vllm-ascend-runner", "vllm-ascend-kernels"}
     extras = project["optional-dependencies"]
-    assert sorted(extras) == ["310p", "all", "eplb", "netloader", "npu", "quant", "specdecode"]
-    for extra in ("quant", "eplb", "specdecode", "netloader", "310p"):
-        assert extras[extra] == [f"vllm-ascend-{extra}>=0.1,<0.2"]
-    assert sorted(r.split(">")[0] for r in extras["npu"]) == ["torch-npu", "triton-ascend"]
+    sibling_extras = {name: reqs for name, reqs in extras.items() if name not in {"all", "npu"}}
+    assert set(sibling_extras) == {name for name in PACKAGES if f"vllm-ascend-{name}" not in default}
+    for name, leaf in PACKAGES.items():
+        version_file = ROOT / f"packages/ascend-{name}/src/vllm_ascend/{leaf}/_version.py"
+        version = version_file.read_text().split('"')[1]
+        wanted = f"vllm-ascend-{name}{_range_for(version)}"
+        if name in sibling_extras:
+            assert sibling_extras[name] == [wanted]
+        else:
+            assert wanted in project["dependencies"]
+    assert extras["all"] == [f"vllm-ascend[{','.join(sibling_extras)}]"]
+    assert sorted(_name(r) for r in extras["npu"]) == ["torch-npu", "triton-ascend"]
 
 
 def test_lock_pins_cpu_torch_and_excludes_cuda_companions():

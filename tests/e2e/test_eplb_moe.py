@@ -60,7 +60,7 @@ def _generate(llm, prompts: list[list[int]]) -> tuple[list[list[int]], dict[str,
     """Greedy token ids and how often each MoE adaptor op ran meanwhile."""
     from vllm import SamplingParams
 
-    from vllm_ascend.core.device.adaptor import get_device_adaptor
+    from vllm_ascend.core.device.config import get_device_adaptor
 
     counts = get_device_adaptor().call_counts
     before = {op: counts[op] for op in MOE_OPS}

@@ -43,7 +43,7 @@ def _generate(llm, prompts, **params):
 def test_our_platform_worker_runner_backend_and_ops_ran(llm, qwen3_prompts):
     from vllm.platforms import current_platform
 
-    from vllm_ascend.core.device.adaptor import get_device_adaptor
+    from vllm_ascend.core.device.config import get_device_adaptor
     from vllm_ascend.core.platform import NPUPlatform
     from vllm_ascend.runner.attention.impl import AscendAttentionImpl
     from vllm_ascend.runner.block_table import MultiGroupBlockTable

@@ -16,3 +16,36 @@ def test_unsupported_head_size_is_named(make_llm, tiny_models_root):
 def test_unsupported_kv_cache_dtype_is_named(make_llm, tiny_qwen3):
     with pytest.raises(Exception, match=r"kv_cache_dtype='fp8'.*allowed: auto, float16, bfloat16"):
         make_llm(tiny_qwen3, kv_cache_dtype="fp8")
+
+
+@pytest.mark.parametrize(
+    ("additional_config", "match"),
+    [
+        ({"enable_kv_nz": True}, r"`additional_config.enable_kv_nz` is not supported yet by vllm-ascend"),
+        (
+            {"ascend_compilation_config": {"enable_graph_fusion": True}},
+            r"`additional_config.ascend_compilation_config` is not supported yet by vllm-ascend",
+        ),
+        (
+            {"rejection_sampler_config": {"verify_method": "block"}},
+            r"verify_method` = 'block' is not supported yet by vllm-ascend .*supported: 'strict'",
+        ),
+        ({"enable_cpu_bindnig": True}, r"unknown option additional_config.enable_cpu_bindnig; did you mean"),
+    ],
+)
+def test_refused_options_fail_at_engine_start(make_llm, tiny_qwen3, additional_config, match):
+    """Through vLLM: an option this version does not serve is refused, never accepted and ignored."""
+    with pytest.raises(Exception, match=match):
+        make_llm(tiny_qwen3, additional_config=additional_config)
+
+
+def test_refused_environment_variable_fails_at_engine_start(make_llm, tiny_qwen3, monkeypatch):
+    monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "1")
+    with pytest.raises(Exception, match=r"`VLLM_ASCEND_ENABLE_NZ` is not supported yet by vllm-ascend"):
+        make_llm(tiny_qwen3)
+
+
+def test_unprovided_speculative_method_is_refused(make_llm, tiny_qwen3):
+    spec = {"method": "draft_model", "model": str(tiny_qwen3), "num_speculative_tokens": 2}
+    with pytest.raises(Exception, match=r"speculative_config.method = 'draft_model' is not supported yet"):
+        make_llm(tiny_qwen3, speculative_config=spec)

@@ -1,5 +1,7 @@
-"""N-gram speculative decoding on the reference device: drafts verified by ``AscendRejectionSampler``
-on ``vllm_ascend.kernels`` give exactly the tokens of plain greedy decoding."""
+"""N-gram speculative decoding on the reference device: the runner drafts with the proposer core's
+``SPEC_DECODE_METHODS`` registry holds (``vllm_ascend.specdecode.ngram.NgramProposer``), the drafts are
+verified by ``AscendRejectionSampler`` on ``vllm_ascend.kernels``, and the tokens are exactly those of
+plain greedy decoding."""
 
 from __future__ import annotations
 
@@ -28,6 +30,20 @@ def _chosen_logprobs(outputs):
     return [[step[t].logprob for step, t in zip(o.logprobs, o.token_ids, strict=True)] for o in outputs]
 
 
+def _spy_drafts(monkeypatch, proposer_cls) -> list[int]:
+    """From now on, per ``propose`` call of ``proposer_cls``: the number of requests that got a draft."""
+    drafted: list[int] = []
+    real = proposer_cls.propose
+
+    def propose(self, *args, **kwargs):
+        drafts = real(self, *args, **kwargs)
+        drafted.append(sum(1 for d in drafts if d))
+        return drafts
+
+    monkeypatch.setattr(proposer_cls, "propose", propose)
+    return drafted
+
+
 def _spy_verification(monkeypatch) -> dict[str, list[int]]:
     """From now on, per verification call: the rows that accepted at least one draft token."""
     seen: dict[str, list[int]] = {"greedy": [], "random": []}
@@ -46,18 +62,25 @@ def _spy_verification(monkeypatch) -> dict[str, list[int]]:
 
 
 def test_ngram_drafts_are_verified_on_our_kernels(make_llm, tiny_qwen3, monkeypatch):
+    from vllm_ascend.core.registry import SPEC_DECODE_METHODS
     from vllm_ascend.runner.sample.rejection_sampler import AscendRejectionSampler
+    from vllm_ascend.specdecode.ngram import NgramProposer
 
     plain = _outputs(make_llm(tiny_qwen3), temperature=0.0, max_tokens=48, logprobs=2)
     want = [list(o.token_ids) for o in plain]
     spec = make_llm(tiny_qwen3, speculative_config=NGRAM)
     runner = spec.collective_rpc(lambda wrapper: wrapper.worker)[0].model_runner
     assert type(runner.rejection_sampler) is AscendRejectionSampler
+    assert SPEC_DECODE_METHODS.get("ngram") is NgramProposer
+    assert type(runner.drafter) is NgramProposer  # not vLLM's numba proposer
+    assert (runner.drafter.min_n, runner.drafter.max_n, runner.drafter.k) == (2, 3, 3)
     assert runner.kernel_warmup_results == {"sampling": True, "penalties": True, "rejection": True}
 
     seen = _spy_verification(monkeypatch)  # after the engine's warm-up
+    drafted = _spy_drafts(monkeypatch, NgramProposer)
     got = _outputs(spec, temperature=0.0, max_tokens=48, logprobs=2)
     assert [list(o.token_ids) for o in got] == want
+    assert drafted and sum(drafted) > 0, drafted  # vLLM's runner called our proposer, which drafted
     for a, b in zip(_chosen_logprobs(got), _chosen_logprobs(plain), strict=True):
         assert a == pytest.approx(b, abs=1e-4)  # logprobs of verified tokens: those of plain decoding
     assert seen["greedy"] and sum(seen["greedy"]) > 0, seen  # some drafts were accepted

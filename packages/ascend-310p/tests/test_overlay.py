@@ -11,24 +11,20 @@ import torch
 
 from vllm_ascend.ascend310p.overlay import OVERLAY, PROFILE_310P, Ascend310PDeviceAdaptor
 from vllm_ascend.core.device import config as device_config
-from vllm_ascend.core.device.adaptor import OPS, get_device_adaptor
+from vllm_ascend.core.device.adaptor import OPS
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
 from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
 from vllm_ascend.core.device.config import (
     check_ascend_device_type,
     clear_device_caches,
+    get_device_adaptor,
+    get_hardware_profile,
     resolve_device_config,
 )
 from vllm_ascend.core.device.detection import DeviceMode
 from vllm_ascend.core.device.family import AscendDeviceType
 from vllm_ascend.core.device.overlay import active_overlays
-from vllm_ascend.core.device.profile import (
-    BUILTIN_PROFILES,
-    AttentionBackendFamily,
-    DeviceAddressingMode,
-    WeightLayoutPolicy,
-    get_hardware_profile,
-)
+from vllm_ascend.core.device.profile import BUILTIN_PROFILES, HardwareCapability
 
 
 @pytest.fixture
@@ -48,20 +44,16 @@ def test_extension_registers_the_overlay_for_310p():
     assert get_hardware_profile("A2") is BUILTIN_PROFILES[AscendDeviceType.A2]
 
 
-def test_profile_refinements():
+def test_profile_claims_only_what_is_served():
     p = PROFILE_310P
-    assert not p.supports("bf16") and "bfloat16" not in p.supported_dtypes
-    assert p.supports("sparse_weight") and not p.supports("triton") and not p.supports("fused_moe_gating")
-    assert p.weight_layout is WeightLayoutPolicy.NZ
-    assert p.quant_backend.value == "int8_310p"
-    assert {"W8A8S", "W8A8SC"} <= p.quant_types and not p.supports_quant_type("W4A8_DYNAMIC")
-    # untouched dimensions come from core's baseline
-    base = BUILTIN_PROFILES[AscendDeviceType._310P]
-    assert (p.attention_backend, p.addressing_mode) == (
-        AttentionBackendFamily.ATB_310P,
-        DeviceAddressingMode.DEVICE_LOCAL,
+    assert p.name == "Atlas 310P" and p.device_type is AscendDeviceType._310P
+    assert not p.supports("bf16") and p.supported_dtypes == ("float16", "float32")
+    assert p.capabilities == frozenset()
+    assert not p.supports(HardwareCapability.GRAPH_CAPTURE) and not p.supports("sparse_weight")
+    assert (
+        p.with_changes(name=BUILTIN_PROFILES[AscendDeviceType._310P].name)
+        == BUILTIN_PROFILES[AscendDeviceType._310P]
     )
-    assert base.weight_layout is WeightLayoutPolicy.ND and base.quant_types == frozenset({"W8A8"})
 
 
 def test_310p_device_gets_the_overlay_adaptor(on_310p):
@@ -131,7 +123,7 @@ def test_attention_is_float16_only():
 
 def test_disabling_the_extension_falls_back_to_cores_baseline():
     env = {**os.environ, "VLLM_ASCEND_DISABLED_EXTENSIONS": "ascend310p"}
-    code = "from vllm_ascend.core.device.profile import get_hardware_profile; print(get_hardware_profile('310P').name)"
+    code = "from vllm_ascend.core.device.config import get_hardware_profile; print(get_hardware_profile('310P').name)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "Atlas 310P (baseline; install vllm-ascend-310p)"

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from vllm_ascend.core.device import config as device_config
-from vllm_ascend.core.device.adaptor import get_device_adaptor
+from vllm_ascend.core.device.config import get_device_adaptor
 from vllm_ascend.core.device.adaptor.a5 import A5DeviceAdaptor
 from vllm_ascend.core.device.config import clear_device_caches, resolve_device_config
 from vllm_ascend.core.device.detection import DeviceMode
 from vllm_ascend.core.device.family import AscendDeviceType
 from vllm_ascend.core.device.overlay import DeviceOverlay, OverlayError, active_overlays
-from vllm_ascend.core.device.profile import A5_PROFILE, WeightLayoutPolicy, get_hardware_profile
+from vllm_ascend.core.device.config import get_hardware_profile
+from vllm_ascend.core.device.profile import A5_PROFILE, WeightLayoutPolicy
 from vllm_ascend.core.registry import DEVICE_OVERLAYS, registering_as
 
 

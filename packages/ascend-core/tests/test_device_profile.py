@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vllm_ascend.core.device import config as device_config
-from vllm_ascend.core.device.adaptor import get_device_adaptor
+from vllm_ascend.core.device.config import get_device_adaptor
 from vllm_ascend.core.device.adaptor.a5 import A5DeviceAdaptor
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
 from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor

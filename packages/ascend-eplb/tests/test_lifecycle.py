@@ -1,4 +1,4 @@
-"""Worker, process, D2D weight moves over gloo, the updator lifecycle, controller and metrics."""
+"""Worker, policy process, the EPLB schedule with the in-process mover, and D2D moves over gloo."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_ascend.eplb import AscendEPLBController, EplbMetrics, EplbProcess, EplbUpdator, EplbWorker
-from vllm_ascend.eplb.adaptor import VllmEplbAdaptor, unwrap_moe
-from vllm_ascend.eplb.config import EplbSettings, init_eplb_config
+from vllm_ascend.eplb import EplbConfig, EplbProcess, EplbUpdator, EplbWorker, LocalWeightMover
+from vllm_ascend.eplb.expert_map_file import expert_file_to_tensor
+from vllm_ascend.eplb.placement import generate_global_placement
 from vllm_ascend.eplb.policy.packing import imbalance, slot_weights
 from vllm_ascend.eplb.validation import EplbInputError
 from vllm_ascend.eplb.worker import Transfer, compose_layer_transfers
@@ -80,79 +80,126 @@ def test_eplb_process_matches_in_process_worker_and_reports_errors(mode):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_d2d_moves_weights_bitwise_over_gloo(tmp_path, world):
+def test_d2d_mover_moves_weights_bitwise_over_gloo(tmp_path, world):
     results = _run_job("d2d", world, tmp_path)
     assert all(r["checked"] == 3 * (8 + world) // world for r in results)
     assert sum(r["received"] for r in results) == results[0]["changed"] > 0
 
 
-def test_updator_lifecycle_over_gloo(tmp_path):
+def test_schedule_with_d2d_mover_over_gloo(tmp_path):
     results = _run_job("updator", 2, tmp_path)
     for r in results:
-        # one plan moves weights; later plans on the balanced placement change nothing
-        assert r["plans"] >= 2 and r["applied"] == 1 and r["matches_offline_plan"]
-        assert r["end"] < r["start"]
+        # the first plan (window of steps 2-4, taken at step 6) moves 3 layers, one per forward; later
+        # plans on the balanced placement change nothing
+        assert r["rebalances"] == 1 and r["first_step"] == 9 and not r["last_plan_changed"]
+        assert r["matches_offline_plan"] and r["end"] < r["start"]
         assert r["checked"] == 3 * 5
 
 
-class _Layer(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w13_weight = torch.nn.Parameter(torch.zeros(2, 4, 2), requires_grad=False)
-        self.w2_weight = torch.nn.Parameter(torch.zeros(2, 2, 2), requires_grad=False)
-        self.expert_map = torch.full((2,), -1, dtype=torch.int32)
-        self.log2phy = torch.zeros(2, dtype=torch.int64)
-        self.moe_load = torch.zeros(2, dtype=torch.int64)
+LAYERS, EXPERTS, RANKS, SLOTS = 2, 4, 2, 3
+HOT = np.array([[50.0, 10.0, 5.0, 1.0]] * LAYERS)  # logical tokens per forward
 
 
-class _Wrapper(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.experts = _Layer()
+def canonical(layer: int, expert: int) -> torch.Tensor:
+    return torch.full((3, 2), float(layer * 100 + expert))
 
 
-def test_adaptor_and_controller_phase_filtering():
-    wrapped = _Wrapper()
-    assert unwrap_moe(wrapped) is wrapped.experts
-    with pytest.raises(TypeError, match="not an EPLB-capable MoE layer"):
-        unwrap_moe(torch.nn.Linear(2, 2))
-    adaptor = VllmEplbAdaptor()
-    adaptor.register_layer(wrapped)
-    cfg = {"load_collection_phase": "decode", "expert_heat_collection_interval": 100}
-    init = init_eplb_config(cfg, num_experts=2, num_ranks=1, num_layers=1)
-    updator = EplbUpdator(
-        EplbSettings.from_any(cfg), adaptor, init.global_table, process=EplbProcess("default")
+class HostLayer:
+    """Every rank's slots of one MoE layer in this process (physical slot ``rank * slots + slot``)."""
+
+    def __init__(self, layer: int, rank_table: np.ndarray) -> None:
+        self.w13 = torch.stack([canonical(layer, int(e)) for e in rank_table.reshape(-1)])
+        self.w2 = -self.w13.clone()
+        self.moe_load = torch.zeros(rank_table.size, dtype=torch.int64)
+        self.placement: np.ndarray | None = None
+
+    def expert_weights(self) -> list[torch.Tensor]:
+        return [self.w13, self.w2]
+
+    def set_placement(self, rank_table: np.ndarray) -> None:
+        self.placement = rank_table.copy()
+
+
+def _schedule(**options) -> tuple[EplbUpdator, np.ndarray]:
+    config = EplbConfig(dynamic_eplb=True, eplb_policy_type="default", **options)
+    schedule = EplbUpdator(config, LocalWeightMover(), EplbProcess("default", mode="thread"))
+    table = generate_global_placement(EXPERTS, RANKS, RANKS * SLOTS - EXPERTS, LAYERS)
+    for li in range(LAYERS):
+        schedule.register(HostLayer(li, table[li]))
+    schedule.start(table)
+    return schedule, table
+
+
+def _forward(schedule: EplbUpdator, phase: str) -> None:
+    """Route HOT over the layers' current placements, then end the forward."""
+    for li, layer in enumerate(schedule.layers):
+        load = slot_weights(layer.placement[None], HOT[li : li + 1])[0].reshape(-1)
+        layer.moe_load += torch.as_tensor(np.rint(load * 10), dtype=torch.int64)
+    schedule.forward_end(phase)
+
+
+def test_local_schedule_warmup_phase_record_and_layer_by_layer_moves(tmp_path):
+    record = tmp_path / "placement.json"
+    schedule, initial = _schedule(
+        expert_heat_collection_interval=3,
+        algorithm_execution_interval=2,
+        num_warmup_iterations=1,
+        load_collection_phase="decode",
+        expert_map_record_path=str(record),
     )
-    controller = AscendEPLBController(updator)
-    wrapped.experts.expert_map.fill_(-1)
-    controller.setup_from_mapping(init)
-    assert wrapped.experts.expert_map.tolist() == [0, 1] and wrapped.experts.log2phy.tolist() == [0, 1]
-    for prefill, decode, load in [(5, 0, [7, 1]), (0, 3, [2, 2]), (1, 3, [9, 9]), (0, 1, [1, 0])]:
-        controller.set_batch_phase(prefill, decode)
-        controller.prepare_forward()
-        wrapped.experts.moe_load.copy_(torch.tensor(load))
-        controller.finish_forward()
-    assert updator.load.tolist() == [[3.0, 2.0]] and updator.step == 4  # only decode batches recorded
-    controller.prepare_forward(dummy_run=True)
-    wrapped.experts.moe_load.copy_(torch.tensor([50, 50]))
-    controller.finish_forward(dummy_run=True)
-    assert updator.load.tolist() == [[3.0, 2.0]] and updator.step == 4  # dummy runs never count
-    with pytest.raises(EplbInputError, match="load_collection_phase must be one of"):
-        AscendEPLBController(updator, phase="mixed")
-    updator.shutdown()
+    assert [layer.placement.tolist() for layer in schedule.layers] == initial.tolist()
+    one = np.stack([slot_weights(initial[li : li + 1], HOT[li : li + 1])[0] for li in range(LAYERS)]) * 10
+    _forward(schedule, "decode")  # step 1: warm-up, not recorded
+    assert not schedule.load.any() and not any(layer.moe_load.any() for layer in schedule.layers)
+    _forward(schedule, "prefill")  # step 2: other phase, counted in the window but not recorded
+    _forward(schedule, "decode")  # step 3
+    assert np.allclose(schedule.load.reshape(initial.shape), np.rint(one))
+    _forward(schedule, "decode")  # step 4: window full (3 forwards) -> submitted
+    assert schedule.submitted_at == 4 and not schedule.load.any() and not record.exists()
+    _forward(schedule, "decode")  # step 5: the policy runs meanwhile
+    assert schedule.submitted_at == 4 and not record.exists()
+    _forward(schedule, "decode")  # step 6: plan taken, recorded, first layer move started
+    plan = schedule.last_plan
+    assert plan is not None and plan.changed and schedule.submitted_at is None
+    expected = EplbWorker("default").do_update(initial, np.rint(one) * 2)
+    assert np.array_equal(plan.new_table, expected.new_table)
+    assert np.array_equal(expert_file_to_tensor(record)[0].numpy(), plan.new_table)
+    moved = [u.layer_id for u in plan.updates]
+    assert schedule.mover.busy and schedule.layers[moved[0]].placement.tolist() == initial[moved[0]].tolist()
+    for step, layer_id in enumerate(moved, start=7):  # one layer switches per forward
+        _forward(schedule, "decode")
+        assert schedule.layers[layer_id].placement.tolist() == plan.new_table[layer_id].tolist()
+        assert schedule.step == step
+    assert not schedule.busy and list(schedule.rebalances)[0][0] == 6 + len(moved)
+    for li, layer in enumerate(schedule.layers):
+        for slot, expert in enumerate(plan.new_table[li].reshape(-1)):
+            assert torch.equal(layer.w13[slot], canonical(li, int(expert)))
+            assert torch.equal(layer.w2[slot], -canonical(li, int(expert)))
+    assert imbalance(plan.new_table, HOT).max() < imbalance(initial, HOT).max()
+    schedule.shutdown()
 
 
-def test_metrics_handler_publishes_rank0_hotness():
-    import prometheus_client as prometheus  # an optional runtime dependency; the test group installs it
+def test_a_window_without_matching_batches_submits_nothing():
+    schedule, initial = _schedule(expert_heat_collection_interval=2, load_collection_phase="prefill")
+    for _ in range(5):
+        _forward(schedule, "decode")
+    assert schedule.process.pending == 0 and schedule.submitted_at is None and not schedule.rebalances
+    assert [layer.placement.tolist() for layer in schedule.layers] == initial.tolist()
+    schedule.shutdown()
 
-    registry = prometheus.CollectorRegistry()
-    metrics = EplbMetrics(registry)
-    table = np.array([[[0, 1], [2, 3]]])
-    plan = EplbWorker("default").do_update(table, slot_weights(table, np.array([[6.0, 2.0, 1.0, 1.0]])))
-    metrics.eplb_do_update_hotness_handler(plan, rank=1)
-    assert metrics.updates == 0
-    metrics.eplb_do_update_hotness_handler(plan, rank=0)
-    assert metrics.updates == 1
-    assert registry.get_sample_value("vllm_ascend_eplb_expert_hotness", {"layer": "0", "expert": "0"}) == 0.6
-    assert registry.get_sample_value("vllm_ascend_eplb_imbalance", {"layer": "0"}) == pytest.approx(8 / 5)
-    assert np.isclose(imbalance(table, np.array([[6.0, 2.0, 1.0, 1.0]]))[0], 8 / 5)
+
+def test_static_schedule_keeps_running_totals_and_checks_its_inputs():
+    schedule = EplbUpdator(EplbConfig(), LocalWeightMover())
+    layer = HostLayer(0, np.array([[0, 1], [2, 3]]))
+    schedule.register(layer)
+    with pytest.raises(RuntimeError, match=r"start\(\) must run before"):
+        schedule.forward_end()
+    with pytest.raises(ValueError, match="the placement has 2 layers; 1 MoE layers registered"):
+        schedule.start(np.zeros((2, 2, 2), dtype=np.int64) + np.array([[0, 1], [2, 3]]))
+    schedule.start(np.array([[[0, 1], [2, 3]]]))
+    with pytest.raises(RuntimeError, match="registered before the placement starts"):
+        schedule.register(HostLayer(1, np.array([[0, 1], [2, 3]])))
+    for _ in range(3):
+        layer.moe_load += torch.tensor([1, 2, 3, 4])
+        schedule.forward_end()
+    assert schedule.process is None and schedule.step == 3 and layer.moe_load.tolist() == [3, 6, 9, 12]

@@ -1,4 +1,4 @@
-"""The package surface: lazy public names, registry entries, no vLLM import."""
+"""The package surface: lazy public names, registrations, no vLLM import."""
 
 from __future__ import annotations
 
@@ -17,15 +17,26 @@ def test_public_names_resolve():
         eplb.nope  # noqa: B018
 
 
-def test_registry_paths_match_the_classes():
-    from vllm_ascend.core.registry import EPLB_POLICIES, registering_as
-    from vllm_ascend.eplb._extension import POLICY_PATHS, register
+def test_extension_registers_the_config_validator():
+    from vllm_ascend.core.registry import CONFIG_SECTIONS, registering_as
+    from vllm_ascend.eplb._extension import EXTENSION, register
 
     with registering_as("vllm-ascend-eplb"):  # as core's extension loader does
         register()
         register()
-    for name, path in POLICY_PATHS.items():
-        assert EPLB_POLICIES.get(name) is getattr(eplb, path.rsplit(":", 1)[1])
+    assert CONFIG_SECTIONS.get("eplb_config") is eplb.validate_eplb_config
+    assert CONFIG_SECTIONS.owner("eplb_config") == "vllm-ascend-eplb"
+    assert EXTENSION.provides == ("config_sections",)
+
+
+def test_policy_registry_resolves_the_builtin_table():
+    from vllm_ascend.eplb.policy.factory import BUILTIN_POLICIES, POLICY_NAMES_BY_CODE
+
+    for name, (code, path) in BUILTIN_POLICIES.items():
+        cls = eplb.EPLB_POLICIES.get(name)
+        assert cls is getattr(eplb, path.rsplit(":", 1)[1]) and issubclass(cls, eplb.EplbPolicy)
+        assert POLICY_NAMES_BY_CODE[code] == name and eplb.EPLB_POLICIES.owner(name) == "vllm-ascend-eplb"
+    assert sorted(POLICY_NAMES_BY_CODE) == [0, 1, 2, 3]
 
 
 def test_policies_import_without_vllm():

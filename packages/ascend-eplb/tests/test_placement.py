@@ -1,4 +1,4 @@
-"""Initial placement, expert maps, log2phy maps, expert-map JSON files and init_eplb_config."""
+"""Initial placement, expert maps, log2phy maps and expert-map JSON files."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from vllm_ascend.eplb import (
     expert_file_to_tensor,
     generate_global_placement,
     generate_log2phy_map,
-    init_eplb_config,
 )
-from vllm_ascend.eplb.config import EplbSettings
 from vllm_ascend.eplb.expert_map_file import expert_map_document, save_expert_map
 from vllm_ascend.eplb.placement import generate_expert_map
 
@@ -126,58 +124,3 @@ def test_unreadable_expert_map_files(tmp_path):
         expert_file_to_tensor(bad)
     with pytest.raises(EplbInputError, match="cannot be read"):
         expert_file_to_tensor(tmp_path / "missing.json")
-
-
-def test_init_eplb_config_from_mapping_object_and_file(tmp_path):
-    init = init_eplb_config({"num_redundant_experts": 2, "dynamic_eplb": True}, 8, 2, 4)
-    assert init.global_table.shape == (4, 2, 5) and init.num_redundant_experts == 2
-    assert init.global_table[0].tolist() == [[0, 1, 2, 3, 4], [5, 6, 7, 0, 1]]
-    assert init.expert_map[0, 1, 0] == 3 and init.log2phy[0, 1, 0] == 8 and init.settings.dynamic_eplb
-
-    class Sub:  # an AscendConfig-style sub-config with attributes
-        dynamic_eplb = False
-        expert_map_path = str(tmp_path / "m.json")
-        num_redundant_experts = 0
-
-    save_expert_map(generate_global_placement(8, 2, 2, num_layers=4), Sub.expert_map_path)
-    init = init_eplb_config(Sub(), 8, 2, 4)
-    assert init.num_redundant_experts == 2 and init.slots_per_rank == 5
-    with pytest.raises(EplbInputError, match="the model needs 3 × 2 × 8"):
-        init_eplb_config(Sub(), 8, 2, 3)
-    assert init_eplb_config(None, 4, 2, 1).global_table.tolist() == [[[0, 1], [2, 3]]]
-
-
-@pytest.mark.parametrize(
-    "cfg, match",
-    [
-        ({"num_redundant_experts": -1}, "num_redundant_experts must be an integer >= 0"),
-        ({"expert_heat_collection_interval": 0}, "expert_heat_collection_interval must be an integer >= 1"),
-        (
-            {"load_collection_phase": "both"},
-            r"load_collection_phase must be one of \('all', 'prefill', 'decode'\)",
-        ),
-        ({"dynamic_eplb": "yes"}, "dynamic_eplb must be true or false"),
-        ({"dynamic_epbl": True}, r"unknown eplb_config field\(s\) \['dynamic_epbl'\]"),
-    ],
-)
-def test_bad_settings_are_clear_errors(cfg, match):
-    with pytest.raises(EplbInputError, match=match):
-        EplbSettings.from_any(cfg)
-
-
-def test_init_eplb_config_accepts_core_ascend_eplb_config(tmp_path):
-    from vllm_ascend.core.config.sections import EplbConfig
-
-    cfg = EplbConfig.from_dict(
-        {
-            "dynamic_eplb": True,
-            "num_redundant_experts": 2,
-            "eplb_policy_type": "flashlb",
-            "load_collection_phase": "decode",
-            "num_warmup_iterations": 3,
-        }
-    )
-    init = init_eplb_config(cfg, 8, 2, 3)
-    assert init.global_table[1].tolist() == [[0, 1, 2, 3, 4], [5, 6, 7, 0, 1]]
-    assert (init.settings.eplb_policy_type, init.settings.load_collection_phase) == (3, "decode")
-    assert init.settings.num_warmup_iterations == 3 and init.settings.dynamic_eplb

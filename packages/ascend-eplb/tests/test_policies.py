@@ -230,10 +230,13 @@ def test_factory_names_codes_and_errors():
     for code, cls_name in enumerate(["RandomLoadBalance", "DefaultEplb", "SwiftBalanceEplb", "FlashLB"]):
         assert type(PolicyFactory.generate_policy(code)).__name__ == cls_name
     assert isinstance(PolicyFactory.generate_policy("flashlb", {"risk_z": 1.0}), FlashLB)
-    with pytest.raises(EplbInputError, match="registered names: default, flashlb, random, swift"):
+    allowed = r"allowed: names 'default', 'flashlb', 'random', 'swift' or codes 0 \(random\), 1 \(default\)"
+    with pytest.raises(EplbInputError, match=r"unknown EPLB policy 'greedy'; " + allowed):
         PolicyFactory.generate_policy("greedy")
-    with pytest.raises(EplbInputError, match=r"allowed codes: 0 \(random\)"):
+    with pytest.raises(EplbInputError, match=r"unknown EPLB policy 9; " + allowed):
         PolicyFactory.generate_policy(9)
+    with pytest.raises(EplbInputError, match="unknown EPLB policy True"):
+        PolicyFactory.generate_policy(True)
     with pytest.raises(EplbInputError, match="max_move_fraction"):
         PolicyFactory.generate_policy("swift", {"max_move_fraction": 2.0}).rebalance_experts(
             np.array([[[0, 1], [2, 3]]]), np.array([[[9.0, 9.0], [1.0, 1.0]]])

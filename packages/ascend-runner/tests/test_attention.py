@@ -9,9 +9,10 @@ import pytest
 import torch
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
-from vllm_ascend.runner.attention.backend import AscendAttentionBackend, AttentionConfigError, check_supported
+from vllm_ascend.runner.attention.backend import AscendAttentionBackend
 from vllm_ascend.runner.attention.impl import AscendAttentionImpl
 from vllm_ascend.runner.attention.metadata import AscendAttentionMetadataBuilder
+from vllm_ascend.runner.attention.support import AttentionConfigError, check_supported
 
 BS, HQ, HKV, D, NUM_BLOCKS = 16, 4, 2, 32, 12
 

@@ -1,4 +1,4 @@
-"""NPUPlatform.check_and_update_config on the reference device: worker choice, eager mode, clear errors."""
+"""ReferencePlatform.check_and_update_config: worker choice, eager mode, clear errors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from vllm.config import CacheConfig, CompilationMode, CUDAGraphMode, VllmConfig
 
 from vllm_ascend.core import platform as platform_module
-from vllm_ascend.core.platform import NPUPlatform, RunnerNotInstalledError
+from vllm_ascend.core.platform import ReferencePlatform, RunnerNotInstalledError
 from vllm_ascend.core.registry import WORKERS
 
 
@@ -20,19 +20,19 @@ def test_reference_device_config(monkeypatch):
     assert config.compilation_config.cudagraph_capture_sizes == []
     assert config.cache_config.block_size == 128
     assert config.cache_config.kv_cache_memory_bytes == 2 << 30
-    assert NPUPlatform.device_type == "cpu" and NPUPlatform.dist_backend == "gloo"
-    assert NPUPlatform.is_pin_memory_available() is False
-    assert NPUPlatform.opaque_attention_op() is True
-    assert NPUPlatform.get_current_memory_usage() > 0
+    assert ReferencePlatform.device_type == "cpu" and ReferencePlatform.dist_backend == "gloo"
+    assert ReferencePlatform.is_pin_memory_available() is False
+    assert ReferencePlatform.opaque_attention_op() is True
+    assert ReferencePlatform.get_current_memory_usage() > 0
 
 
 def test_attention_backend_and_kernel_overrides_come_from_the_worker():
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
     selector = AttentionSelectorConfig(head_size=64, dtype=None, kv_cache_dtype=None, block_size=16)
-    assert NPUPlatform.get_attn_backend_cls(None, selector).endswith("AscendAttentionBackend")
+    assert ReferencePlatform.get_attn_backend_cls(None, selector).endswith("AscendAttentionBackend")
     with pytest.raises(ValueError, match="use_mla=True is not supported"):
-        NPUPlatform.get_attn_backend_cls(None, selector._replace(use_mla=True))
+        ReferencePlatform.get_attn_backend_cls(None, selector._replace(use_mla=True))
 
 
 def test_block_size_must_be_a_multiple_of_16():
@@ -42,12 +42,13 @@ def test_block_size_must_be_a_multiple_of_16():
 
 def test_missing_runner_is_named(monkeypatch):
     config = VllmConfig()
+    config.parallel_config.worker_cls = "auto"
     entry = WORKERS.entry("default")
     WORKERS.unregister("default")
     monkeypatch.setattr("vllm_ascend.core.extensions.load_extensions", lambda: None)
     try:
         with pytest.raises(RunnerNotInstalledError, match="`vllm-ascend-runner` is not installed"):
-            NPUPlatform.check_and_update_config(config)
+            ReferencePlatform.check_and_update_config(config)
     finally:
         WORKERS.register("default", entry.value)
     assert platform_module.RUNNER_DIST == "vllm-ascend-runner"

@@ -6,14 +6,15 @@ import subprocess
 import sys
 
 import vllm_ascend.specdecode as specdecode
-from vllm_ascend.core.registry import SPEC_DECODE_METHODS
+from vllm_ascend.core.registry import SPEC_DECODE_METHODS, registering_as
 from vllm_ascend.specdecode._extension import EXTENSION
 from vllm_ascend.specdecode.ngram import NgramProposer
 
 
 def test_registered_path_resolves():
-    EXTENSION.register()
-    EXTENSION.register()  # idempotent
+    with registering_as("vllm-ascend-specdecode"):
+        EXTENSION.register()
+        EXTENSION.register()  # idempotent
     assert SPEC_DECODE_METHODS.get("ngram") is NgramProposer
 
 

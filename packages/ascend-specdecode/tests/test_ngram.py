@@ -135,6 +135,8 @@ def test_vllm_call_shape(path):
         2, [[2], []], np.array([6, 6, 0, 0, 0, 0, 0, 0], dtype=np.int32), token_ids, slot_mappings=None
     )
     assert out == [[3, 4], []]
+    num_tokens = np.array([6, 6, 0, 0, 0, 0, 0, 0], dtype=np.int32)
+    assert p.propose(0, [[2], [2]], num_tokens, token_ids) == [[], []]  # dynamic speculation chose k=0
 
 
 def test_config_validation_messages():

@@ -6,8 +6,14 @@ needed to inspect the overlay.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from vllm_ascend.ascend310p._version import __version__
 from vllm_ascend.core.lazy import lazy_exports
+
+if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names load lazily
+    from vllm_ascend.ascend310p.overlay import OVERLAY as OVERLAY
+    from vllm_ascend.ascend310p.overlay import Ascend310PDeviceAdaptor as Ascend310PDeviceAdaptor
 
 _LAZY = {
     "OVERLAY": "vllm_ascend.ascend310p.overlay",

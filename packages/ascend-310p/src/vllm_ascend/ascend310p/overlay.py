@@ -1,9 +1,9 @@
 """The Atlas 310P overlay: core's 310P profile refined, and the 310P device adaptor.
 
-310P cards compute in float16 only, want matmul weights in FRACTAL_NZ, run int8 (incl. sparse
-W8A8S / compressed W8A8SC) quantization, and lack the fused MoE and KV-scatter ops of A2/A3
+310P cards compute in float16 only and lack the fused MoE and KV-scatter ops of A2/A3
 (``torch_npu``'s docs list those ops for A2/A3 only): those ops run the reference torch code on
-the NPU tensors instead.
+the NPU tensors instead. The profile claims only what is served: no graph capture (so the platform
+turns it off) and no sparse int8 weights (nothing is served quantized yet).
 """
 
 from __future__ import annotations
@@ -17,21 +17,13 @@ from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor, torch_npu_mod
 from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
 from vllm_ascend.core.device.family import AscendDeviceType
 from vllm_ascend.core.device.overlay import DeviceOverlay
-from vllm_ascend.core.device.profile import (
-    BUILTIN_PROFILES,
-    HardwareCapability,
-    QuantizationBackendFamily,
-    WeightLayoutPolicy,
-)
+from vllm_ascend.core.device.profile import BUILTIN_PROFILES
 
 _INT_MAX = 2147483647
 
 PROFILE_310P = BUILTIN_PROFILES[AscendDeviceType._310P].with_changes(
     name="Atlas 310P",
-    capabilities=frozenset({HardwareCapability.GRAPH_CAPTURE, HardwareCapability.SPARSE_WEIGHT}),
-    weight_layout=WeightLayoutPolicy.NZ,
-    quant_backend=QuantizationBackendFamily.INT8_310P,
-    quant_types=frozenset({"W8A8", "W8A8_DYNAMIC", "W8A16", "W8A8S", "W8A8SC"}),
+    capabilities=frozenset(),
     supported_dtypes=("float16", "float32"),
 )
 
@@ -120,5 +112,5 @@ OVERLAY = DeviceOverlay(
     family=AscendDeviceType._310P,
     profile=PROFILE_310P,
     adaptor=Ascend310PDeviceAdaptor,
-    description="Atlas 310P: float16, FRACTAL_NZ weights, W8A8S/W8A8SC, no fused MoE ops",
+    description="Atlas 310P: float16 only, per-request prompt flash attention, no fused MoE ops",
 )

@@ -4,29 +4,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
+from vllm_ascend.core.doctor import DOCTOR
+from vllm_ascend.core.extensions import load_extensions
 from vllm_ascend.core.logger import init_logger
+from vllm_ascend.core.registry import CLI_COMMANDS, CliCommand
+
+__all__ = ["CliCommand", "build_parser", "main"]
 
 logger = init_logger(__name__)
 
 
-@dataclass(frozen=True)
-class CliCommand:
-    """A subcommand: ``configure`` adds its arguments, ``run`` returns the exit status."""
-
-    name: str
-    help: str
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from vllm_ascend.core.doctor import DOCTOR
-    from vllm_ascend.core.extensions import load_extensions
-    from vllm_ascend.core.registry import CLI_COMMANDS
-
     load_extensions()
     parser = argparse.ArgumentParser(prog="vllm-ascend", description="Huawei Ascend plugin for vLLM")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -9,11 +9,11 @@ from importlib import metadata
 from typing import Any
 
 from vllm_ascend.core._version import __version__
-from vllm_ascend.core.cli import CliCommand
 from vllm_ascend.core.device.detection import Detection, DeviceMode, detect
 from vllm_ascend.core.envs import EnvError
 from vllm_ascend.core.extensions import load_extensions
-from vllm_ascend.core.plugin import PLATFORM_QUALNAME
+from vllm_ascend.core.plugin import PLATFORM_QUALNAMES
+from vllm_ascend.core.registry import CliCommand
 from vllm_ascend.core.vllm_version import SUPPORTED_VLLM_RANGE, installed_vllm
 
 
@@ -24,21 +24,21 @@ def _platform_check(mode: DeviceMode) -> str:
         return "vLLM is not installed"
     if not found.supported:
         return f"{found.dist} {found.version} is outside the supported range {SUPPORTED_VLLM_RANGE}"
+    qualname = PLATFORM_QUALNAMES[mode.value]
     try:
-        from vllm_ascend.core.platform import NPUPlatform
+        from vllm.utils.import_utils import resolve_obj_by_qualname
+
+        platform = resolve_obj_by_qualname(qualname)
+        platform.profile()
     except Exception as exc:
-        return f"cannot import {PLATFORM_QUALNAME}: {type(exc).__name__}: {exc}"
-    expected = "cpu" if mode is DeviceMode.REFERENCE else "npu"
-    if NPUPlatform.device_type != expected:
-        return f"platform device type is {NPUPlatform.device_type!r}, expected {expected!r}"
+        return f"cannot load {qualname}: {type(exc).__name__}: {exc}"
     return ""
 
 
 def _device_details(mode: DeviceMode) -> tuple[dict[str, Any], str]:
     """The active profile, SOC and adaptor as plain data, and a problem text when they cannot be resolved."""
     try:
-        from vllm_ascend.core.device.adaptor import get_device_adaptor
-        from vllm_ascend.core.device.config import check_ascend_device_type
+        from vllm_ascend.core.device.config import check_ascend_device_type, get_device_adaptor
 
         config = check_ascend_device_type()
         adaptor = type(get_device_adaptor())
@@ -83,6 +83,7 @@ def collect() -> dict[str, Any]:
             "requested_explicitly": detection.explicitly_requested,
         }
     problem = ""
+    active = bool(detection is not None and detection.active)
     device.update({"soc": None, "profile": None, "adaptor": None})
     if detection is None:
         problem = device["reason"]
@@ -90,10 +91,14 @@ def collect() -> dict[str, Any]:
         details, problem = _device_details(detection.mode)
         device.update(details)
         problem = problem or _platform_check(detection.mode)
+        if not problem:
+            _load_vllm_plugins()
     elif detection.explicitly_requested:
         problem = detection.reason
     device["platform"] = (
-        PLATFORM_QUALNAME if detection is not None and detection.active and not problem else None
+        PLATFORM_QUALNAMES[detection.mode.value]
+        if detection is not None and detection.active and not problem
+        else None
     )
     device["problem"] = problem
     return {
@@ -106,8 +111,27 @@ def collect() -> dict[str, Any]:
         },
         "torch": torch_version,
         "device": device,
-        "extensions": [rec.as_dict() for rec in load_extensions().values()],
+        "extensions": [_with_reachability(rec.as_dict(), active) for rec in load_extensions().values()],
     }
+
+
+def _with_reachability(record: dict[str, Any], active: bool) -> dict[str, Any]:
+    """The extension record plus every entry it registered and whether vLLM reaches it.
+
+    vLLM's own registries only hold the plugin's entries when the platform is active, so
+    reachability is reported only then (``None`` otherwise).
+    """
+    from vllm_ascend.core.vllm_bridge import reachability
+
+    record["registered"] = reachability(record["dist"]) if active else None
+    return record
+
+
+def _load_vllm_plugins() -> None:
+    """Run vLLM's own general-plugin loading, as every vLLM process does (fills vLLM's registries)."""
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
 
 
 def exit_code(report: dict[str, Any]) -> int:
@@ -137,8 +161,7 @@ def render(report: dict[str, Any]) -> str:
     ]
     rows = [("extension", "dist", "version", "status", "detail")]
     for ext in report["extensions"]:
-        detail = ext["reason"] or ", ".join(ext["provides"])
-        rows.append((ext["name"], ext["dist"], ext["version"], ext["status"], detail))
+        rows.append((ext["name"], ext["dist"], ext["version"], ext["status"], _detail(ext)))
     if len(rows) == 1:
         rows.append(("(none installed)", "", "", "", ""))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
@@ -149,18 +172,30 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _detail(ext: dict[str, Any]) -> str:
+    """Why it failed, or each registered entry and whether vLLM reaches it."""
+    if ext["reason"]:
+        return ext["reason"]
+    registered = ext.get("registered")
+    if registered is None:
+        return "provides " + (", ".join(ext["provides"]) or "nothing") + " (platform inactive)"
+    if not registered:
+        return "registers nothing"
+    return "; ".join(
+        f"{row['registry']}:{row['name']} -> {row['via']} ({'reached' if row['reached'] else 'NOT REACHED'})"
+        for row in registered
+    )
+
+
 def _profile_lines(device: dict[str, Any]) -> list[str]:
     profile, adaptor = device["profile"], device["adaptor"]
     if profile is None or adaptor is None:
         return []
     soc = f" on {device['soc']}" if device["soc"] else ""
     traits = [
-        f"attention={profile['attention_backend']}",
-        f"quant={profile['quant_backend']}",
-        f"weights={profile['weight_layout']}",
         f"cpu-binding={profile['cpu_binding']}",
-        f"addressing={profile['addressing_mode']}",
         f"dist={profile['dist_backend']}",
+        f"dtypes={'/'.join(profile['supported_dtypes'])}",
         f"block={profile['preferred_block_size']}",
     ]
     if profile["eager_only"]:

@@ -77,16 +77,6 @@ def _int(name: str, low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def _int_choice(name: str, allowed: tuple[int, ...]) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        text = raw.strip()
-        if text not in {str(a) for a in allowed}:
-            raise EnvError(f"{name}={raw!r} is invalid; allowed values: {', '.join(map(str, allowed))}")
-        return int(text)
-
-    return parse
-
-
 def _text(raw: str) -> str:
     return raw.strip()
 
@@ -94,8 +84,6 @@ def _text(raw: str) -> str:
 DEVICE_MODES = ("auto", "npu", "reference", "off")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_COLOR_MODES = ("auto", "always", "never")
-MOE_COMM_METHODS = ("auto", "allgather", "alltoall", "mc2", "naive_multicast")
-NZ_MODES = (0, 1, 2)
 
 _VARS: dict[str, EnvVar] = {
     v.name: v
@@ -165,18 +153,6 @@ _VARS: dict[str, EnvVar] = {
             "Make reductions bitwise independent of the batch size (RL, numerical alignment).",
         ),
         EnvVar(
-            "VLLM_ASCEND_MOE_COMM_METHOD",
-            "auto",
-            _choice("VLLM_ASCEND_MOE_COMM_METHOD", MOE_COMM_METHODS),
-            "Force the MoE communication method instead of choosing it per device family and batch.",
-        ),
-        EnvVar(
-            "VLLM_ASCEND_ENABLE_NZ",
-            1,
-            _int_choice("VLLM_ASCEND_ENABLE_NZ", NZ_MODES),
-            "Matmul weights in FRACTAL_NZ layout: 0 never, 1 quantized weights only, 2 all weights.",
-        ),
-        EnvVar(
             "VLLM_ASCEND_NPU_SMI",
             "npu-smi",
             _text,
@@ -184,6 +160,27 @@ _VARS: dict[str, EnvVar] = {
         ),
     )
 }
+
+
+#: Upstream variables this version refuses (name -> what they would do): setting one is an error.
+UNSUPPORTED: dict[str, str] = {
+    "VLLM_ASCEND_ENABLE_NZ": "matmul weights in FRACTAL_NZ layout",
+    "VLLM_ASCEND_MOE_COMM_METHOD": "forcing the MoE communication method",
+}
+
+
+def unsupported_message(name: str) -> str:
+    from vllm_ascend.core._version import __version__
+
+    return f"`{name}` is not supported yet by vllm-ascend {__version__} ({UNSUPPORTED[name]}); unset it"
+
+
+def refuse_unsupported(environ: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`EnvError` when a refused variable is set (to anything but the empty string)."""
+    env = os.environ if environ is None else environ
+    for name in UNSUPPORTED:
+        if env.get(name):
+            raise EnvError(unsupported_message(name))
 
 
 def declare(var: EnvVar) -> None:
@@ -207,6 +204,8 @@ def check_environment(environ: Mapping[str, str] | None = None) -> list[str]:
     notes: list[str] = []
     for name, raw in env.items():
         var = _VARS.get(name)
+        if name in UNSUPPORTED and raw:
+            raise EnvError(unsupported_message(name))
         if var is not None:
             if raw != "":
                 var.parse(raw)

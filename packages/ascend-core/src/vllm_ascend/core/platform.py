@@ -1,9 +1,10 @@
-"""The vLLM platform for Ascend NPUs (and the reference device on torch's cpu device).
+"""The vLLM platforms of the plugin: :class:`NPUPlatform` (Ascend NPUs) and :class:`ReferencePlatform`.
 
-On an NPU the platform drives ``torch_npu`` (device ``npu``, HCCL); with
-``VLLM_ASCEND_DEVICE=reference`` it runs on torch's ``cpu`` device (gloo), eager only, and
-every device op goes through the reference adaptor. The worker, model runner, attention
-backend and custom ops come from the runner distribution through ``WORKERS["default"]``.
+Both share :class:`AscendPlatform`: what differs between families is data in the active
+``HardwareProfile`` (dtypes, block sizes, graph support, eager-only) and behaviour in the active
+``DeviceAdaptor`` (device, streams, memory, seeding); the subclasses hold only what vLLM reads as
+class attributes before any device is touched (torch device type, dispatch key, collective backend).
+Nothing is detected at import: ``vllm_ascend.core.plugin.register`` picks the class.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
-from vllm_ascend.core.device.detection import DeviceMode, detect
+from vllm_ascend.core.device.config import get_current_hardware_profile, get_device_adaptor
+from vllm_ascend.core.device.profile import REFERENCE_PROFILE, HardwareCapability, HardwareProfile
 from vllm_ascend.core.logger import init_logger
 
 if TYPE_CHECKING:
@@ -22,16 +24,12 @@ if TYPE_CHECKING:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
+    from vllm_ascend.core.device.adaptor.base import BaseDeviceAdaptor
+    from vllm_ascend.core.registry import Registry
+
 logger = init_logger(__name__)
 
-_MODE = detect().mode
-_REFERENCE = _MODE is DeviceMode.REFERENCE
-
 RUNNER_DIST = "vllm-ascend-runner"
-#: KV cache block sizes must be a multiple of this (the fused-infer-attention tiling).
-BLOCK_SIZE_MULTIPLE = 16
-#: Block size used when the user does not pick one (the NPU attention kernels' sweet spot).
-DEFAULT_BLOCK_SIZE = 128
 _GiB = 1 << 30
 
 
@@ -39,7 +37,7 @@ class RunnerNotInstalledError(RuntimeError):
     """No worker is registered: the runner distribution is missing or failed to load."""
 
 
-def _workers() -> Any:
+def _workers() -> Registry[Any]:
     """Core's WORKERS registry with the runner's ``"default"`` worker in it (loads extensions)."""
     from vllm_ascend.core.extensions import load_extensions
     from vllm_ascend.core.registry import WORKERS
@@ -54,75 +52,86 @@ def _workers() -> Any:
     return WORKERS
 
 
-class NPUPlatform(Platform):
+class AscendPlatform(Platform):
+    """Everything the Ascend platforms share; family differences come from the profile and adaptor."""
+
     _enum = PlatformEnum.OOT
-    device_name = "cpu" if _REFERENCE else "npu"  # torch.device(f"{device_name}:{i}") is built from it
-    device_type = "cpu" if _REFERENCE else "npu"
-    dispatch_key = "CPU" if _REFERENCE else "PrivateUse1"
-    ray_device_key = "" if _REFERENCE else "NPU"
     device_control_env_var = "ASCEND_RT_VISIBLE_DEVICES"
-    dist_backend = "gloo" if _REFERENCE else "hccl"
-    simple_compile_backend = "inductor" if _REFERENCE else "eager"
     _triton_overrides_registered = False
 
+    # -- what differs: the profile (data) and the adaptor (behaviour) ----------------------
     @classmethod
-    def is_reference(cls) -> bool:
-        return _REFERENCE
+    def profile(cls) -> HardwareProfile:
+        return get_current_hardware_profile()
 
+    @classmethod
+    def adaptor(cls) -> BaseDeviceAdaptor:
+        return get_device_adaptor()
+
+    # -- devices and memory (adaptor) -----------------------------------------------------
     def is_sleep_mode_available(self) -> bool:
         return True
 
     @classmethod
     def is_pin_memory_available(cls) -> bool:
-        return not _REFERENCE
+        return cls.adaptor().pin_memory_available()
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
-        if _REFERENCE:
-            return "Ascend reference device (cpu)"
-        return str(torch.npu.get_device_name(device_id))  # type: ignore[attr-defined]
+        return cls.adaptor().device_name(device_id)
 
     @classmethod
     def get_device_total_memory(cls, device_id: int = 0) -> int:
-        if _REFERENCE:
-            import psutil
-
-            return int(psutil.virtual_memory().total)
-        return int(torch.npu.get_device_properties(device_id).total_memory)  # type: ignore[attr-defined]
+        return cls.adaptor().total_memory(device_id)
 
     @classmethod
     def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
-        """Bytes in use: the process's resident set on the reference device, torch_npu's peak on NPU."""
-        if _REFERENCE:
-            import psutil
-
-            return float(psutil.Process(os.getpid()).memory_info().rss)
-        torch.npu.reset_peak_memory_stats(device)  # type: ignore[attr-defined]
-        return float(torch.npu.max_memory_allocated(device))  # type: ignore[attr-defined]
+        return cls.adaptor().memory_in_use(device)
 
     @classmethod
     def set_device(cls, device: torch.device) -> None:
-        if not _REFERENCE:
-            torch.npu.set_device(device)  # type: ignore[attr-defined]
+        cls.adaptor().set_device(device)
 
     @classmethod
     def manual_seed_all(cls, seed: int) -> None:
-        torch.manual_seed(seed)
-        if not _REFERENCE:
-            torch.npu.manual_seed_all(seed)  # type: ignore[attr-defined]
+        cls.adaptor().manual_seed_all(seed)
 
     @classmethod
-    def inference_mode(cls):
+    def inference_mode(cls) -> torch.inference_mode:
         return torch.inference_mode()
 
+    # -- capabilities (profile) -----------------------------------------------------------
     @classmethod
     def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
-        allowed = (torch.float16, torch.bfloat16, torch.float32)
+        profile = cls.profile()
+        allowed = [getattr(torch, name) for name in profile.supported_dtypes]
         if dtype not in allowed:
             raise ValueError(
-                f"model dtype {dtype} is not supported on {cls.get_device_name()}; "
+                f"model dtype {dtype} is not supported on {profile.name}; "
                 f"allowed: {', '.join(str(d) for d in allowed)}"
             )
+
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        return cls.profile().supports(HardwareCapability.GRAPH_CAPTURE)
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        return False
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        # Attention must stay opaque to torch.compile, or the profile run (no metadata) is baked in.
+        return True
+
+    @classmethod
+    def check_runner_kv_caches_multi_layer(cls) -> None:
+        return None
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        # torch.distributed collectives over the platform's backend (gloo / hccl).
+        return "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
 
     @classmethod
     def validate_environ(cls, hard_fail: bool) -> None:
@@ -144,34 +153,7 @@ class NPUPlatform(Platform):
         for problem in problems:
             logger.warning(problem)
 
-    @classmethod
-    def get_device_communicator_cls(cls) -> str:
-        # torch.distributed collectives over the platform's backend (gloo / hccl).
-        return "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
-
-    @classmethod
-    def get_punica_wrapper(cls) -> str:
-        if not _REFERENCE:
-            raise NotImplementedError("LoRA is not supported on Ascend NPUs by this plugin yet")
-        return "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"  # torch ops on the cpu device
-
-    @classmethod
-    def opaque_attention_op(cls) -> bool:
-        # Attention must stay opaque to torch.compile, or the profile run (no metadata) is baked in.
-        return True
-
-    @classmethod
-    def support_static_graph_mode(cls) -> bool:
-        return False
-
-    @classmethod
-    def support_hybrid_kv_cache(cls) -> bool:
-        return False
-
-    @classmethod
-    def check_runner_kv_caches_multi_layer(cls) -> None:
-        return None
-
+    # -- the runner's pieces (WORKERS["default"]) -----------------------------------------
     @classmethod
     def get_attn_backend_cls(
         cls,
@@ -191,8 +173,7 @@ class NPUPlatform(Platform):
                     f"attention with {flag}=True is not supported by the Ascend attention backend; "
                     "supported: dense decoder attention (MHA/GQA/MQA)"
                 )
-        worker = _workers().get("default")
-        return worker.attention_backend_qualname()
+        return str(_workers().get("default").attention_backend_qualname())
 
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
@@ -201,16 +182,16 @@ class NPUPlatform(Platform):
             return
         from vllm.triton_utils.dispatcher import register_kernels
 
-        worker = _workers().get("default")
-        register_kernels(worker.triton_kernel_overrides())
+        register_kernels(_workers().get("default").triton_kernel_overrides())
         cls._triton_overrides_registered = True
 
+    # -- configuration --------------------------------------------------------------------
     @classmethod
     def apply_config_platform_defaults(cls, vllm_config: VllmConfig) -> None:
         """Pick vLLM's V1 model runner (the runner's NPUModelRunner extends it) unless the user chose;
-        on the reference device decide eager mode early, so custom ops default to on."""
+        on an eager-only profile decide eager mode early, so custom ops default to on."""
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-        if not _REFERENCE:
+        if not cls.profile().eager_only:
             return
         from vllm.config import CompilationMode, CUDAGraphMode
 
@@ -222,10 +203,10 @@ class NPUPlatform(Platform):
         from vllm_ascend.core.config import init_ascend_config
 
         init_ascend_config(vllm_config)
-        workers = _workers()
+        cls._check_speculative_method(vllm_config)
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":
-            worker = workers.entry("default").value
+            worker = _workers().entry("default").value
             parallel_config.worker_cls = (
                 worker if isinstance(worker, str) else f"{worker.__module__}.{worker.__qualname__}"
             ).replace(":", ".")
@@ -233,22 +214,45 @@ class NPUPlatform(Platform):
             logger.warning("Dual-batch overlap is not supported on Ascend; disabled.")
             parallel_config.enable_dbo = False
 
+        profile = cls.profile()
         cache_config = vllm_config.cache_config
         if not cache_config.user_specified_block_size:
-            cache_config.block_size = DEFAULT_BLOCK_SIZE
-        if cache_config.block_size % BLOCK_SIZE_MULTIPLE != 0:
+            cache_config.block_size = profile.preferred_block_size
+        if cache_config.block_size % profile.block_size_multiple != 0:
             raise ValueError(
                 f"cache_config.block_size={cache_config.block_size} is not supported by the Ascend "
-                f"attention backend; allowed: multiples of {BLOCK_SIZE_MULTIPLE} (e.g. 16, 64, 128)"
+                f"attention backend on {profile.name}; allowed: multiples of {profile.block_size_multiple} "
+                "(e.g. 16, 64, 128)"
             )
+        if not profile.supports(HardwareCapability.GRAPH_CAPTURE):
+            cls._disable_graph_capture(vllm_config)
+        if profile.eager_only:
+            cls._run_eagerly(vllm_config)
+        if not profile.async_scheduling:
+            vllm_config.scheduler_config.async_scheduling = False
+        cls._size_kv_cache(vllm_config)
 
-        cls._disable_graph_capture(vllm_config)
-        if _REFERENCE:
-            cls._reference_overrides(vllm_config)
+    @classmethod
+    def _check_speculative_method(cls, vllm_config: VllmConfig) -> None:
+        """Refuse speculative methods no installed sibling provides (the runner drafts with these)."""
+        spec = vllm_config.speculative_config
+        if spec is None:
+            return
+        from vllm_ascend.core.config import ConfigError
+        from vllm_ascend.core.extensions import load_extensions
+        from vllm_ascend.core.registry import SPEC_DECODE_METHODS
+
+        load_extensions()
+        if spec.method not in SPEC_DECODE_METHODS:
+            offered = ", ".join(SPEC_DECODE_METHODS.names()) or "none (install vllm-ascend[specdecode] for 'ngram')"
+            raise ConfigError(
+                f"speculative_config.method = {spec.method!r} is not supported yet by vllm-ascend; "
+                f"supported: {offered}"
+            )
 
     @classmethod
     def _disable_graph_capture(cls, vllm_config: VllmConfig) -> None:
-        """No static graphs are captured (support_static_graph_mode is False): no capture sizes."""
+        """No static graphs are captured on this profile: no capture sizes."""
         from vllm.config import CUDAGraphMode
 
         compilation_config = vllm_config.compilation_config
@@ -258,22 +262,59 @@ class NPUPlatform(Platform):
         compilation_config.post_init_cudagraph_sizes()
 
     @classmethod
-    def _reference_overrides(cls, vllm_config: VllmConfig) -> None:
-        """The reference device runs eagerly, synchronously and sizes its KV cache in host memory."""
+    def _run_eagerly(cls, vllm_config: VllmConfig) -> None:
         from vllm.config import CompilationMode
 
         if vllm_config.model_config is not None:
             vllm_config.model_config.enforce_eager = True
         vllm_config.compilation_config.mode = CompilationMode.NONE
-        vllm_config.scheduler_config.async_scheduling = False
 
+    @classmethod
+    def _size_kv_cache(cls, vllm_config: VllmConfig) -> None:
+        """Where the KV cache size comes from when the user gives none (device memory by default)."""
+        return None
+
+
+class NPUPlatform(AscendPlatform):
+    """Ascend NPUs through torch_npu (device ``npu``, HCCL collectives)."""
+
+    device_name = "npu"  # torch.device(f"{device_name}:{i}") is built from it
+    device_type = "npu"
+    dispatch_key = "PrivateUse1"
+    ray_device_key = "NPU"
+    dist_backend = "hccl"
+    simple_compile_backend = "eager"
+
+    @classmethod
+    def get_punica_wrapper(cls) -> str:
+        raise NotImplementedError("LoRA is not supported on Ascend NPUs by this plugin yet")
+
+
+class ReferencePlatform(AscendPlatform):
+    """The reference device: torch's cpu device (gloo), every device op from the reference adaptor."""
+
+    device_name = "cpu"
+    device_type = REFERENCE_PROFILE.torch_device
+    dispatch_key = "CPU"
+    ray_device_key = ""
+    dist_backend = REFERENCE_PROFILE.dist_backend
+    simple_compile_backend = "inductor"
+
+    @classmethod
+    def get_punica_wrapper(cls) -> str:
+        return "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"  # torch ops on the cpu device
+
+    @classmethod
+    def _size_kv_cache(cls, vllm_config: VllmConfig) -> None:
+        """Host memory is the device memory: ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache."""
         cache_config = vllm_config.cache_config
         space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
-        if space and cache_config.kv_cache_memory_bytes is None:
-            try:
-                gib = float(space)
-            except ValueError:
-                raise ValueError(
-                    f"VLLM_CPU_KVCACHE_SPACE={space!r} is invalid; allowed: a number of GiB (e.g. 1)"
-                ) from None
-            cache_config.kv_cache_memory_bytes = int(gib * _GiB)
+        if not space or cache_config.kv_cache_memory_bytes is not None:
+            return
+        try:
+            gib = float(space)
+        except ValueError:
+            raise ValueError(
+                f"VLLM_CPU_KVCACHE_SPACE={space!r} is invalid; allowed: a number of GiB (e.g. 1)"
+            ) from None
+        cache_config.kv_cache_memory_bytes = int(gib * _GiB)

@@ -5,11 +5,15 @@ Both are called by vLLM in every process; they import nothing heavy.
 
 from __future__ import annotations
 
-PLATFORM_QUALNAME = "vllm_ascend.core.platform.NPUPlatform"
+#: The platform class vLLM loads for each device mode (``vllm_ascend.core.device.detection.DeviceMode``).
+PLATFORM_QUALNAMES = {
+    "npu": "vllm_ascend.core.platform.NPUPlatform",
+    "reference": "vllm_ascend.core.platform.ReferencePlatform",
+}
 
 
 def register() -> str | None:
-    """Return the platform's qualified name when an NPU is usable or the reference device is asked for.
+    """Return ``NPUPlatform`` when an NPU is usable, ``ReferencePlatform`` when the reference device is asked for.
 
     With neither, return ``None`` so vLLM behaves as if the plugin were absent. vLLM swallows
     exceptions from platform plugins, so configuration errors are also logged here.
@@ -24,7 +28,7 @@ def register() -> str | None:
         init_logger(__name__).error("vLLM Ascend platform not activated: %s", exc)
         raise
     if detection.active:
-        return PLATFORM_QUALNAME
+        return PLATFORM_QUALNAMES[detection.mode.value]
     if detection.explicitly_requested:
         from vllm_ascend.core.logger import init_logger
 
@@ -36,8 +40,9 @@ def register() -> str | None:
 def load_extensions() -> None:
     """Load every installed sibling extension (once per process).
 
-    When the platform is active, also hand the siblings' model loaders to vLLM so that
-    ``--load-format <name>`` works; otherwise vLLM sees nothing of the plugin.
+    When the platform is active, also hand the siblings' model loaders and quantization methods to
+    vLLM so that ``--load-format <name>`` / ``--quantization <name>`` work; otherwise vLLM sees
+    nothing of the plugin.
     """
     from vllm_ascend.core.device.detection import detect
     from vllm_ascend.core.extensions import load_extensions as _load
@@ -48,6 +53,10 @@ def load_extensions() -> None:
     except ValueError:
         return
     if active:
-        from vllm_ascend.core.model_loaders import register_model_loaders_with_vllm
+        from vllm_ascend.core.vllm_bridge import (
+            register_model_loaders_with_vllm,
+            register_quant_methods_with_vllm,
+        )
 
         register_model_loaders_with_vllm()
+        register_quant_methods_with_vllm()

@@ -8,6 +8,7 @@ on first :meth:`Registry.load`, so registering stays import-free.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import threading
 from collections.abc import Callable, Iterator
@@ -150,26 +151,42 @@ class Registry(Generic[T]):
         return f"Registry({self.kind!r}, {self.names()})"
 
 
+@dataclass(frozen=True)
+class CliCommand:
+    """A ``vllm-ascend`` subcommand: ``configure`` adds its arguments, ``run`` returns the exit status."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
 def _is_class(value: Any) -> bool:
     return isinstance(value, type)
 
 
-QUANT_METHODS: Registry[Any] = Registry("quantization method")
-EPLB_POLICIES: Registry[type] = Registry("EPLB policy", _is_class, "a policy class")
-SPEC_DECODE_METHODS: Registry[Any] = Registry("speculative decoding method")
+#: vLLM quantization method name -> a vLLM ``QuantizationConfig`` subclass (registered with vLLM).
+QUANT_METHODS: Registry[type] = Registry("quantization method", _is_class, "a QuantizationConfig class")
+#: ``speculative_config.method`` -> a proposer class with ``from_vllm_config`` (read by the runner).
+SPEC_DECODE_METHODS: Registry[type] = Registry("speculative decoding method", _is_class, "a proposer class")
+#: vLLM ``load_format`` -> a vLLM model loader class (registered with vLLM).
 MODEL_LOADERS: Registry[type] = Registry("model loader", _is_class, "a model loader class")
+#: any name -> a :class:`~vllm_ascend.core.device.overlay.DeviceOverlay` for one family.
 DEVICE_OVERLAYS: Registry[Any] = Registry("device overlay")
-KERNELS: Registry[Callable[..., Any]] = Registry("kernel", callable, "a callable")
+#: ``vllm-ascend <name>`` -> a :class:`~vllm_ascend.core.cli.CliCommand`.
 CLI_COMMANDS: Registry[Any] = Registry("CLI subcommand")
+#: ``"default"`` -> the worker class vLLM runs on this platform.
 WORKERS: Registry[type] = Registry("worker", _is_class, "a worker class")
+#: ``additional_config`` section owned by a sibling -> ``validate(raw_mapping, vllm_config) -> object``,
+#: called once per :func:`~vllm_ascend.core.config.init_ascend_config`.
+CONFIG_SECTIONS: Registry[Callable[..., Any]] = Registry("config section", callable, "a validator callable")
 
 ALL_REGISTRIES: dict[str, Registry[Any]] = {
     "quant_methods": QUANT_METHODS,
-    "eplb_policies": EPLB_POLICIES,
     "spec_decode_methods": SPEC_DECODE_METHODS,
     "model_loaders": MODEL_LOADERS,
     "device_overlays": DEVICE_OVERLAYS,
-    "kernels": KERNELS,
     "cli_commands": CLI_COMMANDS,
     "workers": WORKERS,
+    "config_sections": CONFIG_SECTIONS,
 }

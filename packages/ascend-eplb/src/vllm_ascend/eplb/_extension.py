@@ -5,28 +5,22 @@ from __future__ import annotations
 from vllm_ascend.core.extensions import ExtensionDescriptor
 from vllm_ascend.eplb._version import __version__
 
-POLICY_PATHS = {
-    "random": "vllm_ascend.eplb.policy.random:RandomLoadBalance",
-    "default": "vllm_ascend.eplb.policy.default:DefaultEplb",
-    "swift": "vllm_ascend.eplb.policy.swift:SwiftBalanceEplb",
-    "flashlb": "vllm_ascend.eplb.policy.flashlb:FlashLB",
-}
-
 
 def register() -> None:
-    """Fill core's registries with lazy paths (nothing heavy is imported here)."""
-    from vllm_ascend.core.registry import EPLB_POLICIES
+    """Register the ``eplb_config`` validator (a lazy path) and arrange for vLLM's ``MoERunner`` to be
+    replaced where our platform is active (deferred until vLLM imports it)."""
+    from vllm_ascend.core.registry import CONFIG_SECTIONS
+    from vllm_ascend.eplb.moe import register_moe_runner
 
-    for name, path in POLICY_PATHS.items():
-        EPLB_POLICIES.register(name, path)
-    __import__("vllm_ascend.eplb.moe", fromlist=["register_moe_runner"]).register_moe_runner()
+    CONFIG_SECTIONS.register("eplb_config", "vllm_ascend.eplb.config:validate_eplb_config")
+    register_moe_runner()
 
 
 EXTENSION = ExtensionDescriptor(
     name="eplb",
     version=__version__,
     core_requires=">=0.1,<0.2",
-    provides=("eplb_policies",),
+    provides=("config_sections",),
     register=register,
-    description="EPLB policies (random, default, swift, flashlb) and the rebalance lifecycle",
+    description="additional_config.eplb_config, EPLB policies and the reference MoE runner with EPLB",
 )

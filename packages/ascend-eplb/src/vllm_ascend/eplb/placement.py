@@ -69,3 +69,9 @@ def generate_log2phy_map(table: object, tp_size: int = 1) -> np.ndarray:
     own = local_slots(arr, n)
     own_phys = np.arange(ranks)[None, :, None] * slots + own
     return np.where(own >= 0, own_phys, phys)
+
+
+def rank_maps(rank_table: object, tp_size: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """``(expert_map [ranks, n], log2phy [ranks, n])`` of one layer's ``[ranks, slots]`` placement."""
+    table = np.asarray(rank_table)[None]
+    return generate_expert_map(table)[0], generate_log2phy_map(table, tp_size)[0]

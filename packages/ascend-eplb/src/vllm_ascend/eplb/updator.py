@@ -1,137 +1,133 @@
-"""Drives the rebalance lifecycle from the forward loop."""
+"""The EPLB schedule: the one object that drives expert placement from the forward loop."""
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
-import torch
-import torch.distributed as dist
 
-from vllm_ascend.eplb.adaptor import VllmEplbAdaptor
-from vllm_ascend.eplb.config import EplbSettings
-from vllm_ascend.eplb.d2d import D2DExpertWeightLoader, ExpertWeightUpdateState
+from vllm_ascend.eplb.config import EplbConfig
+from vllm_ascend.eplb.expert_map_file import save_expert_map
+from vllm_ascend.eplb.movers import EplbLayer, WeightMover
+from vllm_ascend.eplb.validation import as_expert_table
 from vllm_ascend.eplb.worker import EplbPlan, EplbProcess, LayerUpdate
 
 
 class EplbUpdator:
-    """Per rank: record expert loads after each real forward, every
-    ``expert_heat_collection_interval`` steps hand the loads of all ranks to the EPLB process,
-    ``algorithm_execution_interval`` steps later take its plan (all ranks at the same step, so the
-    point-to-point moves pair up) and apply it one layer per forward: the transfer is issued in
-    :meth:`forward_before` and overlaps the forward; :meth:`forward_end` completes it.
+    """Expert placement of one model's MoE layers, and dynamic EPLB.
 
-    The first ``num_warmup_iterations`` real forwards are not recorded; dummy/profile runs never are,
-    nor are forwards while a plan is being computed or applied.
+    Layers :meth:`register` in model order; :meth:`start` gives them the initial placement. With
+    ``dynamic_eplb``, :meth:`forward_end` (after every forward) runs the schedule:
+
+    - the first ``num_warmup_iterations`` forwards are not recorded (dummy runs are not reported);
+    - then a window of ``expert_heat_collection_interval`` forwards is collected: each forward's loads are
+      added when its batch matches ``load_collection_phase`` (``all``; ``prefill``: the batch has a
+      request with more than one new token; ``decode``: it has none). The window counts forwards, not
+      recorded ones, so every rank submits at the same step;
+    - the gathered loads go to the policy (an :class:`EplbProcess`, off the forward loop); its plan is
+      taken ``algorithm_execution_interval`` forwards later and written to ``expert_map_record_path``;
+    - the plan's changed layers are moved one per forward (most improved first) by the ``mover``;
+      no loads are recorded until the last layer has switched, then the next window opens.
+
+    Without ``dynamic_eplb`` the layers' ``moe_load`` keeps running totals.
     """
 
-    def __init__(
-        self,
-        settings: Any,
-        adaptor: VllmEplbAdaptor,
-        table: np.ndarray,
-        group: Any = None,
-        process: EplbProcess | None = None,
-        on_plan: Callable[[EplbPlan], None] | None = None,
-    ) -> None:
-        self.settings = EplbSettings.from_any(settings)
-        self.adaptor = adaptor
-        self.table = np.array(table, dtype=np.int64)
-        self.group = group
-        self.process = process or EplbProcess(self.settings.eplb_policy_type)
-        self.loader = D2DExpertWeightLoader(adaptor, group)
-        self.on_plan = on_plan
+    def __init__(self, config: EplbConfig, mover: WeightMover, process: EplbProcess | None = None) -> None:
+        self.config = config
+        self.mover = mover
+        self.layers: list[EplbLayer] = []
+        self.table: np.ndarray | None = None
+        self.process = process
+        if config.dynamic_eplb and process is None:
+            self.process = EplbProcess(config.policy_name)
+            weakref.finalize(self, self.process.shutdown)
         self.step = 0
-        self.load = torch.zeros(adaptor.num_moe_layers, adaptor.slots_per_rank, dtype=torch.float64)
-        self.collected = 0
+        self.load: np.ndarray | None = None
+        self.window_steps = 0
         self.submitted_at: int | None = None
         self.pending: deque[LayerUpdate] = deque()
-        self.plans_applied = 0
+        self.last_plan: EplbPlan | None = None
+        #: The latest placements fully applied by dynamic EPLB, ``(step, table)``, oldest first.
+        self.rebalances: deque[tuple[int, np.ndarray]] = deque(maxlen=8)
 
-    # forward hooks ---------------------------------------------------------------------------
-    def forward_before(self, dummy_run: bool = False) -> None:
-        """Start moving the next layer's weights (never during dummy runs)."""
-        if dummy_run or not self.pending or self.loader.state is not ExpertWeightUpdateState.WAITING:
-            return
-        self.loader.generate_expert_d2d_transfer_task(self.pending.popleft())
-        self.loader.asyn_expert_weight_transfer()
+    @property
+    def started(self) -> bool:
+        return self.table is not None
 
-    def forward_end(self, dummy_run: bool = False, record_load: bool = True) -> None:
-        """Finish an in-flight layer move, record this forward's loads, drive the schedule."""
-        if dummy_run:
-            self.adaptor.clear_all_moe_loads()
-            return
-        layer = self.loader.update_expert_map_and_weight()
-        if layer is not None and not self.pending:
-            self.plans_applied += 1
-        self.step += 1
-        if record_load and self.step > self.settings.num_warmup_iterations and not self.busy:
-            self.compute_and_set_moe_load()
-        self.adaptor.clear_all_moe_loads()
-        self.update_iteration()
+    def register(self, layer: EplbLayer) -> int:
+        if self.started:
+            raise RuntimeError("MoE layers must all be registered before the placement starts")
+        self.layers.append(layer)
+        return len(self.layers) - 1
 
-    # schedule -------------------------------------------------------------------------------
+    def start(self, table: np.ndarray) -> None:
+        """Route every layer by ``table`` ``[layers, ranks, slots]`` (the layers already hold its weights)."""
+        table = as_expert_table(table, "initial expert table")
+        if table.shape[0] != len(self.layers):
+            raise ValueError(f"the placement has {table.shape[0]} layers; {len(self.layers)} MoE layers registered")
+        self.table = table.copy()
+        for layer, rank_table in zip(self.layers, self.table, strict=True):
+            layer.set_placement(rank_table)
+        self.load = np.zeros((len(self.layers), self.layers[0].moe_load.numel()))
+
     @property
     def busy(self) -> bool:
         """A plan is being computed or applied: loads seen now belong to no single placement."""
-        return bool(
-            self.submitted_at is not None
-            or self.pending
-            or self.loader.state is not ExpertWeightUpdateState.WAITING
-        )
+        return self.submitted_at is not None or bool(self.pending) or self.mover.busy
 
-    def compute_and_set_moe_load(self) -> None:
-        self.load += self.adaptor.get_rank_expert_workload()
-        self.collected += 1
-
-    def update_iteration(self) -> None:
-        s = self.settings
-        if not self.busy and self.collected >= s.expert_heat_collection_interval:
-            self.wakeup_eplb_worker()
+    def forward_end(self, phase: str = "all") -> None:
+        """After a real (non-dummy) forward: finish the layer move in flight, record this forward's loads
+        (``phase``: the batch's, ``prefill`` or ``decode``), drive the schedule, start the next layer move."""
+        if self.table is None or self.load is None:
+            raise RuntimeError("EplbUpdator.start() must run before the first forward")
+        self.step += 1
+        if self.process is None:
+            return
+        window = np.stack([layer.moe_load.double().cpu().numpy() for layer in self.layers])
+        for layer in self.layers:
+            layer.moe_load.zero_()
+        if self.mover.finish() is not None and not self.pending:
+            self.rebalances.append((self.step, self.table.copy()))
+        if self.step > self.config.num_warmup_iterations and not self.busy:
+            self.window_steps += 1
+            if self.config.load_collection_phase in ("all", phase):
+                self.load += window
+            if self.window_steps >= self.config.expert_heat_collection_interval:
+                self._submit()
         elif (
-            self.submitted_at is not None and self.step - self.submitted_at >= s.algorithm_execution_interval
+            self.submitted_at is not None
+            and self.step - self.submitted_at >= self.config.algorithm_execution_interval
         ):
-            plan = self.process.get(timeout=None)
-            if plan is None:
-                raise RuntimeError("the EPLB worker returned no plan for a submitted workload")
-            self.update_expert_weight_flag(plan)
+            self._take_plan()
+        if self.pending and not self.mover.busy:
+            update = self.pending.popleft()
+            self.mover.start(self.layers[update.layer_id], update)
 
-    def gather_loads(self) -> np.ndarray:
-        """``[ranks, layers, slots]`` loads of every rank of the group."""
-        if not dist.is_initialized() or self.adaptor.world_size == 1:
-            return self.load.numpy()[None]
-        parts = [torch.empty_like(self.load) for _ in range(self.adaptor.world_size)]
-        dist.all_gather(parts, self.load, group=self.group)
-        return torch.stack(parts).numpy()
+    def _submit(self) -> None:
+        assert self.process is not None and self.table is not None and self.load is not None
+        workload = self.mover.gather_loads(self.load, self.table.shape)
+        self.load[:] = 0
+        self.window_steps = 0
+        if workload.any():  # the same on every rank; a window without matching batches plans nothing
+            self.process.submit(self.table, workload)
+            self.submitted_at = self.step
 
-    def wakeup_eplb_worker(self) -> None:
-        loads = self.gather_loads()
-        self.process.submit(self.table, loads.transpose(1, 0, 2))
-        self.submitted_at = self.step
-        self.load.zero_()
-        self.collected = 0
-
-    def update_expert_weight_flag(self, plan: EplbPlan) -> None:
-        """Queue the plan's layer updates (most-improved layer first)."""
+    def _take_plan(self) -> None:
+        assert self.process is not None
+        plan = self.process.get(timeout=None)
+        if plan is None:
+            raise RuntimeError("the EPLB policy process returned no plan for a submitted workload")
         self.submitted_at = None
-        if self.on_plan is not None:
-            self.on_plan(plan)
+        self.last_plan = plan
         if not plan.changed or not plan.updates or plan.new_table is None:
             return
         self.pending.extend(plan.updates)
         self.table = plan.new_table.copy()
-        if self.settings.expert_map_record_path and self.adaptor.rank == 0:
-            self.adaptor.export_expert_map(self.table, self.settings.expert_map_record_path)
-
-    def warm_up_eplb(self) -> None:
-        """Start the EPLB process, run the policy once on a uniform load and exercise the collective,
-        so the first real rebalance pays no start-up cost."""
-        uniform = np.ones((self.adaptor.num_moe_layers, self.table.shape[1], self.table.shape[2]))
-        self.gather_loads()
-        self.process.submit(self.table, uniform)
-        self.process.get(timeout=None)
+        record = self.config.expert_map_record_path
+        if record is not None and self.mover.rank == 0:
+            save_expert_map(self.table, record)
 
     def shutdown(self) -> None:
-        self.process.shutdown()
+        if self.process is not None:
+            self.process.shutdown()

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from vllm_ascend.eplb.policy.factory import PolicyFactory
+from vllm_ascend.eplb.policy.base import EplbPolicy
+from vllm_ascend.eplb.policy.factory import PolicyFactory, policy_class
 from vllm_ascend.eplb.policy.packing import imbalance, logical_load
 from vllm_ascend.eplb.validation import EplbInputError, as_expert_table, as_workload, valid_layers
 
@@ -74,7 +75,7 @@ def compose_layer_transfers(old: np.ndarray, new: np.ndarray) -> tuple[Transfer,
 class EplbWorker:
     """Turns collected loads into a placement plan with the configured policy."""
 
-    def __init__(self, policy: str | int = "swift", policy_config: Any = None) -> None:
+    def __init__(self, policy: str | int | type[EplbPolicy] = "swift", policy_config: Any = None) -> None:
         self.policy = PolicyFactory.generate_policy(policy, policy_config)
 
     @staticmethod
@@ -144,7 +145,7 @@ class EplbWorker:
         return plan
 
 
-def _serve(policy: str | int, policy_config: Any, inbox: Any, outbox: Any) -> None:
+def _serve(policy: type[EplbPolicy], policy_config: Any, inbox: Any, outbox: Any) -> None:
     worker = EplbWorker(policy, policy_config)
     while True:
         job = inbox.get()
@@ -159,7 +160,8 @@ def _serve(policy: str | int, policy_config: Any, inbox: Any, outbox: Any) -> No
 class EplbProcess:
     """Runs an :class:`EplbWorker` off the forward loop, fed through queues: in a spawned process, or
     in a thread where the caller may not have child processes (a daemonic worker process, as vLLM's
-    multiprocessing executor starts). ``mode``: ``"auto"`` (default), ``"process"`` or ``"thread"``."""
+    multiprocessing executor starts). ``mode``: ``"auto"`` (default), ``"process"`` or ``"thread"``.
+    The policy class is resolved here, so a policy another package registered reaches the child too."""
 
     def __init__(self, policy: str | int = "swift", policy_config: Any = None, mode: str = "auto") -> None:
         if mode not in ("auto", "process", "thread"):
@@ -167,7 +169,7 @@ class EplbProcess:
         if mode == "auto":
             mode = "thread" if mp.current_process().daemon else "process"
         self.mode = mode
-        args_tail = (policy, policy_config)
+        args_tail = (policy_class(policy), policy_config)
         self._inbox: Any
         self._outbox: Any
         self._proc: Any

@@ -8,8 +8,39 @@ attributes load lazily.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from vllm_ascend.core.lazy import lazy_exports
 from vllm_ascend.kernels._version import __version__
+
+if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names load lazily
+    from vllm_ascend.kernels._backend import KernelBackendError as KernelBackendError
+    from vllm_ascend.kernels._backend import use_triton as use_triton
+    from vllm_ascend.kernels.bad_words import apply_bad_words as apply_bad_words
+    from vllm_ascend.kernels.conv1d import causal_conv1d_fn as causal_conv1d_fn
+    from vllm_ascend.kernels.conv1d import causal_conv1d_update as causal_conv1d_update
+    from vllm_ascend.kernels.gdn_gating import fused_gdn_gating as fused_gdn_gating
+    from vllm_ascend.kernels.gumbel import gumbel_sample as gumbel_sample
+    from vllm_ascend.kernels.kv_zero import zero_kv_blocks as zero_kv_blocks
+    from vllm_ascend.kernels.logprobs import compute_token_logprobs as compute_token_logprobs
+    from vllm_ascend.kernels.logprobs import compute_topk_logprobs as compute_topk_logprobs
+    from vllm_ascend.kernels.min_p import apply_min_p as apply_min_p
+    from vllm_ascend.kernels.penalties import apply_penalties as apply_penalties
+    from vllm_ascend.kernels.rejection import PLACEHOLDER_TOKEN_ID as PLACEHOLDER_TOKEN_ID
+    from vllm_ascend.kernels.rejection import expand_batch_to_tokens as expand_batch_to_tokens
+    from vllm_ascend.kernels.rejection import rejection_greedy_sample as rejection_greedy_sample
+    from vllm_ascend.kernels.rejection import rejection_random_sample as rejection_random_sample
+    from vllm_ascend.kernels.rejection import sample_recovered_tokens as sample_recovered_tokens
+    from vllm_ascend.kernels.rms_norm import triton_q_rms as triton_q_rms
+    from vllm_ascend.kernels.slot_mapping import PAD_SLOT_ID as PAD_SLOT_ID
+    from vllm_ascend.kernels.slot_mapping import compute_slot_mapping as compute_slot_mapping
+    from vllm_ascend.kernels.temperature import apply_temperature as apply_temperature
+    from vllm_ascend.kernels.top_k_top_p import apply_top_k_top_p as apply_top_k_top_p
+    from vllm_ascend.kernels.warmup import kernel_warmup as kernel_warmup
+    from vllm_ascend.kernels.warmup import penalties_triton_warmup as penalties_triton_warmup
+    from vllm_ascend.kernels.warmup import register_warmup as register_warmup
+    from vllm_ascend.kernels.warmup import rejection_sampler_triton_warmup as rejection_sampler_triton_warmup
+    from vllm_ascend.kernels.warmup import triton_rms_warmup as triton_rms_warmup
 
 _EXPORTS = {
     "apply_temperature": "vllm_ascend.kernels.temperature",

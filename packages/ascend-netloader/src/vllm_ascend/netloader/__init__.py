@@ -6,8 +6,26 @@ lives in :mod:`vllm_ascend.netloader.loader` and is reached through core's ``MOD
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from vllm_ascend.core.lazy import lazy_exports
 from vllm_ascend.netloader._version import __version__
+
+if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names load lazily
+    from vllm_ascend.netloader.client import ChecksumError as ChecksumError
+    from vllm_ascend.netloader.client import NetLoaderError as NetLoaderError
+    from vllm_ascend.netloader.client import PeerUnavailable as PeerUnavailable
+    from vllm_ascend.netloader.client import SeedClient as SeedClient
+    from vllm_ascend.netloader.config import NetLoaderConfig as NetLoaderConfig
+    from vllm_ascend.netloader.manifest import Manifest as Manifest
+    from vllm_ascend.netloader.manifest import ManifestError as ManifestError
+    from vllm_ascend.netloader.manifest import TensorEntry as TensorEntry
+    from vllm_ascend.netloader.protocol import FrameReader as FrameReader
+    from vllm_ascend.netloader.protocol import MessageType as MessageType
+    from vllm_ascend.netloader.protocol import ProtocolError as ProtocolError
+    from vllm_ascend.netloader.seed_server import SeedServer as SeedServer
+    from vllm_ascend.netloader.seed_server import create_app as create_app
+    from vllm_ascend.netloader.seed_server import load_checkpoint as load_checkpoint
 
 _LAZY: dict[str, str] = {
     "ChecksumError": "vllm_ascend.netloader.client",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import threading
 
-from vllm_ascend.core.cli import CliCommand
+from vllm_ascend.core.registry import CliCommand
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:

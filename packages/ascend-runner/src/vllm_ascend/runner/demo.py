@@ -17,7 +17,7 @@ import time
 import warnings
 from pathlib import Path
 
-from vllm_ascend.core.cli import CliCommand
+from vllm_ascend.core.registry import CliCommand
 
 PROMPTS = (
     "the quick ascend kernel",
@@ -82,7 +82,7 @@ def run_demo(model_kind: str, max_tokens: int, cache_dir: Path | None) -> int:
 
     from vllm.platforms import current_platform
 
-    from vllm_ascend.core.device.adaptor import get_device_adaptor
+    from vllm_ascend.core.device.config import get_device_adaptor
 
     worker = llm.collective_rpc(lambda wrapper: wrapper.worker)[0]
     print(f"platform  {type(current_platform).__qualname__} ({current_platform.get_device_name()})")

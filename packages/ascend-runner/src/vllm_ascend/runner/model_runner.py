@@ -3,19 +3,32 @@
 The inherited runner builds its collaborators by name; while it does, the names are bound to
 the Ascend classes (input batch + block tables, sampler, rejection sampler, KV block zeroer) and ``torch.cuda``
 streams/events are mapped onto the target device. No device-type branches live here.
+
+Speculative decoding drafts with the proposer core's ``SPEC_DECODE_METHODS`` registry holds for
+``speculative_config.method`` (a sibling distribution registers it; the platform refuses methods
+nobody registered). Such a proposer has ``from_vllm_config(vllm_config)`` and vLLM's CPU-drafter
+call ``propose(num_speculative_tokens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+slot_mappings=...) -> list[list[int]]``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import Any
 
 import torch
 from vllm.config import CUDAGraphMode, VllmConfig
+from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 from vllm.v1.worker import gpu_model_runner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.core.registry import SPEC_DECODE_METHODS
 from vllm_ascend.kernels import kernel_warmup
 from vllm_ascend.runner import device_context
 from vllm_ascend.runner.input_batch import NPUInputBatch
@@ -40,13 +53,37 @@ def ascend_components() -> Iterator[None]:
         yield
 
 
+def build_drafter(vllm_config: VllmConfig) -> Any:
+    """The proposer registered for ``speculative_config.method`` (None without speculative decoding)."""
+    spec = vllm_config.speculative_config
+    if spec is None:
+        return None
+    return SPEC_DECODE_METHODS.get(spec.method).from_vllm_config(vllm_config)
+
+
+@contextmanager
+def vllm_takes_our_drafter(vllm_config: VllmConfig, drafter: Any) -> Iterator[None]:
+    """For ``ngram`` vLLM's runner constructs its numba ``NgramProposer`` (JIT-compiled on creation):
+    hand it ``drafter`` instead, so only our proposer is built."""
+    spec = vllm_config.speculative_config
+    with ExitStack() as stack:
+        if spec is not None and spec.method == "ngram":
+            from vllm.v1.spec_decode import ngram_proposer
+
+            stack.enter_context(replaced_names(ngram_proposer, {"NgramProposer": lambda config: drafter}))
+        yield
+
+
 class NPUModelRunner(GPUModelRunner):
     """The V1 model runner for Ascend (no graph capture: the platform turns CUDA-graph modes off)."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
-        device_context.install_accelerator_shims()
-        with ascend_components():
+        get_device_adaptor().install_runtime_shims()
+        drafter = build_drafter(vllm_config)
+        with ascend_components(), vllm_takes_our_drafter(vllm_config, drafter):
             super().__init__(vllm_config, device)
+        if hasattr(self, "drafter"):  # vLLM builds a drafter on the last pipeline stage only
+            self.drafter = drafter
         self.kernel_warmup_results: dict[str, bool] = {}  # item -> compiled cleanly, after warm_up()
 
     def may_reinitialize_input_batch(self, kv_cache_config: KVCacheConfig) -> None:
@@ -68,8 +105,31 @@ class NPUModelRunner(GPUModelRunner):
                 kv_cache_config, is_profiling, kv_cache_allocation_context=kv_cache_allocation_context
             )
 
+    def propose_draft_token_ids(
+        self,
+        scheduler_output: SchedulerOutput,
+        sampled_token_ids: torch.Tensor | list[list[int]],
+        sampling_metadata: SamplingMetadata,
+        hidden_states: torch.Tensor,
+        sample_hidden_states: torch.Tensor,
+        aux_hidden_states: list[torch.Tensor] | None,
+        spec_decode_metadata: SpecDecodeMetadata | None,
+        common_attn_metadata: CommonAttentionMetadata,
+        slot_mappings: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]] | None,
+    ) -> list[list[int]]:
+        """Drafts from the registry's proposer, called as vLLM calls its CPU n-gram drafter."""
+        self._draft_probs = None
+        self._draft_prob_req_ids = None
+        return self.drafter.propose(
+            scheduler_output.num_spec_tokens_to_schedule,
+            sampled_token_ids,
+            self.input_batch.num_tokens_no_spec,
+            self.input_batch.token_ids_cpu,
+            slot_mappings=slot_mappings,
+        )
+
     def _sync_device(self) -> None:
-        device_context.synchronize()
+        get_device_adaptor().synchronize()
 
     def warm_up(self) -> None:
         """Compile every sampling-kernel variant a step can hit (``kernel_warmup``: failures are

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from vllm_ascend.core.cli import CliCommand
+from vllm_ascend.core.registry import CliCommand
 
 DEVICES = ("auto", "npu", "reference")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"

@@ -23,9 +23,11 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes
 
+from vllm_ascend.core.config import get_ascend_config
+from vllm_ascend.core.device.config import get_current_hardware_profile, get_device_adaptor
 from vllm_ascend.core.logger import init_logger
-from vllm_ascend.runner import device_context
 from vllm_ascend.runner.block_table import TRITON_KERNEL_OVERRIDES
+from vllm_ascend.runner.cpu_binding import bind_cpus
 from vllm_ascend.runner.model_runner import NPUModelRunner
 from vllm_ascend.runner.ops.registry import enable_custom_ops, register_custom_ops
 
@@ -84,7 +86,7 @@ class NPUWorker(Worker):
     ) -> None:
         register_custom_ops()
         enable_custom_ops(vllm_config.compilation_config.custom_ops)
-        device_context.install_accelerator_shims()
+        get_device_adaptor().install_runtime_shims()
         super().__init__(
             vllm_config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker
         )
@@ -94,11 +96,16 @@ class NPUWorker(Worker):
 
     # -- device ----------------------------------------------------------------------------
     def init_device(self) -> None:
-        if current_platform.is_reference():
-            self.device = torch.device("cpu")
-        else:
-            self.device = torch.device(f"npu:{self.local_rank}")
-            current_platform.set_device(self.device)
+        """Pick and select this rank's device, bind CPUs if configured, join the process group."""
+        adaptor = get_device_adaptor()
+        self.device = adaptor.torch_device(self.local_rank)
+        adaptor.set_device(self.device)
+        if get_ascend_config().enable_cpu_binding:
+            bind_cpus(
+                get_current_hardware_profile().cpu_binding,
+                self.local_rank,
+                self.parallel_config.local_world_size,
+            )
         current_platform.check_if_supports_dtype(self.model_config.dtype)
         init_worker_distributed_environment(
             self.vllm_config,
@@ -174,7 +181,7 @@ class NPUWorker(Worker):
             raise RuntimeError(
                 f"the worker is already asleep (level {self.sleep_level}); call wake_up() first"
             )
-        device_context.synchronize()
+        get_device_adaptor().synchronize()
         before = current_platform.get_current_memory_usage(self.device)
         model = self.model_runner.model
         if level == 2:
@@ -216,7 +223,7 @@ class NPUWorker(Worker):
             self._sleep_kv = []
         if not self._sleep_weights and not self._sleep_kv:
             self.sleep_level = 0
-        device_context.synchronize()
+        get_device_adaptor().synchronize()
 
     def discard(self, tags: tuple[str, ...]) -> None:
         raise RuntimeError("selective discard is not supported by the Ascend worker; use sleep(level=2)")

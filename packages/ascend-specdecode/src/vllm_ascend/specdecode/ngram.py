@@ -205,13 +205,18 @@ class NgramProposer:
         sampled_token_ids: list[list[int]],
         num_tokens_no_spec: np.ndarray,
         token_ids_cpu: np.ndarray,
-        **_unused: Any,
+        slot_mappings: Any = None,
     ) -> list[list[int]]:
-        """vLLM's drafter call shape: one list of draft ids per request (empty when none).
+        """vLLM 0.32's n-gram drafter call (``GPUModelRunner.propose_draft_token_ids``): one list of
+        draft ids per request, empty when there is none.
 
-        Requests that sampled nothing this step (``sampled_token_ids[i] == []``) get no draft.
+        Requests that sampled nothing this step (``sampled_token_ids[i] == []``) get no draft;
+        ``slot_mappings`` is unused (no model runs). ``num_speculative_tokens`` may be below the
+        configured k (vLLM's dynamic speculation), down to 0.
         """
         batch = len(sampled_token_ids)
+        if num_speculative_tokens == 0:
+            return [[] for _ in range(batch)]
         active = np.fromiter((len(s) > 0 for s in sampled_token_ids), dtype=bool, count=batch)
         drafts, counts = self.propose_batch(
             token_ids_cpu, num_tokens_no_spec[:batch], num_speculative_tokens, active

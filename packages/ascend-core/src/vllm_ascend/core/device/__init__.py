@@ -16,16 +16,16 @@ _LAZY: dict[str, str] = {
     "HardwareCapability": "vllm_ascend.core.device.profile",
     "HardwareProfile": "vllm_ascend.core.device.profile",
     "REFERENCE_PROFILE": "vllm_ascend.core.device.profile",
-    "get_hardware_profile": "vllm_ascend.core.device.profile",
-    "get_current_hardware_profile": "vllm_ascend.core.device.profile",
+    "get_hardware_profile": "vllm_ascend.core.device.config",
+    "get_current_hardware_profile": "vllm_ascend.core.device.config",
     "DeviceConfig": "vllm_ascend.core.device.config",
     "DeviceConfigError": "vllm_ascend.core.device.config",
     "get_device_config": "vllm_ascend.core.device.config",
     "check_ascend_device_type": "vllm_ascend.core.device.config",
     "clear_device_caches": "vllm_ascend.core.device.config",
     "DeviceOverlay": "vllm_ascend.core.device.overlay",
-    "BaseDeviceAdaptor": "vllm_ascend.core.device.adaptor",
-    "get_device_adaptor": "vllm_ascend.core.device.adaptor",
+    "BaseDeviceAdaptor": "vllm_ascend.core.device.adaptor.base",
+    "get_device_adaptor": "vllm_ascend.core.device.config",
 }
 
 __all__ = sorted(_LAZY)

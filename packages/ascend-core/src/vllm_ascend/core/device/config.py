@@ -1,13 +1,24 @@
-"""The device this process runs on, resolved at run time (nothing is baked into the wheel)."""
+"""The device this process runs on, resolved at run time (nothing is baked into the wheel).
+
+The top of the device package: it combines detection, the built-in profiles, the overlays that
+siblings register and the adaptor classes into the current device's profile and adaptor.
+"""
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 
+from vllm_ascend.core.device.adaptor.base import BaseDeviceAdaptor, DeviceOpError
 from vllm_ascend.core.device.detection import DeviceMode, detect
 from vllm_ascend.core.device.family import AscendDeviceType, device_type_from_runtime_soc
-from vllm_ascend.core.device.profile import REFERENCE_PROFILE, HardwareProfile, get_hardware_profile
+from vllm_ascend.core.device.overlay import active_overlays
+from vllm_ascend.core.device.profile import (
+    BUILTIN_PROFILES,
+    REFERENCE_PROFILE,
+    DeviceAdaptorFamily,
+    HardwareProfile,
+)
 
 
 class DeviceConfigError(RuntimeError):
@@ -80,8 +91,6 @@ def check_ascend_device_type(expected: AscendDeviceType | str | None = None) -> 
             wanted = "the reference device" if want is None else f"the {want.value} family"
             raise DeviceConfigError(f"expected {wanted}, running on {config.describe()}")
     if config.device_type is AscendDeviceType._310P:
-        from vllm_ascend.core.device.overlay import active_overlays
-
         if AscendDeviceType._310P not in active_overlays():
             raise DeviceConfigError(
                 "this is an Atlas 310P device: install the vllm-ascend-310p distribution "
@@ -90,9 +99,54 @@ def check_ascend_device_type(expected: AscendDeviceType | str | None = None) -> 
     return config
 
 
+def get_hardware_profile(device_type: AscendDeviceType | str) -> HardwareProfile:
+    """The profile of a family (an installed overlay's, when one is registered for it).
+
+    ``device_type`` may be an :class:`AscendDeviceType`, its value (``"A3"``), a SOC string, or
+    ``"reference"`` for the reference device.
+    """
+    if isinstance(device_type, str) and device_type.strip().lower() == "reference":
+        return REFERENCE_PROFILE
+    family = AscendDeviceType.parse(device_type)
+    overlay = active_overlays().get(family)
+    return overlay.profile if overlay is not None else BUILTIN_PROFILES[family]
+
+
+def get_current_hardware_profile() -> HardwareProfile:
+    """The profile of the device this process runs on (see :func:`get_device_config`)."""
+    return get_device_config().profile
+
+
+def adaptor_class_for(family: DeviceAdaptorFamily) -> type[BaseDeviceAdaptor]:
+    """Core's adaptor class for an adaptor family (310P has none in core: it comes from its overlay)."""
+    if family is DeviceAdaptorFamily.REFERENCE:
+        from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+
+        return ReferenceDeviceAdaptor
+    if family is DeviceAdaptorFamily.A2A3:
+        from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
+
+        return A2A3DeviceAdaptor
+    if family is DeviceAdaptorFamily.A5:
+        from vllm_ascend.core.device.adaptor.a5 import A5DeviceAdaptor
+
+        return A5DeviceAdaptor
+    raise DeviceOpError(
+        f"no core adaptor for the {family.value} family: install the vllm-ascend-310p distribution "
+        "(pip install 'vllm-ascend[310p]')"
+    )
+
+
+@functools.cache
+def get_device_adaptor() -> BaseDeviceAdaptor:
+    """The adaptor of the current device (an overlay's when one covers the family), one per process."""
+    config = get_device_config()
+    overlay = active_overlays().get(config.device_type) if config.device_type is not None else None
+    cls = overlay.adaptor if overlay is not None else adaptor_class_for(config.profile.adaptor_family)
+    return cls()
+
+
 def clear_device_caches() -> None:
     """Forget the cached device config and adaptor (tests, or after changing VLLM_ASCEND_DEVICE)."""
-    from vllm_ascend.core.device.adaptor import get_device_adaptor
-
     get_device_config.cache_clear()
     get_device_adaptor.cache_clear()

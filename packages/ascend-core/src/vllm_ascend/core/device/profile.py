@@ -1,7 +1,8 @@
-"""Hardware profiles: per-family capabilities and implementation choices, as orthogonal dimensions.
+"""Hardware profiles: what differs between device families, as data the platform and runner read.
 
-Shared logic asks the active profile (``profile.supports(HardwareCapability.BF16)``,
-``profile.weight_layout``, ``profile.eager_only``) instead of testing the family by name.
+Shared logic asks the active profile (``profile.supported_dtypes``, ``profile.eager_only``,
+``profile.supports(HardwareCapability.GRAPH_CAPTURE)``) instead of testing the family by name.
+Capabilities are hardware facts; GRAPH_CAPTURE is set only where the plugin captures graphs (nowhere yet).
 A device overlay registered by a sibling (e.g. ``vllm-ascend-310p``) replaces a family's profile.
 """
 
@@ -27,13 +28,6 @@ class HardwareCapability(enum.StrEnum):
     SPARSE_WEIGHT = "sparse_weight"  # sparse/compressed int8 weights (W8A8S/W8A8SC)
 
 
-class AttentionBackendFamily(enum.StrEnum):
-    FIA = "fia"  # npu_fused_infer_attention_score (A2/A3)
-    FIA_V2 = "fia_v2"  # npu_fused_infer_attention_score_v2 (A5)
-    ATB_310P = "atb_310p"  # 310P prompt/incremental flash attention with NZ masks
-    REFERENCE = "reference"  # plain-torch paged attention
-
-
 class CPUBindingMode(enum.StrEnum):
     NONE = "none"  # do not bind
     AVERAGE = "average"  # split the visible CPUs evenly across ranks
@@ -48,35 +42,10 @@ class DeviceAdaptorFamily(enum.StrEnum):
     REFERENCE = "reference"
 
 
-class DeviceAddressingMode(enum.StrEnum):
-    HOST = "host"  # torch's cpu device (reference)
-    DEVICE_LOCAL = "device_local"  # per-card memory, peers over PCIe (310P cards)
-    HCCS_PEER = "hccs_peer"  # peer access over HCCS within a node (A2/A3)
-    UNIFIED = "unified"  # unified addressing across the supernode (A5)
-
-
-class QuantizationBackendFamily(enum.StrEnum):
-    ACLNN_INT = "aclnn_int"  # int8/int4 aclnn matmuls (A2/A3)
-    MXFP = "mxfp"  # MX formats and FP8 (A5), plus int8
-    INT8_310P = "int8_310p"  # int8 incl. sparse/compressed weights (310P)
-    REFERENCE = "reference"  # plain-torch dequant matmuls
-
-
-class WeightLayoutPolicy(enum.StrEnum):
-    ND = "nd"  # weights stay row-major
-    NZ = "nz"  # matmul weights cast to FRACTAL_NZ after loading
-
-
 _DIMENSIONS = {
-    "attention_backend": AttentionBackendFamily,
     "cpu_binding": CPUBindingMode,
     "adaptor_family": DeviceAdaptorFamily,
-    "addressing_mode": DeviceAddressingMode,
-    "quant_backend": QuantizationBackendFamily,
-    "weight_layout": WeightLayoutPolicy,
 }
-
-COMMON_QUANT_TYPES = frozenset({"W8A8", "W8A8_DYNAMIC", "W8A16", "W4A8_DYNAMIC", "W4A16"})
 
 
 class ProfileError(ValueError):
@@ -90,18 +59,12 @@ class HardwareProfile:
     name: str
     device_type: AscendDeviceType | None
     capabilities: frozenset[HardwareCapability]
-    attention_backend: AttentionBackendFamily
     cpu_binding: CPUBindingMode
     adaptor_family: DeviceAdaptorFamily
-    addressing_mode: DeviceAddressingMode
-    quant_backend: QuantizationBackendFamily
-    weight_layout: WeightLayoutPolicy
-    quant_types: frozenset[str] = COMMON_QUANT_TYPES
     torch_device: str = "npu"
     dist_backend: str = "hccl"
     eager_only: bool = False
     async_scheduling: bool = True
-    pin_memory: bool = True
     preferred_block_size: int = 128
     block_size_multiple: int = 16
     supported_dtypes: tuple[str, ...] = field(default=("float16", "bfloat16", "float32"))
@@ -137,9 +100,6 @@ class HardwareProfile:
                 ) from None
         return capability in self.capabilities
 
-    def supports_quant_type(self, quant_type: str) -> bool:
-        return quant_type.upper() in self.quant_types
-
     def with_changes(self, **changes: Any) -> HardwareProfile:
         """A copy with some fields replaced (validated again); what overlays use to refine a profile."""
         return replace(self, **changes)
@@ -150,12 +110,10 @@ class HardwareProfile:
             "device_type": self.device_type.value if self.device_type else None,
             "capabilities": sorted(c.value for c in self.capabilities),
             **{attr: getattr(self, attr).value for attr in _DIMENSIONS},
-            "quant_types": sorted(self.quant_types),
             "torch_device": self.torch_device,
             "dist_backend": self.dist_backend,
             "eager_only": self.eager_only,
             "async_scheduling": self.async_scheduling,
-            "pin_memory": self.pin_memory,
             "preferred_block_size": self.preferred_block_size,
             "block_size_multiple": self.block_size_multiple,
             "supported_dtypes": list(self.supported_dtypes),
@@ -171,16 +129,9 @@ C = HardwareCapability
 A2_PROFILE = HardwareProfile(
     name="Atlas A2",
     device_type=AscendDeviceType.A2,
-    capabilities=frozenset(
-        {C.BF16, C.INT4, C.TRITON, C.MC2, C.FUSED_MOE_GATING, C.FUSED_INFER_ATTENTION, C.GRAPH_CAPTURE}
-    ),
-    attention_backend=AttentionBackendFamily.FIA,
+    capabilities=frozenset({C.BF16, C.INT4, C.TRITON, C.MC2, C.FUSED_MOE_GATING, C.FUSED_INFER_ATTENTION}),
     cpu_binding=CPUBindingMode.TOPO_AFFINITY,
     adaptor_family=DeviceAdaptorFamily.A2A3,
-    addressing_mode=DeviceAddressingMode.HCCS_PEER,
-    quant_backend=QuantizationBackendFamily.ACLNN_INT,
-    weight_layout=WeightLayoutPolicy.ND,
-    quant_types=COMMON_QUANT_TYPES | {"W4A4_DYNAMIC", "W8A8_MIX", "FAKQUANT", "INT8_DYNAMIC", "C8"},
 )
 
 A3_PROFILE = A2_PROFILE.with_changes(name="Atlas A3", device_type=AscendDeviceType.A3)
@@ -198,61 +149,35 @@ A5_PROFILE = HardwareProfile(
             C.MC2,
             C.FUSED_MOE_GATING,
             C.FUSED_INFER_ATTENTION,
-            C.GRAPH_CAPTURE,
         }
     ),
-    attention_backend=AttentionBackendFamily.FIA_V2,
     cpu_binding=CPUBindingMode.CPU_POOLS_950,
     adaptor_family=DeviceAdaptorFamily.A5,
-    addressing_mode=DeviceAddressingMode.UNIFIED,
-    quant_backend=QuantizationBackendFamily.MXFP,
-    weight_layout=WeightLayoutPolicy.ND,
-    quant_types=COMMON_QUANT_TYPES
-    | {
-        "W4A4_MXFP4",
-        "W4A4_MXFP4_FLATQUANT",
-        "W4A8_MXFP",
-        "W8A8_MXFP8",
-        "W8A8FP8_DYNAMIC",
-        "W4A16_MXFP4",
-        "INT8_DYNAMIC",
-    },
 )
 
 #: Core's baseline for 310P: only hardware facts (no bf16, no Triton, no fused gating); the
-#: ``vllm-ascend-310p`` overlay refines it (NZ weights, sparse int8 quant, its adaptor).
+#: ``vllm-ascend-310p`` overlay refines it and brings its adaptor.
 P310_BASE_PROFILE = HardwareProfile(
     name="Atlas 310P (baseline; install vllm-ascend-310p)",
     device_type=AscendDeviceType._310P,
-    capabilities=frozenset({C.GRAPH_CAPTURE}),
-    attention_backend=AttentionBackendFamily.ATB_310P,
+    capabilities=frozenset(),
     cpu_binding=CPUBindingMode.AVERAGE,
     adaptor_family=DeviceAdaptorFamily._310P,
-    addressing_mode=DeviceAddressingMode.DEVICE_LOCAL,
-    quant_backend=QuantizationBackendFamily.INT8_310P,
-    weight_layout=WeightLayoutPolicy.ND,
-    quant_types=frozenset({"W8A8"}),
     supported_dtypes=("float16", "float32"),
 )
 
 #: ``VLLM_ASCEND_DEVICE=reference``: torch's cpu device, gloo, eager only (no graph capture), no
-#: async scheduling or pinned memory; the platform reads these fields instead of hard-coding them.
+#: async scheduling; CPU binding splits the allowed CPUs among local ranks.
 REFERENCE_PROFILE = HardwareProfile(
     name="reference (torch cpu)",
     device_type=None,
     capabilities=frozenset({C.BF16, C.INT4}),
-    attention_backend=AttentionBackendFamily.REFERENCE,
-    cpu_binding=CPUBindingMode.NONE,
+    cpu_binding=CPUBindingMode.AVERAGE,
     adaptor_family=DeviceAdaptorFamily.REFERENCE,
-    addressing_mode=DeviceAddressingMode.HOST,
-    quant_backend=QuantizationBackendFamily.REFERENCE,
-    weight_layout=WeightLayoutPolicy.ND,
-    quant_types=COMMON_QUANT_TYPES | {"W4A4_DYNAMIC", "W8A8_MIX", "INT8_DYNAMIC"},
     torch_device="cpu",
     dist_backend="gloo",
     eager_only=True,
     async_scheduling=False,
-    pin_memory=False,
     preferred_block_size=128,
 )
 
@@ -262,25 +187,3 @@ BUILTIN_PROFILES: dict[AscendDeviceType, HardwareProfile] = {
     AscendDeviceType.A5: A5_PROFILE,
     AscendDeviceType._310P: P310_BASE_PROFILE,
 }
-
-
-def get_hardware_profile(device_type: AscendDeviceType | str) -> HardwareProfile:
-    """The profile of a family (an installed overlay's, when one is registered for it).
-
-    ``device_type`` may be an :class:`AscendDeviceType`, its value (``"A3"``), a SOC string, or
-    ``"reference"`` for the reference device.
-    """
-    if isinstance(device_type, str) and device_type.strip().lower() == "reference":
-        return REFERENCE_PROFILE
-    family = AscendDeviceType.parse(device_type)
-    from vllm_ascend.core.device.overlay import active_overlays
-
-    overlay = active_overlays().get(family)
-    return overlay.profile if overlay is not None else BUILTIN_PROFILES[family]
-
-
-def get_current_hardware_profile() -> HardwareProfile:
-    """The profile of the device this process runs on (see :func:`get_device_config`)."""
-    from vllm_ascend.core.device.config import get_device_config
-
-    return get_device_config().profile

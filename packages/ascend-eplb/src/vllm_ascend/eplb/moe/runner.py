@@ -19,29 +19,54 @@ from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 from vllm.model_executor.layers.fused_moe.router.fused_topk_router import FusedTopKRouter
 from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 
-from vllm_ascend.core.device.adaptor import get_device_adaptor
-from vllm_ascend.eplb.moe.host import HostPlacement, physical_maps
+from vllm_ascend.core.config import get_section
+from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.eplb.config import EplbConfig
+from vllm_ascend.eplb.expert_map_file import expert_file_to_tensor
+from vllm_ascend.eplb.movers import LocalWeightMover
+from vllm_ascend.eplb.placement import rank_maps
+from vllm_ascend.eplb.updator import EplbUpdator
 
-#: One placement per model: ``id(vllm_config) -> (weak ref to the config, its HostPlacement)``.
-_HOSTS: dict[int, tuple[weakref.ref[Any], HostPlacement]] = {}
+#: One schedule per model: ``id(vllm_config) -> (weak ref to the config, its EplbUpdator)``.
+_SCHEDULES: dict[int, tuple[weakref.ref[Any], EplbUpdator]] = {}
 
 
-def host_for(vllm_config: Any, num_experts: int) -> HostPlacement:
-    """The :class:`HostPlacement` of the model being built under ``vllm_config``."""
-    for key in [k for k, (ref, _) in _HOSTS.items() if ref() is None]:
-        del _HOSTS[key]
-    entry = _HOSTS.get(id(vllm_config))
+def schedule_for(vllm_config: Any) -> EplbUpdator:
+    """The :class:`EplbUpdator` of the model being built under ``vllm_config``: every rank's slots live in
+    this process, so weights move with a :class:`LocalWeightMover`."""
+    for key in [k for k, (ref, _) in _SCHEDULES.items() if ref() is None]:
+        del _SCHEDULES[key]
+    entry = _SCHEDULES.get(id(vllm_config))
     if entry is not None and entry[0]() is vllm_config:
         return entry[1]
-    from vllm_ascend.core.config import get_ascend_config
+    config = get_section("eplb_config")
+    if not isinstance(config, EplbConfig):
+        raise TypeError(f"core's eplb_config section is {type(config).__name__}, expected EplbConfig")
+    schedule = EplbUpdator(config, LocalWeightMover())
+    _SCHEDULES[id(vllm_config)] = (weakref.ref(vllm_config), schedule)
+    return schedule
 
-    host = HostPlacement(get_ascend_config().eplb_config, num_experts)
-    _HOSTS[id(vllm_config)] = (weakref.ref(vllm_config), host)
-    return host
+
+def _start(schedule: EplbUpdator, num_experts: int) -> None:
+    """On the first forward (weights are loaded): lay every layer's experts out in physical slots."""
+    path = schedule.config.expert_map_path
+    ranks = int(expert_file_to_tensor(path)[2]) if path else 1
+    table = schedule.config.initial_table(num_experts, len(schedule.layers), ranks)
+    for layer, rank_table in zip(schedule.layers, table, strict=True):
+        layer.install_placement(rank_table)
+    schedule.start(table)
 
 
-def _is_real_forward() -> bool:
-    return is_forward_context_available() and get_forward_context().attn_metadata is not None
+def _real_forward_phase(decode_query_len: int) -> str | None:
+    """``decode`` for a real forward whose requests bring at most ``decode_query_len`` new tokens each (1 +
+    speculative tokens), else ``prefill``; ``None`` for dummy/profile runs (no attention metadata)."""
+    if not is_forward_context_available():
+        return None
+    metadata = get_forward_context().attn_metadata
+    if metadata is None:
+        return None
+    first = next(iter(metadata.values())) if isinstance(metadata, dict) else metadata
+    return "prefill" if int(first.max_query_len) > decode_query_len else "decode"
 
 
 class AscendMoERunner(MoERunner):
@@ -55,8 +80,11 @@ class AscendMoERunner(MoERunner):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._check_supported()
-        self.host = host_for(get_current_vllm_config(), self.moe_config.num_logical_experts)
-        self.moe_index = self.host.register(self)
+        vllm_config = get_current_vllm_config()
+        spec = vllm_config.speculative_config
+        self.decode_query_len = 1 + (spec.num_speculative_tokens or 0) if spec is not None else 1
+        self.eplb = schedule_for(vllm_config)
+        self.moe_index = self.eplb.register(self)
         self._expert_map: torch.Tensor | None = None
         self.log2phy: torch.Tensor | None = None
         self.moe_load: torch.Tensor | None = None
@@ -90,22 +118,21 @@ class AscendMoERunner(MoERunner):
         """``[ranks, n]`` local slot of each logical expert on each rank of the placement, -1 where absent."""
         return self._expert_map
 
-    # placement -------------------------------------------------------------------------------
+    # placement (the EplbLayer protocol) ----------------------------------------------------
     def install_placement(self, rank_table: np.ndarray) -> None:
-        """Give each physical slot a copy of its logical expert's weights; set the maps."""
+        """Give each physical slot (``rank * slots + slot``) a copy of its logical expert's weights."""
         phys = torch.as_tensor(rank_table.reshape(-1), dtype=torch.long)
         for param in (self.routed_experts.w13_weight, self.routed_experts.w2_weight):
             param.data = param.data[phys].clone()
-        self._expert_map, self.log2phy = physical_maps(rank_table)
         self.moe_load = torch.zeros(phys.numel(), dtype=torch.int64)
 
-    def move_experts(self, moves: list[tuple[int, int]], rank_table: np.ndarray) -> None:
-        """Copy weights ``src → dst`` (physical slots, sources read before any write); switch the maps."""
-        for param in (self.routed_experts.w13_weight, self.routed_experts.w2_weight):
-            sources = {src: param.data[src].clone() for src, _ in moves}
-            for src, dst in moves:
-                param.data[dst].copy_(sources[src])
-        self._expert_map, self.log2phy = physical_maps(rank_table)
+    def expert_weights(self) -> list[torch.Tensor]:
+        return [self.routed_experts.w13_weight.data, self.routed_experts.w2_weight.data]
+
+    def set_placement(self, rank_table: np.ndarray) -> None:
+        expert_map, log2phy = rank_maps(rank_table)
+        self._expert_map = torch.as_tensor(expert_map, dtype=torch.int64)
+        self.log2phy = torch.as_tensor(log2phy, dtype=torch.int64)
 
     # forward ---------------------------------------------------------------------------------
     def _forward_impl(
@@ -115,8 +142,8 @@ class AscendMoERunner(MoERunner):
         shared_experts_input: torch.Tensor | None,
         input_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if not self.host.installed:
-            self.host.install()
+        if not self.eplb.started:
+            _start(self.eplb, self.moe_config.num_logical_experts)
         assert self.log2phy is not None and self.moe_load is not None
         if self.gate is not None:
             router_logits, _ = self.gate(hidden_states)
@@ -133,8 +160,9 @@ class AscendMoERunner(MoERunner):
         w2 = self.routed_experts.w2_weight.transpose(1, 2)
         act = adaptor.swiglu(adaptor.grouped_matmul(sorted_x, w13, counts))
         out = adaptor.moe_finalize_routing(adaptor.grouped_matmul(act, w2, counts), row_idx, weights)
-        if _is_real_forward():
+        phase = _real_forward_phase(self.decode_query_len)
+        if phase is not None:
             self.moe_load += counts.to(self.moe_load.device)
-            if self.moe_index == len(self.host.layers) - 1:
-                self.host.end_of_forward()
+            if self.moe_index == len(self.eplb.layers) - 1:
+                self.eplb.forward_end(phase)
         return out

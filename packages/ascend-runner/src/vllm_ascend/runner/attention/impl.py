@@ -6,9 +6,9 @@ import torch
 from vllm.config import get_current_vllm_config_or_none
 from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
 
-from vllm_ascend.core.device.adaptor import get_device_adaptor
-from vllm_ascend.runner.attention.backend import AttentionConfigError, check_supported
+from vllm_ascend.core.device.config import get_device_adaptor
 from vllm_ascend.runner.attention.metadata import AscendAttentionMetadata
+from vllm_ascend.runner.attention.support import AttentionConfigError, check_supported
 
 
 def split_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from vllm.model_executor.layers.activation import SiluAndMul
 
-from vllm_ascend.core.device.adaptor import get_device_adaptor
+from vllm_ascend.core.device.config import get_device_adaptor
 
 
 class AscendSiluAndMul(SiluAndMul):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
-from vllm_ascend.core.device.adaptor import get_device_adaptor
+from vllm_ascend.core.device.config import get_device_adaptor
 
 
 class AscendRotaryEmbedding(RotaryEmbedding):

@@ -80,6 +80,51 @@ class BaseDeviceAdaptor(abc.ABC):
     def reset_counts(self) -> None:
         self.call_counts.clear()
 
+    # -- runtime: devices, streams, memory -------------------------------------------------
+    @abc.abstractmethod
+    def torch_device(self, local_rank: int) -> torch.device:
+        """The torch device a worker of ``local_rank`` runs on."""
+
+    @abc.abstractmethod
+    def set_device(self, device: torch.device) -> None:
+        """Make ``device`` the current device of this process."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Wait until all work issued to the current device has finished."""
+
+    @abc.abstractmethod
+    def empty_cache(self) -> None:
+        """Return cached, unused device memory to the driver."""
+
+    @abc.abstractmethod
+    def stream_api(self) -> dict[str, Any]:
+        """The ``torch.cuda``-style stream/event API: ``Stream``, ``Event``, ``current_stream``, ``stream``."""
+
+    @abc.abstractmethod
+    def install_runtime_shims(self) -> None:
+        """Make vLLM's direct ``torch.accelerator`` calls valid on this device (idempotent)."""
+
+    @abc.abstractmethod
+    def device_name(self, device_id: int = 0) -> str:
+        """Human-readable name of device ``device_id``."""
+
+    @abc.abstractmethod
+    def total_memory(self, device_id: int = 0) -> int:
+        """Bytes of memory of device ``device_id``."""
+
+    @abc.abstractmethod
+    def memory_in_use(self, device: torch.types.Device | None = None) -> float:
+        """Bytes this process holds on the device (peak since the last query where the driver tracks it)."""
+
+    @abc.abstractmethod
+    def manual_seed_all(self, seed: int) -> None:
+        """Seed the device's random generators."""
+
+    @abc.abstractmethod
+    def pin_memory_available(self) -> bool:
+        """Whether host buffers may be pinned for faster copies to the device."""
+
     # -- attention and KV cache ------------------------------------------------------------
     @abc.abstractmethod
     def reshape_and_cache(

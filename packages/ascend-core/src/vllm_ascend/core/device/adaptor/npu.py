@@ -8,11 +8,17 @@ the reference's device-agnostic torch code on the NPU tensors.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from vllm_ascend.core.device.adaptor.base import GROUP_LIST_TYPES, SCORING_FUNCS, DeviceOpError, check_choice
+from vllm_ascend.core.device.adaptor.base import (
+    GROUP_LIST_TYPES,
+    SCORING_FUNCS,
+    BaseDeviceAdaptor,
+    DeviceOpError,
+    check_choice,
+)
 from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
 
 #: Size of the compressed causal mask the fused attention ops take with ``sparse_mode=3``.
@@ -48,15 +54,67 @@ def valid_rows(
     return (torch.arange(num_rows, device=device) < end).unsqueeze(1)
 
 
-class A2A3DeviceAdaptor(ReferenceDeviceAdaptor):
-    """Atlas A2 and A3 (Ascend910B / Ascend910_93): ``torch_npu`` fused ops."""
+def torch_npu_runtime() -> Any:
+    """``torch.npu`` (registered by importing torch_npu)."""
+    torch_npu_module()
+    return torch.npu  # type: ignore[attr-defined]
+
+
+class A2A3DeviceAdaptor(BaseDeviceAdaptor):
+    """Atlas A2 and A3 (Ascend910B / Ascend910_93): ``torch_npu`` fused ops and the ``torch.npu`` runtime."""
 
     family = "A2/A3"
+    #: Ops with no torch_npu counterpart: the reference's device-agnostic torch code runs on NPU tensors.
     TORCH_OPS: ClassVar[frozenset[str]] = frozenset({"kv_load"})
+    kv_load = ReferenceDeviceAdaptor.kv_load
 
     def __init__(self) -> None:
         super().__init__()
         self._causal_masks: dict[torch.device, torch.Tensor] = {}
+
+    # -- runtime ---------------------------------------------------------------------------
+    def torch_device(self, local_rank: int) -> torch.device:
+        return torch.device(f"npu:{local_rank}")
+
+    def set_device(self, device: torch.device) -> None:
+        torch_npu_runtime().set_device(device)
+
+    def synchronize(self) -> None:
+        torch_npu_runtime().synchronize()
+
+    def empty_cache(self) -> None:
+        torch_npu_runtime().empty_cache()
+
+    def stream_api(self) -> dict[str, Any]:
+        npu = torch_npu_runtime()
+        return {
+            "Stream": npu.Stream,
+            "Event": npu.Event,
+            "current_stream": npu.current_stream,
+            "stream": npu.stream,
+        }
+
+    def install_runtime_shims(self) -> None:
+        """torch_npu registers a real accelerator: nothing to replace."""
+        torch_npu_module()
+
+    def device_name(self, device_id: int = 0) -> str:
+        return str(torch_npu_runtime().get_device_name(device_id))
+
+    def total_memory(self, device_id: int = 0) -> int:
+        return int(torch_npu_runtime().get_device_properties(device_id).total_memory)
+
+    def memory_in_use(self, device: torch.types.Device | None = None) -> float:
+        npu = torch_npu_runtime()
+        npu.reset_peak_memory_stats(device)
+        return float(npu.max_memory_allocated(device))
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        torch_npu_runtime().manual_seed_all(seed)
+
+    def pin_memory_available(self) -> bool:
+        return True
 
     def _causal_mask(self, device: torch.device) -> torch.Tensor:
         mask = self._causal_masks.get(device)

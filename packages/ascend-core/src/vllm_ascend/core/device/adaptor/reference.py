@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -186,10 +190,117 @@ def _attend_group(
     output[q_idx[keep]] = out[keep].to(output.dtype)
 
 
+class ReferenceEvent:
+    """A completed-on-creation event: work on the cpu device is synchronous."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.recorded = False
+
+    def record(self, stream: Any = None) -> None:
+        self.recorded = True
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+
+class ReferenceStream:
+    """A stream on the cpu device: every op has finished before the next is issued."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.device = torch.device("cpu")
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def record_event(self, event: ReferenceEvent | None = None) -> ReferenceEvent:
+        event = event or ReferenceEvent()
+        event.record()
+        return event
+
+
+@contextmanager
+def _stream_context(stream: Any = None) -> Iterator[None]:
+    yield
+
+
+def _no_op(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _no_op_cache(*args: Any, **kwargs: Any) -> None:
+    # Distinct from _no_op: Dynamo keys its handling of these calls on object identity.
+    return None
+
+
+def _no_op_host_cache(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
 class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
-    """Plain-PyTorch implementation of every op (runs on any torch device)."""
+    """Plain-PyTorch implementation of every op on torch's cpu device; host memory is device memory."""
 
     family = "reference"
+
+    # -- runtime ---------------------------------------------------------------------------
+    def torch_device(self, local_rank: int) -> torch.device:
+        return torch.device("cpu")
+
+    def set_device(self, device: torch.device) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def empty_cache(self) -> None:
+        return None
+
+    def stream_api(self) -> dict[str, Any]:
+        return {
+            "Stream": ReferenceStream,
+            "Event": ReferenceEvent,
+            "current_stream": lambda device=None: ReferenceStream(),
+            "stream": _stream_context,
+        }
+
+    def install_runtime_shims(self) -> None:
+        """vLLM calls ``torch.accelerator.synchronize/empty_cache`` directly; with no accelerator they raise."""
+        if torch.accelerator.is_available():
+            return
+        torch.accelerator.synchronize = _no_op
+        torch.accelerator.empty_cache = _no_op_cache
+        if hasattr(torch.accelerator, "empty_host_cache"):
+            torch.accelerator.empty_host_cache = _no_op_host_cache
+
+    def device_name(self, device_id: int = 0) -> str:
+        return "Ascend reference device (cpu)"
+
+    def total_memory(self, device_id: int = 0) -> int:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+
+    def memory_in_use(self, device: torch.types.Device | None = None) -> float:
+        import psutil
+
+        return float(psutil.Process(os.getpid()).memory_info().rss)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def pin_memory_available(self) -> bool:
+        return False
 
     # -- attention and KV cache ------------------------------------------------------------
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping):

@@ -1,4 +1,4 @@
-"""The extension descriptor registers a path that resolves, and the package exports lazily."""
+"""The public surface: lazy exports and a light import."""
 
 from __future__ import annotations
 
@@ -6,16 +6,7 @@ import subprocess
 import sys
 
 import vllm_ascend.quant as quant
-from vllm_ascend.core.registry import QUANT_METHODS
-from vllm_ascend.quant._extension import EXTENSION
 from vllm_ascend.quant.description import QuantDescription
-
-
-def test_registered_path_resolves():
-    EXTENSION.register()
-    EXTENSION.register()  # idempotent
-    assert QUANT_METHODS.get("ascend") is QuantDescription
-    assert EXTENSION.provides == ("quant_methods",)
 
 
 def test_lazy_exports():

@@ -1,0 +1,113 @@
+"""Hand what siblings registered with core to vLLM's own registries, and report what vLLM can reach.
+
+``load_format`` names (``MODEL_LOADERS``) and quantization methods (``QUANT_METHODS``) become vLLM
+entries when the platform is active; :func:`reachability` tells ``vllm-ascend doctor`` which
+registered entries vLLM (or the plugin's serving path) actually reaches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_ascend.core.logger import init_logger
+from vllm_ascend.core.registry import (
+    ALL_REGISTRIES,
+    CONFIG_SECTIONS,
+    MODEL_LOADERS,
+    QUANT_METHODS,
+    WORKERS,
+    Registry,
+)
+
+logger = init_logger(__name__)
+
+
+def _loadable(registry: Registry[Any]) -> dict[str, Any]:
+    """Name -> object for every entry that imports; failures are logged and skipped, like extensions."""
+    loaded = {}
+    for name in registry.names():
+        try:
+            loaded[name] = registry.get(name)
+        except Exception as exc:
+            logger.warning(
+                "Skipping %s %r from %s: %s: %s",
+                registry.kind,
+                name,
+                registry.owner(name),
+                type(exc).__name__,
+                exc,
+            )
+    return loaded
+
+
+def register_model_loaders_with_vllm() -> list[str]:
+    """Make every loader in :data:`MODEL_LOADERS` a vLLM ``load_format``; return the formats added.
+
+    Idempotent (vLLM warns when a format is overwritten, so formats already mapped to the same
+    class are skipped).
+    """
+    from vllm.model_executor import model_loader
+
+    known = model_loader._LOAD_FORMAT_TO_MODEL_LOADER
+    added = []
+    for name, cls in _loadable(MODEL_LOADERS).items():
+        if known.get(name) is not cls:
+            model_loader.register_model_loader(name)(cls)
+            added.append(name)
+    return added
+
+
+def register_quant_methods_with_vllm() -> list[str]:
+    """Make every config class in :data:`QUANT_METHODS` a vLLM ``quantization`` method; return those added."""
+    from vllm.model_executor.layers import quantization
+
+    added = []
+    for name, cls in _loadable(QUANT_METHODS).items():
+        if name in quantization.QUANTIZATION_METHODS and quantization.get_quantization_config(name) is cls:
+            continue
+        quantization.register_quantization_config(name)(cls)
+        added.append(name)
+    return added
+
+
+def _reached(registry: str, name: str) -> tuple[bool, str]:
+    """Whether vLLM (or the plugin's serving path) reaches entry ``name`` of ``registry``, and how."""
+    if registry == "model_loaders":
+        from vllm.model_executor import model_loader
+
+        ok = model_loader._LOAD_FORMAT_TO_MODEL_LOADER.get(name) is MODEL_LOADERS.get(name)
+        return ok, f"vLLM load_format {name!r}"
+    if registry == "quant_methods":
+        from vllm.model_executor.layers import quantization
+
+        ok = name in quantization.QUANTIZATION_METHODS
+        return ok and quantization.get_quantization_config(name) is QUANT_METHODS.get(name), (
+            f"vLLM quantization {name!r}"
+        )
+    if registry == "workers":
+        return name == "default", "vLLM parallel_config.worker_cls"
+    if registry == "spec_decode_methods":
+        return "default" in WORKERS, f"speculative_config.method {name!r} (the runner's drafter)"
+    if registry == "config_sections":
+        return name in CONFIG_SECTIONS, f"additional_config.{name}"
+    if registry == "cli_commands":
+        return True, f"vllm-ascend {name}"
+    if registry == "device_overlays":
+        overlay = ALL_REGISTRIES[registry].get(name)
+        return True, f"{overlay.family.value} devices"
+    return False, "no serving path"
+
+
+def reachability(owner: str) -> list[dict[str, Any]]:
+    """What ``owner`` (a distribution) registered, each entry with whether and how it is reached."""
+    rows = []
+    for registry_name, registry in ALL_REGISTRIES.items():
+        for name in registry.names():
+            if registry.owner(name) != owner:
+                continue
+            try:
+                reached, how = _reached(registry_name, name)
+            except Exception as exc:
+                reached, how = False, f"{type(exc).__name__}: {exc}"
+            rows.append({"registry": registry_name, "name": name, "reached": reached, "via": how})
+    return rows
