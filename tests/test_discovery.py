@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-SIBLING_EXTENSIONS = ["ascend310p", "eplb", "kernels", "netloader", "quant", "runner", "specdecode"]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: Leaves that ship an extension descriptor (``_extension.py``): the ones vLLM's loader must find.
+SIBLING_EXTENSIONS = sorted(p.parent.name for p in ROOT.glob("packages/*/src/vllm_ascend/*/_extension.py"))
 
 
 def run_py(code: str, device: str | None = None) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_ascend.eplb.expert_map_file import save_expert_map
+from vllm_ascend.eplb.expert_map_file import expert_file_to_tensor, save_expert_map
 from vllm_ascend.eplb.placement import generate_expert_map
 from vllm_ascend.runner.testing.tiny_models import build_tiny_model, qwen3_moe_spec
 
@@ -153,22 +153,54 @@ def test_dynamic_eplb_rebalances_during_generation(make_llm, tiny_moe, moe_promp
         "expert_heat_collection_interval": 3,
         "algorithm_execution_interval": 2,
         "eplb_policy_type": "default",
+        "load_collection_phase": "decode",
+        "expert_map_record_path": str(tmp_path / "recorded.json"),
     }
     llm = _make(make_llm, tiny_moe, eplb)
     got, _ = _generate(llm, moe_prompts)
     layers = _moe_layers(llm)
-    host = layers[0].host
-    assert host.rebalances, "dynamic EPLB never changed the placement"
-    first_step, table = host.rebalances[0]
+    schedule = layers[0].eplb
+    assert all(layer.eplb is schedule for layer in layers)
+    assert schedule.rebalances, "dynamic EPLB never changed the placement"
+    first_step, table = schedule.rebalances[0]
     assert first_step < MAX_NEW_TOKENS  # mid-generation
     initial = np.broadcast_to(np.asarray(REDUNDANT_PLACEMENT), table.shape)
     assert not np.array_equal(table, initial)
     # The layers' maps and weights follow the final placement: every slot holds its expert's weights.
     checkpoint = _checkpoint_w13(tiny_moe)
     for layer_id, layer in enumerate(layers):
-        final = host.table[layer_id]
+        final = schedule.table[layer_id]
         assert layer.expert_map.tolist() == generate_expert_map(final[None])[0].tolist()
         w13 = layer.routed_experts.w13_weight
         for slot, expert in enumerate(final.reshape(-1).tolist()):
             assert torch.equal(w13[slot], checkpoint[layer_id, expert]), (layer_id, slot, expert)
+    # The placement dynamic EPLB computed was recorded as an expert-map file.
+    recorded = expert_file_to_tensor(tmp_path / "recorded.json")[0].numpy()
+    assert np.array_equal(recorded, schedule.table)
     assert got == moe_hf
+
+
+@pytest.mark.parametrize(
+    "eplb_config, options, match",
+    [
+        (
+            {"dynamic_epbl": True},
+            {},
+            r"unknown option additional_config\.eplb_config\.dynamic_epbl; did you mean",
+        ),
+        ({"load_collection_phase": "mixed"}, {}, r"eplb_config\.load_collection_phase = 'mixed' is invalid"),
+        (
+            {"dynamic_eplb": True},
+            {"enable_expert_parallel": False},
+            r"dynamic_eplb requires expert parallelism",
+        ),
+    ],
+)
+def test_eplb_config_is_validated_when_vllm_builds_its_config(
+    make_llm, tiny_moe, eplb_config, options, match
+):
+    with pytest.raises(ValueError, match=match):  # eplb's ConfigError is a ValueError
+        make_llm(
+            tiny_moe,
+            **{"enable_expert_parallel": True, "additional_config": {"eplb_config": eplb_config}, **options},
+        )

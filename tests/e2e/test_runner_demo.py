@@ -23,7 +23,7 @@ def test_demo_command_matches_hf(tmp_path):
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr[-3000:]
     assert out.count("[MATCH]") == 4 and "MISMATCH" not in out
-    assert "platform  NPUPlatform (Ascend reference device (cpu))" in out
+    assert "platform  ReferencePlatform (Ascend reference device (cpu))" in out
     assert "worker    NPUWorker / runner NPUModelRunner" in out
     assert "fused_infer_attention=" in out and "token ids identical to HF transformers" in out
     assert any(p.name == "models" for p in tmp_path.iterdir())  # the model was built in the given cache dir

@@ -96,7 +96,8 @@ def test_ngram_drafts_are_verified_on_our_kernels(make_llm, tiny_qwen3, monkeypa
 def test_unsupported_verification_is_a_clear_error(make_llm, tiny_qwen3):
     with pytest.raises(
         Exception,
-        match=r"verify_method='block' is not implemented by vllm-ascend-runner; allowed: \('strict',\)",
+        match=r"`additional_config.rejection_sampler_config.verify_method` = 'block' is not supported yet "
+        r"by vllm-ascend .*; supported: 'strict'",
     ):
         make_llm(
             tiny_qwen3,

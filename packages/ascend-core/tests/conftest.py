@@ -63,24 +63,36 @@ def fake_dists(tmp_path: Path) -> FakeDists:
 
 GOOD = """
 from vllm_ascend.core.extensions import ExtensionDescriptor
-from vllm_ascend.core.registry import EPLB_POLICIES
+from vllm_ascend.core.registry import SPEC_DECODE_METHODS
 
 CALLS = []
 
 def register():
-    EPLB_POLICIES.register("{policy}", "collections:OrderedDict")
+    SPEC_DECODE_METHODS.register("{policy}", "collections:OrderedDict")
 
 EXTENSION = ExtensionDescriptor(
-    name="{name}", version="9.9.9", core_requires="{requires}", provides=("eplb_policies",), register=register
+    name="{name}", version="9.9.9", core_requires="{requires}", provides=("spec_decode_methods",), register=register
 )
 """
 
 
 @pytest.fixture
 def good_source():
-    """Source of a well-formed extension module registering one EPLB policy path."""
+    """Source of a well-formed extension module registering one speculative decoding method path."""
 
     def make(name: str, policy: str = "fake", requires: str = ">=0.1,<0.2") -> str:
         return GOOD.format(name=name, policy=policy, requires=requires)
 
     return make
+
+
+@pytest.fixture
+def no_sibling_sections(monkeypatch):
+    """CONFIG_SECTIONS as in a core-only install: installed siblings loaded, their validators hidden."""
+    from vllm_ascend.core.extensions import load_extensions
+    from vllm_ascend.core.registry import CONFIG_SECTIONS
+
+    load_extensions()
+    monkeypatch.setattr(CONFIG_SECTIONS, "_entries", {})
+    monkeypatch.setattr(CONFIG_SECTIONS, "_loaded", {})
+    return CONFIG_SECTIONS

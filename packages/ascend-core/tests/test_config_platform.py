@@ -1,5 +1,5 @@
-"""Through real vLLM on the reference device: NPUPlatform.check_and_update_config builds AscendConfig
-from ``additional_config`` first, so a bad config is rejected with AscendConfig's own message."""
+"""Through real vLLM on the reference device: the platform's check_and_update_config builds AscendConfig
+from ``additional_config`` first, so a bad or refused option is rejected with AscendConfig's own message."""
 
 from __future__ import annotations
 
@@ -54,10 +54,10 @@ def test_platform_rejects_bad_additional_config_with_the_config_message(tmp_path
     model.mkdir()
     (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
     cases = {
-        "unknown_key": {"eplb_config": {"dynamic_eplbb": True}},
-        "out_of_range": {"eplb_config": {"expert_heat_collection_interval": 0}},
-        "needs_ep": {"eplb_config": {"num_redundant_experts": 2}},
-        "good": {"enable_kv_nz": True, "eplb_config": {"eplb_policy_type": "flashlb"}},
+        "unknown_key": {"enable_cpu_bindng": True},
+        "refused_option": {"enable_kv_nz": True},
+        "refused_value": {"rejection_sampler_config": {"verify_method": "block"}},
+        "good": {"enable_cpu_binding": True},
     }
     env = {
         **os.environ,
@@ -77,28 +77,25 @@ def test_platform_rejects_bad_additional_config_with_the_config_message(tmp_path
     assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(lines[-1][len("RESULT ") :])
 
-    assert (results["module"], results["platform"]) == ("vllm_ascend.core.platform", "NPUPlatform")
+    assert (results["module"], results["platform"]) == ("vllm_ascend.core.platform", "ReferencePlatform")
     assert (
-        "unknown option additional_config.eplb_config.dynamic_eplbb; did you mean 'dynamic_eplb'? Allowed keys: "
-        "algorithm_execution_interval, dynamic_eplb, eplb_policy_type, expert_heat_collection_interval, "
-        "expert_map_path, expert_map_record_path, load_collection_phase, num_redundant_experts, "
-        "num_warmup_iterations"
+        "unknown option additional_config.enable_cpu_bindng; did you mean 'enable_cpu_binding'? Allowed keys: "
+        "dump_config_path, enable_cpu_binding, rejection_sampler_config"
     ) in results["unknown_key"]["error"]
     assert (
-        "additional_config.eplb_config.expert_heat_collection_interval = 0 is out of range; allowed: >= 1"
-        in results["out_of_range"]["error"]
-    )
-    # the real VllmConfig's parallel config is checked: no --enable-expert-parallel here
+        "`additional_config.enable_kv_nz` is not supported yet by vllm-ascend 0.1.0 "
+        "(the KV cache in FRACTAL_NZ layout); remove it from additional_config"
+    ) in results["refused_option"]["error"]
     assert (
-        "additional_config.eplb_config.num_redundant_experts requires expert parallelism "
-        "(parallel_config.enable_expert_parallel = True, --enable-expert-parallel)"
-    ) in results["needs_ep"]["error"]
-    for label in ("unknown_key", "out_of_range", "needs_ep"):
+        "`additional_config.rejection_sampler_config.verify_method` = 'block' is not supported yet by "
+        "vllm-ascend 0.1.0; supported: 'strict'"
+    ) in results["refused_value"]["error"]
+    for label in ("unknown_key", "refused_option", "refused_value"):
         assert results[label]["ascend"] is None, label
 
     good = results["good"]["ascend"]
     assert good is not None, results["good"]["error"]
-    assert good["enable_kv_nz"] is True and good["eplb_config"]["eplb_policy_type"] == 3
+    assert good["enable_cpu_binding"] is True
     # With the runner installed the engine config is complete; in a core-only install the platform's
     # next step (worker lookup) is the only acceptable failure.
     error = results["good"]["error"]

@@ -5,14 +5,17 @@ from __future__ import annotations
 import pytest
 
 from vllm_ascend.core.device import config as device_config
-from vllm_ascend.core.device.config import get_device_adaptor
 from vllm_ascend.core.device.adaptor.a5 import A5DeviceAdaptor
-from vllm_ascend.core.device.config import clear_device_caches, resolve_device_config
+from vllm_ascend.core.device.config import (
+    clear_device_caches,
+    get_device_adaptor,
+    get_hardware_profile,
+    resolve_device_config,
+)
 from vllm_ascend.core.device.detection import DeviceMode
 from vllm_ascend.core.device.family import AscendDeviceType
 from vllm_ascend.core.device.overlay import DeviceOverlay, OverlayError, active_overlays
-from vllm_ascend.core.device.config import get_hardware_profile
-from vllm_ascend.core.device.profile import A5_PROFILE, WeightLayoutPolicy
+from vllm_ascend.core.device.profile import A5_PROFILE, CPUBindingMode
 from vllm_ascend.core.registry import DEVICE_OVERLAYS, registering_as
 
 
@@ -22,7 +25,9 @@ class TunedA5Adaptor(A5DeviceAdaptor):
 
 TUNED_A5 = DeviceOverlay(
     family=AscendDeviceType.A5,
-    profile=A5_PROFILE.with_changes(name="Ascend 950 (tuned)", weight_layout=WeightLayoutPolicy.NZ),
+    profile=A5_PROFILE.with_changes(
+        name="Ascend 950 (tuned)", cpu_binding=CPUBindingMode.AVERAGE, preferred_block_size=64
+    ),
     adaptor=TunedA5Adaptor,
 )
 
@@ -44,12 +49,13 @@ def registered():
 
 
 def test_overlay_replaces_profile_and_adaptor(registered, monkeypatch):
-    assert get_hardware_profile("A5").weight_layout is WeightLayoutPolicy.ND
+    assert get_hardware_profile("A5").cpu_binding is CPUBindingMode.CPU_POOLS_950
     registered("test_tuned_a5", TUNED_A5)
     assert active_overlays()[AscendDeviceType.A5] is TUNED_A5
     assert get_hardware_profile("A5").name == "Ascend 950 (tuned)"
     config = resolve_device_config(DeviceMode.NPU, soc_name="Ascend950PR_9599")
-    assert config.profile.weight_layout is WeightLayoutPolicy.NZ
+    assert config.profile.cpu_binding is CPUBindingMode.AVERAGE
+    assert config.profile.preferred_block_size == 64
     monkeypatch.setattr(device_config, "get_device_config", lambda: config)
     adaptor = get_device_adaptor()
     assert type(adaptor) is TunedA5Adaptor and adaptor.family == "A5 (tuned)"

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from vllm_ascend.core.device import config as device_config
-from vllm_ascend.core.device.config import get_device_adaptor
 from vllm_ascend.core.device.adaptor.a5 import A5DeviceAdaptor
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
 from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
@@ -15,7 +14,10 @@ from vllm_ascend.core.device.config import (
     DeviceConfigError,
     check_ascend_device_type,
     clear_device_caches,
+    get_current_hardware_profile,
+    get_device_adaptor,
     get_device_config,
+    get_hardware_profile,
     resolve_device_config,
 )
 from vllm_ascend.core.device.detection import DeviceMode
@@ -23,12 +25,12 @@ from vllm_ascend.core.device.family import AscendDeviceType
 from vllm_ascend.core.device.profile import (
     A2_PROFILE,
     A5_PROFILE,
+    BUILTIN_PROFILES,
+    P310_BASE_PROFILE,
     REFERENCE_PROFILE,
-    AttentionBackendFamily,
+    CPUBindingMode,
     HardwareCapability,
     ProfileError,
-    get_current_hardware_profile,
-    get_hardware_profile,
 )
 
 
@@ -62,25 +64,22 @@ def test_supports_capabilities_by_member_and_name():
 
 def test_profiles_differ_along_the_orthogonal_dimensions():
     a2, a5 = get_hardware_profile(AscendDeviceType.A2), get_hardware_profile("Ascend950PR_9599")
-    assert (a2.attention_backend, a5.attention_backend) == (
-        AttentionBackendFamily.FIA,
-        AttentionBackendFamily.FIA_V2,
-    )
     assert a2.as_dict()["adaptor_family"] == "a2a3" and a5.as_dict()["adaptor_family"] == "a5"
-    assert a2.as_dict()["addressing_mode"] == "hccs_peer" and a5.as_dict()["cpu_binding"] == "cpu_pools_950"
-    assert a5.supports_quant_type("w8a8_mxfp8") and not a2.supports_quant_type("W8A8_MXFP8")
+    assert a2.as_dict()["cpu_binding"] == "topo_affinity" and a5.as_dict()["cpu_binding"] == "cpu_pools_950"
+    assert a5.supports("mxfp") and not a2.supports("mxfp")
     assert get_hardware_profile("Ascend910_9392").name == "Atlas A3"
+    assert a2.as_dict()["supported_dtypes"] == ["float16", "bfloat16", "float32"]
 
 
 def test_reference_profile_carries_what_the_platform_reads():
     p = get_hardware_profile("reference")
     assert p is REFERENCE_PROFILE
-    assert (p.torch_device, p.dist_backend, p.eager_only, p.async_scheduling, p.pin_memory) == (
+    assert (p.torch_device, p.dist_backend, p.eager_only, p.async_scheduling, p.cpu_binding) == (
         "cpu",
         "gloo",
         True,
         False,
-        False,
+        CPUBindingMode.AVERAGE,
     )
     assert p.preferred_block_size % p.block_size_multiple == 0
     assert p.device_type is None and not p.supports("graph_capture")
@@ -89,9 +88,12 @@ def test_reference_profile_carries_what_the_platform_reads():
 def test_profile_fields_are_validated():
     with pytest.raises(
         ProfileError,
-        match=r"HardwareProfile.attention_backend='fia' is invalid; allowed values: fia, fia_v2, atb_310p, reference",
+        match=r"HardwareProfile.cpu_binding='average' is invalid; "
+        r"allowed values: none, average, topo_affinity, cpu_pools_950",
     ):
-        A2_PROFILE.with_changes(attention_backend="fia")
+        A2_PROFILE.with_changes(cpu_binding="average")
+    with pytest.raises(ProfileError, match=r"HardwareProfile.capabilities has non-capabilities \['bf16'\]"):
+        A2_PROFILE.with_changes(capabilities=frozenset({"bf16"}))
     with pytest.raises(
         ProfileError, match="preferred_block_size=24 must be a positive multiple of block_size_multiple=16"
     ):
@@ -102,7 +104,7 @@ def test_profile_fields_are_validated():
 
 def test_reference_device_config_profile_and_adaptor(reference):
     config = get_device_config()
-    assert config.is_reference and config.device_type is None and config.torch_device == "cpu"
+    assert config.mode.value == "reference" and config.device_type is None and config.torch_device == "cpu"
     assert get_current_hardware_profile() is REFERENCE_PROFILE
     adaptor = get_device_adaptor()
     assert type(adaptor) is ReferenceDeviceAdaptor and get_device_adaptor() is adaptor  # cached
@@ -135,11 +137,10 @@ def test_npu_family_resolved_at_run_time_picks_its_adaptor(monkeypatch, soc, fam
 
 
 def test_310p_without_its_overlay_names_the_missing_distribution(monkeypatch):
-    from vllm_ascend.core.device import overlay
-
-    monkeypatch.setattr(overlay, "active_overlays", dict)
+    monkeypatch.setattr(device_config, "active_overlays", dict)  # as if vllm-ascend-310p were absent
     on_npu(monkeypatch, "Ascend310P3")
-    assert get_hardware_profile("310P").quant_types == frozenset({"W8A8"})  # core's baseline
+    assert get_hardware_profile("310P") is P310_BASE_PROFILE  # core's baseline
+    assert not P310_BASE_PROFILE.supports("bf16") and "bfloat16" not in P310_BASE_PROFILE.supported_dtypes
     with pytest.raises(
         DeviceConfigError,
         match=r"install the vllm-ascend-310p distribution \(pip install 'vllm-ascend\[310p\]'\)",
@@ -163,11 +164,11 @@ def test_npu_adaptor_without_torch_npu_is_a_clear_error():
     [
         ("AscendDeviceType", "family"),
         ("HardwareProfile", "profile"),
-        ("get_hardware_profile", "profile"),
-        ("get_current_hardware_profile", "profile"),
+        ("get_hardware_profile", "config"),
+        ("get_current_hardware_profile", "config"),
         ("DeviceConfig", "config"),
         ("get_device_config", "config"),
-        ("get_device_adaptor", "adaptor"),
+        ("get_device_adaptor", "config"),
     ],
 )
 def test_lazy_exports_from_vllm_ascend_core(name, module):
@@ -185,3 +186,8 @@ def test_expecting_reference_on_an_npu_is_an_error(monkeypatch):
         DeviceConfigError, match=r"expected the reference device, running on A2 \(Ascend910B4\)"
     ):
         check_ascend_device_type("reference")
+
+
+def test_no_builtin_profile_captures_graphs():
+    for profile in (*BUILTIN_PROFILES.values(), REFERENCE_PROFILE):
+        assert not profile.supports(HardwareCapability.GRAPH_CAPTURE), profile.name

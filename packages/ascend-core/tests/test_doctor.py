@@ -33,15 +33,8 @@ def test_json_report_without_npu():
     assert report["device"]["mode"] == "none"
     assert report["device"]["platform"] is None
     assert isinstance(report["extensions"], list)
-
-
-def test_reference_device_activates_the_platform():
-    proc = doctor("--json", device="reference")
-    assert proc.returncode == 0, proc.stderr
-    device = json.loads(proc.stdout)["device"]
-    assert device["mode"] == "reference"
-    assert device["platform"] == "vllm_ascend.core.platform.NPUPlatform"
-    assert device["problem"] == ""
+    # vLLM's registries hold nothing of the plugin while it is inactive: no reachability
+    assert all(ext["registered"] is None for ext in report["extensions"])
 
 
 @pytest.mark.parametrize(

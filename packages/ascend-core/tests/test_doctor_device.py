@@ -11,7 +11,6 @@ import pytest
 
 from vllm_ascend.core import doctor
 from vllm_ascend.core.device import config as device_config
-from vllm_ascend.core.device import overlay
 from vllm_ascend.core.device.config import clear_device_caches, resolve_device_config
 from vllm_ascend.core.device.detection import DeviceMode
 
@@ -29,31 +28,66 @@ def run_doctor(*args: str, device: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_json_report_has_the_reference_profile_and_adaptor():
+@pytest.fixture(scope="module")
+def reference_report() -> dict:
+    """One ``doctor --json`` run on the reference device (it imports vLLM: slow), shared by the tests."""
     proc = run_doctor("--json", device="reference")
-    device = json.loads(proc.stdout)["device"]
-    assert proc.returncode == 0, device["problem"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_json_report_has_the_reference_profile_and_adaptor(reference_report):
+    device = reference_report["device"]
+    assert (device["mode"], device["problem"]) == ("reference", "")
+    assert device["platform"] == "vllm_ascend.core.platform.ReferencePlatform"
     assert device["adaptor"] == {"class": REFERENCE_ADAPTOR, "family": "reference"}
     profile = device["profile"]
     assert profile["name"] == "reference (torch cpu)" and profile["eager_only"] is True
-    assert (profile["torch_device"], profile["dist_backend"], profile["attention_backend"]) == (
+    assert (profile["torch_device"], profile["dist_backend"], profile["cpu_binding"]) == (
         "cpu",
         "gloo",
-        "reference",
+        "average",
     )
+    assert "graph_capture" not in profile["capabilities"]
     assert device["soc"] is None
 
 
-def test_table_shows_profile_and_adaptor_lines():
-    proc = run_doctor(device="reference")
-    assert proc.returncode == 0, proc.stdout
-    lines = proc.stdout.splitlines()
+def test_active_platform_reports_what_each_extension_registered(reference_report):
+    for ext in reference_report["extensions"]:
+        registered = ext["registered"]
+        assert isinstance(registered, list), ext
+        for row in registered:
+            assert set(row) == {"registry", "name", "reached", "via"}, row
+            assert isinstance(row["reached"], bool) and row["via"], row
+        if ext["status"] != "loaded":
+            assert registered == [], ext  # a failed extension's registrations were rolled back
+
+
+def test_table_shows_profile_and_adaptor_lines(reference_report):
+    lines = doctor.render(reference_report).splitlines()
     profile = next(line for line in lines if line.startswith("profile "))
-    assert profile.startswith(
-        "profile           reference (torch cpu): attention=reference, quant=reference, weights=nd"
+    assert profile == (
+        "profile           reference (torch cpu): cpu-binding=average, dist=gloo, "
+        "dtypes=float16/bfloat16/float32, block=128, eager-only"
     )
-    assert profile.endswith("dist=gloo, block=128, eager-only")
+    assert "capabilities      bf16, int4" in lines
     assert f"adaptor           {REFERENCE_ADAPTOR} (reference)" in lines
+    assert "platform          vllm_ascend.core.platform.ReferencePlatform" in lines
+
+
+def test_extension_detail_shows_reachability():
+    record = {"reason": "", "provides": ["model_loaders"]}
+    assert doctor._detail({**record, "registered": None}) == "provides model_loaders (platform inactive)"
+    assert doctor._detail({**record, "registered": []}) == "registers nothing"
+    rows = [
+        {"registry": "model_loaders", "name": "x", "reached": True, "via": "vLLM load_format 'x'"},
+        {"registry": "quant_methods", "name": "q", "reached": False, "via": "vLLM quantization 'q'"},
+    ]
+    assert doctor._detail({**record, "registered": rows}) == (
+        "model_loaders:x -> vLLM load_format 'x' (reached); "
+        "quant_methods:q -> vLLM quantization 'q' (NOT REACHED)"
+    )
+    assert doctor._detail({**record, "reason": "import failed", "registered": None}) == "import failed"
 
 
 def test_inactive_platform_reports_no_profile():
@@ -88,15 +122,15 @@ def test_npu_details_name_the_family_profile_and_adaptor(npu):
         "family": "A2/A3",
     }
     lines = doctor._profile_lines({"platform": None, "problem": "", **details})
-    assert lines[0].startswith("profile           Atlas A3 on Ascend910_9392: attention=fia, quant=aclnn_int")
-    assert (
-        lines[1]
-        == "capabilities      bf16, fused_infer_attention, fused_moe_gating, graph_capture, int4, mc2, triton"
+    assert lines[0] == (
+        "profile           Atlas A3 on Ascend910_9392: cpu-binding=topo_affinity, dist=hccl, "
+        "dtypes=float16/bfloat16/float32, block=128"
     )
+    assert lines[1] == "capabilities      bf16, fused_infer_attention, fused_moe_gating, int4, mc2, triton"
 
 
 def test_npu_310p_without_overlay_is_a_problem(npu, monkeypatch):
-    monkeypatch.setattr(overlay, "active_overlays", dict)
+    monkeypatch.setattr(device_config, "active_overlays", dict)  # as if vllm-ascend-310p were absent
     npu("Ascend310P3")
     details, problem = doctor._device_details(DeviceMode.NPU)
     assert details["profile"] is None

@@ -16,15 +16,15 @@ EXPECTED = {
     "VLLM_ASCEND_LOG_FILE_MAX_BYTES": 64 << 20,
     "VLLM_ASCEND_LOG_FILE_BACKUP_COUNT": 5,
     "VLLM_ASCEND_BATCH_INVARIANT": False,
-    "VLLM_ASCEND_MOE_COMM_METHOD": "auto",
-    "VLLM_ASCEND_ENABLE_NZ": 1,
+    "VLLM_ASCEND_KERNEL_BACKEND": "auto",
+    "VLLM_ASCEND_CACHE_DIR": None,
     "VLLM_ASCEND_NPU_SMI": "npu-smi",
 }
 
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    for name in envs.variables():
+    for name in (*envs.variables(), *envs.UNSUPPORTED):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -34,7 +34,8 @@ def test_defaults():
 
 def test_every_variable_is_listed_by_dir_and_has_help():
     names = set(envs.variables())
-    assert set(EXPECTED) <= names
+    assert set(EXPECTED) == names
+    assert names.isdisjoint(envs.UNSUPPORTED)
     assert names <= set(dir(envs))
     assert all(v.help and v.name.startswith("VLLM_ASCEND_") for v in envs.variables().values())
 
@@ -55,8 +56,8 @@ def test_read_at_access_time(monkeypatch):
         ("VLLM_ASCEND_BATCH_INVARIANT", "false", False),
         ("VLLM_ASCEND_LOG_FILE_MAX_BYTES", "2048", 2048),
         ("VLLM_ASCEND_LOG_FILE_BACKUP_COUNT", "0", 0),
-        ("VLLM_ASCEND_ENABLE_NZ", "2", 2),
-        ("VLLM_ASCEND_MOE_COMM_METHOD", "MC2", "mc2"),
+        ("VLLM_ASCEND_KERNEL_BACKEND", "Triton", "triton"),
+        ("VLLM_ASCEND_CACHE_DIR", " /tmp/c ", "/tmp/c"),
         ("VLLM_ASCEND_LOG_FILE", " /var/log/a.log ", "/var/log/a.log"),
         ("VLLM_ASCEND_DISABLED_EXTENSIONS", "eplb, netloader,", ("eplb", "netloader")),
     ],
@@ -104,11 +105,10 @@ def test_valid_values_are_parsed(monkeypatch, name, raw, value):
             "-1",
             "VLLM_ASCEND_LOG_FILE_BACKUP_COUNT='-1' is out of range; allowed: an integer >= 0 and <= 1000",
         ),
-        ("VLLM_ASCEND_ENABLE_NZ", "3", "VLLM_ASCEND_ENABLE_NZ='3' is invalid; allowed values: 0, 1, 2"),
         (
-            "VLLM_ASCEND_MOE_COMM_METHOD",
-            "ring",
-            "VLLM_ASCEND_MOE_COMM_METHOD='ring' is invalid; allowed values: auto, allgather, alltoall, mc2, naive_multicast",
+            "VLLM_ASCEND_KERNEL_BACKEND",
+            "cuda",
+            "VLLM_ASCEND_KERNEL_BACKEND='cuda' is invalid; allowed values: auto, triton, torch",
         ),
     ],
 )
@@ -131,12 +131,28 @@ def test_check_environment_validates_set_values_and_reports_unknown_names():
         "VLLM_ASCEND_LOG_LEVEL": "debug",
         "VLLM_ASCEND_LOG_LEVLE": "debug",
         "VLLM_ASCEND_ZZZ": "1",
-        "VLLM_ASCEND_ENABLE_NZ": "",
+        "VLLM_ASCEND_ENABLE_NZ": "",  # a refused variable set to "" counts as unset
         "PATH": "/bin",
     }
     assert envs.check_environment(env) == [
         "unknown environment variable VLLM_ASCEND_LOG_LEVLE is ignored; did you mean VLLM_ASCEND_LOG_LEVEL?",
         "unknown environment variable VLLM_ASCEND_ZZZ is ignored",
     ]
-    with pytest.raises(EnvError, match=r"^VLLM_ASCEND_ENABLE_NZ='7' is invalid; allowed values: 0, 1, 2$"):
-        envs.check_environment({"VLLM_ASCEND_ENABLE_NZ": "7"})
+    with pytest.raises(EnvError, match=r"^VLLM_ASCEND_LOG_COLOR='x' is invalid; allowed values: auto"):
+        envs.check_environment({"VLLM_ASCEND_LOG_COLOR": "x"})
+
+
+@pytest.mark.parametrize("name", sorted(envs.UNSUPPORTED))
+def test_refused_variables_are_errors_wherever_checked(monkeypatch, name):
+    assert envs.UNSUPPORTED[name]
+    expected = f"^`{name}` is not supported yet by vllm-ascend 0.1.0 \\(.+\\); unset it$"
+    with pytest.raises(EnvError, match=expected):
+        envs.check_environment({name: "1"})
+    with pytest.raises(EnvError, match=expected):
+        envs.refuse_unsupported({name: "0"})
+    envs.refuse_unsupported({name: ""})
+    with pytest.raises(AttributeError):
+        getattr(envs, name)
+    monkeypatch.setenv(name, "1")
+    with pytest.raises(EnvError, match=expected):
+        envs.refuse_unsupported()

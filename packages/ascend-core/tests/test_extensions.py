@@ -18,16 +18,16 @@ def test_good_extension_loads_and_fills_registry(fake_dists, good_source):
     proc = fake_dists.run(
         """
         from vllm_ascend.core.extensions import load_extensions
-        from vllm_ascend.core.registry import EPLB_POLICIES
+        from vllm_ascend.core.registry import SPEC_DECODE_METHODS
         rec = load_extensions()["fakegood"]
-        print(rec.status.value, rec.version, rec.provides, EPLB_POLICIES.owner("fakepolicy"), EPLB_POLICIES.get("fakepolicy").__name__)
+        print(rec.status.value, rec.version, rec.provides, SPEC_DECODE_METHODS.owner("fakepolicy"), SPEC_DECODE_METHODS.get("fakepolicy").__name__)
         """
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [
         "loaded",
         "9.9.9",
-        "('eplb_policies',)",
+        "('spec_decode_methods',)",
         "vllm-ascend-fakegood",
         "OrderedDict",
     ]
@@ -77,16 +77,16 @@ def test_sibling_whose_import_raises_is_skipped_and_core_keeps_working(fake_dist
 
 def test_register_that_raises_is_rolled_back(fake_dists, good_source):
     source = good_source("fakehalf", policy="half").replace(
-        'EPLB_POLICIES.register("half", "collections:OrderedDict")',
-        'EPLB_POLICIES.register("half", "collections:OrderedDict")\n    raise ValueError("second step failed")',
+        'SPEC_DECODE_METHODS.register("half", "collections:OrderedDict")',
+        'SPEC_DECODE_METHODS.register("half", "collections:OrderedDict")\n    raise ValueError("second step failed")',
     )
     fake_dists.add("vllm-ascend-fakehalf", "fakehalf", source)
     proc = fake_dists.run(
         """
         from vllm_ascend.core.extensions import load_extensions
-        from vllm_ascend.core.registry import EPLB_POLICIES
+        from vllm_ascend.core.registry import SPEC_DECODE_METHODS
         rec = load_extensions()["fakehalf"]
-        print(rec.status.value, "|", rec.reason, "|", "half" in EPLB_POLICIES)
+        print(rec.status.value, "|", rec.reason, "|", "half" in SPEC_DECODE_METHODS)
         """
     )
     assert proc.returncode == 0, proc.stderr
@@ -149,7 +149,7 @@ def test_duplicate_registry_name_across_siblings(fake_dists, good_source):
     records, _ = fake_dists.load()
     assert records["fakea"]["status"] == "loaded"
     assert records["fakeb"]["reason"] == (
-        "register() failed: RegistryError: duplicate EPLB policy 'shared': already registered by "
+        "register() failed: RegistryError: duplicate speculative decoding method 'shared': already registered by "
         "vllm-ascend-fakea, cannot register it again for vllm-ascend-fakeb"
     )
 

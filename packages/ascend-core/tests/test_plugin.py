@@ -18,7 +18,22 @@ def test_inactive_without_npu_or_variable(monkeypatch):
 @pytest.mark.parametrize("value", ["reference", "REFERENCE", " reference "])
 def test_reference_device_activates_platform(monkeypatch, value):
     monkeypatch.setenv("VLLM_ASCEND_DEVICE", value)
-    assert plugin.register() == "vllm_ascend.core.platform.NPUPlatform"
+    assert plugin.register() == "vllm_ascend.core.platform.ReferencePlatform"
+    assert plugin.PLATFORM_QUALNAMES["reference"] == plugin.register()
+    assert not hasattr(plugin, "PLATFORM_QUALNAME")
+
+
+def test_platform_qualnames_name_the_platform_classes():
+    import importlib
+
+    from vllm_ascend.core.device.detection import DeviceMode
+    from vllm_ascend.core.platform import AscendPlatform
+
+    assert set(plugin.PLATFORM_QUALNAMES) == {DeviceMode.NPU.value, DeviceMode.REFERENCE.value}
+    for mode, qualname in plugin.PLATFORM_QUALNAMES.items():
+        module, _, name = qualname.rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, AscendPlatform) and cls is not AscendPlatform, mode
 
 
 def test_off_never_activates(monkeypatch):

@@ -245,23 +245,15 @@ def test_batched_attention_bf16_non_contiguous_query_grouped_prefills(ref):
         torch.testing.assert_close(out[qsl[b] : qsl[b + 1]].double(), expected, atol=1e-2, rtol=1e-2)
 
 
-def test_batch_invariant_mode_attention_is_bitwise_batch_independent(ref):
-    from vllm_ascend.core import batch_invariant as bi
-
-    previous = bi._enabled
-    bi.enable_batch_invariant_mode()
-    try:
-        seqs, q_lens = [9, 40, 17, 33, 5], [1, 1, 17, 6, 1]
-        key_cache, value_cache, block_table, _, _ = build_paged(ref, seqs, 8, 24, 2, 16, 16)
-        qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()])
-        query = torch.randn(int(qsl[-1]), 4, 16)
-        out = ref.fused_infer_attention(
-            query, key_cache, value_cache, block_table, qsl, torch.tensor(seqs), 0.25
-        )
-        per_req = _per_request(ref, query, key_cache, value_cache, block_table, qsl, seqs, 0.25, True)
-        assert torch.equal(out, per_req)
-    finally:
-        bi._enabled = previous
+def test_batch_invariant_mode_attention_is_bitwise_batch_independent(ref, monkeypatch):
+    monkeypatch.setenv("VLLM_ASCEND_BATCH_INVARIANT", "1")
+    seqs, q_lens = [9, 40, 17, 33, 5], [1, 1, 17, 6, 1]
+    key_cache, value_cache, block_table, _, _ = build_paged(ref, seqs, 8, 24, 2, 16, 16)
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()])
+    query = torch.randn(int(qsl[-1]), 4, 16)
+    out = ref.fused_infer_attention(query, key_cache, value_cache, block_table, qsl, torch.tensor(seqs), 0.25)
+    per_req = _per_request(ref, query, key_cache, value_cache, block_table, qsl, seqs, 0.25, True)
+    assert torch.equal(out, per_req)
 
 
 # -- reshape_and_cache / kv_load -----------------------------------------------------------------

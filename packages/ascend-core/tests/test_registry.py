@@ -91,3 +91,57 @@ def test_owner_returns_to_core_after_a_block():
         reg.register("inside", dict)
     reg.register("outside", list)
     assert (reg.owner("inside"), reg.owner("outside")) == ("vllm-ascend-eplb", "vllm-ascend-core")
+
+
+def test_core_registries_are_exactly_the_served_ones():
+    from vllm_ascend.core import registry
+    from vllm_ascend.core.cli import CliCommand
+
+    assert set(registry.ALL_REGISTRIES) == {
+        "quant_methods",
+        "spec_decode_methods",
+        "model_loaders",
+        "device_overlays",
+        "cli_commands",
+        "workers",
+        "config_sections",
+    }
+    assert not hasattr(registry, "KERNELS") and not hasattr(registry, "EPLB_POLICIES")
+    assert CliCommand is registry.CliCommand  # re-exported by the CLI for siblings
+
+
+def test_reachability_reports_what_one_owner_registered(monkeypatch):
+    from vllm_ascend.core import registry
+    from vllm_ascend.core.vllm_bridge import reachability
+
+    for reg in registry.ALL_REGISTRIES.values():
+        monkeypatch.setattr(reg, "_entries", dict(reg._entries))
+    with registering_as("vllm-ascend-testdist") as journal:
+        registry.CONFIG_SECTIONS.register("testdist_config", "builtins:dict")
+        registry.CLI_COMMANDS.register("testdist-cmd", "builtins:dict")
+    assert len(journal) == 2
+    rows = reachability("vllm-ascend-testdist")
+    assert rows == [
+        {
+            "registry": "cli_commands",
+            "name": "testdist-cmd",
+            "reached": True,
+            "via": "vllm-ascend testdist-cmd",
+        },
+        {
+            "registry": "config_sections",
+            "name": "testdist_config",
+            "reached": True,
+            "via": "additional_config.testdist_config",
+        },
+    ]
+    assert reachability("vllm-ascend-nobody") == []
+
+
+def test_installed_vllm_is_in_the_supported_range():
+    pytest.importorskip("vllm")
+    from vllm_ascend.core.vllm_version import SUPPORTED_VLLM_RANGE, installed_vllm, vllm_version_is
+
+    found = installed_vllm()
+    assert found is not None and found.supported, (found, SUPPORTED_VLLM_RANGE)
+    assert vllm_version_is(SUPPORTED_VLLM_RANGE) and not vllm_version_is("<0.1")

@@ -38,7 +38,10 @@ def test_defaults_and_policy_names_or_codes():
     [
         ({"num_redundant_experts": -1}, f"{P}.num_redundant_experts must be an integer >= 0, got int -1"),
         ({"num_warmup_iterations": 1.5}, f"{P}.num_warmup_iterations must be an integer >= 0, got float 1.5"),
-        ({"expert_heat_collection_interval": 0}, f"{P}.expert_heat_collection_interval must be an integer >= 1"),
+        (
+            {"expert_heat_collection_interval": 0},
+            f"{P}.expert_heat_collection_interval must be an integer >= 1",
+        ),
         ({"algorithm_execution_interval": True}, f"{P}.algorithm_execution_interval must be an integer >= 1"),
         ({"dynamic_eplb": "yes"}, f"{P}.dynamic_eplb must be true or false, got str 'yes'"),
         (
@@ -51,7 +54,10 @@ def test_defaults_and_policy_names_or_codes():
             r"or codes 0 \(random\), 1 \(default\), 2 \(swift\), 3 \(flashlb\)",
         ),
         ({"eplb_policy_type": "greedy"}, f"{P}.eplb_policy_type = 'greedy' is invalid"),
-        ({"dynamic_epbl": True}, f"unknown option {P}.dynamic_epbl; did you mean 'dynamic_eplb'\\? Allowed keys: "),
+        (
+            {"dynamic_epbl": True},
+            f"unknown option {P}.dynamic_epbl; did you mean 'dynamic_eplb'\\? Allowed keys: ",
+        ),
         ({"color": 1}, f"unknown option {P}.color. Allowed keys: algorithm_execution_interval, dynamic_eplb"),
         ({"expert_map_path": "map.txt"}, f"{P}.expert_map_path must be a path to a .json file or null"),
         (
@@ -81,7 +87,9 @@ def test_cross_checks_against_vllm_and_the_expert_map(tmp_path):
     ):
         with pytest.raises(ConfigError, match=f"{P}.{key} requires expert parallelism"):
             validate_eplb_config(raw, _vllm(ep=False))
-    with pytest.raises(ConfigError, match=f"{P}.num_redundant_experts = 2 needs several expert-parallel ranks"):
+    with pytest.raises(
+        ConfigError, match=f"{P}.num_redundant_experts = 2 needs several expert-parallel ranks"
+    ):
         validate_eplb_config({"num_redundant_experts": 2}, _vllm())
     assert validate_eplb_config({"num_redundant_experts": 2}, _vllm(tp=2)).num_redundant_experts == 2
     missing = str(tmp_path / "missing.json")
@@ -107,7 +115,9 @@ def test_initial_table_from_the_map_or_the_default_layout(tmp_path):
     table = generate_global_placement(8, 2, 2, num_layers=3)
     save_expert_map(table, path)
     assert np.array_equal(EplbConfig(expert_map_path=path).initial_table(8, 3), table)
-    with pytest.raises(EplbInputError, match="describes 3 MoE layers with 8 experts; the model has 2 MoE layers"):
+    with pytest.raises(
+        EplbInputError, match="describes 3 MoE layers with 8 experts; the model has 2 MoE layers"
+    ):
         EplbConfig(expert_map_path=path).initial_table(8, 2)
 
 

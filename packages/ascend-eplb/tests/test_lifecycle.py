@@ -97,7 +97,7 @@ def test_schedule_with_d2d_mover_over_gloo(tmp_path):
 
 
 LAYERS, EXPERTS, RANKS, SLOTS = 2, 4, 2, 3
-HOT = np.array([[50.0, 10.0, 5.0, 1.0]] * LAYERS)  # logical tokens per forward
+HOT = np.array([[1.0, 5.0, 10.0, 50.0]] * LAYERS)  # logical tokens per forward
 
 
 def canonical(layer: int, expert: int) -> torch.Tensor:
@@ -170,7 +170,7 @@ def test_local_schedule_warmup_phase_record_and_layer_by_layer_moves(tmp_path):
         _forward(schedule, "decode")
         assert schedule.layers[layer_id].placement.tolist() == plan.new_table[layer_id].tolist()
         assert schedule.step == step
-    assert not schedule.busy and list(schedule.rebalances)[0][0] == 6 + len(moved)
+    assert not schedule.busy and schedule.rebalances[0][0] == 6 + len(moved)
     for li, layer in enumerate(schedule.layers):
         for slot, expert in enumerate(plan.new_table[li].reshape(-1)):
             assert torch.equal(layer.w13[slot], canonical(li, int(expert)))

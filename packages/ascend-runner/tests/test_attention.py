@@ -131,3 +131,21 @@ def test_backend_identity():
     assert AscendAttentionBackend.supports_block_size(128) and not AscendAttentionBackend.supports_block_size(
         8
     )
+
+
+def test_dtypes_and_block_sizes_come_from_the_device_profile(monkeypatch):
+    from vllm_ascend.core.device.profile import REFERENCE_PROFILE, HardwareCapability
+    from vllm_ascend.runner.attention import backend, support
+
+    fp16_only = REFERENCE_PROFILE.with_changes(
+        supported_dtypes=("float16", "float32"),
+        block_size_multiple=32,
+        capabilities=REFERENCE_PROFILE.capabilities - {HardwareCapability.BF16},
+    )
+    monkeypatch.setattr(support, "get_current_hardware_profile", lambda: fp16_only)
+    monkeypatch.setattr(backend, "get_current_hardware_profile", lambda: fp16_only)
+    check_supported(64, torch.float16, "auto")
+    with pytest.raises(AttentionConfigError, match=r"dtype=torch.bfloat16 .*allowed: float16, float32"):
+        check_supported(64, torch.bfloat16, "auto")
+    assert AscendAttentionBackend.supports_block_size(64)
+    assert not AscendAttentionBackend.supports_block_size(48)

@@ -204,9 +204,10 @@ def check_environment(environ: Mapping[str, str] | None = None) -> list[str]:
     notes: list[str] = []
     for name, raw in env.items():
         var = _VARS.get(name)
-        if name in UNSUPPORTED and raw:
-            raise EnvError(unsupported_message(name))
-        if var is not None:
+        if name in UNSUPPORTED:
+            if raw:
+                raise EnvError(unsupported_message(name))
+        elif var is not None:
             if raw != "":
                 var.parse(raw)
         elif name.startswith("VLLM_ASCEND_"):

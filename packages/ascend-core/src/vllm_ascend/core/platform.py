@@ -244,7 +244,9 @@ class AscendPlatform(Platform):
 
         load_extensions()
         if spec.method not in SPEC_DECODE_METHODS:
-            offered = ", ".join(SPEC_DECODE_METHODS.names()) or "none (install vllm-ascend[specdecode] for 'ngram')"
+            offered = (
+                ", ".join(SPEC_DECODE_METHODS.names()) or "none (install vllm-ascend[specdecode] for 'ngram')"
+            )
             raise ConfigError(
                 f"speculative_config.method = {spec.method!r} is not supported yet by vllm-ascend; "
                 f"supported: {offered}"

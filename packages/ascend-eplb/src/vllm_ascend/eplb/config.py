@@ -44,7 +44,9 @@ class EplbConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.dynamic_eplb, bool):
-            raise ConfigError(f"{PATH}.dynamic_eplb must be true or false, got {_describe(self.dynamic_eplb)}")
+            raise ConfigError(
+                f"{PATH}.dynamic_eplb must be true or false, got {_describe(self.dynamic_eplb)}"
+            )
         for name, low in (
             ("num_redundant_experts", 0),
             ("num_warmup_iterations", 0),
@@ -68,7 +70,9 @@ class EplbConfig:
         for name in ("expert_map_path", "expert_map_record_path"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.endswith(".json")):
-                raise ConfigError(f"{PATH}.{name} must be a path to a .json file or null, got {_describe(value)}")
+                raise ConfigError(
+                    f"{PATH}.{name} must be a path to a .json file or null, got {_describe(value)}"
+                )
         if self.expert_map_record_path is not None and not self.dynamic_eplb:
             raise ConfigError(
                 f"{PATH}.expert_map_record_path requires {PATH}.dynamic_eplb = true "
@@ -90,7 +94,9 @@ class EplbConfig:
             if key not in allowed:
                 close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
                 hint = f"; did you mean {close[0]!r}?" if close else "."
-                raise ConfigError(f"unknown option {PATH}.{key}{hint} Allowed keys: {', '.join(sorted(allowed))}")
+                raise ConfigError(
+                    f"unknown option {PATH}.{key}{hint} Allowed keys: {', '.join(sorted(allowed))}"
+                )
         return cls(**raw)
 
     @property
@@ -144,7 +150,9 @@ def validate_eplb_config(raw: Mapping[str, Any], vllm_config: Any = None) -> Epl
                 f"which places {redundant} redundant experts; set 0 or {redundant}"
             )
     elif config.num_redundant_experts and parallel is not None:
-        ranks = int(getattr(parallel, "tensor_parallel_size", 1)) * int(getattr(parallel, "data_parallel_size", 1))
+        ranks = int(getattr(parallel, "tensor_parallel_size", 1)) * int(
+            getattr(parallel, "data_parallel_size", 1)
+        )
         if ranks == 1:
             raise ConfigError(
                 f"{PATH}.num_redundant_experts = {config.num_redundant_experts} needs several expert-parallel ranks "

@@ -65,7 +65,9 @@ class EplbUpdator:
         """Route every layer by ``table`` ``[layers, ranks, slots]`` (the layers already hold its weights)."""
         table = as_expert_table(table, "initial expert table")
         if table.shape[0] != len(self.layers):
-            raise ValueError(f"the placement has {table.shape[0]} layers; {len(self.layers)} MoE layers registered")
+            raise ValueError(
+                f"the placement has {table.shape[0]} layers; {len(self.layers)} MoE layers registered"
+            )
         self.table = table.copy()
         for layer, rank_table in zip(self.layers, self.table, strict=True):
             layer.set_placement(rank_table)

@@ -58,7 +58,8 @@ def build_drafter(vllm_config: VllmConfig) -> Any:
     spec = vllm_config.speculative_config
     if spec is None:
         return None
-    return SPEC_DECODE_METHODS.get(spec.method).from_vllm_config(vllm_config)
+    proposer_cls: Any = SPEC_DECODE_METHODS.get(spec.method)
+    return proposer_cls.from_vllm_config(vllm_config)
 
 
 @contextmanager

@@ -35,10 +35,6 @@ class DeviceConfig:
     profile: HardwareProfile
 
     @property
-    def is_reference(self) -> bool:
-        return self.mode is DeviceMode.REFERENCE
-
-    @property
     def torch_device(self) -> str:
         return self.profile.torch_device
 

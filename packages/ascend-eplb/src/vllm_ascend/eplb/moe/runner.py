@@ -22,7 +22,6 @@ from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 from vllm_ascend.core.config import get_section
 from vllm_ascend.core.device.config import get_device_adaptor
 from vllm_ascend.eplb.config import EplbConfig
-from vllm_ascend.eplb.expert_map_file import expert_file_to_tensor
 from vllm_ascend.eplb.movers import LocalWeightMover
 from vllm_ascend.eplb.placement import rank_maps
 from vllm_ascend.eplb.updator import EplbUpdator
@@ -48,11 +47,12 @@ def schedule_for(vllm_config: Any) -> EplbUpdator:
 
 
 def _start(schedule: EplbUpdator, num_experts: int) -> None:
-    """On the first forward (weights are loaded): lay every layer's experts out in physical slots."""
-    path = schedule.config.expert_map_path
-    ranks = int(expert_file_to_tensor(path)[2]) if path else 1
-    table = schedule.config.initial_table(num_experts, len(schedule.layers), ranks)
+    """On the first forward (weights are loaded): lay every layer's experts out in physical slots. The
+    placement's rank count comes from ``expert_map_path``, else it is 1 (this process is one rank)."""
+    table = schedule.config.initial_table(num_experts, len(schedule.layers))
     for layer, rank_table in zip(schedule.layers, table, strict=True):
+        if not isinstance(layer, AscendMoERunner):
+            raise TypeError(f"the EPLB schedule of a served model holds a {type(layer).__name__}")
         layer.install_placement(rank_table)
     schedule.start(table)
 

@@ -23,7 +23,9 @@ def _is_policy_class(value: Any) -> bool:
 
 
 #: Policy name -> :class:`EplbPolicy` subclass (or lazy ``"module:class"``); other packages may add names.
-EPLB_POLICIES: Registry[type[EplbPolicy]] = Registry("EPLB policy", _is_policy_class, "an EplbPolicy subclass")
+EPLB_POLICIES: Registry[type[EplbPolicy]] = Registry(
+    "EPLB policy", _is_policy_class, "an EplbPolicy subclass"
+)
 with registering_as("vllm-ascend-eplb"):
     for _name, (_, _path) in BUILTIN_POLICIES.items():
         EPLB_POLICIES.register(_name, _path)

@@ -20,10 +20,7 @@ from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 import vllm_ascend.kernels as kernels
-from vllm_ascend.core.config import get_ascend_config
 from vllm_ascend.runner.patching import replaced_names
-
-SUPPORTED_VERIFY_METHODS = ("strict",)
 
 
 def recovery_noise(
@@ -105,8 +102,8 @@ def rejection_sample(
 
 
 class AscendRejectionSampler(RejectionSampler):
-    """Token-wise (``strict``) verification of draft tokens, greedy and random, with or without draft
-    probabilities."""
+    """Token-wise verification of draft tokens, greedy and random, with or without draft probabilities
+    (``rejection_sampler_config.verify_method="strict"``, the only method core's config accepts)."""
 
     def __init__(
         self,
@@ -114,12 +111,6 @@ class AscendRejectionSampler(RejectionSampler):
         spec_config: SpeculativeConfig | None = None,
         device: torch.device | None = None,
     ) -> None:
-        method = get_ascend_config().rejection_sampler_config.verify_method
-        if method not in SUPPORTED_VERIFY_METHODS:
-            raise ValueError(
-                f"additional_config.rejection_sampler_config.verify_method={method!r} is not implemented by "
-                f"vllm-ascend-runner; allowed: {SUPPORTED_VERIFY_METHODS}"
-            )
         if spec_config is not None and spec_config.rejection_sample_method != "standard":
             raise ValueError(
                 f"speculative_config.rejection_sample_method={spec_config.rejection_sample_method!r} is not "

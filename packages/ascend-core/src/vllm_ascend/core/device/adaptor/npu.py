@@ -19,7 +19,7 @@ from vllm_ascend.core.device.adaptor.base import (
     DeviceOpError,
     check_choice,
 )
-from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+from vllm_ascend.core.device.adaptor.reference import gather_paged_kv
 
 #: Size of the compressed causal mask the fused attention ops take with ``sparse_mode=3``.
 CAUSAL_MASK_SIZE = 2048
@@ -66,14 +66,18 @@ class A2A3DeviceAdaptor(BaseDeviceAdaptor):
     family = "A2/A3"
     #: Ops with no torch_npu counterpart: the reference's device-agnostic torch code runs on NPU tensors.
     TORCH_OPS: ClassVar[frozenset[str]] = frozenset({"kv_load"})
-    kv_load = ReferenceDeviceAdaptor.kv_load
 
     def __init__(self) -> None:
         super().__init__()
         self._causal_masks: dict[torch.device, torch.Tensor] = {}
 
+    def kv_load(self, key_cache, value_cache, block_table, seq_lens):
+        """No torch_npu op gathers paged KV: indexing on the NPU tensors does."""
+        return gather_paged_kv(key_cache, value_cache, block_table, seq_lens)
+
     # -- runtime ---------------------------------------------------------------------------
     def torch_device(self, local_rank: int) -> torch.device:
+        torch_npu_module()  # registers the "npu" device type
         return torch.device(f"npu:{local_rank}")
 
     def set_device(self, device: torch.device) -> None:

@@ -4,7 +4,7 @@ It is the executable specification the NPU adaptors are checked against and what
 ``VLLM_ASCEND_DEVICE=reference`` runs. Ops are device-agnostic torch code computed in fp32.
 ``fused_infer_attention`` attends all decode requests (and prefills of similar shape) in one padded,
 masked SDPA call; a request's result then equals its one-request result up to fp32 rounding. In
-batch-invariant mode (:mod:`vllm_ascend.core.batch_invariant`) every request is attended alone, so its
+batch-invariant mode (``VLLM_ASCEND_BATCH_INVARIANT=1``) every request is attended alone, so its
 result is bitwise independent of the rest of the batch.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vllm_ascend.core.batch_invariant import is_batch_invariant
+from vllm_ascend.core import envs
 from vllm_ascend.core.device.adaptor.base import (
     GROUP_LIST_TYPES,
     SCORING_FUNCS,
@@ -188,6 +188,23 @@ def _attend_group(
         enable_gqa=gqa,
     ).transpose(1, 2)  # [B, Q, Hq, Dv]
     output[q_idx[keep]] = out[keep].to(output.dtype)
+
+
+def gather_paged_kv(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``kv_load`` in device-agnostic torch: each request's first ``seq_lens[b]`` cached tokens, packed."""
+    _check_paged_cache("key_cache", key_cache)
+    _check_paged_cache("value_cache", value_cache, key_cache.shape[2])
+    block_size = key_cache.shape[1]
+    keys, values = [], []
+    for b, seq_len in enumerate(int(v) for v in seq_lens.tolist()):
+        blocks = _blocks_for(block_table, b, seq_len, block_size)
+        keys.append(key_cache[blocks].flatten(0, 1)[:seq_len])
+        values.append(value_cache[blocks].flatten(0, 1)[:seq_len])
+    if not keys:
+        return key_cache.new_empty(0, *key_cache.shape[2:]), value_cache.new_empty(0, *value_cache.shape[2:])
+    return torch.cat(keys), torch.cat(values)
 
 
 class ReferenceEvent:
@@ -395,7 +412,8 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
                 f"output must be [>= {num_tokens}, {num_heads}, {head_size_v}], got {tuple(output.shape)}",
             )
         q_lens = [end - start for start, end in itertools.pairwise(starts)]
-        decodes, prefills = [], []
+        decodes: list[int] = []
+        prefills: list[int] = []
         for b, (q_len, seq_len) in enumerate(zip(q_lens, lens, strict=True)):
             _require(
                 0 <= q_len <= seq_len,
@@ -404,7 +422,7 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
             if q_len:  # an idle request's blocks are not looked at
                 _check_blocks(block_table, b, seq_len, block_size)
                 (decodes if q_len == 1 else prefills).append(b)
-        if is_batch_invariant():
+        if envs.VLLM_ASCEND_BATCH_INVARIANT:
             # Every request alone: its result cannot depend on the other requests' lengths.
             groups = [[b] for b in sorted(decodes + prefills)]
         else:
@@ -426,19 +444,7 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         return output[:num_tokens]
 
     def kv_load(self, key_cache, value_cache, block_table, seq_lens):
-        _check_paged_cache("key_cache", key_cache)
-        _check_paged_cache("value_cache", value_cache, key_cache.shape[2])
-        block_size = key_cache.shape[1]
-        keys, values = [], []
-        for b, seq_len in enumerate(int(v) for v in seq_lens.tolist()):
-            blocks = _blocks_for(block_table, b, seq_len, block_size)
-            keys.append(key_cache[blocks].flatten(0, 1)[:seq_len])
-            values.append(value_cache[blocks].flatten(0, 1)[:seq_len])
-        if not keys:
-            return key_cache.new_empty(0, *key_cache.shape[2:]), value_cache.new_empty(
-                0, *value_cache.shape[2:]
-            )
-        return torch.cat(keys), torch.cat(values)
+        return gather_paged_kv(key_cache, value_cache, block_table, seq_lens)
 
     # -- norms, activations, rotary --------------------------------------------------------
     def rms_norm(self, x, weight, eps):

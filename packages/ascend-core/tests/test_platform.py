@@ -1,0 +1,211 @@
+"""The platforms: one shared base whose behaviour comes from the active profile and adaptor."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from vllm_ascend.core import platform as platform_module
+from vllm_ascend.core.config import ConfigError
+from vllm_ascend.core.device.adaptor.base import BaseDeviceAdaptor, DeviceOpError
+from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
+from vllm_ascend.core.device.adaptor.reference import (
+    ReferenceDeviceAdaptor,
+    ReferenceEvent,
+    ReferenceStream,
+)
+from vllm_ascend.core.device.config import clear_device_caches, get_device_adaptor
+from vllm_ascend.core.device.profile import (
+    BUILTIN_PROFILES,
+    REFERENCE_PROFILE,
+    HardwareCapability,
+)
+from vllm_ascend.core.extensions import load_extensions
+from vllm_ascend.core.platform import AscendPlatform, NPUPlatform, ReferencePlatform
+from vllm_ascend.core.registry import SPEC_DECODE_METHODS, registering_as
+
+PLATFORMS = (NPUPlatform, ReferencePlatform)
+NO_BF16 = REFERENCE_PROFILE.with_changes(
+    name="reference without bf16",
+    capabilities=frozenset({HardwareCapability.INT4}),
+    supported_dtypes=("float16", "float32"),
+)
+
+
+@pytest.fixture
+def reference(monkeypatch):
+    monkeypatch.setenv("VLLM_ASCEND_DEVICE", "reference")
+    clear_device_caches()
+    yield
+    clear_device_caches()
+
+
+def use_profile(monkeypatch, profile):
+    monkeypatch.setattr(platform_module, "get_current_hardware_profile", lambda: profile)
+
+
+def test_both_platforms_share_the_base_and_nothing_branches_on_reference():
+    for cls in PLATFORMS:
+        assert issubclass(cls, AscendPlatform) and cls is not AscendPlatform
+        assert not hasattr(cls, "is_reference")
+    assert not hasattr(AscendPlatform, "is_reference")
+    assert not hasattr(platform_module, "_REFERENCE") and not hasattr(platform_module, "PLATFORM_QUALNAME")
+    # what vLLM reads before any device exists: class attributes from the profile's data
+    assert (NPUPlatform.device_type, NPUPlatform.dist_backend, NPUPlatform.dispatch_key) == (
+        "npu",
+        "hccl",
+        "PrivateUse1",
+    )
+    assert (ReferencePlatform.device_type, ReferencePlatform.dist_backend) == (
+        REFERENCE_PROFILE.torch_device,
+        REFERENCE_PROFILE.dist_backend,
+    )
+
+
+def test_importing_the_platform_detects_nothing():
+    code = (
+        "import os; os.environ['VLLM_ASCEND_DEVICE'] = 'gpu'\n"
+        "import vllm_ascend.core.device.detection as d\n"
+        "def boom(*a, **k): raise AssertionError('detect() called at import')\n"
+        "d.detect = boom\n"
+        "import vllm_ascend.core.platform as p\n"
+        "print(p.ReferencePlatform.device_type, p.NPUPlatform.device_type)\n"
+    )
+    env = {**os.environ, "VLLM_ASCEND_DEVICE": "gpu"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == ["cpu", "npu"]
+
+
+def test_dtype_check_follows_the_active_profile(monkeypatch):
+    use_profile(monkeypatch, NO_BF16)
+    for cls in PLATFORMS:
+        with pytest.raises(ValueError) as info:
+            cls.check_if_supports_dtype(torch.bfloat16)
+        assert str(info.value) == (
+            "model dtype torch.bfloat16 is not supported on reference without bf16; "
+            "allowed: torch.float16, torch.float32"
+        )
+        cls.check_if_supports_dtype(torch.float16)
+    use_profile(monkeypatch, REFERENCE_PROFILE)
+    ReferencePlatform.check_if_supports_dtype(torch.bfloat16)
+
+
+def test_dtype_check_on_the_reference_device(reference):
+    assert ReferencePlatform.profile() is REFERENCE_PROFILE
+    for name in REFERENCE_PROFILE.supported_dtypes:
+        ReferencePlatform.check_if_supports_dtype(getattr(torch, name))
+    with pytest.raises(
+        ValueError, match=r"model dtype torch.int8 is not supported on reference \(torch cpu\)"
+    ):
+        ReferencePlatform.check_if_supports_dtype(torch.int8)
+
+
+@pytest.mark.parametrize(
+    "profile", [*BUILTIN_PROFILES.values(), REFERENCE_PROFILE], ids=lambda p: p.name.split(" (")[0]
+)
+def test_no_builtin_profile_supports_static_graphs(monkeypatch, profile):
+    use_profile(monkeypatch, profile)
+    for cls in PLATFORMS:
+        assert cls.support_static_graph_mode() is False
+
+
+def test_static_graph_support_comes_from_the_profile(monkeypatch):
+    capturing = REFERENCE_PROFILE.with_changes(
+        capabilities=REFERENCE_PROFILE.capabilities | {HardwareCapability.GRAPH_CAPTURE}
+    )
+    use_profile(monkeypatch, capturing)
+    assert ReferencePlatform.support_static_graph_mode() is True
+
+
+def test_device_facts_come_from_the_adaptor(reference):
+    adaptor = get_device_adaptor()
+    assert type(adaptor) is ReferenceDeviceAdaptor and ReferencePlatform.adaptor() is adaptor
+    assert ReferencePlatform.get_device_name() == adaptor.device_name() == "Ascend reference device (cpu)"
+    assert ReferencePlatform.is_pin_memory_available() is False
+    assert ReferencePlatform.get_device_total_memory() == adaptor.total_memory() > 0
+    assert ReferencePlatform.get_current_memory_usage() > 0
+    ReferencePlatform.manual_seed_all(7)
+    first = torch.rand(4)
+    ReferencePlatform.manual_seed_all(7)
+    assert torch.equal(first, torch.rand(4))
+
+
+def test_reference_adaptor_runtime(monkeypatch):
+    adaptor = ReferenceDeviceAdaptor()
+    assert adaptor.torch_device(3) == torch.device("cpu")
+    adaptor.set_device(torch.device("cpu"))
+    adaptor.synchronize()
+    adaptor.empty_cache()
+    api = adaptor.stream_api()
+    assert set(api) == {"Stream", "Event", "current_stream", "stream"}
+    assert (api["Stream"], api["Event"]) == (ReferenceStream, ReferenceEvent)
+    stream = api["current_stream"]()
+    assert isinstance(stream, ReferenceStream) and stream.device == torch.device("cpu")
+    assert isinstance(stream.record_event(), ReferenceEvent)
+    monkeypatch.setattr(torch.accelerator, "synchronize", torch.accelerator.synchronize)
+    monkeypatch.setattr(torch.accelerator, "empty_cache", torch.accelerator.empty_cache)
+    adaptor.install_runtime_shims()
+    adaptor.install_runtime_shims()  # idempotent
+    torch.accelerator.synchronize()
+    torch.accelerator.empty_cache()
+
+
+def test_npu_adaptor_runtime_needs_torch_npu():
+    assert not issubclass(A2A3DeviceAdaptor, ReferenceDeviceAdaptor)
+    assert A2A3DeviceAdaptor.TORCH_OPS == frozenset({"kv_load"})
+    adaptor = A2A3DeviceAdaptor()
+    # kv_load is device-agnostic torch code: it runs (and agrees with the reference) without torch_npu
+    key_cache, value_cache = torch.arange(24.0).view(3, 2, 2, 2), -torch.arange(24.0).view(3, 2, 2, 2)
+    args = (key_cache, value_cache, torch.tensor([[2, 0]]), torch.tensor([3]))
+    keys, values = adaptor.kv_load(*args)
+    assert torch.equal(keys, torch.cat([key_cache[2], key_cache[0][:1]]))
+    expected = ReferenceDeviceAdaptor().kv_load(*args)
+    assert torch.equal(keys, expected[0]) and torch.equal(values, expected[1])
+    assert adaptor.call_counts["kv_load"] == 1
+    assert adaptor.pin_memory_available() is True
+    for call in (adaptor.synchronize, adaptor.empty_cache, adaptor.stream_api, adaptor.device_name):
+        with pytest.raises(DeviceOpError, match=r"the NPU device adaptor needs torch_npu"):
+            call()
+
+
+def test_an_adaptor_must_implement_the_runtime():
+    class OpsOnly(BaseDeviceAdaptor):
+        family = "ops only"
+
+    missing = OpsOnly.__abstractmethods__
+    assert {"torch_device", "stream_api", "install_runtime_shims", "pin_memory_available"} <= missing
+    with pytest.raises(TypeError, match="abstract"):
+        OpsOnly()
+
+
+@pytest.fixture
+def spec_methods(monkeypatch):
+    """SPEC_DECODE_METHODS as in a core-only install (installed siblings loaded, their entries hidden)."""
+    load_extensions()
+    monkeypatch.setattr(SPEC_DECODE_METHODS, "_entries", {})
+    monkeypatch.setattr(SPEC_DECODE_METHODS, "_loaded", {})
+    return SPEC_DECODE_METHODS
+
+
+def test_speculative_method_must_be_registered(spec_methods):
+    vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(method="eagle3"))
+    with pytest.raises(ConfigError) as info:
+        ReferencePlatform._check_speculative_method(vllm_config)
+    assert str(info.value) == (
+        "speculative_config.method = 'eagle3' is not supported yet by vllm-ascend; "
+        "supported: none (install vllm-ascend[specdecode] for 'ngram')"
+    )
+    with registering_as("vllm-ascend-testdist"):
+        spec_methods.register("ngram", "collections:OrderedDict")
+    with pytest.raises(ConfigError, match=r"'eagle3' is not supported yet by vllm-ascend; supported: ngram$"):
+        NPUPlatform._check_speculative_method(vllm_config)
+    NPUPlatform._check_speculative_method(SimpleNamespace(speculative_config=SimpleNamespace(method="ngram")))
+    NPUPlatform._check_speculative_method(SimpleNamespace(speculative_config=None))
