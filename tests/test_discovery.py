@@ -47,7 +47,7 @@ def test_platform_plugin_group_contains_ascend():
     [
         (None, "vllm.platforms.cpu.CpuPlatform"),
         ("off", "vllm.platforms.cpu.CpuPlatform"),
-        ("reference", "vllm_ascend.core.platform.NPUPlatform"),
+        ("reference", "vllm_ascend.core.platform.ReferencePlatform"),
     ],
 )
 def test_current_platform(device, expected):
