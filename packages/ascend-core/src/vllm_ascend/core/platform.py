@@ -289,7 +289,12 @@ class NPUPlatform(AscendPlatform):
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
-        raise NotImplementedError("LoRA is not supported on Ascend NPUs by this plugin yet")
+        from vllm_ascend.core._version import __version__
+
+        raise ValueError(
+            f"LoRA (enable_lora) is not supported yet by vllm-ascend {__version__} on Ascend NPUs; "
+            "supported on the reference device only"
+        )
 
 
 class ReferencePlatform(AscendPlatform):

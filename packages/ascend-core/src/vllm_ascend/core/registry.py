@@ -167,7 +167,8 @@ def _is_class(value: Any) -> bool:
 
 #: vLLM quantization method name -> a vLLM ``QuantizationConfig`` subclass (registered with vLLM).
 QUANT_METHODS: Registry[type] = Registry("quantization method", _is_class, "a QuantizationConfig class")
-#: ``speculative_config.method`` -> a proposer class with ``from_vllm_config`` (read by the runner).
+#: ``speculative_config.method`` -> a proposer class with ``from_vllm_config(vllm_config)`` and vLLM's
+#: CPU-drafter ``propose(...)`` signature; the platform refuses other methods, the runner drafts with it.
 SPEC_DECODE_METHODS: Registry[type] = Registry("speculative decoding method", _is_class, "a proposer class")
 #: vLLM ``load_format`` -> a vLLM model loader class (registered with vLLM).
 MODEL_LOADERS: Registry[type] = Registry("model loader", _is_class, "a model loader class")

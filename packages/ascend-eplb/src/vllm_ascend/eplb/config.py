@@ -3,15 +3,15 @@ and the validator core calls at vLLM config time (registered in ``CONFIG_SECTION
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
-from vllm_ascend.core.config import ConfigError
+from vllm_ascend.core.config import ConfigError, Section
+from vllm_ascend.core.config.schema import option
 from vllm_ascend.eplb.expert_map_file import expert_file_to_tensor
 from vllm_ascend.eplb.placement import generate_global_placement
 from vllm_ascend.eplb.policy.factory import allowed_policies, policy_name
@@ -21,58 +21,48 @@ PATH = "additional_config.eplb_config"
 PHASES = ("all", "prefill", "decode")
 
 
-def _describe(value: Any) -> str:
-    return f"{type(value).__name__} {value!r}"
-
-
 @dataclass(frozen=True)
-class EplbConfig:
+class EplbConfig(Section):
     """Expert-parallel load balancing: static expert maps, redundant experts, dynamic re-placement.
 
-    ``eplb_policy_type`` accepts a registered policy name or an upstream code (0 random, 1 default,
-    2 swift, 3 flashlb) and is stored as the name."""
+    Validated by core's :class:`~vllm_ascend.core.config.Section` rules (types, ranges, choices,
+    unknown keys). ``eplb_policy_type`` accepts a registered policy name or an upstream code
+    (0 random, 1 default, 2 swift, 3 flashlb) and is stored as the name."""
 
-    dynamic_eplb: bool = False
-    expert_map_path: str | None = None
-    expert_map_record_path: str | None = None
-    num_redundant_experts: int = 0
-    expert_heat_collection_interval: int = 400
-    algorithm_execution_interval: int = 30
-    num_warmup_iterations: int = 0
-    load_collection_phase: str = "all"
-    eplb_policy_type: str | int = "swift"
+    PATH: ClassVar[str] = PATH
+
+    dynamic_eplb: bool = option(False, doc="Re-place experts periodically from recorded expert load.")
+    expert_map_path: str | None = option(None, doc="JSON expert map giving the initial placement.")
+    expert_map_record_path: str | None = option(
+        None, doc="Where dynamic EPLB writes each placement it computes (JSON expert map)."
+    )
+    num_redundant_experts: int = option(0, ge=0, doc="Extra physical expert slots holding replicas.")
+    expert_heat_collection_interval: int = option(
+        400, ge=1, doc="Forward steps of expert load collected before each re-balancing."
+    )
+    algorithm_execution_interval: int = option(
+        30, ge=1, doc="Forward steps between handing the load to the policy and taking its plan."
+    )
+    num_warmup_iterations: int = option(
+        0, ge=0, doc="Forward steps after start-up whose expert load is not recorded."
+    )
+    load_collection_phase: str = option("all", choices=PHASES, doc="Which batches' expert load is recorded.")
+    eplb_policy_type: str = option("swift", doc="Re-balancing policy: a registered name or code 0-3.")
 
     def __post_init__(self) -> None:
-        if not isinstance(self.dynamic_eplb, bool):
-            raise ConfigError(
-                f"{PATH}.dynamic_eplb must be true or false, got {_describe(self.dynamic_eplb)}"
-            )
-        for name, low in (
-            ("num_redundant_experts", 0),
-            ("num_warmup_iterations", 0),
-            ("expert_heat_collection_interval", 1),
-            ("algorithm_execution_interval", 1),
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"{PATH}.{name} must be an integer >= {low}, got {_describe(value)}")
-        if self.load_collection_phase not in PHASES:
-            raise ConfigError(
-                f"{PATH}.load_collection_phase = {self.load_collection_phase!r} is invalid; "
-                f"allowed values: {', '.join(repr(p) for p in PHASES)}"
-            )
         try:
             object.__setattr__(self, "eplb_policy_type", policy_name(self.eplb_policy_type))
         except EplbInputError:
             raise ConfigError(
                 f"{PATH}.eplb_policy_type = {self.eplb_policy_type!r} is invalid; allowed: {allowed_policies()}"
             ) from None
+        super().__post_init__()
+
+    def _validate(self) -> None:
         for name in ("expert_map_path", "expert_map_record_path"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value.endswith(".json")):
-                raise ConfigError(
-                    f"{PATH}.{name} must be a path to a .json file or null, got {_describe(value)}"
-                )
+            if value is not None and not value.endswith(".json"):
+                raise ConfigError(f"{PATH}.{name} must be a path to a .json file or null, got {value!r}")
         if self.expert_map_record_path is not None and not self.dynamic_eplb:
             raise ConfigError(
                 f"{PATH}.expert_map_record_path requires {PATH}.dynamic_eplb = true "
@@ -83,21 +73,6 @@ class EplbConfig:
                 f"{PATH}.expert_map_record_path must differ from {PATH}.expert_map_path "
                 "(recording would overwrite the input map)"
             )
-
-    @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any]) -> EplbConfig:
-        """Build from the JSON object of ``additional_config.eplb_config``; unknown keys are refused."""
-        if not isinstance(raw, Mapping):
-            raise ConfigError(f"{PATH} must be a JSON object, got {_describe(raw)}")
-        allowed = [f.name for f in fields(cls)]
-        for key in raw:
-            if key not in allowed:
-                close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
-                hint = f"; did you mean {close[0]!r}?" if close else "."
-                raise ConfigError(
-                    f"unknown option {PATH}.{key}{hint} Allowed keys: {', '.join(sorted(allowed))}"
-                )
-        return cls(**raw)
 
     @property
     def policy_name(self) -> str:
@@ -126,7 +101,7 @@ class EplbConfig:
 def validate_eplb_config(raw: Mapping[str, Any], vllm_config: Any = None) -> EplbConfig:
     """Core's ``CONFIG_SECTIONS`` validator: the typed settings, checked against vLLM's config and the
     expert-map file (read now, so a bad map fails before any model is built)."""
-    config = EplbConfig.from_mapping(raw)
+    config = EplbConfig.from_dict(raw)
     parallel = getattr(vllm_config, "parallel_config", None)
     if parallel is not None and config.enabled and not getattr(parallel, "enable_expert_parallel", False):
         key = (
