@@ -175,3 +175,26 @@ def test_sleep_level_2_discards_weights_until_reloaded(llm, qwen3_prompts, qwen3
     llm.wake_up(tags=["kv_cache"])
     outputs = _generate(llm, qwen3_prompts, max_tokens=12, temperature=0.0, ignore_eos=True)
     assert [list(o.token_ids) for o in outputs] == qwen3_hf.token_ids
+
+
+@pytest.mark.parametrize("invariant", [False, True])
+def test_batch_invariant_variable_reaches_serving_attention(llm, qwen3_prompts, monkeypatch, invariant):
+    """``VLLM_ASCEND_BATCH_INVARIANT=1`` changes what serving does: four decoding requests are
+    attended one by one (bitwise independent of each other) instead of in one padded group."""
+    from vllm_ascend.core.device.adaptor import reference
+
+    calls: list[list[int]] = []
+    attend = reference._attend_group
+
+    def spy(*args, **kwargs):
+        calls.append(list(args[7]))  # the requests attended together
+        return attend(*args, **kwargs)
+
+    monkeypatch.setenv("VLLM_ASCEND_BATCH_INVARIANT", "1" if invariant else "0")
+    monkeypatch.setattr(reference, "_attend_group", spy)
+    outputs = _generate(llm, qwen3_prompts, max_tokens=3, temperature=0.0)
+    assert all(len(o.token_ids) == 3 for o in outputs)
+    if invariant:
+        assert calls and all(len(reqs) == 1 for reqs in calls), calls
+    else:
+        assert any(len(reqs) == 4 for reqs in calls), calls  # the decode steps attend all four at once

@@ -150,7 +150,8 @@ _VARS: dict[str, EnvVar] = {
             "VLLM_ASCEND_BATCH_INVARIANT",
             False,
             _bool("VLLM_ASCEND_BATCH_INVARIANT"),
-            "Make reductions bitwise independent of the batch size (RL, numerical alignment).",
+            "Attention attends every request alone, so its result is bitwise independent of the rest of the "
+            "batch (reference device; the other ops are not made batch-invariant yet).",
         ),
         EnvVar(
             "VLLM_ASCEND_NPU_SMI",
