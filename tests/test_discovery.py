@@ -16,8 +16,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIBLING_EXTENSIONS = sorted(p.parent.name for p in ROOT.glob("packages/*/src/vllm_ascend/*/_extension.py"))
 
 
-def run_py(code: str, device: str | None = None) -> str:
+def run_py(code: str, device: str | None = None, **extra_env: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env.update(extra_env)
     env.update(HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     if device is not None:
         env["VLLM_ASCEND_DEVICE"] = device
@@ -105,3 +106,17 @@ def test_model_loaders_reach_vllm_only_when_the_platform_is_active(device, expec
         device=device,
     )
     assert out == str(expected)
+
+
+def test_disabled_extension_is_invisible_to_vllm():
+    """``VLLM_ASCEND_DISABLED_EXTENSIONS=netloader`` reaches vLLM: the load format is never registered."""
+    code = """
+        from vllm.plugins import load_general_plugins
+        from vllm.model_executor import model_loader
+        from vllm_ascend.core.extensions import extension_records
+        load_general_plugins()
+        status = extension_records()["netloader"].status.value
+        print(status, model_loader._LOAD_FORMAT_TO_MODEL_LOADER.get("netloader") is None)
+        """
+    out = run_py(code, device="reference", VLLM_ASCEND_DISABLED_EXTENSIONS="netloader")
+    assert out == "disabled True"

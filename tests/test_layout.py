@@ -1,4 +1,4 @@
-"""The monorepo's shape (DESIGN.md §1): namespace leaves, versions, READMEs, tests, entry points."""
+"""The monorepo's shape (DESIGN.md, "Packages and their arrows"): namespace leaves, versions, READMEs, tests, entry points."""
 
 from __future__ import annotations
 
