@@ -42,7 +42,10 @@ def test_defaults_and_policy_names_or_codes():
             {"expert_heat_collection_interval": 0},
             f"{P}.expert_heat_collection_interval = 0 is out of range; allowed: >= 1",
         ),
-        ({"algorithm_execution_interval": True}, f"{P}.algorithm_execution_interval must be an integer, got bool True"),
+        (
+            {"algorithm_execution_interval": True},
+            f"{P}.algorithm_execution_interval must be an integer, got bool True",
+        ),
         ({"dynamic_eplb": "yes"}, f"{P}.dynamic_eplb must be a boolean \\(true or false\\), got str 'yes'"),
         (
             {"load_collection_phase": "both"},
