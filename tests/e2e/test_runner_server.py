@@ -1,4 +1,7 @@
-"""vLLM's OpenAI server started by ``vllm-ascend serve --device reference`` answers on 127.0.0.1."""
+"""vLLM's OpenAI server started by ``vllm-ascend serve --device reference`` answers on 127.0.0.1.
+
+The server's token budget (``--max-num-batched-tokens 128``) chunks any longer prompt's prefill.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -42,6 +46,7 @@ def server(tiny_qwen3, tmp_path_factory):
         sys.executable, "-m", "vllm_ascend.core.cli", "serve", str(tiny_qwen3), "--device", "reference",
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--block-size", "16",
         "--max-model-len", "256", "--kv-cache-memory-bytes", str(64 << 20), "--served-model-name", "tiny",
+        "--max-num-batched-tokens", "128",
     ]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -102,3 +107,35 @@ def test_malformed_requests_get_4xx_and_server_survives(server):
     assert 400 <= status < 500, (status, body)
     status, body = _request(f"{base}/v1/completions", {"model": "tiny", "prompt": "a", "max_tokens": 2})
     assert status == 200, body
+
+
+def test_seeded_requests_with_chunked_prompts_are_reproducible_and_server_survives(server, tiny_qwen3):
+    """Issue 14, finding 1: a seeded request whose prompt is chunked killed the engine (CPU generators
+    have no Philox offset for vLLM's rewind)."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    base, _ = server
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
+    vocab = sorted(set(tokenizer.get_vocab().values()) - set(tokenizer.all_special_ids))
+    rng = random.Random(0)
+    prompts = [rng.sample(vocab, 240) for _ in range(4)]  # each prefilled in two chunks or more
+
+    def complete(prompt_and_seed):
+        prompt, seed = prompt_and_seed
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "seed": seed,
+                "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+        return _request(f"{base}/v1/completions", body)
+
+    jobs = list(zip(prompts, (1, 2, 3, 4), strict=True))
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        rounds = [list(pool.map(complete, jobs)) for _ in range(2)]
+    for status, body in rounds[0] + rounds[1]:
+        assert status == 200, body
+    token_ids = [[body["choices"][0]["token_ids"] for _, body in answers] for answers in rounds]
+    assert token_ids[0] == token_ids[1]
+    assert all(len(ids) == 8 for ids in token_ids[0])
+    assert len({tuple(ids) for ids in token_ids[0]}) == len(jobs)
+    status, _ = _request(f"{base}/v1/completions", {"model": "tiny", "prompt": "a", "max_tokens": 2})
+    assert status == 200

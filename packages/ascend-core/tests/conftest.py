@@ -19,10 +19,20 @@ class FakeDists:
         self.root = root
 
     def add(
-        self, dist: str, ext_name: str, module_source: str, version: str = "9.9.9", attr: str = "EXTENSION"
+        self,
+        dist: str,
+        ext_name: str,
+        module_source: str,
+        version: str = "9.9.9",
+        attr: str = "EXTENSION",
+        module: str | None = None,
     ):
-        module = f"fake_{dist.replace('-', '_')}"
-        (self.root / f"{module}.py").write_text(textwrap.dedent(module_source))
+        """Write the dist; ``module`` (dotted, e.g. under the ``vllm_ascend`` namespace) defaults to
+        ``fake_<dist>``."""
+        module = module or f"fake_{dist.replace('-', '_')}"
+        path = self.root.joinpath(*module.split(".")).with_suffix(".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(module_source))
         info = self.root / f"{dist.replace('-', '_')}-{version}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")

@@ -1,4 +1,8 @@
-"""Extension discovery and loading: order, once-only, failure isolation, disable list, skew guard."""
+"""Extension discovery and loading: order, once-only, failure isolation, disable list, skew guard,
+official precedence on name clashes, lazy paths checked at load."""
+
+import json
+import os
 
 import pytest
 
@@ -178,3 +182,247 @@ def test_descriptor_validation(field, value, message):
     with pytest.raises(DescriptorError) as err:
         ExtensionDescriptor(**fields)
     assert str(err.value).startswith(message)
+
+
+def _clash(fake_dists, good_source, third_party_first: bool):
+    """An official dist and a third-party dist both declaring extension ``fakeq``, on two sys.path roots."""
+    make = type(fake_dists)
+    official, third = make(fake_dists.root / "official"), make(fake_dists.root / "third")
+    for dists in (official, third):
+        dists.root.mkdir()
+    official.add(
+        "vllm-ascend-fakeq",
+        "fakeq",
+        good_source("fakeq", policy="official_policy"),
+        module="vllm_ascend.fakeq_ext",
+    )
+    third.add("thirdparty-quant", "fakeq", good_source("fakeq", policy="impostor_policy"))
+    roots = [third.root, official.root] if third_party_first else [official.root, third.root]
+    return official, os.pathsep.join([*map(str, roots), os.environ.get("PYTHONPATH", "")])
+
+
+@pytest.mark.parametrize("third_party_first", [True, False])
+def test_official_dist_wins_a_name_clash_whatever_the_sys_path_order(
+    fake_dists, good_source, third_party_first
+):
+    official, pythonpath = _clash(fake_dists, good_source, third_party_first)
+    proc = official.run(
+        """
+        import json, sys
+        from vllm_ascend.core.extensions import all_extension_records, load_extensions
+        from vllm_ascend.core.registry import SPEC_DECODE_METHODS
+        print(json.dumps({
+            "owner": load_extensions()["fakeq"].as_dict(),
+            "all": [r.as_dict() for r in all_extension_records() if r.name == "fakeq"],
+            "methods": [n for n in SPEC_DECODE_METHODS.names() if n.endswith("_policy")],
+            "impostor_imported": "fake_thirdparty_quant" in sys.modules,
+        }))
+        """,
+        PYTHONPATH=pythonpath,
+    )
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (found["owner"]["dist"], found["owner"]["status"]) == ("vllm-ascend-fakeq", "loaded")
+    assert found["methods"] == ["official_policy"]
+    assert found["impostor_imported"] is False
+    reason = (
+        "extension name 'fakeq' is already provided by vllm-ascend-fakeq "
+        "(official vllm-ascend distributions take precedence)"
+    )
+    assert [(r["dist"], r["status"], r["reason"]) for r in found["all"]] == [
+        ("vllm-ascend-fakeq", "loaded", ""),
+        ("thirdparty-quant", "shadowed", reason),
+    ]
+    assert f"Skipping vLLM Ascend extension 'fakeq' (thirdparty-quant 9.9.9): {reason}" in proc.stderr
+
+
+def test_doctor_lists_the_official_owner_and_the_shadowed_dist(fake_dists, good_source):
+    official, pythonpath = _clash(fake_dists, good_source, third_party_first=True)
+    proc = official.run(
+        """
+        import json
+        from vllm_ascend.core.doctor import collect, render
+        report = collect()
+        print(json.dumps({"rows": [e for e in report["extensions"] if e["name"] == "fakeq"], "table": render(report)}))
+        """,
+        PYTHONPATH=pythonpath,
+        VLLM_ASCEND_DEVICE="off",
+    )
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [(r["dist"], r["status"]) for r in found["rows"]] == [
+        ("vllm-ascend-fakeq", "loaded"),
+        ("thirdparty-quant", "shadowed"),
+    ]
+    shadow_line = next(line for line in found["table"].splitlines() if "thirdparty-quant" in line)
+    assert shadow_line.split()[:4] == ["fakeq", "thirdparty-quant", "9.9.9", "shadowed"]
+    assert "already provided by vllm-ascend-fakeq" in shadow_line
+
+
+def test_name_prefix_alone_does_not_make_a_dist_official(fake_dists, good_source):
+    """``vllm-ascend-*`` dists whose module is outside ``vllm_ascend.`` are third-party: discovery order decides."""
+    fake_dists.add("vllm-ascend-fakeone", "fakedup", good_source("fakedup", policy="p1"))
+    proc = fake_dists.run(
+        """
+        from importlib import metadata
+        from vllm_ascend.core.extensions import is_official
+        eps = metadata.entry_points(group="vllm_ascend.extensions")
+        print(sorted((ep.name, is_official(ep)) for ep in eps if ep.name in ("fakedup", "eplb", "runner")))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[('eplb', True), ('fakedup', False), ('runner', True)]"
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("import sys\nsys.exit(3)\n", "import failed: SystemExit(3): the extension called sys.exit()"),
+        ("raise SystemExit\n", "import failed: SystemExit(None): the extension called sys.exit()"),
+        ("raise GeneratorExit('odd')\n", "import failed: GeneratorExit: odd"),
+    ],
+)
+def test_base_exceptions_at_import_are_contained(fake_dists, good_source, source, reason):
+    fake_dists.add("vllm-ascend-fakegood", "fakegood", good_source("fakegood"))
+    fake_dists.add("vllm-ascend-fakeexit", "fakeexit", source)
+    records, stderr = fake_dists.load()
+    assert (records["fakeexit"]["status"], records["fakeexit"]["reason"]) == ("failed", reason)
+    assert f"Skipping vLLM Ascend extension 'fakeexit' (vllm-ascend-fakeexit 9.9.9): {reason}" in stderr
+    assert records["fakegood"]["status"] == "loaded"
+
+
+def test_system_exit_in_register_is_contained_and_rolled_back(fake_dists, good_source):
+    source = good_source("fakequit", policy="quitter").replace(
+        'SPEC_DECODE_METHODS.register("quitter", "collections:OrderedDict")',
+        'SPEC_DECODE_METHODS.register("quitter", "collections:OrderedDict")\n    import sys; sys.exit("bye")',
+    )
+    fake_dists.add("vllm-ascend-fakequit", "fakequit", source)
+    proc = fake_dists.run(
+        """
+        from vllm_ascend.core.extensions import load_extensions
+        from vllm_ascend.core.registry import SPEC_DECODE_METHODS
+        rec = load_extensions()["fakequit"]
+        print(rec.status.value, "|", rec.reason, "|", "quitter" in SPEC_DECODE_METHODS)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (
+        "failed | register() failed: SystemExit('bye'): the extension called sys.exit() | False"
+    )
+
+
+def test_keyboard_interrupt_is_not_contained(fake_dists):
+    fake_dists.add("vllm-ascend-fakeint", "fakeint", "raise KeyboardInterrupt\n")
+    proc = fake_dists.run(
+        """
+        from vllm_ascend.core.extensions import load_extensions
+        load_extensions()
+        print("survived")
+        """
+    )
+    assert proc.returncode != 0
+    assert "survived" not in proc.stdout
+    assert "KeyboardInterrupt" in proc.stderr
+
+
+BROKEN_PATHS = """
+from vllm_ascend.core.extensions import ExtensionDescriptor
+from vllm_ascend.core.registry import {registry}, SPEC_DECODE_METHODS
+
+def register():
+    SPEC_DECODE_METHODS.register("fine_first", "collections:OrderedDict")
+    {registry}.register("{entry}", "{path}")
+
+EXTENSION = ExtensionDescriptor(
+    name="{name}", version="9.9.9", core_requires=">=0.1,<0.2", provides=(), register=register
+)
+"""
+
+
+@pytest.mark.parametrize(
+    ("registry", "entry", "path", "detail"),
+    [
+        (
+            "SPEC_DECODE_METHODS",
+            "typo",
+            "collections:OrderedDcit",
+            "AttributeError: module 'collections' has no attribute 'OrderedDcit'",
+        ),
+        (
+            "SPEC_DECODE_METHODS",
+            "gone",
+            "no_such_module_xyz:Thing",
+            "ModuleNotFoundError: No module named 'no_such_module_xyz'",
+        ),
+        (
+            "SPEC_DECODE_METHODS",
+            "notclass",
+            "collections:namedtuple",
+            "RegistryError: speculative decoding method 'notclass': 'collections:namedtuple' resolved to "
+            "<function namedtuple",
+        ),
+        (
+            "WORKERS",
+            "fakeworker",
+            "json:NoSuchWorker",
+            "AttributeError: module 'json' has no top-level name 'NoSuchWorker'",
+        ),
+    ],
+    ids=["attr", "module", "wrong-type", "deferred-registry"],
+)
+def test_broken_lazy_path_fails_the_extension_and_rolls_back(fake_dists, registry, entry, path, detail):
+    fake_dists.add(
+        "vllm-ascend-fakelazy",
+        "fakelazy",
+        BROKEN_PATHS.format(name="fakelazy", registry=registry, entry=entry, path=path),
+    )
+    proc = fake_dists.run(
+        f"""
+        import json
+        from vllm_ascend.core.extensions import load_extensions
+        from vllm_ascend.core.registry import {registry}, SPEC_DECODE_METHODS
+        rec = load_extensions()["fakelazy"]
+        print(json.dumps([rec.status.value, rec.reason, "fine_first" in SPEC_DECODE_METHODS, "{entry}" in {registry}]))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    status, reason, kept_first, kept_broken = json.loads(proc.stdout.strip().splitlines()[-1])
+    kind = "speculative decoding method" if registry == "SPEC_DECODE_METHODS" else "worker"
+    assert status == "failed"
+    assert reason.startswith(f"registered path does not resolve: {kind} '{entry}' -> '{path}': {detail}")
+    assert (kept_first, kept_broken) == (False, False)
+
+
+def test_deferred_registry_paths_are_checked_without_importing(fake_dists):
+    """WORKERS entries are heavy: loading checks them statically, doctor imports them and reports failures."""
+    (fake_dists.root / "fake_heavy_worker.py").write_text(
+        "import builtins\nbuiltins.HEAVY_IMPORTED = True\nraise ImportError('needs a missing wheel')\n"
+        "class Worker:\n    pass\n"
+    )
+    fake_dists.add(
+        "vllm-ascend-fakeheavy",
+        "fakeheavy",
+        BROKEN_PATHS.format(
+            name="fakeheavy", registry="WORKERS", entry="heavy", path="fake_heavy_worker:Worker"
+        ),
+    )
+    proc = fake_dists.run(
+        """
+        import builtins, json
+        from vllm_ascend.core.extensions import load_extensions
+        from vllm_ascend.core.doctor import collect
+        rec = load_extensions()["fakeheavy"]
+        at_load = [rec.status.value, getattr(builtins, "HEAVY_IMPORTED", False)]
+        row = next(e for e in collect()["extensions"] if e["name"] == "fakeheavy")
+        print(json.dumps([*at_load, row["status"], row["reason"]]))
+        """,
+        VLLM_ASCEND_DEVICE="off",
+    )
+    assert proc.returncode == 0, proc.stderr
+    status, imported, doctor_status, doctor_reason = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (status, imported) == ("loaded", False)
+    assert doctor_status == "failed"
+    assert doctor_reason == (
+        "registered path does not resolve: worker 'heavy' -> 'fake_heavy_worker:Worker': "
+        "ImportError: needs a missing wheel"
+    )

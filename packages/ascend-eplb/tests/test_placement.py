@@ -95,7 +95,21 @@ def _doc():
         (lambda d: d["layer_list"][0].update(device_count="2"), r"layer_list\[0\].device_count must be int"),
         (
             lambda d: d["layer_list"][0]["device_list"][0].update(device_expert=[0, -1]),
-            r"device_list\[0\].device_expert must be a non-empty list of expert ids >= 0",
+            r"device_list\[0\].device_expert must be a non-empty list of expert ids in 0\.\.3 "
+            r"\(the layer's 2 devices x 2 slots\)",
+        ),
+        # ids far past the slot count: refused before any array is sized by them
+        (
+            lambda d: d["layer_list"][1]["device_list"][1].update(device_expert=[0, 10**12]),
+            r"layer_list\[1\].device_list\[1\].device_expert must be a non-empty list of expert ids in 0\.\.3",
+        ),
+        (
+            lambda d: d["layer_list"][0]["device_list"][0].update(device_expert=[2**63 + 5, 1]),
+            r"layer_list\[0\].device_list\[0\].device_expert must be a non-empty list of expert ids in 0\.\.3",
+        ),
+        (
+            lambda d: d["layer_list"][0]["device_list"][0].update(device_expert=[4, 1]),
+            r"device_list\[0\].device_expert must be a non-empty list of expert ids in 0\.\.3",
         ),
         (
             lambda d: d["layer_list"][0]["device_list"][0].update(device_expert=[0, 1, 2]),
@@ -122,5 +136,54 @@ def test_unreadable_expert_map_files(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(EplbInputError, match="is not valid JSON"):
         expert_file_to_tensor(bad)
-    with pytest.raises(EplbInputError, match="cannot be read"):
+    with pytest.raises(EplbInputError, match="is unreadable: No such file or directory"):
         expert_file_to_tensor(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, r"is nested 100000 levels deep; at most 64 levels are allowed"),
+        (b'{"moe_layer_count": NaN}', r"is not valid JSON: NaN is not a JSON number"),
+        (b'{"moe_layer_count": Infinity}', r"is not valid JSON: Infinity is not a JSON number"),
+        (
+            b'{"moe_layer_count": 1' + b"0" * 5000 + b"}",
+            r"is not valid JSON: Exceeds the limit \(4300 digits\)",
+        ),
+        (b'{"moe_layer_count": "\xff"}', r"is not UTF-8: byte 0xff at offset 21"),
+    ],
+    ids=["deep", "nan", "inf", "long-int", "utf8"],
+)
+def test_hostile_expert_map_files_are_eplb_errors_naming_the_path(tmp_path, content, match):
+    path = tmp_path / "hostile.json"
+    path.write_bytes(content)
+    with pytest.raises(EplbInputError, match=match) as info:
+        expert_file_to_tensor(path)
+    assert str(info.value).startswith(f"expert map file {str(path)!r} ")
+
+
+def test_oversize_expert_map_file_is_refused_before_reading(tmp_path):
+    path = tmp_path / "big.json"
+    with open(path, "wb") as f:
+        f.truncate(64 * 1024 * 1024 + 1)  # sparse: the size is checked from fstat, never read
+    with pytest.raises(EplbInputError, match=r"is too large: 67108865 bytes; at most 67108864 are allowed"):
+        expert_file_to_tensor(path)
+
+
+@pytest.mark.parametrize(
+    "table, match",
+    [
+        (
+            [[[0, 10**12]]],
+            r"holds expert id 1000000000000; a layer of 1 ranks x 2 slots can place ids 0\.\.1 only",
+        ),
+        ([[[0, 2**63 + 5]]], r"holds expert id 9\.22\d*e\+18; a layer of 1 ranks x 2 slots"),
+        ([[[0, 2**70]]], r"must hold integer logical expert ids, got dtype object"),
+        ([[[0.0, 1e300]]], r"holds expert id 1e\+300"),
+    ],
+)
+def test_huge_expert_ids_are_range_checked_before_allocation(table, match):
+    with pytest.raises(EplbInputError, match=match):
+        generate_expert_map(table)
+    with pytest.raises(EplbInputError, match=match):
+        generate_log2phy_map(table)

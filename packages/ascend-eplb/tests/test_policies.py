@@ -409,3 +409,44 @@ def test_chain_options_are_validated(field, bad, match):
     work = np.array([[[9.0, 9.0], [1.0, 1.0]]])
     with pytest.raises(EplbInputError, match=f"{field}.*{match}"):
         PolicyFactory.generate_policy("swift", {field: bad}).rebalance_experts(table, work)
+
+
+@pytest.mark.parametrize(
+    ("name", "cls_name", "allowed"),
+    [
+        (
+            "swift",
+            "SwiftBalanceEplb",
+            "chain_gain, chain_steps, dominant_swap_gain, max_move_fraction, max_swaps",
+        ),
+        ("default", "DefaultEplb", "improvement_threshold, max_swaps"),
+    ],
+)
+def test_unknown_policy_option_is_refused_with_a_suggestion(name, cls_name, allowed):
+    with pytest.raises(EplbInputError) as info:
+        PolicyFactory.generate_policy(name, {"max_swapz": 3})
+    assert str(info.value).startswith(
+        f"unknown option {cls_name}.max_swapz; did you mean 'max_swaps'? Allowed keys: {allowed}"
+    )
+
+
+@pytest.mark.parametrize("policy", ["random", "default", "swift", "flashlb"])
+def test_every_declared_option_is_accepted_and_every_read_option_declared(policy):
+    """A policy built with all its declared options runs; an option read but not declared would raise."""
+    cls = type(PolicyFactory.generate_policy(policy))
+    ints = {"max_swaps", "swap_depth", "chain_steps", "window", "max_samples", "seed"}
+    options = {k: (2 if k in ints else (1.01 if k == "skip_threshold" else 0.5)) for k in cls.OPTIONS}
+    table = np.array([[[0, 1], [2, 3]]])
+    changed, _, new = PolicyFactory.generate_policy(policy, options).rebalance_experts(
+        table, np.array([[[9.0, 9.0], [1.0, 1.0]]])
+    )
+    assert new.shape == table.shape and isinstance(changed, bool)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("field", ["max_swaps", "min_swap_gain"])
+def test_non_finite_policy_options_are_refused(field, bad):
+    with pytest.raises(EplbInputError, match=f"policy option '{field}' must be a (int|float), got {bad}"):
+        PolicyFactory.generate_policy("swift", {field: bad}).rebalance_experts(
+            np.array([[[0, 1], [2, 3]]]), np.array([[[9.0, 9.0], [1.0, 1.0]]])
+        )

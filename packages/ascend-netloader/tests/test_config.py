@@ -11,10 +11,14 @@ from vllm_ascend.netloader.config import NetLoaderConfig
 
 def test_defaults_and_values():
     assert NetLoaderConfig.from_extra_config({"source": "http://10.0.0.2:18080/"}) == NetLoaderConfig(
-        "http://10.0.0.2:18080", 30.0, 3
+        "http://10.0.0.2:18080", 30.0, 3, True, None, None
     )
-    cfg = NetLoaderConfig.from_extra_config({"source": "https://[::1]:443", "timeout": 5, "retries": 0})
-    assert (cfg.source, cfg.timeout, cfg.retries) == ("https://[::1]:443", 5.0, 0)
+    cfg = NetLoaderConfig.from_extra_config(
+        {"source": "https://[::1]:443", "timeout": 5, "retries": 0, "ca_file": "ca.pem", "token_file": "t"}
+    )
+    assert (cfg.source, cfg.timeout, cfg.retries, cfg.fallback) == ("https://[::1]:443", 5.0, 0, True)
+    assert (cfg.token_file, cfg.ca_file) == ("t", "ca.pem")
+    assert NetLoaderConfig.from_extra_config({"source": "http://h:1", "fallback": False}).fallback is False
 
 
 @pytest.mark.parametrize(
@@ -27,7 +31,7 @@ def test_defaults_and_values():
         ),
         (
             {"source": "http://h:1", "port": 1, "host": 2},
-            "model_loader_extra_config: unknown key(s) 'host', 'port'; allowed: source, timeout, retries",
+            "model_loader_extra_config: unknown key(s) 'host', 'port'; allowed: source, timeout, retries, fallback, token_file, ca_file",
         ),
         (
             {"source": "ftp://h:1"},
@@ -48,6 +52,23 @@ def test_defaults_and_values():
         (
             {"source": "http://h:1", "retries": -1},
             "model_loader_extra_config.retries = -1: expected an integer >= 0",
+        ),
+        (
+            {"source": "http://h:1", "fallback": "no"},
+            "model_loader_extra_config.fallback = 'no': expected true or false",
+        ),
+        (
+            {"source": "http://h:1", "token_file": 3},
+            "model_loader_extra_config.token_file = 3: expected a file",
+        ),
+        (
+            {"source": "https://h:1"},
+            "model_loader_extra_config.ca_file = None: an https:// source needs the CA file that signed the "
+            "seed's certificate, and an http:// source takes none",
+        ),
+        (
+            {"source": "http://h:1", "ca_file": "ca.pem"},
+            "model_loader_extra_config.ca_file = 'ca.pem': an https://",
         ),
     ],
 )

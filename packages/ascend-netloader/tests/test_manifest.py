@@ -8,7 +8,15 @@ import hashlib
 import pytest
 import torch
 
-from vllm_ascend.netloader.manifest import FORMAT, Manifest, ManifestError, dtype_name
+from vllm_ascend.netloader.manifest import (
+    FORMAT,
+    Manifest,
+    ManifestError,
+    WeightMismatch,
+    check_expected,
+    dtype_name,
+    spec_of,
+)
 
 
 def _state_dict():
@@ -74,7 +82,7 @@ def _problems(data) -> list[str]:
 def test_top_level_problems():
     assert _problems([1]) == ["manifest must be a JSON object, got list"]
     assert _problems({"format": "v0", "tensors": {}, "extra": 1}) == [
-        "unknown key 'extra'; allowed: format, total_bytes, tensors",
+        "unknown key 'extra'; allowed: format, kind, total_bytes, tensors",
         "missing key 'total_bytes'",
         "format = 'v0': expected 'vllm-ascend-netloader-manifest/1'",
         "tensors must be a list, got dict",
@@ -128,3 +136,37 @@ def test_duplicates_and_total_bytes():
     wrong_total = copy.deepcopy(good)
     wrong_total["total_bytes"] = 96
     assert _problems(wrong_total) == ["total_bytes = 96: expected 97 (the sum of nbytes)"]
+
+
+def test_kind_round_trip_and_refusal():
+    live, _ = Manifest.from_state_dict(_state_dict(), kind="live")
+    assert live.to_dict()["kind"] == "live"
+    assert Manifest.from_dict(live.to_dict()) == live
+    legacy = live.to_dict()
+    del legacy["kind"]
+    assert Manifest.from_dict(legacy).kind == "checkpoint"
+    assert _problems(dict(live.to_dict(), kind="file")) == ["kind = 'file': expected one of checkpoint, live"]
+    with pytest.raises(ManifestError, match="kind = 'x': expected one of checkpoint, live"):
+        Manifest.from_state_dict({}, kind="x")
+
+
+def test_check_expected_names_every_kind_of_mismatch():
+    sd = _state_dict()
+    manifest, _ = Manifest.from_state_dict(sd)
+    expected = {name: spec_of(t) for name, t in sd.items()}
+    check_expected(manifest, expected)  # the same tensors: nothing raised
+    expected.update({f"m{i}": ("float32", (1,)) for i in range(5)})
+    del expected["q"]
+    expected["a.bias"] = ("float16", (3,))
+    expected["t"] = ("float32", (2**40,))
+    with pytest.raises(WeightMismatch) as info:
+        check_expected(manifest, expected)
+    err = info.value
+    assert (err.missing, err.extra) == (["m0", "m1", "m2", "m3", "m4"], ["q"])
+    assert str(err) == (
+        "the seed does not serve this model's weights: 5 missing (m0, m1, m2, ... 2 more); "
+        "1 unexpected (q); 2 with another dtype or shape ('a.bias': seed float32 [3], model float16 [3], "
+        "'t': seed float32 [4, 3], model float32 [1099511627776])"
+    )
+    assert err.problems[0] == "tensor 'm0' is missing"
+    assert err.problems[5] == "tensor 'q' is not a weight of this model"

@@ -8,13 +8,18 @@ import pytest
 
 from vllm_ascend.netloader.protocol import (
     MAGIC,
+    MAX_ERROR_CHARS,
     PREFIX,
+    VERSION,
     FrameReader,
     MessageType,
     ProtocolError,
     chunk_source,
     encode,
     encode_prefix,
+    error_frame,
+    json_depth,
+    loads_bounded,
 )
 
 
@@ -62,18 +67,21 @@ def _error(data: bytes, chunk: int = 7) -> str:
     return str(info.value)
 
 
-def _raw(kind: int, header: bytes, payload: bytes = b"", magic: bytes = MAGIC, version: int = 1) -> bytes:
+def _raw(
+    kind: int, header: bytes, payload: bytes = b"", magic: bytes = MAGIC, version: int = VERSION
+) -> bytes:
     return PREFIX.pack(magic, version, kind, len(header), len(payload)) + header + payload
 
 
 def test_bad_prefix_fields():
     assert (
         _error(_raw(9, b"{}"))
-        == "unknown message type 9; allowed: 1 (TENSOR_REQUEST), 2 (TENSOR), 3 (END), 4 (ERROR)"
+        == "unknown message type 9; allowed: 1 (TENSOR_REQUEST), 2 (TENSOR), 3 (END), 4 (ERROR), "
+        "5 (CHALLENGE), 6 (AUTH)"
     )
     assert _error(_raw(3, b"{}", magic=b"HTTP")) == "bad frame magic b'HTTP', expected b'VANL'"
-    assert _error(_raw(3, b"{}", version=2)) == "unsupported protocol version 2; this side speaks 1"
-    too_long = struct.pack("!4sBBIQ", MAGIC, 1, 3, (1 << 20) + 1, 0)
+    assert _error(_raw(3, b"{}", version=1)) == "unsupported protocol version 1; this side speaks 2"
+    too_long = struct.pack("!4sBBIQ", MAGIC, VERSION, 3, (1 << 20) + 1, 0)
     assert _error(too_long) == "frame header length 1048577 exceeds the limit of 1048576"
 
 
@@ -131,3 +139,36 @@ def test_header_validation():
     )
     with pytest.raises(ProtocolError, match="ERROR frame header: missing field 'message'"):
         encode_prefix(MessageType.ERROR, {})
+
+
+def test_headers_fail_closed_on_depth_integers_and_constants():
+    """Finding 3: nested lists, huge integers and NaN in a header are ProtocolErrors, not crashes."""
+    deep = b'{"names":' + b"[" * 5000 + b"]" * 5000 + b"}"
+    assert (
+        _error(_raw(1, deep)) == "TENSOR_REQUEST frame header nests 5001 levels deep; at most 8 are allowed"
+    )
+    huge = b'{"tensors":' + b"9" * 5000 + b',"bytes":0}'
+    assert _error(_raw(3, huge)) == (
+        "END frame header: integer 9999999999999999999999999999999999999999… is out of range (|n| <= 2**63-1)"
+    )
+    assert _error(_raw(3, b'{"tensors":9223372036854775808,"bytes":0}')).startswith(
+        "END frame header: integer 9223372036854775808 is out of range"
+    )
+    assert _error(_raw(3, b'{"tensors":NaN,"bytes":0}')) == (
+        "END frame header: NaN is not a number this protocol accepts"
+    )
+    assert _error(_raw(3, b'{"tensors":1,"bytes":"\xff"}')).startswith("END frame header is not valid JSON")
+    assert json_depth(b'["[[[[", {"a": [1]}]') == 3  # brackets inside strings do not count
+    assert loads_bounded(b'{"a":[[[]]]}', "x") == {"a": [[[]]]}
+    with pytest.raises(ProtocolError, match="manifest of 11 bytes exceeds the limit of 10"):
+        loads_bounded(b'{"a":"bcd"}', "manifest", max_bytes=10)
+
+
+def test_error_frames_are_bounded():
+    """Finding 3: an error message longer than a frame header allows is cut, so the frame always encodes."""
+    message = "x" * (3 << 20)
+    frame = FrameReader(chunk_source([error_frame(message)])).next()
+    text = frame.header["message"]
+    assert len(text) == MAX_ERROR_CHARS
+    assert text.endswith(f"x … (cut from {len(message)} characters)")
+    assert FrameReader(chunk_source([error_frame("short")])).next().header == {"message": "short"}

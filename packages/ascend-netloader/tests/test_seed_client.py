@@ -70,7 +70,12 @@ def test_tensor_ranges_and_http_errors(seed, state_dict):
             http.get("/tensors/layers.0.linear.weight", params={"start": 8, "end": 40}).content == raw[8:40]
         )
         assert http.get("/health").json() == {"status": "ok", "tensors": 8, "bytes": 3327}
-        assert http.get("/transfer").json() == {"port": seed.stream.port, "protocol": 1}
+        assert http.get("/transfer").json() == {
+            "port": seed.stream.port,
+            "protocol": 2,
+            "tls": False,
+            "auth": False,
+        }
         r = http.get("/tensors/layers.0.linear.weight", params={"start": 8, "end": 4000})
         assert (r.status_code, r.json()["detail"]) == (
             416,
@@ -81,11 +86,14 @@ def test_tensor_ranges_and_http_errors(seed, state_dict):
 
 
 def _stream_answer(seed, request: bytes) -> list:
-    """Send raw bytes to the seed's stream port; return the decoded answer frames (header only)."""
+    """Send raw bytes to the seed's stream port; return the decoded answer frames after its CHALLENGE."""
     with socket.create_connection(("127.0.0.1", seed.stream.port), timeout=10) as conn:
         conn.sendall(request)
         conn.shutdown(socket.SHUT_WR)
         reader = FrameReader(conn.recv_into)
+        challenge = reader.next()
+        assert challenge.type is MessageType.CHALLENGE and challenge.header["auth"] is False
+        assert len(bytes.fromhex(challenge.header["nonce"])) == 32
         frames = []
         while (frame := reader.next()) is not None:
             frames.append((frame.type.name, frame.header))
@@ -201,7 +209,8 @@ def test_seed_error_frames_and_bad_transfer_answers(fresh_state_dict):
             dict(client.iter_tensors())
     assert str(info.value) == (
         f"streaming tensors: seed {server.url} failed 1 attempts; last error: ProtocolError: GET /transfer "
-        "answered {'port': 0, 'protocol': 1}: expected {'port': 1..65535, 'protocol': 1}"
+        "answered {'port': 0, 'protocol': 2, 'tls': False, 'auth': False}: "
+        "expected {'port': 1..65535, 'protocol': 2, 'tls': bool, 'auth': bool}"
     )
 
 

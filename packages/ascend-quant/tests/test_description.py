@@ -177,8 +177,8 @@ def test_every_problem_is_reported_with_field_and_allowed_values():
     assert problems[2].startswith("missing required key 'model_quant_type' (one of W8A8, W8A8_DYNAMIC,")
     assert problems[3:] == [
         "version = '': expected a non-empty string",
-        "group_size = -1: expected an integer >= 0",
-        "max_supported_tp = True: expected an integer >= 1",
+        "group_size = -1: expected an integer in 0..9223372036854775807",
+        "max_supported_tp = True: expected an integer in 1..9223372036854775807",
         "is_rot_used = 'yes': expected true or false",
         "kv_cache_type = 'C4': expected one of C8",
         "fa_quant_type = 'FAQuant': expected one of FAKQuant, INT8_DYNAMIC",
@@ -225,6 +225,50 @@ def test_file_errors_name_the_file(tmp_path):
         QuantDescription(bad)
     with pytest.raises(TypeError, match="quant description must be a mapping or a path, got int"):
         QuantDescription(3)
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested 100000 levels deep; at most 64 levels are allowed"),
+        (b'{"model_quant_type": "W8A8", "group_size": NaN}', "not valid JSON: NaN is not a JSON number"),
+        (
+            b'{"model_quant_type": "W8A8", "x.weight": "\xc3\x28"}',
+            "not UTF-8: byte 0xc3 at offset 42 (invalid continuation byte)",
+        ),
+        (
+            b'{"model_quant_type": "W8A8", "group_size": 1' + b"0" * 5000 + b"}",
+            "not valid JSON: Exceeds the limit (4300 digits) for integer string conversion",
+        ),
+    ],
+    ids=["deep", "nan", "utf8", "long-int"],
+)
+def test_hostile_description_files_are_description_errors_naming_the_file(tmp_path, content, problem):
+    path = tmp_path / "quant_model_description.json"
+    path.write_bytes(content)
+    with pytest.raises(QuantDescriptionError) as info:
+        QuantDescription(tmp_path)
+    assert info.value.source == str(path)
+    assert len(info.value.problems) == 1 and info.value.problems[0].startswith(problem)
+    assert str(info.value).startswith(f"invalid quant description {path}: 1 problem(s)")
+
+
+def test_oversize_description_file_is_refused_before_reading(tmp_path):
+    path = tmp_path / "quant_model_description.json"
+    with open(path, "wb") as f:
+        f.truncate(64 * 1024 * 1024 + 1)  # sparse: refused from its size, never read
+    with pytest.raises(QuantDescriptionError) as info:
+        QuantDescription(tmp_path)
+    assert info.value.problems == ["too large: 67108865 bytes; at most 67108864 are allowed"]
+
+
+def test_absurd_integers_are_refused():
+    with pytest.raises(QuantDescriptionError) as info:
+        QuantDescription(_description(group_size=10**30, max_supported_tp=2**63))
+    assert info.value.problems == [
+        f"group_size = {10**30}: expected an integer in 0..9223372036854775807",
+        f"max_supported_tp = {2**63}: expected an integer in 1..9223372036854775807",
+    ]
 
 
 def test_unknown_family_and_tp_limit():

@@ -127,3 +127,25 @@ def test_penalties_without_prompt_ids_is_a_clear_error():
     md = _metadata(no_penalties=False, prompt_token_ids=None)
     with pytest.raises(ValueError, match="prompt_token_ids"):
         _sample(md)
+
+
+def test_held_back_rows_sample_without_touching_their_generator():
+    """A discarded prefill chunk leaves the request's generator as it was, so the first kept step
+    draws what an unchunked prompt's only step draws (and no offset rewind is needed)."""
+    from vllm_ascend.runner.model_runner import generators_held_back
+
+    cpu = torch.device("cpu")
+    generators = {0: torch.Generator().manual_seed(7), 2: torch.Generator().manual_seed(9)}
+    before = {row: g.get_state().clone() for row, g in generators.items()}
+    with generators_held_back(generators, [0, 1]):
+        assert set(generators) == {2}
+        sampling_seeds(3, generators, cpu)
+    assert set(generators) == {0, 2}
+    assert torch.equal(generators[0].get_state(), before[0])
+    assert not torch.equal(generators[2].get_state(), before[2])
+    unchunked = sampling_seeds(1, {0: torch.Generator().manual_seed(7)}, cpu)
+    assert torch.equal(sampling_seeds(1, {0: generators[0]}, cpu), unchunked)
+
+    with pytest.raises(RuntimeError, match="step failed"), generators_held_back(generators, [2]):
+        raise RuntimeError("step failed")
+    assert set(generators) == {0, 2}

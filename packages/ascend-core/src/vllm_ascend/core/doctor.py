@@ -11,9 +11,9 @@ from typing import Any
 from vllm_ascend.core._version import __version__
 from vllm_ascend.core.device.detection import Detection, DeviceMode, detect
 from vllm_ascend.core.envs import EnvError
-from vllm_ascend.core.extensions import load_extensions
+from vllm_ascend.core.extensions import all_extension_records
 from vllm_ascend.core.plugin import PLATFORM_QUALNAMES
-from vllm_ascend.core.registry import CliCommand
+from vllm_ascend.core.registry import ALL_REGISTRIES, CliCommand
 from vllm_ascend.core.vllm_version import SUPPORTED_VLLM_RANGE, installed_vllm
 
 
@@ -111,8 +111,32 @@ def collect() -> dict[str, Any]:
         },
         "torch": torch_version,
         "device": device,
-        "extensions": [_with_reachability(rec.as_dict(), active) for rec in load_extensions().values()],
+        "extensions": [
+            _with_reachability(_import_deferred(rec.as_dict()), active) for rec in all_extension_records()
+        ],
     }
+
+
+def _import_deferred(record: dict[str, Any]) -> dict[str, Any]:
+    """Import the lazy paths a loaded extension registered that loading only checked without importing
+    (heavy registries, e.g. workers); one that fails to import turns the record ``failed``."""
+    if record["status"] != "loaded":
+        return record
+    for registry in ALL_REGISTRIES.values():
+        for name in registry.names():
+            if registry.import_at_load or registry.owner(name) != record["dist"]:
+                continue
+            try:
+                registry.get(name)
+            except Exception as exc:
+                path = registry.entry(name).value
+                record["status"] = "failed"
+                record["reason"] = (
+                    f"registered path does not resolve: {registry.kind} {name!r} -> {path!r}: "
+                    f"{type(exc).__name__}: {exc}"
+                )
+                return record
+    return record
 
 
 def _with_reachability(record: dict[str, Any], active: bool) -> dict[str, Any]:

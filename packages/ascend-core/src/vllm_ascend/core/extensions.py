@@ -1,9 +1,11 @@
 """Discovery and loading of sibling distributions through the ``vllm_ascend.extensions`` group.
 
 Each sibling exposes one :class:`ExtensionDescriptor`. Loading is ordered (by extension name),
-happens once per process, isolates failures (a sibling that fails is logged and skipped; core
-keeps working), honours ``VLLM_ASCEND_DISABLED_EXTENSIONS`` and skips siblings built for
-another core version.
+happens once per process, isolates failures (a sibling that fails, even with ``SystemExit``, is
+logged and skipped with its registrations rolled back; core keeps working), checks every lazy path
+a sibling registers, honours ``VLLM_ASCEND_DISABLED_EXTENSIONS`` and skips siblings built for
+another core version. When two distributions declare one extension name, an official
+``vllm-ascend-*`` distribution wins; the other is recorded as shadowed and never imported.
 """
 
 from __future__ import annotations
@@ -21,13 +23,16 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_ascend.core._version import __version__ as CORE_VERSION
 from vllm_ascend.core.logger import init_logger
-from vllm_ascend.core.registry import ALL_REGISTRIES, registering_as
+from vllm_ascend.core.registry import ALL_REGISTRIES, Registry, check_object_path, registering_as
 
 logger = init_logger(__name__)
 
 ENTRY_POINT_GROUP = "vllm_ascend.extensions"
 DISABLE_ENV = "VLLM_ASCEND_DISABLED_EXTENSIONS"
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+#: This project's distributions are named ``vllm-ascend-<leaf>`` and ship their code under ``vllm_ascend.``.
+OFFICIAL_DIST_PREFIX = "vllm-ascend-"
+OFFICIAL_MODULE_PREFIX = "vllm_ascend."
 
 
 class DescriptorError(ValueError):
@@ -82,6 +87,7 @@ class ExtensionStatus(enum.StrEnum):
     DISABLED = "disabled"
     INCOMPATIBLE = "incompatible"
     FAILED = "failed"
+    SHADOWED = "shadowed"
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,7 @@ class ExtensionRecord:
 
 _lock = threading.RLock()
 _records: dict[str, ExtensionRecord] | None = None
+_shadowed: list[ExtensionRecord] = []
 
 
 def disabled_names(value: str | None = None) -> set[str]:
@@ -117,36 +124,70 @@ def disabled_names(value: str | None = None) -> set[str]:
     return {part.strip() for part in raw.split(",") if part.strip()}
 
 
+def _dist_name(ep: metadata.EntryPoint) -> str:
+    return ep.dist.name if ep.dist is not None else "<unknown>"
+
+
+def is_official(ep: metadata.EntryPoint) -> bool:
+    """Whether the entry point comes from one of this project's distributions (name and module)."""
+    dist = _dist_name(ep).lower().replace("_", "-")
+    return dist.startswith(OFFICIAL_DIST_PREFIX) and ep.value.startswith(OFFICIAL_MODULE_PREFIX)
+
+
 def _discover() -> list[metadata.EntryPoint]:
     """Entry points of the group, one per distribution (a dist seen twice on sys.path counts once)."""
     seen: set[tuple[str, str]] = set()
     found = []
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = ep.dist.name if ep.dist is not None else "<unknown>"
-        key = (dist.lower().replace("_", "-"), ep.name)
+        key = (_dist_name(ep).lower().replace("_", "-"), ep.name)
         if key in seen:
             continue
         seen.add(key)
         found.append(ep)
-    return sorted(found, key=lambda ep: ep.name)
+    return found
 
 
-def _load_one(ep: metadata.EntryPoint, disabled: set[str], taken: dict[str, str]) -> ExtensionRecord:
-    dist = ep.dist.name if ep.dist is not None else "<unknown>"
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"SystemExit({exc.code!r}): the extension called sys.exit()"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _UnresolvedPath(Exception):
+    """A lazy path an extension registered does not resolve."""
+
+
+def _check_registered(journal: list[tuple[Registry[Any], str]]) -> None:
+    """Resolve every lazy path registered (import-free check where the registry's entries are heavy)."""
+    for registry, name in journal:
+        path = registry.entry(name).value
+        if not isinstance(path, str):
+            continue
+        try:
+            if registry.import_at_load:
+                registry.get(name)
+            else:
+                check_object_path(path)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            raise _UnresolvedPath(f"{registry.kind} {name!r} -> {path!r}: {_describe(exc)}") from exc
+
+
+def _load_one(ep: metadata.EntryPoint, disabled: set[str]) -> ExtensionRecord:
+    dist = _dist_name(ep)
     dist_version = ep.dist.version if ep.dist is not None else "?"
     where = f"{dist} {dist_version}"
     if ep.name in disabled:
         return ExtensionRecord(
             ep.name, dist, dist_version, ExtensionStatus.DISABLED, f"listed in {DISABLE_ENV}"
         )
-    if ep.name in taken:
-        reason = f"extension name {ep.name!r} is already provided by {taken[ep.name]}"
-        logger.warning("Skipping vLLM Ascend extension %r (%s): %s", ep.name, where, reason)
-        return ExtensionRecord(ep.name, dist, dist_version, ExtensionStatus.FAILED, reason)
     try:
         descriptor = ep.load()
-    except Exception as exc:
-        reason = f"import failed: {type(exc).__name__}: {exc}"
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        reason = f"import failed: {_describe(exc)}"
         logger.warning("Skipping vLLM Ascend extension %r (%s): %s", ep.name, where, reason)
         return ExtensionRecord(ep.name, dist, dist_version, ExtensionStatus.FAILED, reason)
     if not isinstance(descriptor, ExtensionDescriptor):
@@ -172,35 +213,66 @@ def _load_one(ep: metadata.EntryPoint, disabled: set[str], taken: dict[str, str]
             ep.name, dist, descriptor.version, ExtensionStatus.INCOMPATIBLE, reason, descriptor.provides
         )
     try:
-        with registering_as(dist):
+        with registering_as(dist) as journal:
             descriptor.register()
-    except Exception as exc:
-        reason = f"register() failed: {type(exc).__name__}: {exc}"
-        logger.warning("Skipping vLLM Ascend extension %r (%s): %s", ep.name, where, reason)
+            _check_registered(journal)
+    except KeyboardInterrupt:
+        raise
+    except _UnresolvedPath as exc:
+        reason = f"registered path does not resolve: {exc}"
+    except BaseException as exc:
+        reason = f"register() failed: {_describe(exc)}"
+    else:
         return ExtensionRecord(
-            ep.name, dist, descriptor.version, ExtensionStatus.FAILED, reason, descriptor.provides
+            ep.name, dist, descriptor.version, ExtensionStatus.LOADED, "", descriptor.provides
         )
-    taken[ep.name] = dist
-    return ExtensionRecord(ep.name, dist, descriptor.version, ExtensionStatus.LOADED, "", descriptor.provides)
+    logger.warning("Skipping vLLM Ascend extension %r (%s): %s", ep.name, where, reason)
+    return ExtensionRecord(
+        ep.name, dist, descriptor.version, ExtensionStatus.FAILED, reason, descriptor.provides
+    )
+
+
+def _by_precedence(eps: Iterable[metadata.EntryPoint]) -> dict[str, list[metadata.EntryPoint]]:
+    """Extension name -> its entry points, official distributions first, then in discovery order."""
+    groups: dict[str, list[metadata.EntryPoint]] = {}
+    for ep in eps:
+        groups.setdefault(ep.name, []).append(ep)
+    return {name: sorted(groups[name], key=lambda ep: not is_official(ep)) for name in sorted(groups)}
 
 
 def load_extensions(entry_points: Iterable[metadata.EntryPoint] | None = None) -> dict[str, ExtensionRecord]:
-    """Load every installed extension once per process and return what happened to each.
+    """Load every installed extension once per process and return what happened to each name.
 
-    Repeated calls return the first call's records without loading anything again.
+    Each name is owned by one distribution (see :func:`_by_precedence`); the others are recorded
+    as shadowed (:func:`all_extension_records`). Repeated calls return the first call's records
+    without loading anything again.
     """
     global _records
     with _lock:
         if _records is not None:
             return dict(_records)
-        eps = _discover() if entry_points is None else sorted(entry_points, key=lambda ep: ep.name)
+        groups = _by_precedence(_discover() if entry_points is None else entry_points)
         disabled = disabled_names()
         records: dict[str, ExtensionRecord] = {}
-        taken: dict[str, str] = {}
-        for ep in eps:
-            record = _load_one(ep, disabled, taken)
-            records.setdefault(ep.name, record)
-        unknown = sorted(disabled - {ep.name for ep in eps})
+        shadowed: list[ExtensionRecord] = []
+        for name, (owner, *others) in groups.items():
+            records[name] = _load_one(owner, disabled)
+            for ep in others:
+                reason = f"extension name {name!r} is already provided by {_dist_name(owner)}"
+                if is_official(owner) and not is_official(ep):
+                    reason += " (official vllm-ascend distributions take precedence)"
+                dist_version = ep.dist.version if ep.dist is not None else "?"
+                logger.warning(
+                    "Skipping vLLM Ascend extension %r (%s %s): %s",
+                    name,
+                    _dist_name(ep),
+                    dist_version,
+                    reason,
+                )
+                shadowed.append(
+                    ExtensionRecord(name, _dist_name(ep), dist_version, ExtensionStatus.SHADOWED, reason)
+                )
+        unknown = sorted(disabled - set(groups))
         if unknown:
             logger.warning(
                 "%s names unknown extension(s): %s; installed: %s",
@@ -211,7 +283,16 @@ def load_extensions(entry_points: Iterable[metadata.EntryPoint] | None = None) -
         loaded = [name for name, rec in records.items() if rec.status is ExtensionStatus.LOADED]
         logger.debug("vLLM Ascend extensions loaded: %s", ", ".join(loaded) or "none")
         _records = records
+        _shadowed[:] = shadowed
         return dict(records)
+
+
+def all_extension_records() -> list[ExtensionRecord]:
+    """Every distribution's record, shadowed ones included, by extension name (what doctor lists)."""
+    records = load_extensions()
+    return sorted(
+        [*records.values(), *_shadowed], key=lambda rec: (rec.name, rec.status is ExtensionStatus.SHADOWED)
+    )
 
 
 def extension_records() -> dict[str, ExtensionRecord]:
@@ -223,3 +304,4 @@ def _reset_for_tests() -> None:
     global _records
     with _lock:
         _records = None
+        _shadowed.clear()

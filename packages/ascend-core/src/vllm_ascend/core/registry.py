@@ -9,11 +9,14 @@ on first :meth:`Registry.load`, so registering stays import-free.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -69,11 +72,68 @@ def load_object(path: str) -> Any:
     return obj
 
 
+def _top_level_names(body: list[ast.stmt]) -> set[str]:
+    """Names a module binds at its top level (also inside top-level ``if``/``try`` blocks)."""
+    names: set[str] = set()
+    for node in body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).partition(".")[0] for a in node.names)
+        elif isinstance(node, ast.If | ast.Try):
+            blocks = [node.body, node.orelse]
+            if isinstance(node, ast.Try):
+                blocks += [node.finalbody, *(h.body for h in node.handlers)]
+            for block in blocks:
+                names |= _top_level_names(block)
+    return names
+
+
+def check_object_path(path: str) -> None:
+    """Check ``"module:attr"`` without importing the module: it is found and binds ``attr`` at top level.
+
+    Raises ``ImportError``/``AttributeError`` like :func:`load_object` would. A module without Python
+    source, or with a module-level ``__getattr__``, is imported instead (it cannot be read statically).
+    """
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"invalid object path {path!r}: expected 'module:attribute'")
+    spec = importlib.util.find_spec(module_name)
+    if spec is None:
+        raise ModuleNotFoundError(f"No module named {module_name!r}", name=module_name)
+    origin = spec.origin or ""
+    if not origin.endswith(".py"):
+        load_object(path)
+        return
+    names = _top_level_names(ast.parse(Path(origin).read_bytes(), origin).body)
+    if "__getattr__" in names:
+        load_object(path)
+        return
+    head = attr.partition(".")[0]
+    if head not in names:
+        raise AttributeError(f"module {module_name!r} has no top-level name {head!r} ({origin})")
+
+
 class Registry(Generic[T]):
     """Name → object (or lazy ``"module:attr"`` path) with clear errors on unknown or duplicate names."""
 
-    def __init__(self, kind: str, check: Callable[[Any], bool] | None = None, expected: str = "") -> None:
+    def __init__(
+        self,
+        kind: str,
+        check: Callable[[Any], bool] | None = None,
+        expected: str = "",
+        *,
+        import_at_load: bool = True,
+    ) -> None:
         self.kind = kind
+        #: Whether extension loading imports this registry's lazy paths (else: checked without importing;
+        #: for registries whose entries are heavy and imported by vLLM's serving path anyway).
+        self.import_at_load = import_at_load
         self._check = check
         self._expected = expected
         self._entries: dict[str, Entry] = {}
@@ -171,16 +231,21 @@ QUANT_METHODS: Registry[type] = Registry("quantization method", _is_class, "a Qu
 #: CPU-drafter ``propose(...)`` signature; the platform refuses other methods, the runner drafts with it.
 SPEC_DECODE_METHODS: Registry[type] = Registry("speculative decoding method", _is_class, "a proposer class")
 #: vLLM ``load_format`` -> a vLLM model loader class (registered with vLLM).
-MODEL_LOADERS: Registry[type] = Registry("model loader", _is_class, "a model loader class")
-#: any name -> a :class:`~vllm_ascend.core.device.overlay.DeviceOverlay` for one family.
-DEVICE_OVERLAYS: Registry[Any] = Registry("device overlay")
+MODEL_LOADERS: Registry[type] = Registry(
+    "model loader", _is_class, "a model loader class", import_at_load=False
+)
+#: any name -> a :class:`~vllm_ascend.core.device.overlay.DeviceOverlay` for one family (checked without
+#: importing at load: an overlay imports torch; ``vllm-ascend doctor`` imports it).
+DEVICE_OVERLAYS: Registry[Any] = Registry("device overlay", import_at_load=False)
 #: ``vllm-ascend <name>`` -> a :class:`~vllm_ascend.core.cli.CliCommand`.
 CLI_COMMANDS: Registry[Any] = Registry("CLI subcommand")
 #: ``"default"`` -> the worker class vLLM runs on this platform.
-WORKERS: Registry[type] = Registry("worker", _is_class, "a worker class")
+WORKERS: Registry[type] = Registry("worker", _is_class, "a worker class", import_at_load=False)
 #: ``additional_config`` section owned by a sibling -> ``validate(raw_mapping, vllm_config) -> object``,
-#: called once per :func:`~vllm_ascend.core.config.init_ascend_config`.
-CONFIG_SECTIONS: Registry[Callable[..., Any]] = Registry("config section", callable, "a validator callable")
+#: called once per :func:`~vllm_ascend.core.config.init_ascend_config` (checked without importing at load).
+CONFIG_SECTIONS: Registry[Callable[..., Any]] = Registry(
+    "config section", callable, "a validator callable", import_at_load=False
+)
 
 ALL_REGISTRIES: dict[str, Registry[Any]] = {
     "quant_methods": QUANT_METHODS,

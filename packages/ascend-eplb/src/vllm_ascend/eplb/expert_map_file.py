@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from vllm_ascend.core.config.jsonio import JsonInputError, read_json_file
 from vllm_ascend.eplb.validation import EplbInputError, as_expert_table
 
 
@@ -53,9 +54,14 @@ def parse_expert_map(data: Any) -> np.ndarray:
                     f"expert map {dwhere}.device_id={dev_id}; devices must be listed in order 0..{n_dev - 1}"
                 )
             experts = _field(dev, "device_expert", dwhere, list)
-            if not experts or any(isinstance(e, bool) or not isinstance(e, int) or e < 0 for e in experts):
+            # A layer of n_dev ranks x len(experts) slots can only place ids below that slot count.
+            limit = n_dev * len(experts)
+            if not experts or any(
+                isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < limit for e in experts
+            ):
                 raise EplbInputError(
-                    f"expert map {dwhere}.device_expert must be a non-empty list of expert ids >= 0"
+                    f"expert map {dwhere}.device_expert must be a non-empty list of expert ids in "
+                    f"0..{max(limit - 1, 0)} (the layer's {n_dev} devices x {len(experts)} slots)"
                 )
             ranks.append(experts)
         rows.append(ranks)
@@ -73,12 +79,9 @@ def expert_file_to_tensor(path: str | os.PathLike[str]):
     import torch
 
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise EplbInputError(f"expert map file {os.fspath(path)!r} is not valid JSON: {exc}") from exc
-    except OSError as exc:
-        raise EplbInputError(f"expert map file {os.fspath(path)!r} cannot be read: {exc}") from exc
+        data = read_json_file(path)
+    except JsonInputError as exc:
+        raise EplbInputError(f"expert map file {exc}") from None
     table = parse_expert_map(data)
     return torch.from_numpy(table), table.shape[0], table.shape[1]
 

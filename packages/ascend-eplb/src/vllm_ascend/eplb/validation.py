@@ -16,7 +16,10 @@ class EplbInputError(ValueError):
 
 def as_expert_table(table: object, name: str = "current_expert_table") -> np.ndarray:
     """``[layers, ranks, slots]`` int64 logical ids; each layer holds every id in ``0..n-1``."""
-    arr = _to_numpy(table)
+    try:
+        arr = _to_numpy(table)
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise EplbInputError(f"{name} must be an int array [layers, ranks, slots]: {exc}") from None
     if arr.ndim != 3 or 0 in arr.shape:
         raise EplbInputError(
             f"{name} must be a non-empty int array [layers, ranks, slots], got shape {arr.shape}"
@@ -28,9 +31,17 @@ def as_expert_table(table: object, name: str = "current_expert_table") -> np.nda
             or np.any(arr != np.round(arr))
         ):
             raise EplbInputError(f"{name} must hold integer logical expert ids, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
     if arr.min() < 0:
-        raise EplbInputError(f"{name} holds negative expert id {int(arr.min())}; allowed ids are 0..n-1")
+        raise EplbInputError(f"{name} holds negative expert id {arr.min()}; allowed ids are 0..n-1")
+    # Every layer places each id 0..n-1 at least once, so n is at most the slots of one layer; checked
+    # before any array is sized by an id.
+    limit = arr.shape[1] * arr.shape[2]
+    if arr.max() >= limit:
+        raise EplbInputError(
+            f"{name} holds expert id {arr.max()}; a layer of {arr.shape[1]} ranks x {arr.shape[2]} slots "
+            f"can place ids 0..{limit - 1} only"
+        )
+    arr = arr.astype(np.int64)
     n = int(arr.max()) + 1
     present = _all_present(arr, n)
     if not present.all():

@@ -4,14 +4,20 @@ One ``httpx.Client`` is reused for the HTTP control requests. Tensors are stream
 seed's TCP stream port (:mod:`.transfer`) and received straight into the destination memory;
 each tensor's sha256 is checked before it is handed out, and a tensor whose bytes do not match
 is fetched again on its own (``GET /tensors/{name}``). Connection
-failures, timeouts and 5xx answers are retried ``retries`` times with exponential back-off, after
-which :class:`PeerUnavailable` says why, so a caller can fall back to another loader.
+failures, timeouts, a busy seed and 5xx answers are retried ``retries`` times with exponential
+back-off, after which :class:`PeerUnavailable` says why, so a caller can fall back to another loader.
+
+With ``token`` the client authenticates on both channels (HMAC over the seed's nonce, see
+:mod:`.security`). An ``https://`` source needs ``ca_file`` (the CA that signed the seed's
+certificate) and then uses TLS on the stream port too; a seed whose stream is not TLS is refused.
+Everything a seed sends is parsed fail-closed (size, depth and integer bounds).
 """
 
 from __future__ import annotations
 
 import hashlib
 import socket
+import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,10 +28,30 @@ import httpx
 import torch
 
 from vllm_ascend.netloader.manifest import Manifest, ManifestError, TensorEntry
-from vllm_ascend.netloader.protocol import VERSION, FrameReader, MessageType, ProtocolError, encode
+from vllm_ascend.netloader.protocol import (
+    BUSY_PREFIX,
+    VERSION,
+    FrameReader,
+    MessageType,
+    ProtocolError,
+    encode,
+    loads_bounded,
+    truncate_message,
+)
+from vllm_ascend.netloader.security import (
+    AUTH_HEADER,
+    HTTP_CONTEXT,
+    STREAM_CONTEXT,
+    SecurityError,
+    check_token,
+    client_context,
+    mac,
+)
 
 T = TypeVar("T")
 _TRANSIENT = (httpx.HTTPStatusError, httpx.TransportError, ProtocolError, OSError)
+MAX_MANIFEST_BYTES = 256 << 20
+MAX_CONTROL_BYTES = 64 << 10
 """Failures worth retrying (4xx answers are refused in ``_check_retry``)."""
 
 
@@ -47,14 +73,37 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
 
 
 class SeedClient:
-    """Client of one seed at ``source`` (``http://host:port``)."""
+    """Client of one seed at ``source`` (``http://host:port``, or ``https://`` with ``ca_file``)."""
 
-    def __init__(self, source: str, timeout: float = 30.0, retries: int = 3, backoff: float = 0.2) -> None:
+    def __init__(
+        self,
+        source: str,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.2,
+        *,
+        token: str | bytes | None = None,
+        ca_file: str | None = None,
+    ) -> None:
         self.source = source.rstrip("/")
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
-        self._http = httpx.Client(base_url=self.source, timeout=timeout)
+        self._token = None if token is None else check_token(token)
+        scheme = urlsplit(self.source).scheme
+        if scheme == "https" and ca_file is None:
+            raise SecurityError(
+                f"source {self.source} is https:// but no CA file is configured: the seed's certificate "
+                "cannot be verified (set the CA that signed it, or use an http:// source on a trusted network)"
+            )
+        if scheme != "https" and ca_file is not None:
+            raise SecurityError(
+                f"a TLS CA file ({ca_file}) is configured but source {self.source} is not https://; "
+                "use https:// so both channels are encrypted"
+            )
+        self._tls = None if ca_file is None else client_context(ca_file)
+        verify: ssl.SSLContext | bool = True if self._tls is None else self._tls
+        self._http = httpx.Client(base_url=self.source, timeout=timeout, verify=verify)
         self._manifest: Manifest | None = None
         self._stream_address: tuple[str, int] | None = None
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netloader-sha256")
@@ -91,21 +140,52 @@ class SeedClient:
                 failures += 1
                 self._check_retry(what, exc, failures)
 
-    def _get(self, path: str, **params: Any) -> httpx.Response:
-        response = self._http.get(path, params=params or None)
-        response.raise_for_status()
-        return response
+    def _get(self, path: str, limit: int, **params: Any) -> httpx.Response:
+        """``GET path``, its answer read only up to ``limit`` bytes (a larger one is a ProtocolError)."""
+        headers = self._auth_headers() if self._token is not None else None
+        return self._bounded_get(path, limit, params or None, headers)
+
+    def _bounded_get(
+        self, path: str, limit: int, params: dict[str, Any] | None, headers: dict[str, str] | None
+    ) -> httpx.Response:
+        body = bytearray()
+        with self._http.stream("GET", path, params=params, headers=headers) as response:
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > limit:
+                    raise ProtocolError(f"GET {path}: the seed's answer exceeds {limit} bytes")
+        answer = httpx.Response(response.status_code, content=bytes(body), request=response.request)
+        answer.raise_for_status()
+        return answer
+
+    def _auth_headers(self) -> dict[str, str]:
+        """A fresh nonce's MAC for one HTTP request (nothing when the seed asks for no token)."""
+        assert self._token is not None
+        response = self._bounded_get("/auth/nonce", MAX_CONTROL_BYTES, None, None)
+        info = _json(response, "GET /auth/nonce answer")
+        nonce = info.get("nonce") if isinstance(info, dict) else None
+        try:
+            raw = bytes.fromhex(nonce) if isinstance(nonce, str) else b""
+        except ValueError:
+            raw = b""
+        if not raw:
+            raise ProtocolError(f"GET /auth/nonce answered {info!r}: expected {{'nonce': hex, 'auth': bool}}")
+        if info.get("auth") is False:
+            return {}
+        return {AUTH_HEADER: f"{nonce}:{mac(self._token, HTTP_CONTEXT, raw)}"}
 
     # -- manifest ---------------------------------------------------------------------------
 
     def fetch_manifest(self) -> Manifest:
         """The seed's validated manifest (cached for the client's lifetime)."""
         if self._manifest is None:
-            response = self._retrying("fetching the manifest", lambda: self._get("/manifest"))
+            response = self._retrying(
+                "fetching the manifest", lambda: self._get("/manifest", MAX_MANIFEST_BYTES)
+            )
             try:
-                data = response.json()
-            except ValueError as exc:
-                raise ManifestError([f"manifest from {self.source} is not JSON: {exc}"]) from None
+                data = _json(response, f"manifest from {self.source}")
+            except ProtocolError as exc:
+                raise ManifestError([str(exc)]) from None
             self._manifest = Manifest.from_dict(data)
         return self._manifest
 
@@ -119,7 +199,9 @@ class SeedClient:
         staging = target if _is_direct(target) else entry.empty()
         view = byte_view(staging)
         for attempt in range(self.retries + 1):
-            raw = self._retrying(f"fetching tensor {name!r}", lambda: self._get(f"/tensors/{name}").content)
+            raw = self._retrying(
+                f"fetching tensor {name!r}", lambda: self._get(f"/tensors/{name}", entry.nbytes).content
+            )
             if len(raw) != entry.nbytes:
                 raise ProtocolError(
                     f"tensor {name!r}: the seed sent {len(raw)} bytes, the manifest says {entry.nbytes}"
@@ -184,14 +266,63 @@ class SeedClient:
     def _stream_endpoint(self) -> tuple[str, int]:
         """Host and port of the seed's TCP stream server (asked once through ``GET /transfer``)."""
         if self._stream_address is None:
-            info = self._retrying("asking for the stream port", lambda: self._get("/transfer")).json()
+            response = self._retrying(
+                "asking for the stream port", lambda: self._get("/transfer", MAX_CONTROL_BYTES)
+            )
+            info = _json(response, "GET /transfer answer")
             port = info.get("port") if isinstance(info, dict) else None
-            if not isinstance(port, int) or not 0 < port < 65536 or info.get("protocol") != VERSION:
+            if (
+                not isinstance(port, int)
+                or not 0 < port < 65536
+                or info.get("protocol") != VERSION
+                or not isinstance(info.get("tls"), bool)
+                or not isinstance(info.get("auth"), bool)
+            ):
                 raise ProtocolError(
-                    f"GET /transfer answered {info!r}: expected {{'port': 1..65535, 'protocol': {VERSION}}}"
+                    f"GET /transfer answered {info!r}: expected "
+                    f"{{'port': 1..65535, 'protocol': {VERSION}, 'tls': bool, 'auth': bool}}"
                 )
+            if self._tls is not None and not info["tls"]:
+                raise NetLoaderError(
+                    f"seed {self.source} is https:// but its stream port does not use TLS; "
+                    "refusing to receive weights over plain TCP"
+                )
+            if info["auth"] and self._token is None:
+                raise NetLoaderError(f"seed {self.source} requires a token and none is configured")
             self._stream_address = (urlsplit(self.source).hostname or "", port)
         return self._stream_address
+
+    def _connect(self, host: str, port: int) -> socket.socket:
+        """A connection to the stream port; TLS-wrapped (certificate and host name checked) for https://."""
+        conn = socket.create_connection((host, port), timeout=self.timeout)
+        if self._tls is None:
+            return conn
+        try:
+            return self._tls.wrap_socket(conn, server_hostname=host)
+        except BaseException:
+            conn.close()
+            raise
+
+    def _handshake(self, reader: FrameReader) -> bytes:
+        """Read the seed's CHALLENGE; the AUTH frame to send back (empty when no token is asked for)."""
+        frame = reader.next()
+        if frame is not None and frame.type is MessageType.ERROR:
+            message = frame.header["message"]
+            if message.startswith(BUSY_PREFIX):
+                raise ProtocolError(message)  # transient: retried with back-off
+            raise NetLoaderError(f"seed {self.source} reported an error: {message}")
+        if frame is None or frame.type is not MessageType.CHALLENGE:
+            got = "an empty stream" if frame is None else f"a {frame.type.name} frame"
+            raise ProtocolError(f"expected the seed's CHALLENGE frame, got {got}")
+        if not frame.header["auth"]:
+            return b""
+        if self._token is None:
+            raise NetLoaderError(f"seed {self.source} requires a token and none is configured")
+        try:
+            nonce = bytes.fromhex(frame.header["nonce"])
+        except ValueError:
+            raise ProtocolError(f"CHALLENGE nonce {frame.header['nonce'][:80]!r} is not hex") from None
+        return encode(MessageType.AUTH, {"mac": mac(self._token, STREAM_CONTEXT, nonce)})
 
     def _stream(
         self, entries: list[TensorEntry], buffers: dict[str, torch.Tensor]
@@ -203,9 +334,10 @@ class SeedClient:
         if not entries:
             return
         request = encode(MessageType.TENSOR_REQUEST, {"names": [e.name for e in entries]})
-        with socket.create_connection(self._stream_endpoint(), timeout=self.timeout) as conn:
-            conn.sendall(request)
+        host, port = self._stream_endpoint()
+        with self._connect(host, port) as conn:
             reader = FrameReader(conn.recv_into)
+            conn.sendall(self._handshake(reader) + request)
             pending = iter(entries)
             current: TensorEntry | None = None
             filled = 0
@@ -259,6 +391,11 @@ class SeedClient:
             raise ProtocolError(f"truncated stream: ended after {total} bytes without an END frame")
 
 
+def _json(response: httpx.Response, what: str) -> Any:
+    """A seed's (size-bounded) JSON answer parsed fail-closed (:func:`~.protocol.loads_bounded`)."""
+    return loads_bounded(response.content, what, max_bytes=len(response.content))
+
+
 def _is_direct(tensor: torch.Tensor) -> bool:
     return tensor.device.type == "cpu" and tensor.is_contiguous()
 
@@ -271,8 +408,10 @@ def _checksum_message(entry: TensorEntry, digest: str, attempts: int) -> str:
 
 
 def _describe(response: httpx.Response) -> str:
+    """``status: detail`` of an error answer (FastAPI's ``detail`` when there is one), at most 1,000 characters."""
     try:
-        detail = response.json().get("detail", response.text)
-    except ValueError:
-        detail = response.text
-    return f"{response.status_code}: {detail}"
+        data = _json(response, "error answer")
+    except ProtocolError:
+        data = None
+    detail = data.get("detail", response.text) if isinstance(data, dict) else response.text
+    return f"{response.status_code}: {truncate_message(str(detail), 1000)}"

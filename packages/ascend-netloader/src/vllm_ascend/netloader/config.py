@@ -12,11 +12,17 @@ _PREFIX = "model_loader_extra_config"
 
 @dataclass(frozen=True)
 class NetLoaderConfig:
-    """Where the seed is (``source``, ``http://host:port``), the per-request ``timeout`` (s) and ``retries``."""
+    """Where the seed is (``source``, ``http://host:port``), the per-request ``timeout`` (s), ``retries``,
+    whether a seed that cannot serve this model falls back to vLLM's default loader (``fallback``) or
+    fails the load, the file holding the seed's shared token (``token_file``; default: the
+    ``VLLM_ASCEND_NETLOADER_TOKEN`` environment variable) and the CA of an ``https://`` seed (``ca_file``)."""
 
     source: str
     timeout: float = 30.0
     retries: int = 3
+    fallback: bool = True
+    token_file: str | None = None
+    ca_file: str | None = None
 
     @classmethod
     def from_extra_config(cls, extra: Any) -> NetLoaderConfig:
@@ -24,7 +30,7 @@ class NetLoaderConfig:
             raise ValueError(
                 f"{_PREFIX} must be a dict for load format 'netloader', got {type(extra).__name__}"
             )
-        allowed = ("source", "timeout", "retries")
+        allowed = ("source", "timeout", "retries", "fallback", "token_file", "ca_file")
         unknown = sorted(set(extra) - set(allowed))
         if unknown:
             raise ValueError(
@@ -51,4 +57,18 @@ class NetLoaderConfig:
         retries = extra.get("retries", cls.retries)
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"{_PREFIX}.retries = {retries!r}: expected an integer >= 0")
-        return cls(source.rstrip("/"), float(timeout), retries)
+        fallback = extra.get("fallback", cls.fallback)
+        if not isinstance(fallback, bool):
+            raise ValueError(f"{_PREFIX}.fallback = {fallback!r}: expected true or false")
+        files = {key: extra.get(key) for key in ("token_file", "ca_file")}
+        for key, value in files.items():
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{_PREFIX}.{key} = {value!r}: expected a file path")
+        if (parts.scheme == "https") != (files["ca_file"] is not None):
+            raise ValueError(
+                f"{_PREFIX}.ca_file = {files['ca_file']!r}: an https:// source needs the CA file that signed "
+                "the seed's certificate, and an http:// source takes none"
+            )
+        return cls(
+            source.rstrip("/"), float(timeout), retries, fallback, files["token_file"], files["ca_file"]
+        )

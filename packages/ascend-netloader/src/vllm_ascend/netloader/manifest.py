@@ -2,7 +2,10 @@
 
 Tensors are laid out back to back in manifest order, as one virtual byte stream: ``offset`` is a
 tensor's position in that stream and ``nbytes`` its length. :meth:`Manifest.from_dict` checks
-everything a peer could get wrong and reports every problem at once.
+everything a peer could get wrong and reports every problem at once. ``kind`` says what the names
+are: ``checkpoint`` (a model's checkpoint tensors, fed through its ``load_weights``) or ``live``
+(a running model's post-load parameters and buffers, assigned by name). :func:`check_expected`
+compares a manifest with what a model expects before anything is transferred.
 """
 
 from __future__ import annotations
@@ -34,7 +37,11 @@ DTYPES: dict[str, torch.dtype] = {
 }
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _ENTRY_KEYS = ("name", "dtype", "shape", "offset", "nbytes", "sha256")
-_TOP_KEYS = ("format", "total_bytes", "tensors")
+_TOP_KEYS = ("format", "kind", "total_bytes", "tensors")
+_REQUIRED_TOP_KEYS = ("format", "total_bytes", "tensors")
+KINDS = ("checkpoint", "live")
+NAMES_SHOWN = 3
+"""How many offending names :class:`WeightMismatch` names per category."""
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -48,6 +55,66 @@ class ManifestError(ValueError):
         else:
             lines = "\n".join(f"  - {p}" for p in self.problems)
             super().__init__(f"invalid weight manifest: {len(self.problems)} problems\n{lines}")
+
+
+class WeightMismatch(ManifestError):
+    """The seed's tensors are not the ones the model expects.
+
+    ``missing`` and ``extra`` are tensor names; ``mismatched`` describes each tensor served with
+    another dtype or shape. The message names the first :data:`NAMES_SHOWN` of each.
+    """
+
+    def __init__(self, missing: list[str], extra: list[str], mismatched: list[str]) -> None:
+        self.missing, self.extra, self.mismatched = missing, extra, mismatched
+        super().__init__(
+            [f"tensor {n!r} is missing" for n in missing]
+            + [f"tensor {n!r} is not a weight of this model" for n in extra]
+            + mismatched
+        )
+        parts = [
+            f"{len(items)} {what} ({_first(items)})"
+            for what, items in (
+                ("missing", missing),
+                ("unexpected", extra),
+                ("with another dtype or shape", mismatched),
+            )
+            if items
+        ]
+        self.args = (f"the seed does not serve this model's weights: {'; '.join(parts)}",)
+
+
+def _first(items: list[str]) -> str:
+    shown = ", ".join(items[:NAMES_SHOWN])
+    return shown if len(items) <= NAMES_SHOWN else f"{shown}, ... {len(items) - NAMES_SHOWN} more"
+
+
+TensorSpec = tuple[str, tuple[int, ...]]
+"""A tensor's manifest dtype name and shape."""
+
+
+def check_expected(manifest: Manifest, expected: Mapping[str, TensorSpec]) -> None:
+    """Raise :class:`WeightMismatch` unless ``manifest`` serves exactly ``expected`` (name → dtype, shape).
+
+    Only names, dtypes and shapes are compared, so nothing is allocated or transferred; with every
+    tensor matching, the manifest's total is the model's own.
+    """
+    served = {e.name: e for e in manifest.tensors}
+    missing = [n for n in expected if n not in served]
+    extra = [n for n in served if n not in expected]
+    mismatched = []
+    for name, (dtype, shape) in expected.items():
+        entry = served.get(name)
+        if entry is not None and (entry.dtype, entry.shape) != (dtype, tuple(shape)):
+            mismatched.append(
+                f"{name!r}: seed {entry.dtype} {list(entry.shape)}, model {dtype} {list(shape)}"
+            )
+    if missing or extra or mismatched:
+        raise WeightMismatch(missing, extra, mismatched)
+
+
+def spec_of(tensor: torch.Tensor) -> TensorSpec:
+    """The :data:`TensorSpec` of ``tensor`` (a dtype without a manifest name keeps torch's name)."""
+    return _DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype)), tuple(tensor.shape)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -107,6 +174,7 @@ class Manifest:
     """The tensors a seed serves, in stream order."""
 
     tensors: tuple[TensorEntry, ...]
+    kind: str = "checkpoint"
     _index: dict[str, TensorEntry] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -138,9 +206,11 @@ class Manifest:
 
     @classmethod
     def from_state_dict(
-        cls, state_dict: Mapping[str, torch.Tensor]
+        cls, state_dict: Mapping[str, torch.Tensor], kind: str = "checkpoint"
     ) -> tuple[Manifest, dict[str, memoryview]]:
         """The manifest of ``state_dict`` and the bytes of each tensor (the seed side)."""
+        if kind not in KINDS:
+            raise ManifestError([f"kind = {kind!r}: expected one of {', '.join(KINDS)}"])
         entries, data, offset = [], {}, 0
         for name, tensor in state_dict.items():
             raw = tensor_bytes(tensor)
@@ -151,11 +221,12 @@ class Manifest:
             )
             data[name] = raw
             offset += raw.nbytes
-        return cls(tuple(entries)), data
+        return cls(tuple(entries), kind), data
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
+            "kind": self.kind,
             "total_bytes": self.total_bytes,
             "tensors": [
                 {
@@ -179,11 +250,14 @@ class Manifest:
         for key in data:
             if key not in _TOP_KEYS:
                 problems.append(f"unknown key {key!r}; allowed: {', '.join(_TOP_KEYS)}")
-        for key in _TOP_KEYS:
+        for key in _REQUIRED_TOP_KEYS:
             if key not in data:
                 problems.append(f"missing key {key!r}")
         if "format" in data and data["format"] != FORMAT:
             problems.append(f"format = {data['format']!r}: expected {FORMAT!r}")
+        kind = data.get("kind", "checkpoint")
+        if kind not in KINDS:
+            problems.append(f"kind = {kind!r}: expected one of {', '.join(KINDS)}")
         raw_entries = data.get("tensors", [])
         if not isinstance(raw_entries, list):
             problems.append(f"tensors must be a list, got {type(raw_entries).__name__}")
@@ -213,7 +287,7 @@ class Manifest:
             problems.append(f"total_bytes = {total!r}: expected {expected_offset} (the sum of nbytes)")
         if problems:
             raise ManifestError(problems)
-        return cls(tuple(entries))
+        return cls(tuple(entries), kind)
 
 
 def _is_int(value: Any) -> bool:
@@ -238,7 +312,7 @@ def _parse_entry(i: int, raw: Any, problems: list[str]) -> TensorEntry | None:
     dtype, shape, offset, nbytes, digest = (raw[k] for k in _ENTRY_KEYS[1:])
     if not isinstance(name, str) or not name:
         problems.append(f"{label}.name must be a non-empty string")
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         problems.append(f"{label}.dtype = {dtype!r}: expected one of {', '.join(DTYPES)}")
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         problems.append(f"{label}.shape = {shape!r}: expected a list of non-negative integers")

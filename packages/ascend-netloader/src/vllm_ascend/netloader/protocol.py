@@ -6,21 +6,32 @@ then ``payload_len`` raw bytes. Each message type declares the header fields it 
 ``TENSOR`` frame carries one chunk of a tensor (``length`` must equal ``payload_len``).
 :class:`FrameReader` decodes frames from any ``recv_into``-style source (a socket, or byte
 chunks through :func:`chunk_source`) and reads payloads straight into caller memory.
+
+Headers are parsed fail-closed: at most :data:`MAX_HEADER_BYTES` bytes, nesting at most
+:data:`MAX_JSON_DEPTH` deep, integers within a signed 64-bit range, no ``NaN``/``Infinity``;
+anything else is a :class:`ProtocolError`. ``ERROR`` messages are cut to :data:`MAX_ERROR_CHARS`.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import json
+import re
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 MAGIC = b"VANL"
-VERSION = 1
+VERSION = 2
 PREFIX = struct.Struct("!4sBBIQ")
 MAX_HEADER_BYTES = 1 << 20
+MAX_JSON_DEPTH = 8
+MAX_INT = (1 << 63) - 1
+MAX_ERROR_CHARS = 4096
+BUSY_PREFIX = "seed busy:"
+"""How a seed's ERROR frame for a connection over its cap begins (clients retry those)."""
 
 
 class ProtocolError(ValueError):
@@ -32,6 +43,8 @@ class MessageType(enum.IntEnum):
     TENSOR = 2  # seed → client: one chunk {"name", "offset", "start", "length"} + bytes
     END = 3  # seed → client: {"tensors", "bytes"} after the last chunk
     ERROR = 4  # seed → client: {"message"}
+    CHALLENGE = 5  # seed → client, first on every connection: {"nonce": hex, "auth": bool}
+    AUTH = 6  # client → seed when the challenge says auth: {"mac": hex HMAC of the nonce}
 
 
 _FIELDS: dict[MessageType, dict[str, type]] = {
@@ -39,7 +52,11 @@ _FIELDS: dict[MessageType, dict[str, type]] = {
     MessageType.TENSOR: {"name": str, "offset": int, "start": int, "length": int},
     MessageType.END: {"tensors": int, "bytes": int},
     MessageType.ERROR: {"message": str},
+    MessageType.CHALLENGE: {"nonce": str, "auth": bool},
+    MessageType.AUTH: {"mac": str},
 }
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 
 def _allowed_types() -> str:
@@ -66,7 +83,7 @@ def _check_header(kind: MessageType, header: Any, payload_len: int) -> None:
         if name not in header:
             raise ProtocolError(f"{kind.name} frame header: missing field {name!r}")
         value = header[name]
-        if not isinstance(value, typ) or isinstance(value, bool):
+        if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
             raise ProtocolError(
                 f"{kind.name} frame header: field {name!r} must be {typ.__name__}, got {value!r}"
             )
@@ -82,6 +99,55 @@ def _check_header(kind: MessageType, header: Any, payload_len: int) -> None:
         raise ProtocolError(f"{kind.name} frame must carry no payload, got {payload_len} bytes")
     if kind is MessageType.TENSOR_REQUEST and not all(isinstance(n, str) for n in header["names"]):
         raise ProtocolError("TENSOR_REQUEST frame header: every entry of 'names' must be a string")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 19 or abs(value := int(text)) > MAX_INT:
+        raise ProtocolError(
+            f"integer {text[:40]}{'…' if len(text) > 40 else ''} is out of range (|n| <= 2**63-1)"
+        )
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise ProtocolError(f"{name} is not a number this protocol accepts")
+
+
+def json_depth(raw: bytes) -> int:
+    """How deeply the arrays and objects of the JSON text ``raw`` nest (strings ignored)."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    steps = (1 if c in b"[{" else -1 for c in brackets)
+    return max(itertools.accumulate(steps), default=0)
+
+
+def loads_bounded(
+    raw: bytes, what: str, max_bytes: int = MAX_HEADER_BYTES, max_depth: int = MAX_JSON_DEPTH
+) -> Any:
+    """Parse JSON from a peer fail-closed: size, depth and integer bounds; :class:`ProtocolError` otherwise."""
+    if len(raw) > max_bytes:
+        raise ProtocolError(f"{what} of {len(raw)} bytes exceeds the limit of {max_bytes}")
+    depth = json_depth(raw)
+    if depth > max_depth:
+        raise ProtocolError(f"{what} nests {depth} levels deep; at most {max_depth} are allowed")
+    try:
+        return json.loads(raw, parse_int=_bounded_int, parse_constant=_no_constant)
+    except ProtocolError as exc:
+        raise ProtocolError(f"{what}: {exc}") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
+
+
+def truncate_message(message: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``message`` cut to ``limit`` characters, saying how long it was."""
+    if len(message) <= limit:
+        return message
+    note = f" … (cut from {len(message)} characters)"
+    return message[: limit - len(note)] + note
+
+
+def error_frame(message: str) -> bytes:
+    """An ERROR frame for ``message`` (cut to :data:`MAX_ERROR_CHARS`, so it always fits a frame)."""
+    return encode(MessageType.ERROR, {"message": truncate_message(message)})
 
 
 def encode_prefix(kind: MessageType, header: dict[str, Any], payload_len: int = 0) -> bytes:
@@ -182,10 +248,7 @@ class FrameReader:
         if header_len > MAX_HEADER_BYTES:
             raise ProtocolError(f"frame header length {header_len} exceeds the limit of {MAX_HEADER_BYTES}")
         raw = self._read_exact(header_len, f"{message_type.name} header")
-        try:
-            header = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ProtocolError(f"{message_type.name} frame header is not valid JSON: {exc}") from None
+        header = loads_bounded(raw, f"{message_type.name} frame header")
         _check_header(message_type, header, payload_len)
         self._current = Frame(message_type, header, payload_len)
         self._pending = payload_len

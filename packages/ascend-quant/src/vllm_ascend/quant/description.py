@@ -8,13 +8,14 @@ problem before raising, so one error lists all of them with the field and the al
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from vllm_ascend.core.config.jsonio import JsonInputError, read_json_file
+from vllm_ascend.core.config.schema import INT_MAX
 from vllm_ascend.quant import types as qt
 
 DESCRIPTION_FILE = "quant_model_description.json"
@@ -43,8 +44,8 @@ class QuantDescriptionError(ValueError):
 
 def _positive_int(minimum: int) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            return f"an integer >= {minimum}"
+        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= INT_MAX:
+            return f"an integer in {minimum}..{INT_MAX}"
         return None
 
     return check
@@ -278,16 +279,12 @@ def _read(source: Mapping[str, Any] | str | os.PathLike[str]) -> tuple[Mapping[s
     if path.is_dir():
         path = path / DESCRIPTION_FILE
     label = str(path)
+    if not path.exists():
+        raise FileNotFoundError(f"quant description not found: {label}")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"quant description not found: {label}") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise QuantDescriptionError(
-            label, [f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"]
-        ) from None
+        raw = read_json_file(path)
+    except JsonInputError as exc:
+        raise QuantDescriptionError(label, [exc.problem]) from None
     if not isinstance(raw, dict):
         raise QuantDescriptionError(label, [f"top level must be a JSON object, got {type(raw).__name__}"])
     return raw, label

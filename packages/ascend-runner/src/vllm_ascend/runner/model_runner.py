@@ -9,19 +9,27 @@ Speculative decoding drafts with the proposer core's ``SPEC_DECODE_METHODS`` reg
 nobody registered). Such a proposer has ``from_vllm_config(vllm_config)`` and vLLM's CPU-drafter
 call ``propose(num_speculative_tokens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
 slot_mappings=...) -> list[list[int]]``.
+
+A row whose sampled token is thrown away (a prefill chunk that is not the prompt's last) samples
+without its request's ``torch.Generator``, so a seeded request's generator advances only on steps
+whose token is kept: its tokens are the same whether or not the prompt was chunked, and vLLM's
+Philox-offset rewind (which CPU and other non-Philox generators do not have) never runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 from vllm.config import CUDAGraphMode, VllmConfig
+from vllm.sequence import IntermediateTensors
 from vllm.v1.attention.backend import CommonAttentionMetadata
-from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 from vllm.v1.worker import gpu_model_runner
@@ -73,6 +81,17 @@ def vllm_takes_our_drafter(vllm_config: VllmConfig, drafter: Any) -> Iterator[No
 
             stack.enter_context(replaced_names(ngram_proposer, {"NgramProposer": lambda config: drafter}))
         yield
+
+
+@contextmanager
+def generators_held_back(generators: dict[int, torch.Generator], rows: Iterable[int]) -> Iterator[None]:
+    """Take ``rows``' generators out of the batch's ``generators`` while the block runs, then put them back
+    untouched: those rows sample from the global RNG and their generators neither advance nor rewind."""
+    held = {row: generators.pop(row) for row in rows if row in generators}
+    try:
+        yield
+    finally:
+        generators.update(held)
 
 
 class NPUModelRunner(GPUModelRunner):
@@ -128,6 +147,16 @@ class NPUModelRunner(GPUModelRunner):
             self.input_batch.token_ids_cpu,
             slot_mappings=slot_mappings,
         )
+
+    def sample_tokens(
+        self, grammar_output: GrammarOutput | None
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput | IntermediateTensors:
+        """vLLM's sampling step, with the discarded rows' generators held back (see the module docstring)."""
+        rows: list[int] = []
+        if self.execute_model_state is not None:
+            rows = np.flatnonzero(self.discard_request_mask.np[: self.input_batch.num_reqs]).tolist()
+        with generators_held_back(self.input_batch.generators, rows):
+            return super().sample_tokens(grammar_output)
 
     def _sync_device(self) -> None:
         get_device_adaptor().synchronize()

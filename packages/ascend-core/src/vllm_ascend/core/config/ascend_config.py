@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from vllm_ascend.core._version import __version__
+from vllm_ascend.core.config.jsonio import JsonInputError, parse_json
 from vllm_ascend.core.config.schema import ConfigError, Section, field_meta, option
 from vllm_ascend.core.config.sections import UNSUPPORTED_OPTIONS, RejectionSamplerConfig
 from vllm_ascend.core.logger import init_logger
@@ -84,9 +85,9 @@ _sections: dict[str, Any] = {}
 
 def _parse_json(text: str) -> Any:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"additional_config is not valid JSON: {exc}") from exc
+        return parse_json(text, "additional_config")
+    except JsonInputError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _additional_config_of(source: Any) -> Mapping[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -18,6 +19,10 @@ from typing import Any, ClassVar, Self
 
 class ConfigError(ValueError):
     """Invalid Ascend configuration; the message names the key path and the allowed values."""
+
+
+#: Integer fields hold values a C ``int64`` can hold (what torch, numpy and vLLM pass them on as).
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 
 
 def field_meta(
@@ -40,6 +45,11 @@ def option(default: Any, *, doc: str, **constraints: Any) -> Any:
 
 def _describe(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"
+
+
+def _int_text(value: int) -> str:
+    """The integer, or its size when printing it would be unreadable (or over Python's digit limit)."""
+    return str(value) if value.bit_length() <= 128 else f"an integer of {value.bit_length()} bits"
 
 
 def _fmt_choice(value: Any) -> str:
@@ -83,13 +93,23 @@ def _coerce_scalar(value: Any, hint: Any, path: str) -> Any:
             return value
         raise ConfigError(f"{path} must be a boolean (true or false), got {_describe(value)}")
     if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{path} must be an integer, got {_describe(value)}")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{path} must be an integer, got {_describe(value)}")
+        if not INT_MIN <= value <= INT_MAX:
+            raise ConfigError(
+                f"{path} = {_int_text(value)} is out of range; integers must lie in [{INT_MIN}, {INT_MAX}]"
+            )
+        return value
     if hint is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{path} must be a number, got {_describe(value)}")
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ConfigError(f"{path} must be a number, got {_describe(value)}")
+        if isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
+            raise ConfigError(
+                f"{path} = {_int_text(value)} is out of range; numbers must lie in [{INT_MIN}, {INT_MAX}]"
+            )
+        if not math.isfinite(value):
+            raise ConfigError(f"{path} must be a finite number, got {value!r}")
+        return float(value)
     if hint is str:
         if isinstance(value, str):
             return value

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from vllm_ascend.core.config.schema import unknown_key_message
 from vllm_ascend.eplb.policy.packing import imbalance, logical_load
 from vllm_ascend.eplb.validation import EplbInputError, as_expert_table, as_workload, valid_layers
 
@@ -21,12 +23,22 @@ class EplbPolicy(ABC):
     """
 
     accepts_history = False
+    #: Every option name the policy reads with :meth:`option`; other keys of a mapping config are refused.
+    OPTIONS: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: Mapping[str, Any] | Any = None) -> None:
+        if isinstance(config, Mapping):
+            for key in config:
+                if key not in self.OPTIONS:
+                    raise EplbInputError(
+                        unknown_key_message(type(self).__name__, str(key), list(self.OPTIONS))
+                    )
         self.config = config
 
     def option(self, name: str, default: Any, lo: float | None = None, hi: float | None = None) -> Any:
         """A numeric policy option from the config (mapping or attributes), range-checked."""
+        if name not in self.OPTIONS:
+            raise KeyError(f"{type(self).__name__} reads option {name!r} but does not declare it in OPTIONS")
         cfg = self.config
         value = cfg.get(name, default) if isinstance(cfg, Mapping) else getattr(cfg, name, default)
         if value is None:
@@ -38,6 +50,7 @@ class EplbPolicy(ABC):
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
+            or not math.isfinite(value)
             or (isinstance(default, int) and value != int(value))
         ):
             raise EplbInputError(f"policy option {name!r} must be a {type(default).__name__}, got {value!r}")

@@ -31,6 +31,8 @@ class DefaultEplb(EplbPolicy):
     kept such layers on a worse placement indefinitely. Set 0.95 for upstream's behaviour.
     """
 
+    OPTIONS = ("improvement_threshold", "max_swaps")
+
     def plan(self, table: np.ndarray, workload: np.ndarray, n: int) -> np.ndarray:
         _, ranks, slots = table.shape
         load = logical_load(table, workload, n)

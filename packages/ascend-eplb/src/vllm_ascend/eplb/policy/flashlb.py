@@ -63,6 +63,18 @@ class FlashLB(EplbPolicy):
     slots]``; either is converted to logical loads and appended to the sliding window.
     """
 
+    OPTIONS = (
+        "dominant_swap_gain",
+        "max_move_fraction",
+        "max_samples",
+        "min_swap_gain",
+        "risk_z",
+        "skip_threshold",
+        "swap_depth",
+        "update_margin",
+        "window",
+    )
+
     accepts_history = True
 
     def __init__(self, config=None) -> None:

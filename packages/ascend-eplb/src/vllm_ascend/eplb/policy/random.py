@@ -13,6 +13,8 @@ class RandomLoadBalance(EplbPolicy):
     """Shuffle every layer's slots across ranks (seeded by option ``seed``); a shuffle that puts an
     expert twice on one rank is retried a few times, then the layer keeps its placement."""
 
+    OPTIONS = ("seed",)
+
     def __init__(self, config=None) -> None:
         super().__init__(config)
         self.rng = np.random.default_rng(self.option("seed", 0, lo=0))

@@ -42,6 +42,17 @@ class SwiftBalanceEplb(EplbPolicy):
     if its imbalance improves (or, with the peak unchanged, the spread of rank loads shrinks).
     """
 
+    OPTIONS = (
+        "chain_gain",
+        "chain_steps",
+        "dominant_swap_gain",
+        "max_move_fraction",
+        "max_swaps",
+        "min_swap_gain",
+        "skip_threshold",
+        "swap_depth",
+    )
+
     def plan(self, table: np.ndarray, workload: np.ndarray, n: int) -> np.ndarray:
         layers, ranks, slots = table.shape
         load = logical_load(table, workload, n)
