@@ -97,12 +97,22 @@ def good_source():
 
 
 @pytest.fixture
-def no_sibling_sections(monkeypatch):
-    """CONFIG_SECTIONS as in a core-only install: installed siblings loaded, their validators hidden."""
+def core_only(monkeypatch):
+    """``core_only(registry)``: the registry as in a core-only install (siblings loaded, entries hidden)."""
     from vllm_ascend.core.extensions import load_extensions
+
+    def hide(registry):
+        load_extensions()
+        monkeypatch.setattr(registry, "_entries", {})
+        monkeypatch.setattr(registry, "_loaded", {})
+        return registry
+
+    return hide
+
+
+@pytest.fixture
+def no_sibling_sections(core_only):
+    """CONFIG_SECTIONS with no sibling validator registered."""
     from vllm_ascend.core.registry import CONFIG_SECTIONS
 
-    load_extensions()
-    monkeypatch.setattr(CONFIG_SECTIONS, "_entries", {})
-    monkeypatch.setattr(CONFIG_SECTIONS, "_loaded", {})
-    return CONFIG_SECTIONS
+    return core_only(CONFIG_SECTIONS)

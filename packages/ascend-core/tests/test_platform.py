@@ -27,7 +27,6 @@ from vllm_ascend.core.device.profile import (
     REFERENCE_PROFILE,
     HardwareCapability,
 )
-from vllm_ascend.core.extensions import load_extensions
 from vllm_ascend.core.platform import AscendPlatform, NPUPlatform, ReferencePlatform
 from vllm_ascend.core.registry import SPEC_DECODE_METHODS, registering_as
 
@@ -187,12 +186,9 @@ def test_an_adaptor_must_implement_the_runtime():
 
 
 @pytest.fixture
-def spec_methods(monkeypatch):
-    """SPEC_DECODE_METHODS as in a core-only install (installed siblings loaded, their entries hidden)."""
-    load_extensions()
-    monkeypatch.setattr(SPEC_DECODE_METHODS, "_entries", {})
-    monkeypatch.setattr(SPEC_DECODE_METHODS, "_loaded", {})
-    return SPEC_DECODE_METHODS
+def spec_methods(core_only):
+    """SPEC_DECODE_METHODS with no sibling proposer registered."""
+    return core_only(SPEC_DECODE_METHODS)
 
 
 def test_speculative_method_must_be_registered(spec_methods):
