@@ -247,6 +247,10 @@ def test_the_wheel_documents_the_ops_we_rely_on(npu_ops):
     )
     gating = npu_ops["npu_moe_gating_top_k"]  # documented without the torch_npu. prefix and without '*'
     assert gating.positional[:2] == ["x", "k"] and gating.required == {"x", "k"}
+    quantize = npu_ops["npu_quantize"]  # the quant ops' calls pass these positionally
+    assert quantize.positional == ["input", "scales", "zero_points", "dtype", "axis", "div_mode"]
+    assert npu_ops["npu_format_cast"].positional == ["self", "acl_format"]
+    assert npu_ops["npu_quant_matmul"].keyword_only == ["offset", "pertoken_scale", "bias", "output_dtype"]
 
 
 def test_every_npu_adaptor_call_matches_the_documented_signature(npu_ops):

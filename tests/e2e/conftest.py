@@ -22,7 +22,12 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from vllm_ascend.runner.testing.tiny_models import build_tiny_model, llama_spec, qwen3_spec  # noqa: E402
+from vllm_ascend.runner.testing.tiny_models import (  # noqa: E402
+    build_tiny_model,
+    llama_spec,
+    qwen3_moe_spec,
+    qwen3_spec,
+)
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +39,12 @@ def tiny_models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_qwen3(tiny_models_root: Path) -> Path:
     """Qwen3 (tied embeddings), hidden 128, 2 layers, 4 heads / 2 KV heads of 32, vocab 512."""
     return build_tiny_model(qwen3_spec(), tiny_models_root)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe(tiny_models_root: Path) -> Path:
+    """Qwen3-MoE (tied embeddings): the Qwen3 geometry with 8 experts of 128, top-2, in every layer."""
+    return build_tiny_model(qwen3_moe_spec(), tiny_models_root)
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +75,11 @@ def _token_ids(model_dir: Path) -> list[list[int]]:
 @pytest.fixture(scope="session")
 def qwen3_prompts(tiny_qwen3: Path) -> list[list[int]]:
     return _token_ids(tiny_qwen3)
+
+
+@pytest.fixture(scope="session")
+def qwen3_moe_prompts(tiny_qwen3_moe: Path) -> list[list[int]]:
+    return _token_ids(tiny_qwen3_moe)
 
 
 @pytest.fixture(scope="session")

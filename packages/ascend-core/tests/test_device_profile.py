@@ -191,3 +191,17 @@ def test_expecting_reference_on_an_npu_is_an_error(monkeypatch):
 def test_no_builtin_profile_captures_graphs():
     for profile in (*BUILTIN_PROFILES.values(), REFERENCE_PROFILE):
         assert not profile.supports(HardwareCapability.GRAPH_CAPTURE), profile.name
+
+
+def test_quant_weight_format_is_nz_on_a2_a3_310p_and_nd_on_a5_and_reference():
+    formats = {t.value: p.quant_weight_format for t, p in BUILTIN_PROFILES.items()}
+    assert formats == {"A2": "NZ", "A3": "NZ", "A5": "ND", "310P": "NZ"}
+    assert (
+        REFERENCE_PROFILE.quant_weight_format == "ND" and A2_PROFILE.as_dict()["quant_weight_format"] == "NZ"
+    )
+    assert P310_BASE_PROFILE.quant_weight_format == "NZ"
+    with pytest.raises(
+        ProfileError,
+        match=r"HardwareProfile.quant_weight_format='FRACTAL' is invalid; allowed values: ND, NZ",
+    ):
+        A2_PROFILE.with_changes(quant_weight_format="FRACTAL")

@@ -48,6 +48,7 @@ class FakeTorchNpu(types.ModuleType):
     def __init__(self) -> None:
         super().__init__("torch_npu")
         self.calls: Counter[str] = Counter()
+        self.formats: Counter[int] = Counter()
 
     def __getattribute__(self, name: str):
         if name.startswith("npu_"):
@@ -137,6 +138,7 @@ class FakeTorchNpu(types.ModuleType):
     ):
         assert split_item == 2 and group_type == 0 and len(x) == 1 and len(weight) == 1 and not unused
         xs, w = x[0], weight[0]
+        assert scale is None or w.dtype == torch.int8  # per-token quant: int8 weights only
         out = torch.full((xs.shape[0], w.shape[-1]), GARBAGE, dtype=torch.float64)
         start = 0
         for g, end in enumerate(self._group_ends(group_list, group_list_type)):
@@ -164,13 +166,36 @@ class FakeTorchNpu(types.ModuleType):
             start = end
         return q, scale, None
 
+    def npu_quantize(self, input, scales, zero_points, dtype, axis=1, div_mode=True):
+        assert dtype == torch.qint8 and div_mode and scales.dtype in (torch.float32, torch.bfloat16)
+        assert zero_points is None or zero_points.dtype == torch.int8
+        y = torch.round(input.double() / scales.double()) + (
+            zero_points.double() if zero_points is not None else 0
+        )
+        return y.clamp(-128, 127).to(torch.int8)
+
+    def npu_trans_quant_param(self, scale, offset=None, round_mode=0):
+        # float32 -> the int64 the kernels read: fp19 (mantissa truncated to 10 bits) in the low 32 bits.
+        assert scale.dtype == torch.float32 and offset is None and round_mode == 0
+        return (scale.view(torch.int32).to(torch.int64) & 0xFFFFE000) & 0xFFFFFFFF
+
+    def npu_format_cast(self, tensor, acl_format):
+        assert acl_format in (2, 29)
+        self.formats[acl_format] += 1
+        return tensor
+
     def npu_quant_matmul(
         self, x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None, output_dtype=None
     ):
-        y = (x1.double() @ x2.double()) * scale.double()
+        assert x1.dtype == x2.dtype == torch.int8  # int8 activations take int8 weights only
+        if scale.dtype == torch.int64:
+            scale = scale.to(torch.int32).view(torch.float32)
+        acc = x1.long() @ x2.long() + (bias.long() if bias is not None else 0)
+        assert bias is None or bias.dtype == torch.int32
+        y = acc.double() * scale.double()
         if pertoken_scale is not None:
             y = y * pertoken_scale.double().unsqueeze(-1)
-        return (y + (bias.double() if bias is not None else 0)).to(output_dtype or torch.int8)
+        return y.to(output_dtype or torch.int8)
 
     def npu_weight_quant_batchmatmul(
         self,
@@ -191,6 +216,11 @@ class FakeTorchNpu(types.ModuleType):
                 else p.double()
             )
 
+        assert x.numel() and antiquant_scale.dtype == x.dtype  # documented: no empty tensors
+        assert bias is None or bias.dtype == (torch.float32 if x.dtype == torch.bfloat16 else x.dtype)
+        if weight.dtype == torch.int32:  # int4 carried in int32: nibble j of each word is element j
+            nibbles = torch.stack([(weight >> (4 * j)) & 0xF for j in range(8)], dim=-1).flatten(-2)
+            weight = torch.where(nibbles >= 8, nibbles - 16, nibbles)
         w = weight.double() + (expand(antiquant_offset) if antiquant_offset is not None else 0)
         y = x.double() @ (w * expand(antiquant_scale))
         return (y + (bias.double() if bias is not None else 0)).to(x.dtype)
@@ -481,3 +511,66 @@ def test_quant_ops_match_reference(npu_adaptor):
         atol=1e-4,
         rtol=1e-4,
     )
+
+
+def test_static_quantize_and_quant_matmul_bias_paths_match_reference(npu_adaptor):
+    ref = ReferenceDeviceAdaptor()
+    x = torch.randn(5, 32) * 3
+    scale, offset = torch.tensor([0.05]), torch.tensor([-7.0])
+    assert torch.equal(npu_adaptor.quantize(x, scale, offset), ref.quantize(x, scale, offset))
+    xq = torch.randint(-128, 128, (5, 16), dtype=torch.int8)
+    wq = torch.randint(-128, 128, (16, 8), dtype=torch.int8)
+    ws, ts = torch.rand(8) / 100, torch.rand(5)
+    for bias in (torch.randint(-500, 500, (8,), dtype=torch.int32), torch.randn(8)):
+        for kwargs in (
+            {"pertoken_scale": ts, "output_dtype": torch.bfloat16},
+            {"output_dtype": torch.float16},
+        ):
+            got = npu_adaptor.quant_matmul(xq, wq, ws, bias=bias, **kwargs)
+            want = ref.quant_matmul(xq, wq, ws, bias=bias, **kwargs)
+            assert got.dtype == want.dtype == kwargs["output_dtype"]
+            # fp16: the scale goes as fp19 (npu_trans_quant_param, 10 mantissa bits); bf16: a float bias
+            # is added to the bf16 result (one more bf16 rounding)
+            torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=1e-3)
+
+
+def test_int4_weights_match_reference(npu_adaptor, fake_npu):
+    from vllm_ascend.core.device.adaptor.reference import pack_int4
+
+    ref = ReferenceDeviceAdaptor()
+    xq = torch.randint(-128, 128, (6, 16), dtype=torch.int8)
+    w4 = torch.randint(-8, 8, (16, 16), dtype=torch.int8)
+    ws, ts = torch.rand(16) / 100, torch.rand(6)
+    torch.testing.assert_close(
+        npu_adaptor.quant_matmul(xq, pack_int4(w4), ws, pertoken_scale=ts, output_dtype=torch.float32),
+        ref.quant_matmul(xq, w4, ws, pertoken_scale=ts, output_dtype=torch.float32),
+    )
+    a, scale, offset = torch.randn(3, 16).to(torch.bfloat16), torch.rand(16), torch.randn(16)
+    torch.testing.assert_close(
+        npu_adaptor.weight_quant_matmul(a, pack_int4(w4), scale, antiquant_offset=offset),
+        ref.weight_quant_matmul(a, w4, scale.bfloat16(), antiquant_offset=offset.bfloat16()),
+    )
+    empty = npu_adaptor.weight_quant_matmul(a[:0], pack_int4(w4), scale, antiquant_offset=offset)
+    assert empty.shape == (0, 16) and empty.dtype == torch.bfloat16
+    wg = torch.randint(-8, 8, (3, 16, 16), dtype=torch.int8)
+    wsg, counts = torch.rand(3, 16) / 100, torch.tensor([2, 0, 3])
+    got = npu_adaptor.grouped_quant_matmul(xq, pack_int4(wg), counts, wsg, ts, output_dtype=torch.float32)
+    torch.testing.assert_close(
+        got, ref.grouped_quant_matmul(xq, wg, counts, wsg, ts, output_dtype=torch.float32)
+    )
+    assert torch.all(got[5:] == 0)
+    got_q, got_s = npu_adaptor.grouped_matmul_swiglu_quant(
+        xq, pack_int4(wg), counts, wsg, ts, group_list_type="count"
+    )
+    want_q, want_s = ref.grouped_matmul_swiglu_quant(xq, wg, counts, wsg, ts, group_list_type="count")
+    assert (got_q.int() - want_q.int()).abs().max() <= 1
+    torch.testing.assert_close(got_s, want_s)
+
+
+def test_cast_weight_format_maps_to_npu_format_cast(npu_adaptor, fake_npu):
+    w = torch.randint(-128, 128, (16, 8), dtype=torch.int8)
+    assert torch.equal(npu_adaptor.cast_weight_format(w, "NZ"), w)
+    assert torch.equal(npu_adaptor.cast_weight_format(w, "ND"), w)
+    assert fake_npu.formats == {29: 1, 2: 1}
+    with pytest.raises(ValueError, match="fmt='NCHW' is invalid; allowed values: ND, NZ"):
+        npu_adaptor.cast_weight_format(w, "NCHW")

@@ -6,12 +6,19 @@ import subprocess
 import sys
 
 import vllm_ascend.quant as quant
-from vllm_ascend.quant.description import QuantDescription
+from vllm_ascend.quant import errors, schemes
+from vllm_ascend.quant.description import QuantDescription, QuantDescriptionError
 
 
 def test_lazy_exports():
     assert quant.QuantDescription is QuantDescription
-    assert "W8A8DynamicLinear" in dir(quant)
+    assert quant.QuantLoadError is errors.QuantLoadError and issubclass(quant.QuantLoadError, ValueError)
+    assert errors.QuantDescriptionError is QuantDescriptionError
+    for name in ("AscendLinearScheme", "AscendMoEScheme", "TensorSpec", "UnsupportedQuantType"):
+        assert getattr(quant, name) is getattr(schemes, name)
+    assert quant.get_scheme_class is schemes.get_scheme_class
+    assert quant.register_scheme is schemes.register_scheme
+    assert {"get_scheme_class", "QuantLoadError", "TensorSpec"} <= set(dir(quant))
 
 
 def test_import_is_light():

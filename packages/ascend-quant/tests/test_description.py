@@ -76,12 +76,12 @@ def test_attention_scheme_from_fa_type_kv_cache_type_and_tensors():
 
 def test_unknown_type_for_layer_kind_is_a_clear_error():
     with pytest.raises(QuantDescriptionError) as info:
-        QuantDescription(_description(**{"model.layers.0.mlp.down_proj.weight": "W4A16"})).scheme_for(
+        QuantDescription(_description(**{"model.layers.0.mlp.down_proj.weight": "W4A16_MXFP4"})).scheme_for(
             "model.layers.0.mlp.down_proj", "linear"
         )
     assert info.value.problems == [
-        "layer 'model.layers.0.mlp.down_proj' has quant type 'W4A16', which has no linear scheme; allowed for "
-        "linear: W8A8, W8A8_DYNAMIC, W8A16, W4A4_DYNAMIC, W4A4_FLATQUANT_DYNAMIC, W4A4_MXFP4, "
+        "layer 'model.layers.0.mlp.down_proj' has quant type 'W4A16_MXFP4', which has no linear scheme; allowed "
+        "for linear: W8A8, W8A8_DYNAMIC, W8A16, W4A16, W4A8_DYNAMIC, W4A4_DYNAMIC, W4A4_FLATQUANT_DYNAMIC, W4A4_MXFP4, "
         "W4A4_MXFP4_FLATQUANT, W4A8_MXFP, W8A8_MXFP8, W8A8_MIX, W8A8FP8_DYNAMIC"
     ]
     experts_w8a8 = QuantDescription(_description(**{f"m.experts.0.{p}.weight": "W8A8" for p in ("w1", "w2")}))
@@ -191,12 +191,12 @@ def test_error_message_lists_all_problems():
         QuantDescription({"model_quant_type": "W9A9", "x.weight": "INT3"})
     assert str(info.value) == (
         "invalid quant description <dict>: 2 problem(s)\n"
-        "  - x.weight = 'INT3': expected one of FLOAT, W8A8, W8A8_DYNAMIC, W8A16, W4A4_DYNAMIC, "
-        "W4A4_FLATQUANT_DYNAMIC, W4A4_MXFP4, W4A4_MXFP4_FLATQUANT, W4A8_MXFP, W8A8_MXFP8, W8A8_MIX, "
-        "W8A8FP8_DYNAMIC, W4A8_DYNAMIC, W4A16, W4A16_MXFP4, FAKQuant, INT8_DYNAMIC, C8\n"
-        "  - model_quant_type = 'W9A9': expected one of W8A8, W8A8_DYNAMIC, W8A16, W4A4_DYNAMIC, "
-        "W4A4_FLATQUANT_DYNAMIC, W4A4_MXFP4, W4A4_MXFP4_FLATQUANT, W4A8_MXFP, W8A8_MXFP8, W8A8_MIX, "
-        "W8A8FP8_DYNAMIC, W4A8_DYNAMIC, W4A16, W4A16_MXFP4"
+        "  - x.weight = 'INT3': expected one of FLOAT, W8A8, W8A8_DYNAMIC, W8A16, W4A16, W4A8_DYNAMIC, "
+        "W4A4_DYNAMIC, W4A4_FLATQUANT_DYNAMIC, W4A4_MXFP4, W4A4_MXFP4_FLATQUANT, W4A8_MXFP, W8A8_MXFP8, "
+        "W8A8_MIX, W8A8FP8_DYNAMIC, W4A16_MXFP4, FAKQuant, INT8_DYNAMIC, C8\n"
+        "  - model_quant_type = 'W9A9': expected one of W8A8, W8A8_DYNAMIC, W8A16, W4A16, W4A8_DYNAMIC, "
+        "W4A4_DYNAMIC, W4A4_FLATQUANT_DYNAMIC, W4A4_MXFP4, W4A4_MXFP4_FLATQUANT, W4A8_MXFP, W8A8_MXFP8, "
+        "W8A8_MIX, W8A8FP8_DYNAMIC, W4A16_MXFP4"
     )
 
 
@@ -280,3 +280,95 @@ def test_unknown_family_and_tp_limit():
         ValueError, match="tensor_parallel_size=8 exceeds max_supported_tp=4 of the quant description"
     ):
         d.check_tensor_parallel(8)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        ({"x.weight": 8}, "x.weight = 8: expected one of FLOAT, W8A8,"),
+        ({"x.weight": None}, "x.weight = None: expected one of FLOAT, W8A8,"),
+        ({"x.weight": ["W8A8"]}, "x.weight = ['W8A8']: expected one of FLOAT, W8A8,"),
+        ({"x.weight": "float"}, "x.weight = 'float': expected one of FLOAT, W8A8,"),
+        ({"model_quant_type": "FLOAT"}, "model_quant_type = 'FLOAT': expected one of W8A8, W8A8_DYNAMIC,"),
+        ({"model_quant_type": "C8"}, "model_quant_type = 'C8': expected one of W8A8,"),
+        ({"model_quant_type": "FAKQuant"}, "model_quant_type = 'FAKQuant': expected one of W8A8,"),
+        ({"model_quant_type": 8}, "model_quant_type = 8: expected one of W8A8,"),
+        ({"model_quant_type": ""}, "model_quant_type = '': expected one of W8A8,"),
+        (
+            {"model_quant_type": "W8A8S"},
+            "model_quant_type = 'W8A8S': W8A8S is only supported on the 310P family, this description is for "
+            "family None",
+        ),
+        ({"version": 1}, "version = 1: expected a non-empty string"),
+        ({"version": "  "}, "version = '  ': expected a non-empty string"),
+        ({"group_size": 32.0}, "group_size = 32.0: expected an integer in 0..9223372036854775807"),
+        ({"group_size": "32"}, "group_size = '32': expected an integer in 0..9223372036854775807"),
+        ({"max_supported_tp": 0}, "max_supported_tp = 0: expected an integer in 1..9223372036854775807"),
+        ({"is_rot_used": 1}, "is_rot_used = 1: expected true or false"),
+        ({"kv_cache_type": "c8"}, "kv_cache_type = 'c8': expected one of C8"),
+        ({"lm_head": "FLOAT"}, "unknown key 'lm_head': expected a tensor name ('<prefix>.weight', ...)"),
+        ({"": "FLOAT"}, "unknown key '': expected a tensor name ('<prefix>.weight', ...)"),
+        (
+            {"m.experts.0.gate_proj.weight": "FLOAT", "m.experts.1.gate_proj.weight": "W8A8_DYNAMIC"},
+            "fused layer 'm.experts' mixes quant types across its shards (0.gate_proj=FLOAT, "
+            "1.gate_proj=W8A8_DYNAMIC); all shards must share one type",
+        ),
+    ],
+    ids=[
+        "type-int",
+        "type-null",
+        "type-list",
+        "type-lowercase-float",
+        "model-type-float",
+        "model-type-kv-cache",
+        "model-type-attention",
+        "model-type-int",
+        "model-type-empty",
+        "model-type-310p-unknown-family",
+        "version-number",
+        "version-blank",
+        "group-size-float",
+        "group-size-string",
+        "tp-zero",
+        "rot-int",
+        "kv-cache-lowercase",
+        "key-without-dot",
+        "key-empty",
+        "experts-float-and-quantized",
+    ],
+)
+def test_malformed_description_values(overrides, problem):
+    raw = {
+        "model_quant_type": "W8A8_DYNAMIC",
+        "model.layers.0.mlp.down_proj.weight": "W8A8_DYNAMIC",
+        **overrides,
+    }
+    problems = _problems(raw)
+    assert len(problems) == 1 and problems[0].startswith(problem), problems
+
+
+def test_mixed_attention_and_unsupported_moe_types_fail_at_selection():
+    d = QuantDescription(_description(**{"a.attn.k.scale": "FAKQuant", "a.attn.v.scale": "C8"}))
+    with pytest.raises(
+        QuantDescriptionError, match=r"attention layer 'a\.attn' mixes attention quant types C8, FAKQuant"
+    ):
+        d.scheme_for("a.attn", "attention")
+    d = QuantDescription(_description(**{"m.experts.0.w1.weight": "W8A8_MIX"}))
+    with pytest.raises(
+        QuantDescriptionError, match=r"layer 'm\.experts' has quant type 'W8A8_MIX', which has no moe"
+    ):
+        d.scheme_for("m.experts", "moe")
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "not valid JSON: Expecting value at line 1 column 1"),
+        (b'"W8A8_DYNAMIC"', "top level must be a JSON object, got str"),
+        (b"null", "top level must be a JSON object, got NoneType"),
+    ],
+    ids=["empty-file", "top-level-string", "top-level-null"],
+)
+def test_malformed_description_files(tmp_path, content, problem):
+    (tmp_path / "quant_model_description.json").write_bytes(content)
+    assert _problems(tmp_path) == [problem]

@@ -1,9 +1,9 @@
 """The Atlas 310P overlay: core's 310P profile refined, and the 310P device adaptor.
 
 310P cards compute in float16 only and lack the fused MoE and KV-scatter ops of A2/A3
-(``torch_npu``'s docs list those ops for A2/A3 only): those ops run the reference torch code on
-the NPU tensors instead. The profile claims only what is served: no graph capture (so the platform
-turns it off) and no sparse int8 weights (nothing is served quantized yet).
+(``torch_npu``'s docs list those ops for A2/A3 only), and their quantized matmuls take no per-token
+scales: those ops run the reference torch code on the NPU tensors instead. The profile claims only
+what is served: no graph capture (so the platform turns it off) and no sparse int8 weights.
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ import torch
 
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
 from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor, torch_npu_module
-from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+from vllm_ascend.core.device.adaptor.reference import (
+    ReferenceDeviceAdaptor,
+    int8_weight,
+    quant_matmul_int32,
+)
 from vllm_ascend.core.device.family import AscendDeviceType
 from vllm_ascend.core.device.overlay import DeviceOverlay
 from vllm_ascend.core.device.profile import BUILTIN_PROFILES
@@ -42,6 +46,7 @@ class Ascend310PDeviceAdaptor(A2A3DeviceAdaptor):
             "moe_init_routing",
             "moe_finalize_routing",
             "grouped_matmul_swiglu_quant",
+            "grouped_quant_matmul",
             "dynamic_quant",
         }
     )
@@ -53,7 +58,27 @@ class Ascend310PDeviceAdaptor(A2A3DeviceAdaptor):
     moe_init_routing = ReferenceDeviceAdaptor.moe_init_routing
     moe_finalize_routing = ReferenceDeviceAdaptor.moe_finalize_routing
     grouped_matmul_swiglu_quant = ReferenceDeviceAdaptor.grouped_matmul_swiglu_quant
+    grouped_quant_matmul = ReferenceDeviceAdaptor.grouped_quant_matmul
     dynamic_quant = ReferenceDeviceAdaptor.dynamic_quant
+
+    def quant_matmul(
+        self, x, weight, weight_scale, *, pertoken_scale=None, bias=None, output_dtype=torch.bfloat16
+    ):
+        """310P's npu_quant_matmul takes no per-token scale (that case runs the reference code) and an int64 scale."""
+        if pertoken_scale is not None:
+            return quant_matmul_int32(x, weight, weight_scale, pertoken_scale, bias, output_dtype)
+        torch_npu = torch_npu_module()
+        int_bias = bias if bias is not None and bias.dtype == torch.int32 else None
+        out = torch_npu.npu_quant_matmul(
+            x,
+            int8_weight(weight, "weight", "[K, N]"),
+            torch_npu.npu_trans_quant_param(weight_scale.reshape(-1).float()),
+            bias=int_bias,
+            output_dtype=output_dtype,
+        )
+        if bias is not None and int_bias is None:  # 310P takes int32 biases only: a float one is added after
+            out = out + bias.reshape(-1).to(out.dtype)
+        return out
 
     def fused_infer_attention(
         self,

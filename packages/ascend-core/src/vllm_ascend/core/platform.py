@@ -58,6 +58,7 @@ class AscendPlatform(Platform):
     _enum = PlatformEnum.OOT
     device_control_env_var = "ASCEND_RT_VISIBLE_DEVICES"
     _triton_overrides_registered = False
+    supported_quantization: list[str] = ["ascend"]
 
     # -- what differs: the profile (data) and the adaptor (behaviour) ----------------------
     @classmethod
@@ -202,7 +203,10 @@ class AscendPlatform(Platform):
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         from vllm_ascend.core.config import init_ascend_config
 
+        from vllm_ascend.core.quantization import detect_modelslim_checkpoint
+
         init_ascend_config(vllm_config)
+        detect_modelslim_checkpoint(vllm_config)
         cls._check_speculative_method(vllm_config)
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":
@@ -231,6 +235,12 @@ class AscendPlatform(Platform):
         if not profile.async_scheduling:
             vllm_config.scheduler_config.async_scheduling = False
         cls._size_kv_cache(vllm_config)
+
+    @classmethod
+    def verify_quantization(cls, quant: str) -> None:
+        from vllm_ascend.core.quantization import verify_quantization
+
+        verify_quantization(quant)
 
     @classmethod
     def _check_speculative_method(cls, vllm_config: VllmConfig) -> None:

@@ -226,7 +226,9 @@ def _is_class(value: Any) -> bool:
 
 
 #: vLLM quantization method name -> a vLLM ``QuantizationConfig`` subclass (registered with vLLM).
-QUANT_METHODS: Registry[type] = Registry("quantization method", _is_class, "a QuantizationConfig class")
+QUANT_METHODS: Registry[type] = Registry(
+    "quantization method", _is_class, "a QuantizationConfig class", import_at_load=False
+)
 #: ``speculative_config.method`` -> a proposer class with ``from_vllm_config(vllm_config)`` and vLLM's
 #: CPU-drafter ``propose(...)`` signature; the platform refuses other methods, the runner drafts with it.
 SPEC_DECODE_METHODS: Registry[type] = Registry("speculative decoding method", _is_class, "a proposer class")

@@ -58,11 +58,19 @@ def register_model_loaders_with_vllm() -> list[str]:
 
 
 def register_quant_methods_with_vllm() -> list[str]:
-    """Make every config class in :data:`QUANT_METHODS` a vLLM ``quantization`` method; return those added."""
+    """Make every config class in :data:`QUANT_METHODS` a vLLM ``quantization`` method; return those added.
+
+    ``ascend`` is always a vLLM method name: without the quant sibling it refuses with an install hint.
+    """
     from vllm.model_executor.layers import quantization
 
+    from vllm_ascend.core.quantization import METHOD, missing_method_class
+
+    methods = _loadable(QUANT_METHODS)
+    if METHOD not in methods and METHOD not in quantization.QUANTIZATION_METHODS:
+        methods[METHOD] = missing_method_class()
     added = []
-    for name, cls in _loadable(QUANT_METHODS).items():
+    for name, cls in methods.items():
         if name in quantization.QUANTIZATION_METHODS and quantization.get_quantization_config(name) is cls:
             continue
         quantization.register_quantization_config(name)(cls)

@@ -1,7 +1,6 @@
 """vllm_ascend.quant: ModelSlim quant descriptions and quantization schemes (lazy exports).
 
-A library for now: it registers no vLLM quantization method, so ``--quantization ascend`` is
-refused until the package provides a vLLM ``QuantizationConfig``.
+Importing the package loads neither torch nor vLLM; the names below load on first use.
 """
 
 from __future__ import annotations
@@ -14,16 +13,24 @@ from vllm_ascend.quant._version import __version__
 if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names load lazily
     from vllm_ascend.quant.description import QuantDescription as QuantDescription
     from vllm_ascend.quant.description import QuantDescriptionError as QuantDescriptionError
-    from vllm_ascend.quant.schemes import W8A8DynamicLinear as W8A8DynamicLinear
-    from vllm_ascend.quant.schemes import get_scheme as get_scheme
-    from vllm_ascend.quant.schemes import quantize_per_token as quantize_per_token
+    from vllm_ascend.quant.errors import QuantLoadError as QuantLoadError
+    from vllm_ascend.quant.schemes import AscendLinearScheme as AscendLinearScheme
+    from vllm_ascend.quant.schemes import AscendMoEScheme as AscendMoEScheme
+    from vllm_ascend.quant.schemes import TensorSpec as TensorSpec
+    from vllm_ascend.quant.schemes import UnsupportedQuantType as UnsupportedQuantType
+    from vllm_ascend.quant.schemes import get_scheme_class as get_scheme_class
+    from vllm_ascend.quant.schemes import register_scheme as register_scheme
 
 _LAZY: dict[str, str] = {
+    "AscendLinearScheme": "vllm_ascend.quant.schemes",
+    "AscendMoEScheme": "vllm_ascend.quant.schemes",
     "QuantDescription": "vllm_ascend.quant.description",
     "QuantDescriptionError": "vllm_ascend.quant.description",
-    "W8A8DynamicLinear": "vllm_ascend.quant.schemes",
-    "get_scheme": "vllm_ascend.quant.schemes",
-    "quantize_per_token": "vllm_ascend.quant.schemes",
+    "QuantLoadError": "vllm_ascend.quant.errors",
+    "TensorSpec": "vllm_ascend.quant.schemes",
+    "UnsupportedQuantType": "vllm_ascend.quant.schemes",
+    "get_scheme_class": "vllm_ascend.quant.schemes",
+    "register_scheme": "vllm_ascend.quant.schemes",
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]

@@ -9,6 +9,8 @@ LINEAR_TYPES: tuple[str, ...] = (
     "W8A8",
     "W8A8_DYNAMIC",
     "W8A16",
+    "W4A16",
+    "W4A8_DYNAMIC",
     "W4A4_DYNAMIC",
     "W4A4_FLATQUANT_DYNAMIC",
     "W4A4_MXFP4",

@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vllm_ascend.core.device.adaptor.base import WEIGHT_FORMATS
 from vllm_ascend.core.device.family import AscendDeviceType
 
 
@@ -68,6 +69,8 @@ class HardwareProfile:
     preferred_block_size: int = 128
     block_size_multiple: int = 16
     supported_dtypes: tuple[str, ...] = field(default=("float16", "bfloat16", "float32"))
+    #: Storage format quantized weights are cast to after loading (``adaptor.cast_weight_format``).
+    quant_weight_format: str = "ND"
 
     def __post_init__(self) -> None:
         for attr, enum_cls in _DIMENSIONS.items():
@@ -84,6 +87,11 @@ class HardwareProfile:
             raise ProfileError(
                 f"HardwareProfile.preferred_block_size={self.preferred_block_size} must be a positive multiple "
                 f"of block_size_multiple={self.block_size_multiple}"
+            )
+        if self.quant_weight_format not in WEIGHT_FORMATS:
+            raise ProfileError(
+                f"HardwareProfile.quant_weight_format={self.quant_weight_format!r} is invalid; "
+                f"allowed values: {', '.join(WEIGHT_FORMATS)}"
             )
         bf16 = HardwareCapability.BF16 in self.capabilities
         if bf16 != ("bfloat16" in self.supported_dtypes):
@@ -117,6 +125,7 @@ class HardwareProfile:
             "preferred_block_size": self.preferred_block_size,
             "block_size_multiple": self.block_size_multiple,
             "supported_dtypes": list(self.supported_dtypes),
+            "quant_weight_format": self.quant_weight_format,
         }
 
 
@@ -132,6 +141,7 @@ A2_PROFILE = HardwareProfile(
     capabilities=frozenset({C.BF16, C.INT4, C.TRITON, C.MC2, C.FUSED_MOE_GATING, C.FUSED_INFER_ATTENTION}),
     cpu_binding=CPUBindingMode.TOPO_AFFINITY,
     adaptor_family=DeviceAdaptorFamily.A2A3,
+    quant_weight_format="NZ",
 )
 
 A3_PROFILE = A2_PROFILE.with_changes(name="Atlas A3", device_type=AscendDeviceType.A3)
@@ -164,6 +174,7 @@ P310_BASE_PROFILE = HardwareProfile(
     cpu_binding=CPUBindingMode.AVERAGE,
     adaptor_family=DeviceAdaptorFamily._310P,
     supported_dtypes=("float16", "float32"),
+    quant_weight_format="NZ",
 )
 
 #: ``VLLM_ASCEND_DEVICE=reference``: torch's cpu device, gloo, eager only (no graph capture), no

@@ -2,7 +2,8 @@
 
 Per forward: gate → ``moe_gating_top_k`` (logical ids) → log2phy (physical slot per token) →
 ``moe_init_routing`` → ``grouped_matmul`` (w13) → ``swiglu`` → ``grouped_matmul`` (w2) →
-``moe_finalize_routing``. Tokens per physical slot are added to ``moe_load`` on real forwards only
+``moe_finalize_routing``; quantized experts run their scheme's ``apply`` on the physical ids instead
+(every per-expert tensor, scales included, is laid out per physical slot). Tokens per physical slot are added to ``moe_load`` on real forwards only
 (never on dummy/profile runs, which have no attention metadata).
 """
 
@@ -18,6 +19,7 @@ from vllm.forward_context import get_forward_context, is_forward_context_availab
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 from vllm.model_executor.layers.fused_moe.router.fused_topk_router import FusedTopKRouter
 from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 
 from vllm_ascend.core.config import get_section
 from vllm_ascend.core.device.config import get_device_adaptor
@@ -70,7 +72,7 @@ def _real_forward_phase(decode_query_len: int) -> str | None:
 
 
 class AscendMoERunner(MoERunner):
-    """Softmax/sigmoid top-k routing over unquantized SwiGLU experts, with EPLB expert maps.
+    """Softmax/sigmoid top-k routing over SwiGLU experts (unquantized, or a quant scheme's), with EPLB maps.
 
     Attributes used by EPLB (set on the first forward): ``expert_map [ranks, n]`` (local slot or -1),
     ``log2phy [ranks, n]`` (physical slot each rank routes each logical expert to) and
@@ -88,6 +90,7 @@ class AscendMoERunner(MoERunner):
         self._expert_map: torch.Tensor | None = None
         self.log2phy: torch.Tensor | None = None
         self.moe_load: torch.Tensor | None = None
+        self._placed: list[torch.nn.Parameter] = []
 
     def _check_supported(self) -> None:
         unsupported = {
@@ -98,13 +101,11 @@ class AscendMoERunner(MoERunner):
             "activation": self.routed_experts.activation is not MoEActivation.SILU,
             "has_bias": self.moe_config.has_bias,
             "tp_size/ep_size > 1": self.moe_config.tp_size > 1 or self.moe_config.ep_size > 1,
-            "quantization": self.routed_experts.quant_method.__class__.__name__
-            != "UnquantizedFusedMoEMethod",
         }
         bad = [name for name, flag in unsupported.items() if flag]
         if bad:
             raise NotImplementedError(
-                f"{self.layer_name}: the Ascend reference MoE runner supports unquantized SiLU-gated experts "
+                f"{self.layer_name}: the Ascend reference MoE runner supports SiLU-gated experts "
                 f"with top-k routing in one process; unsupported here: {bad} "
                 f"(router {type(self.router).__name__}, activation {self.routed_experts.activation})"
             )
@@ -119,15 +120,23 @@ class AscendMoERunner(MoERunner):
         return self._expert_map
 
     # placement (the EplbLayer protocol) ----------------------------------------------------
+    def _expert_params(self) -> list[torch.nn.Parameter]:
+        """Every per-expert tensor of the experts (weights, and the scales/offsets of a quant scheme)."""
+        experts = self.moe_config.num_logical_experts
+        return [
+            p for p in self.routed_experts.parameters(recurse=False) if p.dim() > 0 and p.shape[0] == experts
+        ]
+
     def install_placement(self, rank_table: np.ndarray) -> None:
-        """Give each physical slot (``rank * slots + slot``) a copy of its logical expert's weights."""
+        """Give each physical slot (``rank * slots + slot``) a copy of its logical expert's tensors."""
         phys = torch.as_tensor(rank_table.reshape(-1), dtype=torch.long)
-        for param in (self.routed_experts.w13_weight, self.routed_experts.w2_weight):
+        self._placed = self._expert_params()
+        for param in self._placed:
             param.data = param.data[phys].clone()
         self.moe_load = torch.zeros(phys.numel(), dtype=torch.int64)
 
     def expert_weights(self) -> list[torch.Tensor]:
-        return [self.routed_experts.w13_weight.data, self.routed_experts.w2_weight.data]
+        return [param.data for param in self._placed]
 
     def set_placement(self, rank_table: np.ndarray) -> None:
         expert_map, log2phy = rank_maps(rank_table)
@@ -155,11 +164,18 @@ class AscendMoERunner(MoERunner):
         ranks = self.log2phy.shape[0]
         token_rank = torch.arange(hidden_states.shape[0], device=hidden_states.device) % ranks
         physical = self.log2phy[token_rank[:, None], logical.long()]
-        sorted_x, row_idx, counts = adaptor.moe_init_routing(hidden_states, physical, self.moe_load.numel())
-        w13 = self.routed_experts.w13_weight.transpose(1, 2)
-        w2 = self.routed_experts.w2_weight.transpose(1, 2)
-        act = adaptor.swiglu(adaptor.grouped_matmul(sorted_x, w13, counts))
-        out = adaptor.moe_finalize_routing(adaptor.grouped_matmul(act, w2, counts), row_idx, weights)
+        quant_method = self.routed_experts.quant_method
+        if isinstance(quant_method, UnquantizedFusedMoEMethod):
+            sorted_x, row_idx, counts = adaptor.moe_init_routing(
+                hidden_states, physical, self.moe_load.numel()
+            )
+            w13 = self.routed_experts.w13_weight.transpose(1, 2)
+            w2 = self.routed_experts.w2_weight.transpose(1, 2)
+            act = adaptor.swiglu(adaptor.grouped_matmul(sorted_x, w13, counts))
+            out = adaptor.moe_finalize_routing(adaptor.grouped_matmul(act, w2, counts), row_idx, weights)
+        else:  # a quant scheme's experts: routing and grouped matmuls are the scheme's
+            out = quant_method.apply(self.routed_experts, hidden_states, weights, physical)
+            counts = torch.bincount(physical.reshape(-1).long(), minlength=self.moe_load.numel())
         phase = _real_forward_phase(self.decode_query_len)
         if phase is not None:
             self.moe_load += counts.to(self.moe_load.device)

@@ -11,6 +11,7 @@ from vllm_ascend.core.device.adaptor.npu import (
     torch_npu_module,
     valid_rows,
 )
+from vllm_ascend.core.device.adaptor.reference import int8_weight
 
 
 class A5DeviceAdaptor(A2A3DeviceAdaptor):
@@ -64,7 +65,7 @@ class A5DeviceAdaptor(A2A3DeviceAdaptor):
         torch_npu = torch_npu_module()
         (hidden,) = torch_npu.npu_grouped_matmul(
             [x],
-            [weight],
+            [int8_weight(weight, "weight", "[G, K, 2N]")],
             scale=[weight_scale],
             per_token_scale=[x_scale],
             group_list=group_list.to(torch.int64),

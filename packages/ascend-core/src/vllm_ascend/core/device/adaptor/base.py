@@ -18,6 +18,9 @@ import torch
 
 GroupListType = Literal["count", "cumsum"]
 GROUP_LIST_TYPES: tuple[str, ...] = ("count", "cumsum")
+WeightFormat = Literal["ND", "NZ"]
+#: Storage formats of a quantized weight: ND (row-major) or NZ (Ascend's fractal layout, FRACTAL_NZ).
+WEIGHT_FORMATS: tuple[str, ...] = ("ND", "NZ")
 SCORING_FUNCS: tuple[str, ...] = ("softmax", "sigmoid")
 
 OPS: tuple[str, ...] = (
@@ -33,9 +36,12 @@ OPS: tuple[str, ...] = (
     "moe_finalize_routing",
     "grouped_matmul",
     "grouped_matmul_swiglu_quant",
+    "grouped_quant_matmul",
+    "quantize",
     "dynamic_quant",
     "quant_matmul",
     "weight_quant_matmul",
+    "cast_weight_format",
 )
 
 
@@ -276,11 +282,31 @@ class BaseDeviceAdaptor(abc.ABC):
         *,
         group_list_type: GroupListType = "cumsum",
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """W8A8 grouped matmul → dequant → swiglu → per-token int8 quant.
+        """W8A8 (or W4A8) grouped matmul → dequant → swiglu → per-token int8 quant.
 
-        ``x`` int8 ``[M, K]`` with per-row ``x_scale [M]``; ``weight`` int8 ``[G, K, 2N]`` with per-channel
-        ``weight_scale [G, 2N]``. Returns ``(int8 [M, N], scale fp32 [M])``; rows past the last group are 0
-        with scale 0.
+        ``x`` int8 ``[M, K]`` with per-row ``x_scale [M]``; ``weight`` int8 ``[G, K, 2N]`` or int4 packed
+        in int32 ``[G, K, 2N/8]`` (see ``reference.pack_int4``) with per-channel ``weight_scale [G, 2N]``.
+        Products are accumulated in int32. Returns ``(int8 [M, N], scale fp32 [M])``; rows past the last
+        group are 0 with scale 0.
+        """
+
+    @abc.abstractmethod
+    def grouped_quant_matmul(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        group_list: torch.Tensor,
+        weight_scale: torch.Tensor,
+        x_scale: torch.Tensor,
+        *,
+        group_list_type: GroupListType = "count",
+        output_dtype: torch.dtype = torch.bfloat16,
+    ) -> torch.Tensor:
+        """Per-group W8A8 (or W4A8) matmul with per-channel and per-token dequantisation → ``[M, N]``.
+
+        Rows of group ``g`` of int8 ``x [M, K]`` times ``weight[g]`` (int8 ``[G, K, N]`` or int4 packed in
+        int32 ``[G, K, N/8]``), accumulated in int32, times ``weight_scale[g] [N]`` and ``x_scale[row]``;
+        in ``output_dtype``. ``group_list`` as in :meth:`grouped_matmul`; rows past the last group are 0.
         """
 
     # -- quantization ----------------------------------------------------------------------
@@ -294,6 +320,14 @@ class BaseDeviceAdaptor(abc.ABC):
         """
 
     @abc.abstractmethod
+    def quantize(self, x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+        """Static per-tensor int8: ``clamp(round(x / scale) + offset, -128, 127)`` (round half to even).
+
+        ``scale`` is a one-element float tensor; ``offset`` a one-element tensor holding an integer in
+        ``[-128, 127]`` (None = 0). Computed in fp32; returns int8 of ``x``'s shape.
+        """
+
+    @abc.abstractmethod
     def quant_matmul(
         self,
         x: torch.Tensor,
@@ -304,7 +338,13 @@ class BaseDeviceAdaptor(abc.ABC):
         bias: torch.Tensor | None = None,
         output_dtype: torch.dtype = torch.bfloat16,
     ) -> torch.Tensor:
-        """int8 ``x [M, K]`` @ int8 ``weight [K, N]`` in int32, times ``weight_scale [N]`` (and ``pertoken_scale [M]``), plus ``bias``."""
+        """int8 ``x [..., K]`` @ ``weight`` accumulated in int32, then dequantised → ``[..., N]`` in ``output_dtype``.
+
+        ``weight`` is int8 ``[K, N]`` or int4 packed in int32 ``[K, N/8]``. ``y = (acc + bias) * weight_scale
+        * pertoken_scale`` for an int32 ``bias [N]`` (added to the accumulator before scaling), ``y = acc *
+        weight_scale * pertoken_scale + bias`` for a float ``bias [N]``; ``weight_scale`` is ``[N]`` (or one
+        element), ``pertoken_scale`` ``[M]`` (M = rows of ``x``) or None.
+        """
 
     @abc.abstractmethod
     def weight_quant_matmul(
@@ -317,10 +357,19 @@ class BaseDeviceAdaptor(abc.ABC):
         bias: torch.Tensor | None = None,
         group_size: int = 0,
     ) -> torch.Tensor:
-        """Weight-only quant: ``x @ ((weight + offset) * scale) + bias`` with int8 ``weight [K, N]``.
+        """Weight-only quant: ``x @ ((weight + offset) * scale) + bias``, result in ``x``'s dtype.
 
-        ``antiquant_scale``/``antiquant_offset`` are ``[N]`` (per channel) or ``[K // group_size, N]`` (per group).
-        Result in ``x``'s dtype.
+        ``weight`` is int8 ``[K, N]`` or int4 packed in int32 ``[K, N/8]``. ``antiquant_scale`` and
+        ``antiquant_offset`` are ``[N]`` (per channel, one element per tensor also allowed) or
+        ``[ceil(K / group_size), N]`` (per group, ``group_size > 0``): row block ``j`` of the weight uses
+        row ``j``. Note the sign: a zero point ``z`` is passed as ``antiquant_offset = -z``.
+        """
+
+    @abc.abstractmethod
+    def cast_weight_format(self, weight: torch.Tensor, fmt: WeightFormat) -> torch.Tensor:
+        """``weight`` stored in format ``fmt`` (``"ND"`` or ``"NZ"``); the logical values and shape are unchanged.
+
+        NZ is a device storage layout the NPU matmul kernels read faster; devices without it return ND.
         """
 
 

@@ -2,7 +2,9 @@
 
 ``torch_npu`` is imported inside each op (never at module import), so this module loads on any
 machine. Ops listed in :attr:`A2A3DeviceAdaptor.TORCH_OPS` have no ``torch_npu`` counterpart and run
-the reference's device-agnostic torch code on the NPU tensors.
+the reference's device-agnostic torch code on the NPU tensors. torch-npu 2.13.0 documents int4 (int32
+carrier) weights for ``npu_weight_quant_batchmatmul`` only, with float activations; the W4A8 ops
+(int8 activations) unpack an int4 weight to int8 on the device for the call.
 """
 
 from __future__ import annotations
@@ -15,14 +17,17 @@ import torch
 from vllm_ascend.core.device.adaptor.base import (
     GROUP_LIST_TYPES,
     SCORING_FUNCS,
+    WEIGHT_FORMATS,
     BaseDeviceAdaptor,
     DeviceOpError,
     check_choice,
 )
-from vllm_ascend.core.device.adaptor.reference import gather_paged_kv
+from vllm_ascend.core.device.adaptor.reference import gather_paged_kv, int8_weight
 
 #: Size of the compressed causal mask the fused attention ops take with ``sparse_mode=3``.
 CAUSAL_MASK_SIZE = 2048
+#: ``acl_format`` codes of ``npu_format_cast``: ND (row-major) and FRACTAL_NZ.
+ACL_FORMATS: dict[str, int] = {"ND": 2, "NZ": 29}
 
 
 def torch_npu_module() -> ModuleType:
@@ -292,12 +297,47 @@ class A2A3DeviceAdaptor(BaseDeviceAdaptor):
         self, x, weight, group_list, weight_scale, x_scale, *, group_list_type="cumsum"
     ):
         check_choice("group_list_type", group_list_type, GROUP_LIST_TYPES)
+        torch_npu = torch_npu_module()
+        if weight.dtype == torch.int32:  # the fused op reads int8 FRACTAL_NZ weights only
+            weight = torch_npu.npu_format_cast(int8_weight(weight, "weight", "[G, K, 2N]"), ACL_FORMATS["NZ"])
         ends = group_list.cumsum(0) if group_list_type == "count" else group_list
-        q, scale, _ = torch_npu_module().npu_grouped_matmul_swiglu_quant(
+        q, scale, _ = torch_npu.npu_grouped_matmul_swiglu_quant(
             x, weight, ends.to(torch.int64), weight_scale, x_scale
         )
         valid = valid_rows(ends, "cumsum", x.shape[0], x.device)
         return q.masked_fill(~valid, 0), scale.masked_fill(~valid.squeeze(1), 0)
+
+    def grouped_quant_matmul(
+        self,
+        x,
+        weight,
+        group_list,
+        weight_scale,
+        x_scale,
+        *,
+        group_list_type="count",
+        output_dtype=torch.bfloat16,
+    ):
+        check_choice("group_list_type", group_list_type, GROUP_LIST_TYPES)
+        (out,) = torch_npu_module().npu_grouped_matmul(
+            [x],
+            [int8_weight(weight, "weight", "[G, K, N]")],
+            scale=[weight_scale],
+            per_token_scale=[x_scale],
+            group_list=group_list.to(torch.int64),
+            split_item=2,
+            group_type=0,
+            group_list_type=1 if group_list_type == "count" else 0,
+            output_dtype=output_dtype,
+        )
+        return out.masked_fill(~valid_rows(group_list, group_list_type, x.shape[0], x.device), 0)
+
+    def quantize(self, x, scale, offset):
+        # npu_quantize (div_mode=True) takes float32/bf16 scales and int8 zero points.
+        zero_points = None if offset is None else offset.reshape(1).round().to(torch.int8)
+        return torch_npu_module().npu_quantize(
+            x, scale.reshape(1).float(), zero_points, torch.qint8, -1, True
+        )
 
     def dynamic_quant(self, x, *, smooth_scales=None):
         return torch_npu_module().npu_dynamic_quant(x, smooth_scales=smooth_scales)
@@ -305,18 +345,42 @@ class A2A3DeviceAdaptor(BaseDeviceAdaptor):
     def quant_matmul(
         self, x, weight, weight_scale, *, pertoken_scale=None, bias=None, output_dtype=torch.bfloat16
     ):
-        return torch_npu_module().npu_quant_matmul(
-            x, weight, weight_scale, pertoken_scale=pertoken_scale, bias=bias, output_dtype=output_dtype
+        torch_npu = torch_npu_module()
+        weight = int8_weight(weight, "weight", "[K, N]")
+        scale = weight_scale.reshape(-1).float()
+        if output_dtype == torch.float16 and pertoken_scale is None:
+            # fp16 output without per-token scales takes the scale as int64 (documented for graph mode).
+            scale = torch_npu.npu_trans_quant_param(scale)
+        int_bias = bias if bias is not None and bias.dtype == torch.int32 else None
+        out = torch_npu.npu_quant_matmul(
+            x,
+            weight,
+            scale,
+            pertoken_scale=pertoken_scale,
+            bias=int_bias,
+            output_dtype=output_dtype,
         )
+        if bias is not None and int_bias is None:  # a float bias is added after dequantisation
+            out = out + bias.reshape(-1).to(out.dtype)
+        return out
 
     def weight_quant_matmul(
         self, x, weight, antiquant_scale, *, antiquant_offset=None, bias=None, group_size=0
     ):
+        if x.numel() == 0:  # the kernel takes no empty tensors
+            n_dim = weight.shape[1] * (8 if weight.dtype == torch.int32 else 1)
+            return x.new_zeros(*x.shape[:-1], n_dim)
+        # The kernel wants scale/offset in x's dtype, and a float32 bias for bf16 x (x's dtype otherwise).
+        bias_dtype = torch.float32 if x.dtype == torch.bfloat16 else x.dtype
         return torch_npu_module().npu_weight_quant_batchmatmul(
             x,
             weight,
-            antiquant_scale,
-            antiquant_offset=antiquant_offset,
-            bias=bias,
+            antiquant_scale.to(x.dtype),
+            antiquant_offset=None if antiquant_offset is None else antiquant_offset.to(x.dtype),
+            bias=None if bias is None else bias.to(bias_dtype),
             antiquant_group_size=group_size,
         )
+
+    def cast_weight_format(self, weight, fmt):
+        check_choice("fmt", fmt, WEIGHT_FORMATS)
+        return torch_npu_module().npu_format_cast(weight, ACL_FORMATS[fmt])

@@ -24,13 +24,26 @@ from vllm_ascend.core import envs
 from vllm_ascend.core.device.adaptor.base import (
     GROUP_LIST_TYPES,
     SCORING_FUNCS,
+    WEIGHT_FORMATS,
     BaseDeviceAdaptor,
     DeviceOpError,
     GroupListType,
     check_choice,
 )
 
+__all__ = [
+    "ReferenceDeviceAdaptor",
+    "gather_paged_kv",
+    "group_bounds",
+    "int8_weight",
+    "pack_int4",
+    "quant_matmul_int32",
+    "unpack_int4",
+]
+
 INT8_MAX = 127.0
+#: Largest K for which an int8 x int8 dot product of K terms is exact in an int32 accumulator.
+MAX_EXACT_INT32_K = 2**31 // (128 * 128)
 
 
 def _require(cond: bool, message: str) -> None:
@@ -54,6 +67,109 @@ def group_bounds(group_list: torch.Tensor, group_list_type: str, num_rows: int) 
         start = end
     _require(start <= num_rows, f"group_list covers {start} rows but x has only {num_rows}")
     return bounds
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """Pack int4 values (int8 ``[..., N]`` in ``[-8, 7]``, ``N % 8 == 0``) into int32 ``[..., N/8]``.
+
+    Element ``j`` of each run of 8 goes to bits ``4j..4j+3`` as a two's complement nibble (the int32
+    carrier torch_npu's int4 matmuls read). :func:`unpack_int4` inverts it exactly.
+    """
+    if q.dtype != torch.int8:
+        raise DeviceOpError(f"pack_int4 needs int8 values in [-8, 7], got dtype {q.dtype}")
+    if q.dim() == 0 or q.shape[-1] % 8:
+        raise DeviceOpError(
+            f"pack_int4 needs a last dim divisible by 8, got shape {tuple(q.shape)} (int4 [..., N] -> int32 [..., N/8])"
+        )
+    if q.numel():
+        low, high = (int(v) for v in torch.aminmax(q))
+        if low < -8 or high > 7:
+            raise DeviceOpError(f"pack_int4 needs values in [-8, 7], got values in [{low}, {high}]")
+    nibbles = q.to(torch.int32).reshape(*q.shape[:-1], q.shape[-1] // 8, 8)
+    # Low 7 nibbles as unsigned 4-bit fields; the top one signed (q * 2**28): the sum is the int32's
+    # two's complement value and never leaves int32's range.
+    shifts = torch.arange(0, 28, 4, dtype=torch.int32, device=q.device)
+    low_bits = torch.bitwise_left_shift(nibbles[..., :7] & 0xF, shifts).sum(dim=-1, dtype=torch.int32)
+    return low_bits + nibbles[..., 7] * (1 << 28)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """int32 ``[..., N/8]`` from :func:`pack_int4` → int8 ``[..., N]`` in ``[-8, 7]``."""
+    if packed.dtype != torch.int32:
+        raise DeviceOpError(f"unpack_int4 needs int32 packed int4 [..., N/8], got dtype {packed.dtype}")
+    if packed.dim() == 0:
+        raise DeviceOpError("unpack_int4 needs at least one dim ([..., N/8]), got a scalar")
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    nibbles = torch.bitwise_right_shift(packed.unsqueeze(-1), shifts) & 0xF
+    signed = nibbles - ((nibbles >= 8).to(torch.int32) << 4)
+    return signed.to(torch.int8).reshape(*packed.shape[:-1], packed.shape[-1] * 8)
+
+
+def int8_weight(weight: torch.Tensor, name: str, shape: str) -> torch.Tensor:
+    """An int8 weight, or int4 packed in int32 unpacked to int8; ``shape`` names the int8 layout."""
+    if weight.dtype == torch.int8:
+        return weight
+    if weight.dtype == torch.int32:
+        return unpack_int4(weight)
+    packed = shape[:-1] + "/8]"
+    raise DeviceOpError(
+        f"{name} must be int8 {shape} or int4 packed in int32 {packed}, got dtype {weight.dtype}"
+    )
+
+
+def _check_int32_exact(k_dim: int) -> None:
+    _require(
+        k_dim <= MAX_EXACT_INT32_K,
+        f"K={k_dim} is too large for an exact int32 accumulator of int8 products (max {MAX_EXACT_INT32_K})",
+    )
+
+
+def quant_matmul_int32(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    pertoken_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    output_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``quant_matmul`` in device-agnostic torch: int32 accumulation, then the documented dequantisation."""
+    _require(x.dtype == torch.int8, f"x must be int8 [..., K], got dtype {x.dtype}")
+    weight = int8_weight(weight, "weight", "[K, N]")
+    _require(
+        weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[0],
+        f"x [..., K] and weight [K, N] disagree: {tuple(x.shape)} vs {tuple(weight.shape)}",
+    )
+    k_dim, n_dim = weight.shape
+    _check_int32_exact(k_dim)
+    _require(
+        weight_scale.is_floating_point() and weight_scale.numel() in (1, n_dim),
+        f"weight_scale must be float [{n_dim}] (or one element), got {weight_scale.dtype} "
+        f"{tuple(weight_scale.shape)}",
+    )
+    _require(output_dtype.is_floating_point, f"output_dtype must be a float dtype, got {output_dtype}")
+    x2 = x.reshape(-1, k_dim)
+    acc = x2.to(torch.int32) @ weight.to(torch.int32)
+    float_bias = None
+    if bias is not None:
+        _require(
+            bias.numel() == n_dim and (bias.dtype == torch.int32 or bias.is_floating_point()),
+            f"bias must be int32 or float [{n_dim}], got {bias.dtype} {tuple(bias.shape)}",
+        )
+        if bias.dtype == torch.int32:
+            acc = acc + bias.reshape(-1)  # into the int32 accumulator, before scaling
+        else:
+            float_bias = bias.double().reshape(-1)
+    out = acc.double() * weight_scale.double().reshape(-1)
+    if pertoken_scale is not None:
+        _require(
+            pertoken_scale.numel() == x2.shape[0] and pertoken_scale.is_floating_point(),
+            f"pertoken_scale must be float [M] = [{x2.shape[0]}], got {pertoken_scale.dtype} "
+            f"{tuple(pertoken_scale.shape)}",
+        )
+        out = out * pertoken_scale.double().reshape(-1, 1)
+    if float_bias is not None:
+        out = out + float_bias
+    return out.to(output_dtype).reshape(*x.shape[:-1], n_dim)
 
 
 def _per_token_int8(xf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -599,13 +715,14 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         self, x, weight, group_list, weight_scale, x_scale, *, group_list_type: GroupListType = "cumsum"
     ):
         _require(
-            x.dtype == torch.int8 and weight.dtype == torch.int8,
-            f"x and weight must be int8, got {x.dtype} and {weight.dtype}",
+            x.dtype == torch.int8 and x.dim() == 2, f"x must be int8 [M, K], got {x.dtype} {tuple(x.shape)}"
         )
+        weight = int8_weight(weight, "weight", "[G, K, 2N]")
         _require(
             weight.dim() == 3 and weight.shape[1] == x.shape[1] and weight.shape[2] % 2 == 0,
             f"weight must be [G, K, 2N] with K={x.shape[1]}, got {tuple(weight.shape)}",
         )
+        _check_int32_exact(x.shape[1])
         _require(
             tuple(weight_scale.shape) == (weight.shape[0], weight.shape[2]),
             f"weight_scale must be [G, 2N] = {(weight.shape[0], weight.shape[2])}, got {tuple(weight_scale.shape)}",
@@ -613,6 +730,10 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         _require(
             x_scale.shape == (x.shape[0],),
             f"x_scale must be [M] = ({x.shape[0]},), got {tuple(x_scale.shape)}",
+        )
+        _require(
+            group_list.numel() == weight.shape[0],
+            f"group_list has {group_list.numel()} groups but weight has {weight.shape[0]}",
         )
         rows, half = x.shape[0], weight.shape[2] // 2
         q_out = torch.zeros(rows, half, dtype=torch.int8, device=x.device)
@@ -624,6 +745,53 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
             deq = acc.double() * x_scale[start:end].double().unsqueeze(1) * weight_scale[g].double()
             q_out[start:end], scale_out[start:end] = _per_token_int8(_silu_mul(deq.float()))
         return q_out, scale_out
+
+    def grouped_quant_matmul(
+        self,
+        x,
+        weight,
+        group_list,
+        weight_scale,
+        x_scale,
+        *,
+        group_list_type: GroupListType = "count",
+        output_dtype=torch.bfloat16,
+    ):
+        _require(
+            x.dtype == torch.int8 and x.dim() == 2, f"x must be int8 [M, K], got {x.dtype} {tuple(x.shape)}"
+        )
+        weight = int8_weight(weight, "weight", "[G, K, N]")
+        _require(
+            weight.dim() == 3 and weight.shape[1] == x.shape[1],
+            f"weight must be [G, K, N] with K={x.shape[1]}, got {tuple(weight.shape)}",
+        )
+        _check_int32_exact(x.shape[1])
+        num_groups, n_dim = weight.shape[0], weight.shape[2]
+        _require(
+            tuple(weight_scale.shape) == (num_groups, n_dim) and weight_scale.is_floating_point(),
+            f"weight_scale must be float [G, N] = {(num_groups, n_dim)}, got {weight_scale.dtype} "
+            f"{tuple(weight_scale.shape)}",
+        )
+        _require(
+            x_scale.shape == (x.shape[0],) and x_scale.is_floating_point(),
+            f"x_scale must be float [M] = ({x.shape[0]},), got {x_scale.dtype} {tuple(x_scale.shape)}",
+        )
+        _require(
+            group_list.numel() == num_groups,
+            f"group_list has {group_list.numel()} groups but weight has {num_groups}",
+        )
+        _require(
+            output_dtype.is_floating_point,
+            f"output_dtype must be a float dtype, got {output_dtype}",
+        )
+        out = torch.zeros(x.shape[0], n_dim, dtype=output_dtype, device=x.device)
+        for g, (start, end) in enumerate(group_bounds(group_list, group_list_type, x.shape[0])):
+            if end == start:
+                continue
+            acc = x[start:end].to(torch.int32) @ weight[g].to(torch.int32)
+            deq = acc.double() * weight_scale[g].double() * x_scale[start:end].double().unsqueeze(1)
+            out[start:end] = deq.to(output_dtype)
+        return out
 
     # -- quantization ----------------------------------------------------------------------
     def dynamic_quant(self, x, *, smooth_scales=None):
@@ -637,33 +805,41 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
             xf = xf * smooth_scales.float()
         return _per_token_int8(xf)
 
+    def quantize(self, x, scale, offset):
+        _require(x.is_floating_point(), f"x must be a float tensor, got dtype {x.dtype}")
+        _require(
+            scale.numel() == 1 and scale.is_floating_point(),
+            f"scale must be a one-element float tensor (per-tensor), got {scale.dtype} {tuple(scale.shape)}",
+        )
+        xq = torch.round(x.float() / scale.float().reshape(()))
+        if offset is not None:
+            _require(
+                offset.numel() == 1, f"offset must be a one-element tensor, got shape {tuple(offset.shape)}"
+            )
+            value = float(offset.reshape(()))
+            _require(
+                value == round(value) and -128 <= value <= 127,
+                f"offset must hold an integer in [-128, 127], got {value}",
+            )
+            xq = xq + value
+        return xq.clamp_(-128, 127).to(torch.int8)
+
     def quant_matmul(
         self, x, weight, weight_scale, *, pertoken_scale=None, bias=None, output_dtype=torch.bfloat16
     ):
-        _require(
-            x.dtype == torch.int8 and weight.dtype == torch.int8,
-            f"x and weight must be int8, got {x.dtype} and {weight.dtype}",
-        )
-        _require(
-            weight.dim() == 2 and x.shape[-1] == weight.shape[0],
-            f"x [..., K] and weight [K, N] disagree: {tuple(x.shape)} vs {tuple(weight.shape)}",
-        )
-        acc = (x.reshape(-1, x.shape[-1]).to(torch.int32) @ weight.to(torch.int32)).double()
-        out = acc * weight_scale.double().reshape(-1)
-        if pertoken_scale is not None:
-            out = out * pertoken_scale.double().reshape(-1, 1)
-        if bias is not None:
-            out = out + bias.double()
-        return out.to(output_dtype).reshape(*x.shape[:-1], weight.shape[1])
+        return quant_matmul_int32(x, weight, weight_scale, pertoken_scale, bias, output_dtype)
 
     def weight_quant_matmul(
         self, x, weight, antiquant_scale, *, antiquant_offset=None, bias=None, group_size=0
     ):
+        _require(x.is_floating_point(), f"x must be a float tensor [..., K], got dtype {x.dtype}")
+        weight = int8_weight(weight, "weight", "[K, N]")
         _require(
-            weight.dim() == 2 and x.shape[-1] == weight.shape[0],
+            weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[0],
             f"x [..., K] and weight [K, N] disagree: {tuple(x.shape)} vs {tuple(weight.shape)}",
         )
-        k_dim = weight.shape[0]
+        _require(group_size >= 0, f"group_size must be >= 0 (0 = per channel), got {group_size}")
+        k_dim, n_dim = weight.shape
         w = weight.float()
 
         def expand(param: torch.Tensor, name: str) -> torch.Tensor:
@@ -671,13 +847,13 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
             if group_size > 0:
                 groups = math.ceil(k_dim / group_size)
                 _require(
-                    p.shape == (groups, weight.shape[1]),
-                    f"{name} must be [{groups}, {weight.shape[1]}] for group_size={group_size}, got {tuple(p.shape)}",
+                    p.shape == (groups, n_dim),
+                    f"{name} must be [{groups}, {n_dim}] for group_size={group_size}, got {tuple(p.shape)}",
                 )
                 return p.repeat_interleave(group_size, dim=0)[:k_dim]
             _require(
-                p.numel() in (1, weight.shape[1]),
-                f"{name} must be per-tensor or [{weight.shape[1]}], got {tuple(p.shape)}",
+                p.numel() in (1, n_dim),
+                f"{name} must be per-tensor or [{n_dim}], got {tuple(p.shape)}",
             )
             return p.reshape(-1)
 
@@ -686,5 +862,11 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         w = w * expand(antiquant_scale, "antiquant_scale")
         out = x.float() @ w
         if bias is not None:
-            out = out + bias.float()
+            _require(bias.numel() == n_dim, f"bias must be [{n_dim}], got shape {tuple(bias.shape)}")
+            out = out + bias.float().reshape(-1)
         return out.to(x.dtype)
+
+    def cast_weight_format(self, weight, fmt):
+        """Host memory has one layout: the weight is returned as is (NZ changes storage, not values)."""
+        check_choice("fmt", fmt, WEIGHT_FORMATS)
+        return weight

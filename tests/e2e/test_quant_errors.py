@@ -1,0 +1,164 @@
+"""Quantized checkpoints vLLM cannot serve fail with errors naming the layer, the field and the expectation.
+
+Config-time problems (method, description) are checked by building vLLM's config; load-time problems
+(tensors that do not match their description) by starting an engine on a damaged export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from vllm_ascend.quant.export import export_modelslim
+
+DESCRIPTION = "quant_model_description.json"
+QKV_SCALE = "model.layers.0.self_attn.q_proj.weight_scale"
+
+
+@pytest.fixture(scope="module")
+def w8a8_dynamic(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3: Path) -> Path:
+    out = tmp_path_factory.mktemp("w8a8-dynamic") / "model"
+    export_modelslim(tiny_qwen3, out, "W8A8_DYNAMIC", progress=False)
+    return out
+
+
+@pytest.fixture
+def damaged(tmp_path: Path, w8a8_dynamic: Path) -> Callable[..., Path]:
+    """A copy of the W8A8_DYNAMIC export with its description and/or tensors edited."""
+
+    def make(
+        description: Callable[[dict], None] | None = None, tensors: Callable[[dict], None] | None = None
+    ) -> Path:
+        copy = tmp_path / "damaged"
+        shutil.copytree(w8a8_dynamic, copy)
+        if description is not None:
+            data = json.loads((copy / DESCRIPTION).read_text())
+            description(data)
+            (copy / DESCRIPTION).write_text(json.dumps(data))
+        if tensors is not None:
+            for file in copy.glob("*.safetensors"):
+                state = load_file(file)
+                tensors(state)
+                save_file(state, file, metadata={"format": "pt"})
+        return copy
+
+    return make
+
+
+def _config(model: Path, **kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(model=str(model), dtype="float32", max_model_len=256, block_size=16, **kwargs)
+    return args.create_engine_config()
+
+
+def test_cuda_methods_are_refused_by_name(tiny_qwen3):
+    with pytest.raises(
+        Exception, match=r"quantization='fp8' is not supported by vllm-ascend.*supported: 'ascend'"
+    ):
+        _config(tiny_qwen3, quantization="fp8")
+
+
+def test_ascend_on_a_float_checkpoint_is_refused(tiny_qwen3):
+    with pytest.raises(Exception, match=r"quant_model_description\.json|ascend"):
+        _config(tiny_qwen3, quantization="ascend")
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (
+            lambda d: d.update({"model.layers.0.self_attn.o_proj.weight": "W9A9"}),
+            r"model\.layers\.0\.self_attn\.o_proj\.weight = 'W9A9': expected one of .*W8A8_DYNAMIC",
+        ),
+        (
+            lambda d: d.update({"model.layers.0.self_attn.k_proj.weight": "W8A16"}),
+            r"fused layer 'model\.layers\.0\.self_attn\.qkv_proj' mixes quant types",
+        ),
+        (lambda d: d.update({"kv_cache_type": "C8"}), r"kv_cache_type='C8'.*not supported yet"),
+        (lambda d: d.pop("model_quant_type"), r"missing required key 'model_quant_type'"),
+        (lambda d: d.update({"group_size": -4}), r"group_size = -4: expected an integer in 0\.\."),
+    ],
+    ids=["unknown-type", "mixed-fused-shards", "c8-kv-cache", "no-model-type", "negative-group"],
+)
+def test_bad_descriptions_are_refused_at_config_time(damaged, edit, match):
+    with pytest.raises(Exception, match=match):
+        _config(damaged(description=edit), quantization="ascend")
+
+
+def _drop(name: str) -> Callable[[dict], None]:
+    return lambda state: state.pop(name)
+
+
+def _set(name: str, value: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[dict], None]:
+    def edit(state: dict) -> None:
+        state[name] = value(state[name])
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("tensors", "description", "match"),
+    [
+        (
+            _set("model.layers.0.mlp.down_proj.weight", lambda t: t.float()),
+            None,
+            r"model\.layers\.0\.mlp\.down_proj\.weight: expected torch\.int8, got torch\.float32",
+        ),
+        (
+            _set(QKV_SCALE, lambda t: t.repeat(1, 3)),
+            None,
+            r"model\.layers\.0\.self_attn\.qkv_proj\.weight_scale: expected one value per output channel",
+        ),
+        (_drop(QKV_SCALE), None, r"weight_scale"),
+        (
+            None,
+            lambda d: [d.pop(k) for k in list(d) if k.startswith("model.layers.1.mlp.down_proj.")],
+            r"layer 'model\.layers\.1\.mlp\.down_proj' \(linear\) has no entry in",
+        ),
+    ],
+    ids=["float-weight", "scale-shape", "missing-scale", "layer-not-described"],
+)
+def test_bad_tensors_are_refused_at_load_time(make_llm, damaged, tensors, description, match):
+    with pytest.raises(Exception, match=match):
+        make_llm(damaged(description=description, tensors=tensors), quantization="ascend")
+
+
+def test_without_the_quant_distribution_the_error_names_it(w8a8_dynamic):
+    """``quantization="ascend"`` and an auto-detected ModelSlim checkpoint both name `vllm-ascend[quant]`."""
+    code = f"""
+        from vllm.engine.arg_utils import EngineArgs
+        for quantization in ("ascend", None):
+            try:
+                EngineArgs(model={str(w8a8_dynamic)!r}, dtype="float32", max_model_len=256,
+                           quantization=quantization).create_engine_config()
+            except Exception as exc:
+                print("RESULT", type(exc).__name__, "|", str(exc).replace("\\n", " "))
+            else:
+                print("RESULT accepted")
+        """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env.update(
+        HF_HUB_OFFLINE="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        VLLM_ASCEND_DEVICE="reference",
+        VLLM_ASCEND_DISABLED_EXTENSIONS="quant",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 2, proc.stdout
+    for line in lines:
+        assert "vllm-ascend[quant]" in line and "vllm-ascend-quant" in line, line
