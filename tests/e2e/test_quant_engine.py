@@ -123,7 +123,9 @@ def test_dense_scheme_matches_fake_quant_oracle(scheme, make_llm, exported, tiny
     quantized = int(sizes.get("int8", 0) + sizes.get("int32", 0))
     linear_fp32 = _linear_weight_bytes_fp32(tiny_qwen3)
     float_rest = _total_fp32_bytes(tiny_qwen3) - linear_fp32
-    assert linear_fp32 * WEIGHT_BYTES[scheme] / 4 <= quantized <= linear_fp32 * WEIGHT_BYTES[scheme] / 4 * 1.05
+    assert (
+        linear_fp32 * WEIGHT_BYTES[scheme] / 4 <= quantized <= linear_fp32 * WEIGHT_BYTES[scheme] / 4 * 1.05
+    )
     assert sizes.get("float32", 0) <= float_rest + 0.1 * linear_fp32, sizes
     print(f"{scheme}: device bytes {sum(sizes.values())} vs float {_total_fp32_bytes(tiny_qwen3)}", sizes)
 
@@ -136,7 +138,10 @@ def test_moe_scheme_matches_fake_quant_oracle(scheme, make_llm, exported, tiny_q
     assert len({tuple(t) for t in tokens}) == len(tokens), tokens
     _check_against_oracle(model, prompts, tokens, logprobs)
     assert sizes.get("float32", 0) < _total_fp32_bytes(tiny_qwen3_moe) / 2, sizes
-    print(f"MoE {scheme}: device bytes {sum(sizes.values())} vs float {_total_fp32_bytes(tiny_qwen3_moe)}", sizes)
+    print(
+        f"MoE {scheme}: device bytes {sum(sizes.values())} vs float {_total_fp32_bytes(tiny_qwen3_moe)}",
+        sizes,
+    )
 
 
 def _linear_weight_bytes_fp32(model: Path) -> int:

@@ -35,7 +35,13 @@ def test_quant_methods_become_vllm_quantization_methods(vllm_quantization):
         QUANT_METHODS.register("ascend-probe", ProbeQuantConfig)
         try:
             assert "ascend-probe" not in vllm_quantization.QUANTIZATION_METHODS
-            assert register_quant_methods_with_vllm() == ["ascend-probe"]
+            # "ascend" is always a vLLM name: without the quant sibling it refuses with an install hint.
+            expected = (
+                ["ascend-probe"]
+                if "ascend" in vllm_quantization.QUANTIZATION_METHODS
+                else ["ascend-probe", "ascend"]
+            )
+            assert register_quant_methods_with_vllm() == expected
             assert vllm_quantization.get_quantization_config("ascend-probe") is ProbeQuantConfig
             assert register_quant_methods_with_vllm() == []  # idempotent
             assert reachability("vllm-ascend-probe") == [
@@ -60,3 +66,32 @@ def test_a_loader_that_fails_to_import_is_skipped_with_a_warning(caplog):
         finally:
             for registry, name in journal:
                 registry.unregister(name)
+
+
+def test_without_the_quant_sibling_ascend_is_refused_with_an_install_hint(vllm_quantization, core_only):
+    """vLLM knows the name ``ascend`` either way; without its sibling every use names the distribution."""
+    from vllm_ascend.core.config import ConfigError
+    from vllm_ascend.core.quantization import verify_quantization
+
+    core_only(QUANT_METHODS)
+    if "ascend" in vllm_quantization.QUANTIZATION_METHODS:
+        vllm_quantization.QUANTIZATION_METHODS.remove("ascend")
+        vllm_quantization._CUSTOMIZED_METHOD_TO_QUANT_CONFIG.pop("ascend", None)
+    assert "ascend" in register_quant_methods_with_vllm()
+    placeholder = vllm_quantization.get_quantization_config("ascend")
+    hint = r"quantization='ascend' needs the `vllm-ascend-quant` distribution.*pip install 'vllm-ascend\[quant\]'"
+    with pytest.raises(ConfigError, match=hint):
+        placeholder.from_config({})
+    with pytest.raises(ConfigError, match=hint):
+        verify_quantization("ascend")
+    assert placeholder.override_quantization_method({"quant_method": "gptq"}, None) is None
+
+
+def test_methods_with_cuda_kernels_are_refused_by_name():
+    from vllm_ascend.core.config import ConfigError
+    from vllm_ascend.core.quantization import verify_quantization
+
+    with pytest.raises(
+        ConfigError, match=r"quantization='awq' is not supported by vllm-ascend.*supported: 'ascend'"
+    ):
+        verify_quantization("awq")

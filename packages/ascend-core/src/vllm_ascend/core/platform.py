@@ -10,7 +10,7 @@ Nothing is detected at import: ``vllm_ascend.core.plugin.register`` picks the cl
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
@@ -58,7 +58,8 @@ class AscendPlatform(Platform):
     _enum = PlatformEnum.OOT
     device_control_env_var = "ASCEND_RT_VISIBLE_DEVICES"
     _triton_overrides_registered = False
-    supported_quantization: list[str] = ["ascend"]
+    #: vLLM's ``register_quantization_config`` appends here; other methods are refused by name.
+    supported_quantization: ClassVar[list[str]] = ["ascend"]
 
     # -- what differs: the profile (data) and the adaptor (behaviour) ----------------------
     @classmethod
@@ -202,7 +203,6 @@ class AscendPlatform(Platform):
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         from vllm_ascend.core.config import init_ascend_config
-
         from vllm_ascend.core.quantization import detect_modelslim_checkpoint
 
         init_ascend_config(vllm_config)

@@ -28,14 +28,7 @@ from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_ascend.quant.errors import QuantLoadError
 from vllm_ascend.quant.schemes.base import AscendLinearScheme, AscendMoEScheme, TensorSpec
-
-_INTEGER_DTYPES = (torch.int8, torch.int32, torch.int64)
-
-
-def _deq_scale_from_bits(loaded: torch.Tensor) -> torch.Tensor:
-    """ModelSlim stores ``deq_scale`` of bf16 models as int64 holding float32 bits in the low 32 bits."""
-    low = (loaded & 0xFFFFFFFF).to(torch.int64)
-    return torch.where(low >= 2**31, low - 2**32, low).to(torch.int32).view(torch.float32)
+from vllm_ascend.quant.schemes.w8a8 import deq_scale_fp32
 
 
 def _dtype_problem(spec: TensorSpec, loaded: torch.Tensor) -> str | None:
@@ -104,7 +97,7 @@ def _checked(
     @functools.wraps(loader)
     def load(param: torch.Tensor, loaded_weight: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if name == "deq_scale" and loaded_weight.dtype == torch.int64:
-            loaded_weight = _deq_scale_from_bits(loaded_weight)
+            loaded_weight = deq_scale_fp32(loaded_weight)
         problem = _dtype_problem(spec, loaded_weight) or _shape_problem(spec, loaded_weight, expert=expert)
         if problem is not None:
             raise QuantLoadError(f"{prefix}.{name}: {problem}")
