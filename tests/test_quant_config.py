@@ -1,0 +1,100 @@
+"""``AscendQuantConfig`` as vLLM sees it: registry name, description file, name mapping, fused modules."""
+
+from __future__ import annotations
+
+import pytest
+from vllm.model_executor.models.utils import WeightsMapper
+
+from vllm_ascend.quant.config import AscendQuantConfig
+from vllm_ascend.quant.description import QuantDescriptionError
+from vllm_ascend.quant.errors import QuantLoadError
+
+
+@pytest.fixture(autouse=True)
+def reference_device(monkeypatch):
+    """The config reads the active family (to accept 310P-only types there): the reference device."""
+    from vllm_ascend.core.device.config import clear_device_caches
+
+    monkeypatch.setenv("VLLM_ASCEND_DEVICE", "reference")
+    clear_device_caches()
+    yield
+    clear_device_caches()
+
+
+def _description(**tensors: str) -> dict:
+    return {"model_quant_type": "W8A8_DYNAMIC", "version": "1.0.0", **tensors}
+
+
+def test_vllm_reads_the_modelslim_description_file():
+    assert AscendQuantConfig.get_config_filenames() == ["quant_model_description.json"]
+    config = AscendQuantConfig.from_config(
+        _description(**{"model.layers.0.mlp.down_proj.weight": "W8A8_DYNAMIC"})
+    )
+    assert config.get_name() == "ascend"
+    assert config.get_min_capability() == 0
+    assert {str(d) for d in config.get_supported_act_dtypes()} == {
+        "torch.bfloat16",
+        "torch.float16",
+        "torch.float32",
+    }
+
+
+def test_hf_names_are_mapped_to_vllm_names_but_fused_shards_keep_theirs():
+    config = AscendQuantConfig.from_config(
+        _description(
+            **{
+                "model.layers.0.self_attn.q_proj.weight": "W8A8_DYNAMIC",
+                "model.layers.0.mlp.down_proj.weight": "FLOAT",
+                "model.visual.proj.weight": "FLOAT",
+            }
+        )
+    )
+    mapper = WeightsMapper(
+        orig_to_new_prefix={"model.visual.": None, "model.": "language_model.model."},
+        orig_to_new_stacked={".q_proj": (".qkv_proj", "q")},
+    )
+    config.apply_vllm_mapper(mapper)
+    assert config.description.tensors == {
+        "language_model.model.layers.0.self_attn.q_proj.weight": "W8A8_DYNAMIC",
+        "language_model.model.layers.0.mlp.down_proj.weight": "FLOAT",
+    }
+    assert config._layer_type("language_model.model.layers.0.self_attn.qkv_proj", "linear") == "W8A8_DYNAMIC"
+    assert config._layer_type("language_model.model.layers.0.mlp.down_proj", "linear") == "FLOAT"
+
+
+def test_a_layer_missing_from_the_description_is_named():
+    config = AscendQuantConfig.from_config(
+        _description(**{"model.layers.0.mlp.down_proj.weight": "W8A8_DYNAMIC"})
+    )
+    with pytest.raises(
+        QuantLoadError, match=r"layer 'model\.layers\.0\.mlp\.up_proj' \(linear\) has no entry"
+    ):
+        config._layer_type("model.layers.0.mlp.up_proj", "linear")
+
+
+def test_model_type_packed_modules_check_the_shards_types():
+    """DeepSeek fuses q_a_proj with kv_a_proj_with_mqa: the two must share a type."""
+    from types import SimpleNamespace
+
+    config = AscendQuantConfig.from_config(
+        _description(
+            **{
+                "model.layers.0.self_attn.q_a_proj.weight": "W8A8_DYNAMIC",
+                "model.layers.0.self_attn.kv_a_proj_with_mqa.weight": "FLOAT",
+            }
+        )
+    )
+    with pytest.raises(QuantDescriptionError, match=r"'model\.layers\.0\.self_attn\.fused_qkv_a_proj' mixes"):
+        config.maybe_update_config("m", SimpleNamespace(model_type="deepseek_v3"))
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({"kv_cache_type": "C8"}, r"kv_cache_type='C8' \(an INT8 \(C8\) KV cache\) is not supported yet"),
+        ({"fa_quant_type": "FAKQuant"}, r"fa_quant_type='FAKQuant' .*not supported yet"),
+    ],
+)
+def test_quantized_attention_is_refused(extra, match):
+    with pytest.raises(QuantDescriptionError, match=match):
+        AscendQuantConfig.from_config({**_description(), **extra})
