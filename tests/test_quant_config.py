@@ -98,3 +98,24 @@ def test_model_type_packed_modules_check_the_shards_types():
 def test_quantized_attention_is_refused(extra, match):
     with pytest.raises(QuantDescriptionError, match=match):
         AscendQuantConfig.from_config({**_description(), **extra})
+
+
+def test_w8a8_row_parallel_over_ranks_is_refused():
+    """Each rank would add W8A8's folded quant_bias: refused instead of serving wrong sums."""
+    import torch
+    from vllm.model_executor.layers.linear import RowParallelLinear
+
+    from vllm_ascend.quant.methods import AscendLinearMethod
+    from vllm_ascend.quant.schemes import get_scheme_class
+
+    layer = torch.nn.Module.__new__(RowParallelLinear)
+    torch.nn.Module.__init__(layer)
+    layer.tp_size = 2
+    scheme = get_scheme_class("W8A8", "linear")(
+        prefix="model.layers.0.self_attn.o_proj", group_size=None, params_dtype=torch.float32
+    )
+    with pytest.raises(QuantLoadError, match=r"o_proj: W8A8 row-parallel layers with tensor_parallel_size=2"):
+        AscendLinearMethod(scheme).create_weights(
+            layer, 64, [128], 128, 128, torch.float32, weight_loader=None
+        )
+    assert not list(layer.parameters())

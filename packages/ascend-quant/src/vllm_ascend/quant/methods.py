@@ -17,7 +17,11 @@ from typing import Any
 import torch
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
-from vllm.model_executor.layers.linear import LinearMethodBase, register_weight_loader_v2_supported_method
+from vllm.model_executor.layers.linear import (
+    LinearMethodBase,
+    RowParallelLinear,
+    register_weight_loader_v2_supported_method,
+)
 from vllm.model_executor.parameter import (
     ChannelQuantScaleParameter,
     GroupQuantScaleParameter,
@@ -29,6 +33,11 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm_ascend.quant.errors import QuantLoadError
 from vllm_ascend.quant.schemes.base import AscendLinearScheme, AscendMoEScheme, TensorSpec
 from vllm_ascend.quant.schemes.w8a8 import deq_scale_fp32
+
+#: Schemes whose checkpoint tensors cannot be split over the input channels of a row-parallel layer.
+_ROW_PARALLEL_UNSUPPORTED = {
+    "W8A8": "its int32 quant_bias folds the activation offset over all input channels, so each rank would add it",
+}
 
 
 def _dtype_problem(spec: TensorSpec, loaded: torch.Tensor) -> str | None:
@@ -132,6 +141,13 @@ class AscendLinearMethod(LinearMethodBase):
         params_dtype: torch.dtype,
         **extra_weight_attrs: Any,
     ) -> None:
+        reason = _ROW_PARALLEL_UNSUPPORTED.get(self.scheme.quant_type)
+        if reason and isinstance(layer, RowParallelLinear) and layer.tp_size > 1:
+            raise QuantLoadError(
+                f"{self.scheme.prefix}: {self.scheme.quant_type} row-parallel layers with tensor_parallel_size="
+                f"{layer.tp_size} are not supported yet ({reason}); serve this checkpoint with "
+                "tensor_parallel_size=1"
+            )
         loader = extra_weight_attrs["weight_loader"]
         specs = self.scheme.weight_specs(sum(output_partition_sizes), input_size_per_partition)
         self.ledger = _LoadLedger(self.scheme.prefix, {name: len(output_partition_sizes) for name in specs})
