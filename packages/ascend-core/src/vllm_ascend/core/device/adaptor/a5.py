@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend.core.device.adaptor.base import GROUP_LIST_TYPES, check_choice
 from vllm_ascend.core.device.adaptor.npu import (
     A2A3DeviceAdaptor,
     require_contiguous,
     torch_npu_module,
     valid_rows,
 )
-from vllm_ascend.core.device.adaptor.reference import int8_weight
 
 
 class A5DeviceAdaptor(A2A3DeviceAdaptor):
@@ -61,19 +59,16 @@ class A5DeviceAdaptor(A2A3DeviceAdaptor):
     def grouped_matmul_swiglu_quant(
         self, x, weight, group_list, weight_scale, x_scale, *, group_list_type="cumsum"
     ):
-        check_choice("group_list_type", group_list_type, GROUP_LIST_TYPES)
-        torch_npu = torch_npu_module()
-        (hidden,) = torch_npu.npu_grouped_matmul(
-            [x],
-            [int8_weight(weight, "weight", "[G, K, 2N]")],
-            scale=[weight_scale],
-            per_token_scale=[x_scale],
-            group_list=group_list.to(torch.int64),
-            split_item=2,
-            group_type=0,
-            group_list_type=1 if group_list_type == "count" else 0,
+        hidden = self.grouped_quant_matmul(
+            x,
+            weight,
+            group_list,
+            weight_scale,
+            x_scale,
+            group_list_type=group_list_type,
             output_dtype=torch.float32,
         )
+        torch_npu = torch_npu_module()
         q, scale = torch_npu.npu_dynamic_quant(torch_npu.npu_swiglu(hidden, dim=-1))
         valid = valid_rows(group_list, group_list_type, x.shape[0], x.device)
         return q.masked_fill(~valid, 0), scale.masked_fill(~valid.squeeze(1), 0)
