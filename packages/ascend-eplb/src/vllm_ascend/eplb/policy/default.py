@@ -29,13 +29,17 @@ class DefaultEplb(EplbPolicy):
     drops at all), deviates from upstream's 0.95: without redundant slots under skew a fresh
     packing lowers the peak by less than 5 % but still by several percent of the mean, and 0.95
     kept such layers on a worse placement indefinitely. Set 0.95 for upstream's behaviour.
+
+    A ``[samples, layers, ranks, slots]`` history is fitted as its sum (the history-averaged load).
     """
 
     OPTIONS = ("improvement_threshold", "max_swaps")
 
+    accepts_history = True
+
     def plan(self, table: np.ndarray, workload: np.ndarray, n: int) -> np.ndarray:
         _, ranks, slots = table.shape
-        load = logical_load(table, workload, n)
+        load = logical_load(table, workload.reshape(-1, *table.shape).sum(axis=0), n)
         counts = replica_counts(load, ranks * slots, ranks)
         packed, slot_w, stuck = lpt_pack(load, counts, ranks, slots)
         mean = load.sum(axis=1) / ranks
