@@ -1,4 +1,4 @@
-"""A tiny Qwen3-MoE through vLLM on the reference device with the Ascend MoE runner: greedy tokens equal
+"""A tiny Qwen3-MoE through vLLM on the reference device with the runner's MoE layer: greedy tokens equal
 HF transformers' without EPLB, with a static expert map holding redundant experts, and with dynamic
 EPLB re-placing experts during generation."""
 
@@ -70,7 +70,7 @@ def _generate(llm, prompts: list[list[int]]) -> tuple[list[list[int]], dict[str,
 
 
 def _moe_layers(llm) -> list:
-    from vllm_ascend.eplb.moe.runner import AscendMoERunner
+    from vllm_ascend.runner.ops.moe import AscendMoERunner
 
     (layers,) = llm.apply_model(lambda model: [m for m in model.modules() if isinstance(m, AscendMoERunner)])
     return layers
@@ -108,13 +108,13 @@ def test_moe_greedy_matches_hf(make_llm, tiny_moe, moe_prompts, moe_hf):
     assert got == moe_hf
     layers = _moe_layers(llm)
     assert len(layers) == 2
-    # Registration is idempotent (extensions register once per process, tests may call it again).
+    # The runner's MoE layer replaced vLLM's; registration is idempotent (once per process).
     from vllm.model_executor.custom_op import op_registry_oot
 
-    from vllm_ascend.eplb.moe import register_moe_runner
-    from vllm_ascend.eplb.moe.runner import AscendMoERunner
+    from vllm_ascend.runner.ops.moe import AscendMoERunner
+    from vllm_ascend.runner.ops.registry import register_custom_ops
 
-    assert register_moe_runner() and register_moe_runner()
+    register_custom_ops()
     assert op_registry_oot["MoERunner"] is AscendMoERunner
     # One call per MoE layer and forward step (two grouped matmuls), at least one step per new token.
     assert ops["moe_gating_top_k"] >= 2 * MAX_NEW_TOKENS and ops["grouped_matmul"] == 2 * ops["swiglu"], ops

@@ -17,16 +17,19 @@ def test_public_names_resolve():
         eplb.nope  # noqa: B018
 
 
-def test_extension_registers_the_config_validator():
-    from vllm_ascend.core.registry import CONFIG_SECTIONS, registering_as
+def test_extension_registers_the_config_validator_and_the_schedule():
+    from vllm_ascend.core.registry import CONFIG_SECTIONS, MOE_PLACEMENTS, registering_as
     from vllm_ascend.eplb._extension import EXTENSION, register
+    from vllm_ascend.eplb.schedule import schedule_for
 
     with registering_as("vllm-ascend-eplb"):  # as core's extension loader does
         register()
         register()
     assert CONFIG_SECTIONS.get("eplb_config") is eplb.validate_eplb_config
     assert CONFIG_SECTIONS.owner("eplb_config") == "vllm-ascend-eplb"
-    assert EXTENSION.provides == ("config_sections",)
+    assert MOE_PLACEMENTS.get("default") is schedule_for
+    assert MOE_PLACEMENTS.owner("default") == "vllm-ascend-eplb"
+    assert EXTENSION.provides == ("config_sections", "moe_placements")
 
 
 def test_policy_registry_resolves_the_builtin_table():
@@ -76,3 +79,19 @@ def test_submit_copies_the_workload():
     load[:] = 0  # the caller reuses its buffer at once, as EplbUpdator does
     plan = proc.get(timeout=30)
     assert plan is not None and plan.imbalance_before[0] > 1.5
+
+
+def test_schedule_over_several_expert_parallel_ranks(monkeypatch):
+    """Each process is one rank: no schedule unless eplb_config asks for one, which is refused by name."""
+    from vllm_ascend.core.config import ConfigError
+    from vllm_ascend.eplb import schedule
+    from vllm_ascend.eplb.config import EplbConfig
+
+    monkeypatch.setattr(schedule, "get_section", lambda name: EplbConfig())
+    assert schedule.schedule_for(object(), ep_size=2) is None
+    config = EplbConfig()  # any weak-referenceable object stands for the vLLM config
+    one = schedule.schedule_for(config, ep_size=1)
+    assert one is not None and schedule.schedule_for(config, ep_size=1) is one
+    monkeypatch.setattr(schedule, "get_section", lambda name: EplbConfig(num_redundant_experts=2))
+    with pytest.raises(ConfigError, match=r"eplb_config .*expert parallel over 2 ranks is not supported yet"):
+        schedule.schedule_for(object(), ep_size=2)

@@ -249,6 +249,13 @@ CONFIG_SECTIONS: Registry[Callable[..., Any]] = Registry(
     "config section", callable, "a validator callable", import_at_load=False
 )
 
+#: ``"default"`` -> ``schedule_for(vllm_config, ep_size) -> schedule | None``: the expert-placement schedule
+#: (EPLB) the runner's MoE layers register with: ``register(layer)``, ``started``, ``begin(num_experts)``,
+#: ``rank_maps(rank_table)``, ``forward_end(phase)``, ``layers`` (checked without importing at load).
+MOE_PLACEMENTS: Registry[Callable[..., Any]] = Registry(
+    "MoE expert placement", callable, "a schedule factory", import_at_load=False
+)
+
 ALL_REGISTRIES: dict[str, Registry[Any]] = {
     "quant_methods": QUANT_METHODS,
     "spec_decode_methods": SPEC_DECODE_METHODS,
@@ -257,4 +264,5 @@ ALL_REGISTRIES: dict[str, Registry[Any]] = {
     "cli_commands": CLI_COMMANDS,
     "workers": WORKERS,
     "config_sections": CONFIG_SECTIONS,
+    "moe_placements": MOE_PLACEMENTS,
 }

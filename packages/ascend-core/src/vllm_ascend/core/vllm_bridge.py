@@ -96,6 +96,8 @@ def _reached(registry: str, name: str) -> tuple[bool, str]:
         return name == "default", "vLLM parallel_config.worker_cls"
     if registry == "spec_decode_methods":
         return "default" in WORKERS, f"speculative_config.method {name!r} (the runner's drafter)"
+    if registry == "moe_placements":
+        return "default" in WORKERS, "the runner's MoE layers (vLLM's MoERunner replaced)"
     if registry == "config_sections":
         return name in CONFIG_SECTIONS, f"additional_config.{name}"
     if registry == "cli_commands":

@@ -7,20 +7,18 @@ from vllm_ascend.eplb._version import __version__
 
 
 def register() -> None:
-    """Register the ``eplb_config`` validator (a lazy path) and arrange for vLLM's ``MoERunner`` to be
-    replaced where our platform is active (deferred until vLLM imports it)."""
-    from vllm_ascend.core.registry import CONFIG_SECTIONS
-    from vllm_ascend.eplb.moe import register_moe_runner
+    """Register the ``eplb_config`` validator and the expert-placement schedule (lazy paths)."""
+    from vllm_ascend.core.registry import CONFIG_SECTIONS, MOE_PLACEMENTS
 
     CONFIG_SECTIONS.register("eplb_config", "vllm_ascend.eplb.config:validate_eplb_config")
-    register_moe_runner()
+    MOE_PLACEMENTS.register("default", "vllm_ascend.eplb.schedule:schedule_for")
 
 
 EXTENSION = ExtensionDescriptor(
     name="eplb",
     version=__version__,
     core_requires=">=0.1,<0.2",
-    provides=("config_sections",),
+    provides=("config_sections", "moe_placements"),
     register=register,
-    description="additional_config.eplb_config, EPLB policies and the reference MoE runner with EPLB",
+    description="additional_config.eplb_config, EPLB policies and the expert-placement schedule of MoE layers",
 )

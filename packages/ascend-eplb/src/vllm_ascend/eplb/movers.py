@@ -31,6 +31,9 @@ class EplbLayer(Protocol):
     def set_placement(self, rank_table: np.ndarray) -> None:
         """Route by this ``[ranks, slots]`` placement of the layer (expert map and log2phy)."""
 
+    def install_placement(self, rank_table: np.ndarray) -> None:
+        """Lay the layer's experts out in the physical slots of its first placement (before ``start``)."""
+
 
 class WeightMover(ABC):
     """Reads loads and moves one layer's weights at a time (``start`` then ``finish``)."""

@@ -10,6 +10,7 @@ import numpy as np
 from vllm_ascend.eplb.config import EplbConfig
 from vllm_ascend.eplb.expert_map_file import save_expert_map
 from vllm_ascend.eplb.movers import EplbLayer, WeightMover
+from vllm_ascend.eplb.placement import rank_maps
 from vllm_ascend.eplb.validation import as_expert_table
 from vllm_ascend.eplb.worker import EplbPlan, EplbProcess, LayerUpdate
 
@@ -60,6 +61,19 @@ class EplbUpdator:
             raise RuntimeError("MoE layers must all be registered before the placement starts")
         self.layers.append(layer)
         return len(self.layers) - 1
+
+    @staticmethod
+    def rank_maps(rank_table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(expert_map, log2phy)`` of one layer's ``[ranks, slots]`` placement, for the layer's routing."""
+        return rank_maps(rank_table)
+
+    def begin(self, num_experts: int) -> None:
+        """On the first forward (weights are loaded): lay every registered layer's experts out in the physical
+        slots of the initial placement (rank count from ``expert_map_path``, else 1), then start."""
+        table = self.config.initial_table(num_experts, len(self.layers))
+        for layer, rank_table in zip(self.layers, table, strict=True):
+            layer.install_placement(rank_table)
+        self.start(table)
 
     def start(self, table: np.ndarray) -> None:
         """Route every layer by ``table`` ``[layers, ranks, slots]`` (the layers already hold its weights)."""

@@ -17,6 +17,7 @@ from vllm_ascend.runner.ops.linear import (
     AscendRowParallelLinear,
     AscendVocabParallelEmbedding,
 )
+from vllm_ascend.runner.ops.moe import AscendMoERunner
 from vllm_ascend.runner.ops.rotary_embedding import AscendRotaryEmbedding
 
 #: vLLM class name -> the Ascend replacement. CustomOps dispatch to ``forward_oot``.
@@ -34,6 +35,7 @@ PLUGGABLE_LAYERS: dict[str, type] = {
     "MergedColumnParallelLinear": AscendMergedColumnParallelLinear,
     "QKVParallelLinear": AscendQKVParallelLinear,
     "RowParallelLinear": AscendRowParallelLinear,
+    "MoERunner": AscendMoERunner,
 }
 
 _lock = threading.Lock()

@@ -120,9 +120,28 @@ def _qwen3_moe_config(spec: TinyModelSpec, vocab_size: int) -> Any:
     )
 
 
+def _qwen2_moe_config(spec: TinyModelSpec, vocab_size: int) -> Any:
+    """Qwen2-MoE: routed experts plus a gated shared expert in every layer."""
+    from transformers import Qwen2MoeConfig
+
+    return Qwen2MoeConfig(
+        **_common_config(spec, vocab_size),
+        moe_intermediate_size=spec.intermediate_size // 2,
+        shared_expert_intermediate_size=spec.intermediate_size,
+        num_experts=MOE_NUM_EXPERTS,
+        num_experts_per_tok=MOE_TOP_K,
+        norm_topk_prob=False,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        tie_word_embeddings=True,
+        **spec.extra,
+    )
+
+
 register_model_builder("qwen3", _qwen3_config)
 register_model_builder("llama", _llama_config)
 register_model_builder("qwen3_moe", _qwen3_moe_config)
+register_model_builder("qwen2_moe", _qwen2_moe_config)
 
 
 def corpus(num_lines: int = 2000, seed: int = 0) -> list[str]:
@@ -209,3 +228,8 @@ def llama_spec(**overrides: Any) -> TinyModelSpec:
 def qwen3_moe_spec(**overrides: Any) -> TinyModelSpec:
     """Qwen3-MoE: 8 experts, top-2, 2 layers, hidden 128, 4 heads / 2 KV heads of 32."""
     return replace(TinyModelSpec(kind="qwen3_moe", seed=2), **overrides)
+
+
+def qwen2_moe_spec(**overrides: Any) -> TinyModelSpec:
+    """Qwen2-MoE: 8 experts, top-2, a gated shared expert, 2 layers, hidden 128."""
+    return replace(TinyModelSpec(kind="qwen2_moe", seed=3), **overrides)
