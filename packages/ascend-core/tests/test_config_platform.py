@@ -100,3 +100,41 @@ def test_platform_rejects_bad_additional_config_with_the_config_message(tmp_path
     # next step (worker lookup) is the only acceptable failure.
     error = results["good"]["error"]
     assert error is None or "vllm-ascend-runner" in error, error
+
+
+PARALLEL_SCRIPT = r"""
+import json, sys
+from vllm.engine.arg_utils import EngineArgs
+
+results = {}
+for label, options in json.loads(sys.argv[2]).items():
+    try:
+        EngineArgs(model=sys.argv[1], skip_tokenizer_init=True, **options).create_engine_config()
+        results[label] = None
+    except Exception as exc:
+        results[label] = str(exc)
+print("RESULT " + json.dumps(results))
+"""
+
+
+def test_platform_refuses_context_parallelism_by_name(tmp_path):
+    """Decode context parallelism passes vLLM's own checks when TP exceeds the KV heads (here 4 > 2);
+    the platform must then refuse it, naming the option and the supported value."""
+    model = tmp_path / "tiny-llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    cases = {"dcp": {"tensor_parallel_size": 4, "decode_context_parallel_size": 2}}
+    env = {**os.environ, "VLLM_ASCEND_DEVICE": "reference", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", PARALLEL_SCRIPT, str(model), json.dumps(cases)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(lines[-1][len("RESULT ") :])
+    assert (
+        "decode_context_parallel_size=2 is not supported yet by vllm-ascend 0.1.0; supported: 1"
+    ) in results["dcp"]

@@ -105,6 +105,7 @@ def test_core_registries_are_exactly_the_served_ones():
         "cli_commands",
         "workers",
         "config_sections",
+        "moe_placements",
     }
     assert not hasattr(registry, "KERNELS") and not hasattr(registry, "EPLB_POLICIES")
     assert CliCommand is registry.CliCommand  # re-exported by the CLI for siblings

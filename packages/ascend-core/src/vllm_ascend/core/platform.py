@@ -132,8 +132,8 @@ class AscendPlatform(Platform):
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:
-        # torch.distributed collectives over the platform's backend (gloo / hccl).
-        return "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
+        # torch.distributed collectives over the platform's backend (gloo / hccl), plus EP token dispatch.
+        return "vllm_ascend.core.device.communicator.AscendDeviceCommunicator"
 
     @classmethod
     def validate_environ(cls, hard_fail: bool) -> None:
@@ -208,6 +208,7 @@ class AscendPlatform(Platform):
         init_ascend_config(vllm_config)
         detect_modelslim_checkpoint(vllm_config)
         cls._check_speculative_method(vllm_config)
+        cls._check_parallelism(vllm_config)
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":
             worker = _workers().entry("default").value
@@ -261,6 +262,22 @@ class AscendPlatform(Platform):
                 f"speculative_config.method = {spec.method!r} is not supported yet by vllm-ascend; "
                 f"supported: {offered}"
             )
+
+    @classmethod
+    def _check_parallelism(cls, vllm_config: VllmConfig) -> None:
+        """Refuse context parallelism: the attention backend keeps each sequence's KV cache whole on
+        every rank, so split KV (decode/prefill context parallel) would be read as if it were whole."""
+        from vllm_ascend.core._version import __version__
+        from vllm_ascend.core.config import ConfigError
+
+        parallel_config = vllm_config.parallel_config
+        for option in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+            size = getattr(parallel_config, option)
+            if size != 1:
+                raise ConfigError(
+                    f"{option}={size} is not supported yet by vllm-ascend {__version__}; supported: 1 "
+                    "(tensor_parallel_size, pipeline_parallel_size and data_parallel_size are)"
+                )
 
     @classmethod
     def _disable_graph_capture(cls, vllm_config: VllmConfig) -> None:

@@ -41,8 +41,9 @@ def load_extensions() -> None:
     """Load every installed sibling extension (once per process).
 
     When the platform is active, also hand the siblings' model loaders and quantization methods to
-    vLLM so that ``--load-format <name>`` / ``--quantization <name>`` work; otherwise vLLM sees
-    nothing of the plugin.
+    vLLM so that ``--load-format <name>`` / ``--quantization <name>`` work, and install the device
+    adaptor's runtime shims: processes that build no worker (the engine core under the ``mp``
+    executor) still call ``torch.accelerator`` at shutdown. Otherwise vLLM sees nothing of the plugin.
     """
     from vllm_ascend.core.device.detection import detect
     from vllm_ascend.core.extensions import load_extensions as _load
@@ -53,6 +54,7 @@ def load_extensions() -> None:
     except ValueError:
         return
     if active:
+        from vllm_ascend.core.device.config import get_device_adaptor
         from vllm_ascend.core.vllm_bridge import (
             register_model_loaders_with_vllm,
             register_quant_methods_with_vllm,
@@ -60,3 +62,4 @@ def load_extensions() -> None:
 
         register_model_loaders_with_vllm()
         register_quant_methods_with_vllm()
+        get_device_adaptor().install_runtime_shims()

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from vllm.config import CUDAGraphMode, VllmConfig
+from vllm.distributed.parallel_state import get_pp_group
 from vllm.sequence import IntermediateTensors
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
@@ -162,17 +163,21 @@ class NPUModelRunner(GPUModelRunner):
         get_device_adaptor().synchronize()
 
     def warm_up(self) -> None:
-        """Compile every sampling-kernel variant a step can hit (``kernel_warmup``: failures are
-        logged, not raised), then one dummy forward at the largest batch of requests and one sampler
-        run (fills lazy state)."""
-        self.kernel_warmup_results = kernel_warmup(
-            self.device,
-            self.model_config.get_vocab_size(),
-            (torch.float32,),  # the sampler works on float32 logits
-            exclude=() if self.speculative_config is not None else ("rejection",),
-        )
+        """One dummy forward at the largest batch of requests on every rank; on the last pipeline stage
+        (the only one that samples) first compile every sampling-kernel variant a step can hit
+        (``kernel_warmup``: failures are logged, not raised) and then run the sampler once (fills lazy
+        state). Earlier stages produce intermediate tensors, not hidden states to sample from."""
+        is_last_stage = get_pp_group().is_last_rank
+        if is_last_stage:
+            self.kernel_warmup_results = kernel_warmup(
+                self.device,
+                self.model_config.get_vocab_size(),
+                (torch.float32,),  # the sampler works on float32 logits
+                exclude=() if self.speculative_config is not None else ("rejection",),
+            )
         num_reqs = min(self.scheduler_config.max_num_seqs, self.scheduler_config.max_num_batched_tokens)
         _, last_hidden_states = self._dummy_run(
             num_tokens=num_reqs, skip_eplb=True, cudagraph_runtime_mode=CUDAGraphMode.NONE
         )
-        self._dummy_sampler_run(hidden_states=last_hidden_states)
+        if is_last_stage:
+            self._dummy_sampler_run(hidden_states=last_hidden_states)
