@@ -119,3 +119,16 @@ def test_w8a8_row_parallel_over_ranks_is_refused():
             layer, 64, [128], 128, 128, torch.float32, weight_loader=None
         )
     assert not list(layer.parameters())
+
+
+def test_a_quantized_lm_head_is_refused():
+    """vLLM would copy int8 values into the float LM head: refused by name instead."""
+    import torch
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    config = AscendQuantConfig.from_config(_description(**{"lm_head.weight": "W8A8_DYNAMIC"}))
+    head = torch.nn.Module.__new__(ParallelLMHead)
+    torch.nn.Module.__init__(head)
+    with pytest.raises(QuantLoadError, match=r"lm_head\.weight is W8A8_DYNAMIC .*not supported yet"):
+        config.get_quant_method(head, "lm_head")
+    assert config.get_quant_method(head, "model.embed_tokens") is None  # absent = FLOAT

@@ -18,6 +18,7 @@ from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
 from vllm_ascend.quant import types as qt
 from vllm_ascend.quant.description import DESCRIPTION_FILE, QuantDescription, QuantDescriptionError
@@ -122,6 +123,13 @@ class AscendQuantConfig(QuantizationConfig):
                 return UnquantizedFusedMoEMethod(layer.moe_config)
             scheme = get_scheme_class(quant_type, "moe")
             return AscendFusedMoEMethod(self._build(scheme, prefix, layer), layer.moe_config)
+        if isinstance(layer, VocabParallelEmbedding):
+            quant_type = self.description.tensors.get(f"{prefix}.weight", qt.FLOAT)
+            if quant_type != qt.FLOAT:
+                raise QuantLoadError(
+                    f"{prefix}.weight is {quant_type} in {self.description.source}: quantized embeddings and LM "
+                    "heads are not supported yet by vllm-ascend-quant; supported: FLOAT"
+                )
         return None
 
     # -- helpers ------------------------------------------------------------------------------------
