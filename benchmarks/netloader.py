@@ -18,8 +18,6 @@ Run: ``uv run --no-sync python benchmarks/netloader.py [--mib 512] [--write benc
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import socket
 import ssl
 import subprocess
@@ -32,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _report import machine, write_measured_table
 
 from vllm_ascend.netloader.client import SeedClient
 from vllm_ascend.netloader.security import ServerSecurity
@@ -201,8 +200,7 @@ def main() -> None:
         ]
     raw_tcp = total / rows[0][1]
     lines = [
-        f"{total / 2**20:.0f} MiB in {len(state_dict)} tensors over 127.0.0.1, best of {args.repeats}; "
-        f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, torch {torch.__version__}",
+        f"{total / 2**20:.0f} MiB in {len(state_dict)} tensors over 127.0.0.1, best of {args.repeats}; {machine()}",
         "",
         "| transfer | seconds | GB/s | vs raw TCP |",
         "|---|---:|---:|---:|",
@@ -213,20 +211,11 @@ def main() -> None:
     ]
     print("\n".join(lines))
     if args.write is not None:
-        _write(args.write, "\n".join(lines))
+        write_measured_table(args.write, "\n".join(lines))
 
 
 def _files(tls: dict[str, str]) -> dict[str, str]:
     return {"certfile": tls["cert"], "keyfile": tls["key"]}
-
-
-def _write(path: Path, table: str) -> None:
-    """Put ``table`` between the measured-table markers of ``path`` (the rest of the file is kept)."""
-    begin, end = "<!-- measured table: begin -->", "<!-- measured table: end -->"
-    text = path.read_text()
-    head, _, rest = text.partition(begin)
-    _, _, tail = rest.partition(end)
-    path.write_text(f"{head}{begin}\n{table}\n{end}{tail}")
 
 
 if __name__ == "__main__":

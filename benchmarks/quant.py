@@ -41,6 +41,7 @@ from typing import cast
 
 import torch
 import torch.nn.functional as F
+from _report import machine, write_measured_table
 
 from vllm_ascend.core.device.config import clear_device_caches, get_device_adaptor, get_device_config
 from vllm_ascend.quant.export import (
@@ -122,7 +123,11 @@ def quantized_layer(
 
 
 def layer_bytes(layer: torch.nn.Module) -> int:
-    """Bytes of every parameter ``layer`` keeps."""
+    """Bytes of every parameter ``layer`` keeps.
+
+    Not counted: the reference device's cached int8 unpack of an int4-packed weight (``cached_int8_weight``),
+    host memory of the plain-PyTorch spec that cannot compute on packed int4; an NPU reads the packed weight.
+    """
     return sum(p.numel() * p.element_size() for p in layer.parameters())
 
 
@@ -165,7 +170,8 @@ def linear_tables(sizes: tuple[int, ...], tokens: tuple[int, ...], repeats: int)
     return [
         *latency,
         "",
-        "Weight bytes per layer after `process_weights` (every parameter the layer keeps):",
+        "Weight bytes per layer after `process_weights` (every parameter the layer keeps; the reference "
+        "device's cached int8 unpack of int4 weights is spec-only host memory and not counted):",
         "",
         *memory,
     ]
@@ -281,10 +287,9 @@ def quality_table(root: Path, kinds: tuple[str, ...]) -> list[str]:
 def machine_line(load_at_start: float) -> str:
     config = get_device_config()
     return (
-        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; {os.cpu_count()} CPUs, "
-        f"{platform.processor() or platform.machine()}, load average {load_at_start:.1f} at the start and "
-        f"{os.getloadavg()[0]:.1f} at the end; {torch.get_num_threads()} torch thread(s), "
-        f"Python {platform.python_version()}, torch {torch.__version__}; device: {config.describe()} "
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; {machine()}, Python {platform.python_version()}; "
+        f"load average {load_at_start:.1f} at the start and {os.getloadavg()[0]:.1f} at the end; "
+        f"{torch.get_num_threads()} torch thread(s); device: {config.describe()} "
         f"({type(get_device_adaptor()).__name__})"
     )
 
@@ -335,16 +340,7 @@ def main() -> None:
     ]
     print("\n".join(lines))
     if args.write is not None:
-        _write(args.write, "\n".join(lines))
-
-
-def _write(path: Path, table: str) -> None:
-    """Put ``table`` between the measured-table markers of ``path`` (the rest of the file is kept)."""
-    begin, end = "<!-- measured table: begin -->", "<!-- measured table: end -->"
-    text = path.read_text()
-    head, _, rest = text.partition(begin)
-    _, _, tail = rest.partition(end)
-    path.write_text(f"{head}{begin}\n{table}\n{end}{tail}")
+        write_measured_table(args.write, "\n".join(lines))
 
 
 if __name__ == "__main__":

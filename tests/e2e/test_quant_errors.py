@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from vllm_ascend.core.testing import OUTPUT_TAIL_CHARS, run_vllm_script
 from vllm_ascend.quant.export import export_modelslim
 
 DESCRIPTION = "quant_model_description.json"
@@ -137,15 +136,18 @@ def test_bad_tensors_are_refused_at_load_time(make_llm, damaged, tensors, descri
 def test_without_the_quant_distribution_the_error_names_it(w8a8_dynamic):
     """``quantization="ascend"`` and an auto-detected ModelSlim checkpoint both name `vllm-ascend[quant]`."""
     code = f"""
+        import json
         from vllm.engine.arg_utils import EngineArgs
+        outcomes = []
         for quantization in ("ascend", None):
             try:
                 EngineArgs(model={str(w8a8_dynamic)!r}, dtype="float32", max_model_len=256,
                            quantization=quantization).create_engine_config()
             except Exception as exc:
-                print("RESULT", type(exc).__name__, "|", str(exc).replace("\\n", " "))
+                outcomes.append(f"{{type(exc).__name__}} | {{exc}}")
             else:
-                print("RESULT accepted")
+                outcomes.append("accepted")
+        print("RESULT " + json.dumps(outcomes))
         """
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     env.update(
@@ -154,11 +156,7 @@ def test_without_the_quant_distribution_the_error_names_it(w8a8_dynamic):
         VLLM_ASCEND_DEVICE="reference",
         VLLM_ASCEND_DISABLED_EXTENSIONS="quant",
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert len(lines) == 2, proc.stdout
-    for line in lines:
-        assert "vllm-ascend[quant]" in line and "vllm-ascend-quant" in line, line
+    outcomes, output = run_vllm_script(textwrap.dedent(code), env=env, timeout=300)
+    assert outcomes is not None and len(outcomes) == 2, output[-OUTPUT_TAIL_CHARS:]
+    for outcome in outcomes:
+        assert "vllm-ascend[quant]" in outcome and "vllm-ascend-quant" in outcome, outcome

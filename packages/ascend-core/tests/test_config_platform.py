@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from vllm_ascend.core.testing import OUTPUT_TAIL_CHARS, run_vllm_script
 
 pytest.importorskip("vllm")
 
@@ -66,16 +66,8 @@ def test_platform_rejects_bad_additional_config_with_the_config_message(tmp_path
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "HF_HUB_OFFLINE": "1",
     }
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(model), json.dumps(cases)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = json.loads(lines[-1][len("RESULT ") :])
+    results, output = run_vllm_script(SCRIPT, str(model), json.dumps(cases), env=env, timeout=540)
+    assert results is not None, output[-OUTPUT_TAIL_CHARS:]
 
     assert (results["module"], results["platform"]) == ("vllm_ascend.core.platform", "ReferencePlatform")
     assert (
@@ -125,16 +117,8 @@ def test_platform_refuses_context_parallelism_by_name(tmp_path):
     (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
     cases = {"dcp": {"tensor_parallel_size": 4, "decode_context_parallel_size": 2}}
     env = {**os.environ, "VLLM_ASCEND_DEVICE": "reference", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", PARALLEL_SCRIPT, str(model), json.dumps(cases)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = json.loads(lines[-1][len("RESULT ") :])
+    results, output = run_vllm_script(PARALLEL_SCRIPT, str(model), json.dumps(cases), env=env, timeout=540)
+    assert results is not None, output[-OUTPUT_TAIL_CHARS:]
     assert (
         "decode_context_parallel_size=2 is not supported yet by vllm-ascend 0.1.0; supported: 1"
     ) in results["dcp"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -9,6 +12,7 @@ from vllm_ascend.core.device.adaptor.base import DeviceOpError
 from vllm_ascend.core.device.adaptor.reference import (
     MAX_EXACT_INT32_K,
     ReferenceDeviceAdaptor,
+    cached_int8_weight,
     pack_int4,
     unpack_int4,
 )
@@ -50,6 +54,28 @@ def test_pack_int4_errors_name_the_rule():
         pack_int4(torch.zeros(8, dtype=torch.int32))
     with pytest.raises(DeviceOpError, match=r"unpack_int4 needs int32 packed int4 .* got dtype torch.int8"):
         unpack_int4(torch.zeros(8, dtype=torch.int8))
+
+
+def test_int4_unpack_is_kept_per_weight_until_the_weight_changes_in_place(ref):
+    """The reference ops reuse a packed weight's unpack; an in-place write to the weight is seen."""
+    q = i8(16, 32, low=-8, high=8)
+    packed = torch.nn.Parameter(pack_int4(q), requires_grad=False)
+    first = cached_int8_weight(packed, "weight", "[K, N]")
+    assert torch.equal(first, unpack_int4(packed.clone())) and torch.equal(first, q)
+    assert cached_int8_weight(packed, "weight", "[K, N]") is first  # not unpacked again
+    x, scale = torch.randn(3, 16), torch.rand(32) + 0.5
+    assert torch.equal(ref.weight_quant_matmul(x, packed, scale), x @ (q.float() * scale))
+
+    changed = q.clone()
+    changed[5] = -changed[5].clamp(min=-7)
+    packed[5].copy_(pack_int4(changed[5]))  # through a view, as EPLB's movers write expert rows
+    assert torch.equal(cached_int8_weight(packed, "weight", "[K, N]"), changed)
+    assert torch.equal(ref.weight_quant_matmul(x, packed, scale), x @ (changed.float() * scale))
+
+    gone = weakref.ref(packed)
+    del packed
+    gc.collect()
+    assert gone() is None  # the cache does not keep a weight alive
 
 
 # -- quantize ---------------------------------------------------------------------------------------

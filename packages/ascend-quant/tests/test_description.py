@@ -135,6 +135,21 @@ def test_gate_up_mismatch_and_custom_packed_modules():
     assert d.scheme_for("model.layers.0.mlp.up_proj", "linear") == "linear:W8A8"
 
 
+def test_add_packed_modules_adds_fused_layers_and_rechecks_their_shards():
+    """A model's own fused modules (vLLM's ``packed_modules_mapping``, lists) join the description's."""
+    raw = _description(**{"model.layers.0.mlp.up_proj.weight": "W8A8"})
+    d = QuantDescription(raw, packed_modules={})
+    d.add_packed_modules({"qkv_proj": ["q_proj", "k_proj", "v_proj"]})
+    assert d.packed_modules == {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
+    assert d.scheme_for("model.layers.0.self_attn.qkv_proj", "linear") == "linear:W8A8"
+    with pytest.raises(QuantDescriptionError) as info:
+        d.add_packed_modules({"gate_up_proj": ["gate_proj", "up_proj"]})
+    assert info.value.problems == [
+        "fused layer 'model.layers.0.mlp.gate_up_proj' mixes quant types across its shards "
+        "(gate_proj=W8A8_DYNAMIC, up_proj=W8A8); all shards must share one type"
+    ]
+
+
 def test_310p_types_only_for_310p_family():
     raw = _description(model_quant_type="W8A8SC", **{"model.layers.0.mlp.down_proj.weight": "W8A8S"})
     assert _problems(raw, family="A2") == [

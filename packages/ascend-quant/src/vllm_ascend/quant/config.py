@@ -93,7 +93,7 @@ class AscendQuantConfig(QuantizationConfig):
     ) -> None:
         model_type = getattr(hf_config, "model_type", None)
         extra = MODEL_PACKED_MODULES.get(model_type or "", {})
-        self._use_packed_modules(extra)
+        self.description.add_packed_modules(extra)
 
     def apply_vllm_mapper(self, hf_to_vllm_mapper: Any) -> None:
         """Rename the description's HF tensor names to the model's vLLM names (prefix/substring/suffix
@@ -111,7 +111,7 @@ class AscendQuantConfig(QuantizationConfig):
 
         if isinstance(layer, LinearBase):
             self._check_tensor_parallel()
-            self._use_packed_modules({k: tuple(v) for k, v in self.packed_modules_mapping.items()})
+            self.description.add_packed_modules(self.packed_modules_mapping)
             quant_type = self._layer_type(prefix, "linear")
             if quant_type == qt.FLOAT:
                 return UnquantizedLinearMethod()
@@ -145,16 +145,6 @@ class AscendQuantConfig(QuantizationConfig):
                 f"layer {prefix!r} ({layer_kind}) has no entry in {self.description.source}: {exc.args[0]}; "
                 'ModelSlim lists every tensor ("FLOAT" for layers left unquantized)'
             ) from None
-
-    def _use_packed_modules(self, mapping: dict[str, tuple[str, ...]]) -> None:
-        """Add fused-module definitions and re-check that every fused layer's shards share one type."""
-        new = {k: tuple(v) for k, v in mapping.items() if self.description.packed_modules.get(k) != tuple(v)}
-        if not new:
-            return
-        self.description.packed_modules.update(new)
-        problems = self.description._check_fused()
-        if problems:
-            raise QuantDescriptionError(self.description.source, problems)
 
     def _check_tensor_parallel(self) -> None:
         if self._tp_checked:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +150,17 @@ class QuantDescription:
             self.tensors[key] = value
         else:
             problems.append(problem)
+
+    def add_packed_modules(self, mapping: Mapping[str, Sequence[str]]) -> None:
+        """Add fused-module definitions (fused name -> shard names) the model declares, then re-check that
+        every fused layer's shards share one quant type (``QuantDescriptionError`` naming each that does not)."""
+        new = {k: tuple(v) for k, v in mapping.items() if self.packed_modules.get(k) != tuple(v)}
+        if not new:
+            return
+        self.packed_modules.update(new)
+        problems = self._check_fused()
+        if problems:
+            raise QuantDescriptionError(self.source, problems)
 
     def _check_fused(self) -> list[str]:
         problems: list[str] = []

@@ -1,0 +1,25 @@
+"""What the benchmarks that keep a ``RESULTS-*.md`` share: the machine a table was measured on, and
+``--write``, which puts the table between the file's measured-table markers."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+BEGIN, END = "<!-- measured table: begin -->", "<!-- measured table: end -->"
+
+
+def machine() -> str:
+    """CPUs, processor and torch version of this machine."""
+    return f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, torch {torch.__version__}"
+
+
+def write_measured_table(path: Path, table: str) -> None:
+    """Put ``table`` between the measured-table markers of ``path`` (the rest of the file is kept)."""
+    text = path.read_text()
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    path.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
