@@ -1,7 +1,9 @@
 """Every ``torch_npu`` call in the NPU adaptors names a documented op with documented parameters.
 
 The signatures come from ``torch_npu/_op_plugin_docs.py`` inside the torch-npu 2.13.0 wheel, which
-is downloaded once (``pip download --no-deps``) into a cache folder and read without installing it.
+is downloaded once (``pip download --no-deps``) into a cache folder and read without installing it;
+ops the docs do not cover (the MC2 dispatch/combine) are checked against the wheel's op schemas
+(``torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml``).
 """
 
 from __future__ import annotations
@@ -121,6 +123,25 @@ def parse_op_docs(source: str) -> dict[str, OpSignature]:
     return ops
 
 
+def parse_op_schemas(yaml_text: str) -> dict[str, OpSignature]:
+    """``- func: name(Type arg, ..., *, Type kw=default) -> ...`` lines of the wheel's op schema file."""
+    ops: dict[str, OpSignature] = {}
+    for match in re.finditer(r"^- func: (\w+)\((.*)\) ->", yaml_text, re.M):
+        sig = OpSignature(match.group(1))
+        keyword = False
+        for token in _split_top_level(match.group(2)):
+            if token == "*":
+                keyword = True
+                continue
+            left, has_default, _ = token.partition("=")
+            param = left.split()[-1]
+            (sig.keyword_only if keyword else sig.positional).append(param)
+            if not has_default:
+                sig.required.add(param)
+        ops.setdefault(sig.name, sig)
+    return ops
+
+
 def _cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "vllm-ascend-tests" / f"torch-npu-{TORCH_NPU_VERSION}"
@@ -157,7 +178,8 @@ def torch_npu_wheel() -> Path:
 def npu_ops() -> dict[str, OpSignature]:
     with zipfile.ZipFile(torch_npu_wheel()) as wheel:
         source = wheel.read("torch_npu/_op_plugin_docs.py").decode()
-    return parse_op_docs(source)
+        schemas = wheel.read("torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml").decode()
+    return {**parse_op_schemas(schemas), **parse_op_docs(source)}
 
 
 # -- the calls in our adaptors ---------------------------------------------------------------------
@@ -251,6 +273,21 @@ def test_the_wheel_documents_the_ops_we_rely_on(npu_ops):
     assert quantize.positional == ["input", "scales", "zero_points", "dtype", "axis", "div_mode"]
     assert npu_ops["npu_format_cast"].positional == ["self", "acl_format"]
     assert npu_ops["npu_quant_matmul"].keyword_only == ["offset", "pertoken_scale", "bias", "output_dtype"]
+    dispatch = npu_ops["npu_moe_distribute_dispatch"]  # from the op schemas: the docs do not cover it
+    assert dispatch.positional == ["x", "expert_ids", "group_ep", "ep_world_size", "ep_rank_id", "moe_expert_num"]
+    assert {"x_active_mask", "global_bs", "expert_token_nums_type"} <= set(dispatch.keyword_only)
+    combine = npu_ops["npu_moe_distribute_combine"]
+    assert combine.required == {
+        "expand_x",
+        "expert_ids",
+        "expand_idx",
+        "ep_send_counts",
+        "expert_scales",
+        "group_ep",
+        "ep_world_size",
+        "ep_rank_id",
+        "moe_expert_num",
+    }
 
 
 def test_every_npu_adaptor_call_matches_the_documented_signature(npu_ops):

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from vllm_ascend.core.testing import OUTPUT_TAIL_CHARS, run_vllm_script
 
 from .conftest import MAX_NEW_TOKENS
 
@@ -35,14 +35,36 @@ def describe(wrapper):
     return [type(worker).__name__, os.getpid(), worker.parallel_config.data_parallel_index, worker.rank]
 
 
+def moe_report(wrapper):
+    # Per rank: the MoE layers' communication steps, placement schedule state and per-slot gate/up sums.
+    model = wrapper.worker.model_runner.model
+    layers = [m for m in model.modules() if hasattr(m, "comm_steps")]
+    schedule = layers[0].eplb if layers else None
+    report = {
+        "rank": wrapper.worker.rank,
+        "comm_steps": {str(k.value): sum(m.comm_steps[k] for m in layers) for k in layers[0].comm_steps} if layers else {},
+        "w13_sums": [m.routed_experts.w13_weight.double().sum(dim=(1, 2)).tolist() for m in layers],
+    }
+    if schedule is not None:
+        report.update(
+            steps=schedule.step,
+            table=schedule.table.tolist(),
+            rebalances=[[step, table.tolist()] for step, table in schedule.rebalances],
+            windows=list(schedule.windows),
+            expert_maps=[m.expert_map.tolist() for m in layers],
+        )
+    return report
+
+
 def run_llm():
     from vllm import LLM
 
     llm = LLM(**common)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     workers = llm.collective_rpc(describe)
+    reports = llm.collective_rpc(moe_report) if spec.get("report") else None
     llm.llm_engine.engine_core.shutdown()
-    return [list(o.outputs[0].token_ids) for o in outputs], workers
+    return [list(o.outputs[0].token_ids) for o in outputs], workers, reports
 
 
 async def run_async_dp():
@@ -60,29 +82,35 @@ async def run_async_dp():
         return list(final.outputs[0].token_ids)
 
     try:
-        return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))), None
+        return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))), None, None
     finally:
         engine.shutdown()
 
 
-tokens, workers = asyncio.run(run_async_dp()) if "data_parallel_size" in options else run_llm()
-print("RESULT " + json.dumps({"tokens": tokens, "workers": workers}), flush=True)
+tokens, workers, reports = asyncio.run(run_async_dp()) if "data_parallel_size" in options else run_llm()
+print("RESULT " + json.dumps({"tokens": tokens, "workers": workers, "reports": reports}), flush=True)
 """
 
 
-def run_case(model: Path, prompts: list[list[int]], **options) -> tuple[dict, str]:
-    """Serve ``prompts`` greedily in a fresh process: its tokens and, through ``LLM``, its workers
-    (``[class, pid, DP index, rank]`` each), and everything it printed."""
-    spec = {"model": str(model), "prompts": prompts, "options": options, "max_tokens": MAX_NEW_TOKENS}
-    proc = subprocess.run(
-        [sys.executable, "-c", CASE_SCRIPT, json.dumps(spec)],
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-6000:]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, output[-6000:]
-    return json.loads(lines[-1][len("RESULT ") :]), output
+def run_case(
+    model: Path,
+    prompts: list[list[int]],
+    env: dict[str, str] | None = None,
+    max_tokens: int = MAX_NEW_TOKENS,
+    report: bool = False,
+    **options,
+) -> tuple[dict, str]:
+    """Serve ``prompts`` greedily in a fresh process (``env``: variables added to this process's): its
+    tokens and, through ``LLM``, its workers (``[class, pid, DP index, rank]`` each) and with ``report``
+    each rank's MoE layers' state (``moe_report``), and everything it printed."""
+    spec = {
+        "model": str(model),
+        "prompts": prompts,
+        "options": options,
+        "max_tokens": max_tokens,
+        "report": report,
+    }
+    environ = {**os.environ, **env} if env else None
+    result, output = run_vllm_script(CASE_SCRIPT, json.dumps(spec), env=environ, timeout=300)
+    assert result is not None, output[-OUTPUT_TAIL_CHARS:]
+    return result, output

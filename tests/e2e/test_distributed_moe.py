@@ -1,6 +1,7 @@
 """A tiny Qwen3-MoE over two ranks through vLLM's multiprocess executor: tensor parallel (each rank a slice
 of every expert), expert parallel (each rank half the experts, vLLM's expert map) and data parallel with
-expert parallel; greedy tokens equal HF transformers' and no traceback at start-up or shutdown."""
+expert parallel, with the per-step communication choice and with all-gather, all-to-all and MC2 each
+forced; greedy tokens equal HF transformers' and no traceback at start-up or shutdown."""
 
 from __future__ import annotations
 
@@ -32,18 +33,32 @@ def moe_case(tiny_qwen3_moe: Path) -> tuple[list[list[int]], list[list[int]]]:
     return prompts, expected
 
 
+CASES = {
+    "tp2": {"tensor_parallel_size": 2},
+    "tp2-ep": {"tensor_parallel_size": 2, "enable_expert_parallel": True},
+    "dp2-ep": {"data_parallel_size": 2, "enable_expert_parallel": True},
+}
+METHODS = ("allgather", "alltoall", "mc2")
+
+
 @pytest.mark.parametrize(
-    "options",
-    [
-        {"tensor_parallel_size": 2},
-        {"tensor_parallel_size": 2, "enable_expert_parallel": True},
-        {"data_parallel_size": 2, "enable_expert_parallel": True},
-    ],
-    ids=["tp2", "tp2-ep", "dp2-ep"],
+    ("case", "method"),
+    [("tp2", None), ("tp2-ep", None), ("dp2-ep", None)]
+    + [(case, method) for case in ("tp2-ep", "dp2-ep") for method in METHODS],
 )
-def test_moe_over_two_ranks_matches_hf(tiny_qwen3_moe, moe_case, options):
+def test_moe_over_two_ranks_matches_hf(tiny_qwen3_moe, moe_case, case, method):
+    """Greedy tokens equal HF's with the per-step choice and with each communication method forced: the
+    forced method is the one every rank used (each announces a method the first time it runs it)."""
     prompts, expected = moe_case
-    result, output = run_case(tiny_qwen3_moe, prompts, **options)
+    env = {"VLLM_ASCEND_MOE_COMM_METHOD": method} if method else None
+    result, output = run_case(tiny_qwen3_moe, prompts, env=env, **CASES[case])
     assert result["tokens"] == expected
     assert "Traceback" not in output, output[-6000:]
     assert "[shutdown]" in output
+    used = {m for m in METHODS if f"MoE communication {m} first used" in output}
+    if case == "tp2":
+        assert used == {"allgather"}  # tensor-parallel experts: nothing to route between ranks
+    elif method is not None:
+        assert used == {method}, output[-6000:]
+    else:
+        assert "mc2" in used  # the reference device follows A3: decode-sized steps use MC2

@@ -122,7 +122,7 @@ def test_every_unsupported_variable_is_refused_by_init(monkeypatch, name):
 
 def test_unsupported_variables_are_not_declared():
     assert envs.UNSUPPORTED
-    assert set(envs.UNSUPPORTED) == {"VLLM_ASCEND_ENABLE_NZ", "VLLM_ASCEND_MOE_COMM_METHOD"}
+    assert set(envs.UNSUPPORTED) == {"VLLM_ASCEND_ENABLE_NZ"}
     assert set(envs.UNSUPPORTED).isdisjoint(envs.variables())
 
 

@@ -70,7 +70,7 @@ def test_table_shows_profile_and_adaptor_lines(reference_report):
         "profile           reference (torch cpu): cpu-binding=average, dist=gloo, "
         "dtypes=float16/bfloat16/float32, block=128, eager-only"
     )
-    assert "capabilities      bf16, int4" in lines
+    assert "capabilities      bf16, int4, mc2" in lines
     assert f"adaptor           {REFERENCE_ADAPTOR} (reference)" in lines
     assert "platform          vllm_ascend.core.platform.ReferencePlatform" in lines
 

@@ -15,6 +15,7 @@ EXPECTED = {
     "VLLM_ASCEND_LOG_FILE": None,
     "VLLM_ASCEND_LOG_FILE_MAX_BYTES": 64 << 20,
     "VLLM_ASCEND_LOG_FILE_BACKUP_COUNT": 5,
+    "VLLM_ASCEND_MOE_COMM_METHOD": None,
     "VLLM_ASCEND_BATCH_INVARIANT": False,
     "VLLM_ASCEND_KERNEL_BACKEND": "auto",
     "VLLM_ASCEND_CACHE_DIR": None,
@@ -109,6 +110,11 @@ def test_valid_values_are_parsed(monkeypatch, name, raw, value):
             "VLLM_ASCEND_KERNEL_BACKEND",
             "cuda",
             "VLLM_ASCEND_KERNEL_BACKEND='cuda' is invalid; allowed values: auto, triton, torch",
+        ),
+        (
+            "VLLM_ASCEND_MOE_COMM_METHOD",
+            "all2all",
+            "VLLM_ASCEND_MOE_COMM_METHOD='all2all' is invalid; allowed values: allgather, alltoall, mc2",
         ),
     ],
 )

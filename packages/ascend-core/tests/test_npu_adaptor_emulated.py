@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm_ascend.core.device.adaptor.a5 import A5DeviceAdaptor
+from vllm_ascend.core.device.adaptor.base import DeviceOpError
 from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
 from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
 
@@ -95,12 +96,19 @@ class FakeTorchNpu(types.ModuleType):
         routed_scaling_factor=1.0,
         eps=1e-20,
     ):
-        assert renorm == 0 and group_select_mode == 0
+        num_experts = x.shape[-1]
+        per = num_experts // group_count
+        assert x.dim() == 2 and num_experts <= 2048 and renorm == 0 and group_select_mode in (0, 1)
+        assert bias is None or (bias.dtype == x.dtype and tuple(bias.shape) == (num_experts,))
+        assert group_count > 0 and num_experts % group_count == 0 and per > 2
+        assert -(-per // 32) * 32 * group_count <= 2048 and 1 <= k_group <= group_count
+        assert 1 <= k <= per * k_group
         norm = torch.softmax(x.double(), -1) if norm_type == 0 else torch.sigmoid(x.double())
         sel = norm + (bias.double() if bias is not None else 0)
         if group_count > 1:
-            per = x.shape[-1] // group_count
-            top = sel.view(-1, group_count, per).amax(-1).topk(k_group, -1).indices
+            grouped = sel.view(-1, group_count, per)
+            group_score = grouped.topk(2, -1).values.sum(-1) if group_select_mode == 1 else grouped.amax(-1)
+            top = group_score.topk(k_group, -1).indices
             keep = torch.zeros(x.shape[0], group_count, dtype=torch.bool).scatter_(1, top, True)
             sel = sel.masked_fill(~keep.repeat_interleave(per, 1), -math.inf)
         idx = sel.topk(k, -1).indices
@@ -449,16 +457,12 @@ def test_norms_activation_and_rotary_match_reference(npu_adaptor):
 def test_moe_path_matches_reference(npu_adaptor):
     ref = ReferenceDeviceAdaptor()
     logits, bias = torch.randn(6, 8), torch.randn(8)
-    for kwargs in (
-        {},
-        {"scoring": "sigmoid", "bias": bias, "num_groups": 4, "topk_groups": 2, "routed_scaling_factor": 1.5},
-    ):
-        got_w, got_ids = npu_adaptor.moe_gating_top_k(logits, 2, **kwargs)
-        want_w, want_ids = ref.moe_gating_top_k(logits, 2, **kwargs)
-        assert torch.equal(got_ids, want_ids) and got_ids.dtype == torch.int32
-        torch.testing.assert_close(got_w, want_w)
+    got_w, got_ids = npu_adaptor.moe_gating_top_k(logits, 2)
+    want_w, want_ids = ref.moe_gating_top_k(logits, 2)
+    assert torch.equal(got_ids, want_ids) and got_ids.dtype == torch.int32
+    torch.testing.assert_close(got_w, want_w)
     x, w = torch.randn(6, 16), torch.randn(8, 16, 4)
-    weights, ids = ref.moe_gating_top_k(logits, 2)
+    weights, ids = ref.moe_gating_top_k(logits, 2, scoring="sigmoid", bias=bias)
     sorted_x, row_idx, counts = ref.moe_init_routing(
         x, ids, 8
     )  # init_routing_v2's index type is not emulated
@@ -574,3 +578,50 @@ def test_cast_weight_format_maps_to_npu_format_cast(npu_adaptor, fake_npu):
     assert fake_npu.formats == {29: 1, 2: 1}
     with pytest.raises(ValueError, match="fmt='NCHW' is invalid; allowed values: ND, NZ"):
         npu_adaptor.cast_weight_format(w, "NCHW")
+
+
+@pytest.mark.parametrize(
+    ("with_bias", "kwargs"),
+    [
+        (True, {"scoring": "sigmoid", "num_groups": 4, "topk_groups": 2, "routed_scaling_factor": 2.5}),
+        (True, {"scoring": "sigmoid", "num_groups": 8, "topk_groups": 3, "renormalize": False}),
+        (False, {"scoring": "softmax", "num_groups": 4, "topk_groups": 1}),
+        (True, {"scoring": "softmax"}),
+    ],
+)
+def test_grouped_gating_maps_onto_npu_moe_gating_top_k(npu_adaptor, fake_npu, with_bias, kwargs):
+    """Bias → group_select_mode 1 (top-2 sum), else 0 (max); weights from the fp32 norm_out."""
+    torch.manual_seed(0)
+    ref = ReferenceDeviceAdaptor()
+    logits = torch.randn(64, 32, dtype=torch.bfloat16)
+    if with_bias:
+        kwargs = {**kwargs, "bias": torch.randn(32) * 0.5}
+    before = fake_npu.calls["npu_moe_gating_top_k"]
+    got_w, got_ids = npu_adaptor.moe_gating_top_k(logits, 4, **kwargs)
+    # the 310P overlay gates with the reference op (no kernel)
+    kernel = type(npu_adaptor).moe_gating_top_k is A2A3DeviceAdaptor.moe_gating_top_k
+    assert fake_npu.calls["npu_moe_gating_top_k"] == before + kernel
+    want_w, want_ids = ref.moe_gating_top_k(logits, 4, **kwargs)
+    assert torch.equal(got_ids, want_ids) and got_ids.dtype == torch.int32
+    assert got_w.dtype == torch.float32
+    torch.testing.assert_close(got_w, want_w, atol=1e-6, rtol=1e-6)
+
+
+def test_gating_layouts_the_kernel_refuses_run_the_reference(npu_adaptor, fake_npu):
+    """Groups of 2 experts (the op needs more than 2) are gated without calling the kernel, same result."""
+    ref = ReferenceDeviceAdaptor()
+    logits, bias = torch.randn(5, 8), torch.randn(8)
+    kwargs = {"scoring": "sigmoid", "bias": bias, "num_groups": 4, "topk_groups": 2}
+    before = fake_npu.calls["npu_moe_gating_top_k"]
+    got_w, got_ids = npu_adaptor.moe_gating_top_k(logits, 2, **kwargs)
+    assert fake_npu.calls["npu_moe_gating_top_k"] == before
+    want_w, want_ids = ref.moe_gating_top_k(logits, 2, **kwargs)
+    assert torch.equal(got_ids, want_ids)
+    torch.testing.assert_close(got_w, want_w)
+
+
+def test_npu_gating_refuses_bad_groups_before_the_kernel(npu_adaptor, fake_npu):
+    before = fake_npu.calls["npu_moe_gating_top_k"]
+    with pytest.raises(DeviceOpError, match="num_experts=30 must be divisible by num_groups=4"):
+        npu_adaptor.moe_gating_top_k(torch.randn(2, 30), 2, num_groups=4)
+    assert fake_npu.calls["npu_moe_gating_top_k"] == before

@@ -366,6 +366,7 @@ def test_gating_top_k_equals_softmax_topk_renormalise(ref):
 
 
 def test_grouped_sigmoid_gating_with_bias_matches_a_naive_loop(ref):
+    """With a bias each group is scored by the sum of its two best biased scores (DeepSeek-V3 / vLLM)."""
     logits, bias = torch.randn(5, 12), torch.randn(12)
     weights, ids = ref.moe_gating_top_k(
         logits, 2, scoring="sigmoid", bias=bias, num_groups=4, topk_groups=2, routed_scaling_factor=2.5
@@ -373,12 +374,52 @@ def test_grouped_sigmoid_gating_with_bias_matches_a_naive_loop(ref):
     for t in range(5):
         scores = [1 / (1 + math.exp(-float(v))) for v in logits[t]]
         sel = [s + float(b) for s, b in zip(scores, bias, strict=True)]
-        groups = sorted(range(4), key=lambda g: -max(sel[g * 3 : g * 3 + 3]))[:2]
+        groups = sorted(range(4), key=lambda g: -sum(sorted(sel[g * 3 : g * 3 + 3])[-2:]))[:2]
         eligible = [e for e in range(12) if e // 3 in groups]
         top = sorted(eligible, key=lambda e: -sel[e])[:2]
         assert ids[t].tolist() == top
         w = [scores[e] for e in top]
         assert weights[t].tolist() == pytest.approx([2.5 * x / sum(w) for x in w], rel=1e-5)
+
+
+def test_grouped_gating_without_bias_scores_groups_by_their_best_expert(ref):
+    logits = torch.randn(6, 16)
+    weights, ids = ref.moe_gating_top_k(logits, 3, num_groups=4, topk_groups=1, renormalize=False)
+    probs = torch.softmax(logits.double(), dim=-1)
+    for t in range(6):
+        best = max(range(4), key=lambda g: float(probs[t, g * 4 : g * 4 + 4].max()))
+        top = sorted(range(best * 4, best * 4 + 4), key=lambda e: -float(probs[t, e]))[:3]
+        assert ids[t].tolist() == top
+        assert weights[t].tolist() == pytest.approx([float(probs[t, e]) for e in top], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("shape", "k", "kwargs", "message"),
+    [
+        ((2, 10), 2, {"num_groups": 4}, "num_experts=10 must be divisible by num_groups=4"),
+        ((2, 8), 2, {"num_groups": 4, "topk_groups": 5}, r"topk_groups=5 must be within \[1, num_groups=4\]"),
+        ((2, 8), 2, {"num_groups": 4, "topk_groups": 0}, r"topk_groups=0 must be within \[1, num_groups=4\]"),
+        ((2, 8), 2, {"num_groups": 0}, "num_groups=0 must be >= 1"),
+        (
+            (2, 16),
+            5,
+            {"num_groups": 4, "topk_groups": 1},
+            r"k=5 must be within \[1, 4\] \(the experts of topk_groups=1 groups of 4\)",
+        ),
+        ((2, 8), 0, {}, r"k=0 must be within \[1, 8\]"),
+        ((2, 8), 2, {"bias": torch.zeros(7)}, r"bias must be \[num_experts=8\], got shape \(7,\)"),
+        (
+            (2, 8),
+            2,
+            {"bias": torch.zeros(8), "num_groups": 8, "topk_groups": 2},
+            "scores each group by its top-2 experts; num_experts=8 / num_groups=8 leaves 1 per group",
+        ),
+        ((8,), 2, {}, r"router_logits must be \[T, E\], got shape \(8,\)"),
+    ],
+)
+def test_gating_rejects_bad_groups_and_shapes(ref, shape, k, kwargs, message):
+    with pytest.raises(DeviceOpError, match=message):
+        ref.moe_gating_top_k(torch.randn(*shape), k, **kwargs)
 
 
 def test_gating_rejects_unknown_scoring(ref):

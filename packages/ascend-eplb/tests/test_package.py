@@ -81,17 +81,30 @@ def test_submit_copies_the_workload():
     assert plan is not None and plan.imbalance_before[0] > 1.5
 
 
-def test_schedule_over_several_expert_parallel_ranks(monkeypatch):
-    """Each process is one rank: no schedule unless eplb_config asks for one, which is refused by name."""
-    from vllm_ascend.core.config import ConfigError
+def test_schedule_over_several_expert_parallel_ranks(monkeypatch, tmp_path):
+    """Each process is one rank: no schedule unless eplb_config asks for one; then weights move between
+    ranks (D2D over the expert-parallel group) and only rank 0 runs the policy process."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
     from vllm_ascend.eplb import schedule
     from vllm_ascend.eplb.config import EplbConfig
+    from vllm_ascend.eplb.movers import D2DWeightMover, LocalWeightMover
 
     monkeypatch.setattr(schedule, "get_section", lambda name: EplbConfig())
-    assert schedule.schedule_for(object(), ep_size=2) is None
-    config = EplbConfig()  # any weak-referenceable object stands for the vLLM config
-    one = schedule.schedule_for(config, ep_size=1)
-    assert one is not None and schedule.schedule_for(config, ep_size=1) is one
-    monkeypatch.setattr(schedule, "get_section", lambda name: EplbConfig(num_redundant_experts=2))
-    with pytest.raises(ConfigError, match=r"eplb_config .*expert parallel over 2 ranks is not supported yet"):
-        schedule.schedule_for(object(), ep_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rdzv", rank=0, world_size=1)
+    try:
+        group = SimpleNamespace(world_size=2, device_group=dist.group.WORLD, cpu_group=dist.group.WORLD)
+        assert schedule.schedule_for(object(), group) is None
+        config = EplbConfig()  # any weak-referenceable object stands for the vLLM config
+        one = schedule.schedule_for(config, None)
+        assert isinstance(one.mover, LocalWeightMover) and schedule.schedule_for(config, None) is one
+        monkeypatch.setattr(schedule, "get_section", lambda name: EplbConfig(dynamic_eplb=True))
+        vllm_config = EplbConfig()
+        ranks = schedule.schedule_for(vllm_config, group)
+        assert isinstance(ranks.mover, D2DWeightMover) and ranks.mover.rank == 0
+        assert ranks.process is not None  # rank 0 plans
+        ranks.shutdown()
+    finally:
+        dist.destroy_process_group()

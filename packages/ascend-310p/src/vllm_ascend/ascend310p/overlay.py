@@ -45,6 +45,8 @@ class Ascend310PDeviceAdaptor(A2A3DeviceAdaptor):
             "moe_gating_top_k",
             "moe_init_routing",
             "moe_finalize_routing",
+            "moe_distribute_dispatch",
+            "moe_distribute_combine",
             "grouped_matmul_swiglu_quant",
             "grouped_quant_matmul",
             "dynamic_quant",
@@ -57,6 +59,9 @@ class Ascend310PDeviceAdaptor(A2A3DeviceAdaptor):
     moe_gating_top_k = ReferenceDeviceAdaptor.moe_gating_top_k
     moe_init_routing = ReferenceDeviceAdaptor.moe_init_routing
     moe_finalize_routing = ReferenceDeviceAdaptor.moe_finalize_routing
+    # No MC2 on 310P (the MoE runner never selects it there): the fixed-window all-to-all in torch.
+    moe_distribute_dispatch = ReferenceDeviceAdaptor.moe_distribute_dispatch
+    moe_distribute_combine = ReferenceDeviceAdaptor.moe_distribute_combine
     grouped_matmul_swiglu_quant = ReferenceDeviceAdaptor.grouped_matmul_swiglu_quant
     grouped_quant_matmul = ReferenceDeviceAdaptor.grouped_quant_matmul
     dynamic_quant = ReferenceDeviceAdaptor.dynamic_quant

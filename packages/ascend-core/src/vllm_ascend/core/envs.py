@@ -147,6 +147,13 @@ _VARS: dict[str, EnvVar] = {
             "Rotated log files kept (file.1 ... file.N); 0 truncates instead.",
         ),
         EnvVar(
+            "VLLM_ASCEND_MOE_COMM_METHOD",
+            None,
+            _choice("VLLM_ASCEND_MOE_COMM_METHOD", ("allgather", "alltoall", "mc2")),
+            "Force the MoE communication method of expert-parallel layers on every step (default: chosen per "
+            "step by device family and token count).",
+        ),
+        EnvVar(
             "VLLM_ASCEND_BATCH_INVARIANT",
             False,
             _bool("VLLM_ASCEND_BATCH_INVARIANT"),
@@ -166,7 +173,6 @@ _VARS: dict[str, EnvVar] = {
 #: Upstream variables this version refuses (name -> what they would do): setting one is an error.
 UNSUPPORTED: dict[str, str] = {
     "VLLM_ASCEND_ENABLE_NZ": "matmul weights in FRACTAL_NZ layout",
-    "VLLM_ASCEND_MOE_COMM_METHOD": "forcing the MoE communication method",
 }
 
 

@@ -113,6 +113,12 @@ def validate_eplb_config(raw: Mapping[str, Any], vllm_config: Any = None) -> Epl
             f"{PATH}.{key} requires expert parallelism "
             "(parallel_config.enable_expert_parallel = True, --enable-expert-parallel)"
         )
+    ranks = (
+        int(getattr(parallel, "tensor_parallel_size", 1)) * int(getattr(parallel, "data_parallel_size", 1))
+        if parallel is not None
+        else 1
+    )
+    redundant = config.num_redundant_experts
     if config.expert_map_path is not None:
         try:
             table = expert_file_to_tensor(config.expert_map_path)[0]
@@ -124,15 +130,22 @@ def validate_eplb_config(raw: Mapping[str, Any], vllm_config: Any = None) -> Epl
                 f"{PATH}.num_redundant_experts = {config.num_redundant_experts} contradicts {PATH}.expert_map_path, "
                 f"which places {redundant} redundant experts; set 0 or {redundant}"
             )
-    elif config.num_redundant_experts and parallel is not None:
-        ranks = int(getattr(parallel, "tensor_parallel_size", 1)) * int(
-            getattr(parallel, "data_parallel_size", 1)
-        )
-        if ranks == 1:
+        if ranks > 1 and table.shape[1] != ranks:
             raise ConfigError(
-                f"{PATH}.num_redundant_experts = {config.num_redundant_experts} needs several expert-parallel ranks "
-                f"(this deployment has 1) or {PATH}.expert_map_path placing the copies on several ranks"
+                f"{PATH}.expert_map_path places experts on {table.shape[1]} ranks; this deployment has {ranks} "
+                "expert-parallel ranks"
             )
+    elif config.num_redundant_experts and ranks == 1:
+        raise ConfigError(
+            f"{PATH}.num_redundant_experts = {config.num_redundant_experts} needs several expert-parallel ranks "
+            f"(this deployment has 1) or {PATH}.expert_map_path placing the copies on several ranks"
+        )
+    if redundant and ranks > 1:
+        raise ConfigError(
+            f"{PATH}: {redundant} redundant experts over {ranks} expert-parallel ranks are not supported yet "
+            "(each rank holds the experts it loaded); supported: no redundant experts over several ranks, or "
+            f"copies placed by {PATH}.expert_map_path within a single expert-parallel rank"
+        )
     record = config.expert_map_record_path
     if record is not None and not os.path.isdir(os.path.dirname(os.path.abspath(record))):
         raise ConfigError(f"{PATH}.expert_map_record_path = {record!r}: its directory does not exist")

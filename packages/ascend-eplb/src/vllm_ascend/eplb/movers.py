@@ -17,7 +17,14 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from vllm_ascend.eplb.worker import LayerUpdate
+    from vllm_ascend.eplb.worker import EplbPlan, LayerUpdate
+
+
+def _plan_decision(plan: EplbPlan | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(new table, layer priority)`` of a plan that changes the placement, else ``None``."""
+    if plan is None or not plan.changed or not plan.updates or plan.new_table is None:
+        return None
+    return plan.new_table, np.array([u.layer_id for u in plan.updates], dtype=np.int64)
 
 
 class EplbLayer(Protocol):
@@ -68,6 +75,13 @@ class WeightMover(ABC):
         """This process's ``[layers, held slots]`` loads → every rank's ``[layers, ranks, slots]``."""
 
     @abstractmethod
+    def agree(
+        self, plan: EplbPlan | None, shape: tuple[int, int, int]
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Rank 0's decision on every rank: ``(new [layers, ranks, slots] table, changed layers in
+        priority order)``, or ``None`` when the placement stays."""
+
+    @abstractmethod
     def _issue(self, layer: EplbLayer, update: LayerUpdate) -> None: ...
 
     @abstractmethod
@@ -81,6 +95,11 @@ class LocalWeightMover(WeightMover):
 
     def gather_loads(self, local: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
         return local.reshape(shape).copy()
+
+    def agree(
+        self, plan: EplbPlan | None, shape: tuple[int, int, int]
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        return _plan_decision(plan)
 
     def _issue(self, layer: EplbLayer, update: LayerUpdate) -> None:
         """Nothing to send: the copies are made when the move finishes."""
@@ -97,13 +116,15 @@ class LocalWeightMover(WeightMover):
 class D2DWeightMover(WeightMover):
     """One rank of ``group`` per process: ``isend``/``irecv`` of expert weights into receive buffers (old
     weights stay untouched until every send is done), then copies into place. Every rank must start and
-    finish the same update at the same step, so the point-to-point pairs match."""
+    finish the same update at the same step, so the point-to-point pairs match. Loads and plans (host
+    data) travel over ``cpu_group`` (a gloo group of the same ranks; default ``group``)."""
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: Any = None, cpu_group: Any = None) -> None:
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("D2DWeightMover needs an initialised torch.distributed process group")
         self.group = group
+        self.cpu_group = group if cpu_group is None else cpu_group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self._local: list[tuple[int, list[torch.Tensor]]] = []  # (dst slot, buffers)
@@ -115,8 +136,26 @@ class D2DWeightMover(WeightMover):
     def gather_loads(self, local: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
         mine = torch.as_tensor(np.ascontiguousarray(local, dtype=np.float64))
         parts = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(parts, mine, group=self.group)
+        dist.all_gather(parts, mine, group=self.cpu_group)
         return torch.stack(parts, dim=1).numpy().reshape(shape)
+
+    def agree(
+        self, plan: EplbPlan | None, shape: tuple[int, int, int]
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """One broadcast from rank 0: ``[changed, priority (layers, -1 padded), table]``."""
+        layers = shape[0]
+        message = torch.full((1 + layers + int(np.prod(shape)),), -1, dtype=torch.int64)
+        decision = _plan_decision(plan) if self.rank == 0 else None
+        if decision is not None:
+            table, priority = decision
+            message[0] = 1
+            message[1 : 1 + len(priority)] = torch.as_tensor(priority)
+            message[1 + layers :] = torch.as_tensor(np.asarray(table, dtype=np.int64).reshape(-1))
+        dist.broadcast(message, src=self._peer(0), group=self.cpu_group)
+        if int(message[0]) != 1:
+            return None
+        priority = message[1 : 1 + layers].numpy()
+        return message[1 + layers :].numpy().reshape(shape).copy(), priority[priority >= 0].copy()
 
     def _issue(self, layer: EplbLayer, update: LayerUpdate) -> None:
         """This rank's sends and receives, in the one global order of ``update.transfers``."""

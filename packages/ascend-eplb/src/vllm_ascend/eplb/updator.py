@@ -7,27 +7,41 @@ from collections import deque
 
 import numpy as np
 
+from vllm_ascend.core.logger import init_logger
 from vllm_ascend.eplb.config import EplbConfig
 from vllm_ascend.eplb.expert_map_file import save_expert_map
 from vllm_ascend.eplb.movers import EplbLayer, WeightMover
 from vllm_ascend.eplb.placement import rank_maps
+from vllm_ascend.eplb.policy.packing import imbalance, logical_load
 from vllm_ascend.eplb.validation import as_expert_table
-from vllm_ascend.eplb.worker import EplbPlan, EplbProcess, LayerUpdate
+from vllm_ascend.eplb.worker import EplbPlan, EplbProcess, EplbWorker, LayerUpdate, compose_layer_transfers
+
+logger = init_logger(__name__)
+
+
+def rank_imbalance(workload: np.ndarray) -> float:
+    """Mean over layers of max/mean rank load of a ``[layers, ranks, slots]`` workload (1.0 = balanced)."""
+    ranks = workload.sum(axis=2)
+    mean = ranks.mean(axis=1)
+    ratio = np.divide(ranks.max(axis=1), mean, out=np.ones_like(mean), where=mean > 0)
+    return float(ratio.mean())
 
 
 class EplbUpdator:
     """Expert placement of one model's MoE layers, and dynamic EPLB.
 
     Layers :meth:`register` in model order; :meth:`start` gives them the initial placement. With
-    ``dynamic_eplb``, :meth:`forward_end` (after every forward) runs the schedule:
+    ``dynamic_eplb``, :meth:`forward_end` (after every forward, dummy ones included, so that every
+    expert-parallel rank counts the same steps) runs the schedule:
 
-    - the first ``num_warmup_iterations`` forwards are not recorded (dummy runs are not reported);
+    - the first ``num_warmup_iterations`` forwards are not recorded (dummy runs never are);
     - then a window of ``expert_heat_collection_interval`` forwards is collected: each forward's loads are
       added when its batch matches ``load_collection_phase`` (``all``; ``prefill``: the batch has a
       request with more than one new token; ``decode``: it has none). The window counts forwards, not
       recorded ones, so every rank submits at the same step;
-    - the gathered loads go to the policy (an :class:`EplbProcess`, off the forward loop); its plan is
-      taken ``algorithm_execution_interval`` forwards later and written to ``expert_map_record_path``;
+    - the gathered loads (the same on every rank) go to the policy (an :class:`EplbProcess` off the
+      forward loop, on the mover's rank 0); its plan is taken ``algorithm_execution_interval`` forwards
+      later, shared with every rank (``mover.agree``) and written to ``expert_map_record_path``;
     - the plan's changed layers are moved one per forward (most improved first) by the ``mover``;
       no loads are recorded until the last layer has switched, then the next window opens.
 
@@ -40,7 +54,7 @@ class EplbUpdator:
         self.layers: list[EplbLayer] = []
         self.table: np.ndarray | None = None
         self.process = process
-        if config.dynamic_eplb and process is None:
+        if config.dynamic_eplb and process is None and mover.rank == 0:
             self.process = EplbProcess(config.policy_name)
             weakref.finalize(self, self.process.shutdown)
         self.step = 0
@@ -51,6 +65,10 @@ class EplbUpdator:
         self.last_plan: EplbPlan | None = None
         #: The latest placements fully applied by dynamic EPLB, ``(step, table)``, oldest first.
         self.rebalances: deque[tuple[int, np.ndarray]] = deque(maxlen=8)
+        #: Per collected window: ``(step, measured per-rank imbalance, imbalance the plan predicts)`` (the
+        #: prediction is ``None`` until a plan for that window is taken).
+        self.windows: deque[list[float | int | None]] = deque(maxlen=32)
+        self._workload: np.ndarray | None = None  # the last submitted window's [layers, ranks, slots] loads
 
     @property
     def started(self) -> bool:
@@ -67,13 +85,40 @@ class EplbUpdator:
         """``(expert_map, log2phy)`` of one layer's ``[ranks, slots]`` placement, for the layer's routing."""
         return rank_maps(rank_table)
 
-    def begin(self, num_experts: int) -> None:
+    def begin(self, num_experts: int, loaded: np.ndarray | None = None) -> None:
         """On the first forward (weights are loaded): lay every registered layer's experts out in the physical
-        slots of the initial placement (rank count from ``expert_map_path``, else 1), then start."""
-        table = self.config.initial_table(num_experts, len(self.layers))
+        slots of the initial placement, then start.
+
+        One process (``loaded`` is ``None``): the layers copy their experts into the initial placement's
+        slots (rank count from ``expert_map_path``, else 1). Expert parallel: ``loaded [ranks, slots]`` is
+        where the weights were loaded (the same for every layer); with ``expert_map_path`` the ranks then
+        exchange experts into that placement before the first forward runs."""
+        if loaded is None:
+            table = self.config.initial_table(num_experts, len(self.layers))
+            for layer, rank_table in zip(self.layers, table, strict=True):
+                layer.install_placement(rank_table)
+            self.start(table)
+            return
+        table = np.broadcast_to(loaded, (len(self.layers), *loaded.shape)).copy()
         for layer, rank_table in zip(self.layers, table, strict=True):
             layer.install_placement(rank_table)
         self.start(table)
+        if self.config.expert_map_path is None:
+            return
+        target = as_expert_table(self.config.initial_table(num_experts, len(self.layers)), "expert_map_path")
+        if target.shape != table.shape:
+            raise ValueError(
+                f"expert map {self.config.expert_map_path!r} has {target.shape[1]} ranks x {target.shape[2]} "
+                f"slots; the model is served over {table.shape[1]} ranks x {table.shape[2]} slots"
+            )
+        for li, layer in enumerate(self.layers):
+            if (table[li] != target[li]).any():
+                self.mover.start(
+                    layer,
+                    LayerUpdate(li, table[li], target[li], compose_layer_transfers(table[li], target[li])),
+                )
+                self.mover.finish()
+        self.table = target.copy()
 
     def start(self, table: np.ndarray) -> None:
         """Route every layer by ``table`` ``[layers, ranks, slots]`` (the layers already hold its weights)."""
@@ -92,13 +137,14 @@ class EplbUpdator:
         """A plan is being computed or applied: loads seen now belong to no single placement."""
         return self.submitted_at is not None or bool(self.pending) or self.mover.busy
 
-    def forward_end(self, phase: str = "all") -> None:
-        """After a real (non-dummy) forward: finish the layer move in flight, record this forward's loads
-        (``phase``: the batch's, ``prefill`` or ``decode``), drive the schedule, start the next layer move."""
+    def forward_end(self, phase: str | None = "all") -> None:
+        """After every forward: finish the layer move in flight, record this forward's loads (``phase``: the
+        batch's, ``prefill`` or ``decode``; ``None`` for a dummy forward, not recorded), drive the schedule,
+        start the next layer move."""
         if self.table is None or self.load is None:
             raise RuntimeError("EplbUpdator.start() must run before the first forward")
         self.step += 1
-        if self.process is None:
+        if not self.config.dynamic_eplb:
             return
         window = np.stack([layer.moe_load.double().cpu().numpy() for layer in self.layers])
         for layer in self.layers:
@@ -107,7 +153,7 @@ class EplbUpdator:
             self.rebalances.append((self.step, self.table.copy()))
         if self.step > self.config.num_warmup_iterations and not self.busy:
             self.window_steps += 1
-            if self.config.load_collection_phase in ("all", phase):
+            if phase is not None and self.config.load_collection_phase in ("all", phase):
                 self.load += window
             if self.window_steps >= self.config.expert_heat_collection_interval:
                 self._submit()
@@ -121,25 +167,45 @@ class EplbUpdator:
             self.mover.start(self.layers[update.layer_id], update)
 
     def _submit(self) -> None:
-        assert self.process is not None and self.table is not None and self.load is not None
+        assert self.table is not None and self.load is not None
         workload = self.mover.gather_loads(self.load, self.table.shape)
         self.load[:] = 0
         self.window_steps = 0
         if workload.any():  # the same on every rank; a window without matching batches plans nothing
-            self.process.submit(self.table, workload)
+            self.windows.append([self.step, rank_imbalance(workload), None])
+            self._workload = workload
+            if self.process is not None:
+                self.process.submit(self.table, workload)
             self.submitted_at = self.step
 
     def _take_plan(self) -> None:
-        assert self.process is not None
-        plan = self.process.get(timeout=None)
-        if plan is None:
-            raise RuntimeError("the EPLB policy process returned no plan for a submitted workload")
+        assert self.table is not None and self._workload is not None
+        plan = None
+        if self.process is not None:
+            plan = self.process.get(timeout=None)
+            if plan is None:
+                raise RuntimeError("the EPLB policy process returned no plan for a submitted workload")
+            self.last_plan = plan
         self.submitted_at = None
-        self.last_plan = plan
-        if not plan.changed or not plan.updates or plan.new_table is None:
+        agreed = self.mover.agree(plan, self.table.shape)
+        if agreed is None:
             return
-        self.pending.extend(plan.updates)
-        self.table = plan.new_table.copy()
+        new_table, priority = agreed
+        self.pending.extend(EplbWorker.compose_expert_update_info_greedy(self.table, new_table, priority))
+        load = logical_load(self.table, self._workload, int(self.table.max()) + 1)
+        predicted = float(imbalance(new_table, load).mean())
+        self.windows[-1][2] = predicted
+        if self.mover.rank == 0:
+            logger.info(
+                "EPLB plan at step %d: per-rank load max/mean %.3f measured, %.3f with the new placement; "
+                "%d of %d layers move",
+                self.step,
+                self.windows[-1][1],
+                predicted,
+                len(self.pending),
+                len(self.layers),
+            )
+        self.table = new_table.copy()
         record = self.config.expert_map_record_path
         if record is not None and self.mover.rank == 0:
             save_expert_map(self.table, record)

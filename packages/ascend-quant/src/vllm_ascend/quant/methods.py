@@ -237,6 +237,10 @@ class AscendFusedMoEMethod(FusedMoEMethodBase):
     ) -> torch.Tensor:
         return self.scheme.apply(layer, x, topk_weights, topk_ids)
 
+    def apply_experts(self, layer: torch.nn.Module, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The scheme's experts on rows already grouped by expert (the runner's communication methods)."""
+        return self.scheme.apply_experts(layer, rows, counts)
+
     def expert_tensors(self, layer: torch.nn.Module) -> list[torch.Tensor]:
         """Every per-expert runtime tensor (dim 0 = expert), for EPLB's physical copies."""
         return self.scheme.expert_tensors(layer)

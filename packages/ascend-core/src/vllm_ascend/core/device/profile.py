@@ -178,11 +178,12 @@ P310_BASE_PROFILE = HardwareProfile(
 )
 
 #: ``VLLM_ASCEND_DEVICE=reference``: torch's cpu device, gloo, eager only (no graph capture), no
-#: async scheduling; CPU binding splits the allowed CPUs among local ranks.
+#: async scheduling; CPU binding splits the allowed CPUs among local ranks. MC2 dispatch/combine run
+#: as fixed-window all-to-alls over gloo.
 REFERENCE_PROFILE = HardwareProfile(
     name="reference (torch cpu)",
     device_type=None,
-    capabilities=frozenset({C.BF16, C.INT4}),
+    capabilities=frozenset({C.BF16, C.INT4, C.MC2}),
     cpu_binding=CPUBindingMode.AVERAGE,
     adaptor_family=DeviceAdaptorFamily.REFERENCE,
     torch_device="cpu",

@@ -258,10 +258,18 @@ class AscendMoEScheme(_Scheme):
         """The runtime tensors (every one with the expert on dim 0), keyed by :attr:`RUNTIME` names."""
 
     @abc.abstractmethod
+    def apply_experts(self, layer: torch.nn.Module, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Token copies grouped by expert (``counts [E]`` rows each, rows past the groups are padding) →
+        the experts' output rows ``[M, H]`` in fp32; what every MoE communication method calls."""
+
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
         """``x [T, H]`` routed to ``topk_ids [T, k]`` with ``topk_weights [T, k]`` → ``[T, H]`` in ``x.dtype``."""
+        ad = adaptor()
+        sorted_x, expanded_row_idx, counts = ad.moe_init_routing(x, topk_ids, layer.w13_weight.shape[0])
+        rows = self.apply_experts(layer, sorted_x, counts)
+        return ad.moe_finalize_routing(rows, expanded_row_idx, topk_weights).to(x.dtype)
 
     def process_weights(self, layer: torch.nn.Module) -> None:
         """Validate the loaded expert tensors, then replace them with the runtime layout."""

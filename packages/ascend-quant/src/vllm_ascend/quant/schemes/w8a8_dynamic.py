@@ -108,18 +108,14 @@ class W8A8DynamicMoE(AscendMoEScheme):
             "w2_weight_scale": tensors["w2_weight_scale"].squeeze(-1).float().contiguous(),
         }
 
-    def apply(
-        self, layer: torch.nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
-    ) -> torch.Tensor:
-        """Route, quantize per token, gate/up + swiglu + requant, down, then the top-k weighted sum (fp32)."""
+    def apply_experts(self, layer: torch.nn.Module, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Quantize per row, gate/up + swiglu + requant, down (fp32)."""
         ad = adaptor()
-        num_experts = layer.w13_weight.shape[0]
-        sorted_x, expanded_row_idx, counts = ad.moe_init_routing(x, topk_ids, num_experts)
-        xq, x_scale = ad.dynamic_quant(sorted_x)
+        xq, x_scale = ad.dynamic_quant(rows)
         hq, h_scale = ad.grouped_matmul_swiglu_quant(
             xq, layer.w13_weight, counts, layer.w13_weight_scale, x_scale, group_list_type="count"
         )
-        down = ad.grouped_quant_matmul(
+        return ad.grouped_quant_matmul(
             hq,
             layer.w2_weight,
             counts,
@@ -128,4 +124,3 @@ class W8A8DynamicMoE(AscendMoEScheme):
             group_list_type="count",
             output_dtype=torch.float32,
         )
-        return ad.moe_finalize_routing(down, expanded_row_idx, topk_weights).to(x.dtype)

@@ -1,17 +1,18 @@
 """``AscendMoERunner``: vLLM 0.32's ``MoERunner`` for every MoE model served on the Ascend platforms.
 
-vLLM's runner keeps what it does around the experts (the gate, shared experts, data-parallel dispatch
-and combine, the final tensor-parallel all-reduce); this class replaces the routed-expert step:
-``moe_gating_top_k`` (softmax or sigmoid top-k) → logical→physical ids → the experts, unquantized
-(``moe_init_routing`` → ``grouped_matmul`` → ``swiglu`` → ``grouped_matmul`` → ``moe_finalize_routing``)
-or a quant scheme's (its ``apply``), all through the device adaptor.
+vLLM's runner keeps what it does around the experts (the gate, shared experts, the final tensor-parallel
+all-reduce); this class replaces the routed-expert step: top-k routing (``moe_routing``: softmax or
+sigmoid, grouped and score-bias top-k) → the communication method of the step (``moe_comm``: all-gather,
+all-to-all or MC2) → this rank's experts, unquantized (``grouped_matmul`` → ``swiglu`` →
+``grouped_matmul``) or a quant scheme's (``apply_experts``), all through the device adaptor.
 
-Parallelism: with tensor parallel each rank holds every expert's slice of the intermediate size; with
-expert parallel (``enable_expert_parallel``) each rank holds its experts (vLLM's expert map) and
-computes the tokens' copies routed to them. Tokens are replicated over the ranks (all-gather
-communication: vLLM's dispatch gathers data-parallel ranks' tokens), and each rank's partial output is
-summed by vLLM's all-reduce. An expert-placement schedule (core's ``MOE_PLACEMENTS``, e.g. EPLB) may lay
-experts out in physical slots with replicas; it sees each real forward's load per slot.
+Parallelism: with tensor parallel each rank holds every expert's slice of the intermediate size (the
+all-gather method; vLLM's all-reduce sums the slices); with expert parallel (``enable_expert_parallel``)
+each rank holds its experts (vLLM's expert map) and the step's method moves tokens to them. All-gather
+leaves partial outputs for vLLM's combine/all-reduce; all-to-all and MC2 return every token's full
+output (vLLM's data-parallel dispatch and final all-reduce are skipped for that step). An
+expert-placement schedule (core's ``MOE_PLACEMENTS``, e.g. EPLB) may lay experts out in physical slots
+(with replicas on one rank; moved between ranks over several); it sees the rows computed per slot.
 """
 
 from __future__ import annotations
@@ -21,33 +22,94 @@ from typing import Any
 import numpy as np
 import torch
 from vllm.config import get_current_vllm_config
+from vllm.distributed import get_ep_group, get_tp_group
 from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
-from vllm.model_executor.layers.fused_moe.router.fused_topk_router import FusedTopKRouter
+from vllm.model_executor.layers.fused_moe.expert_map_manager import determine_expert_map
 from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner, SharedExpertsOrder
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 
-from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.core import envs
+from vllm_ascend.core.device.config import get_current_hardware_profile, get_device_adaptor
+from vllm_ascend.core.logger import init_logger
 from vllm_ascend.core.registry import MOE_PLACEMENTS
+from vllm_ascend.runner.ops.moe_comm import (
+    MoECommConfig,
+    MoECommType,
+    allgather_experts,
+    alltoall_experts,
+    gather_tokens,
+    mc2_capacity,
+    mc2_experts,
+    select_moe_comm_method,
+    split_tokens,
+)
+from vllm_ascend.runner.ops.moe_routing import check_router, select_experts
+
+logger = init_logger(__name__)
+
+#: Communication methods this process has announced in its log (once each).
+_ANNOUNCED: set[MoECommType] = set()
 
 
 def _placement_schedule(vllm_config: Any, ep_size: int) -> Any:
     """The expert-placement schedule of the model being built (``None`` without one)."""
     if "default" not in MOE_PLACEMENTS:
         return None
-    return MOE_PLACEMENTS.get("default")(vllm_config, ep_size)
+    return MOE_PLACEMENTS.get("default")(vllm_config, get_ep_group() if ep_size > 1 else None)
+
+
+def _forward_metadata() -> Any:
+    """The current forward's attention metadata (``None`` outside a forward and in dummy/profile runs)."""
+    if not is_forward_context_available():
+        return None
+    metadata = get_forward_context().attn_metadata
+    if isinstance(metadata, dict):
+        return next(iter(metadata.values()), None)
+    return metadata
 
 
 def _real_forward_phase(decode_query_len: int) -> str | None:
     """``decode`` for a real forward whose requests bring at most ``decode_query_len`` new tokens each (1 +
     speculative tokens), else ``prefill``; ``None`` for dummy/profile runs (no attention metadata)."""
-    if not is_forward_context_available():
-        return None
-    metadata = get_forward_context().attn_metadata
+    metadata = _forward_metadata()
     if metadata is None:
         return None
-    first = next(iter(metadata.values())) if isinstance(metadata, dict) else metadata
-    return "prefill" if int(first.max_query_len) > decode_query_len else "decode"
+    return "prefill" if int(metadata.max_query_len) > decode_query_len else "decode"
+
+
+def _max_tokens_across_dp(num_tokens: int) -> int:
+    """The step's largest data-parallel rank's token count (every rank derives the same number)."""
+    if is_forward_context_available():
+        dp = get_forward_context().dp_metadata
+        if dp is not None:
+            return int(dp.num_tokens_across_dp_cpu.max())
+    return num_tokens
+
+
+def comm_config(vllm_config: Any, moe_config: Any, decode_query_len: int) -> MoECommConfig:
+    """The per-step selection's inputs for one MoE layer (device family, ranks, MC2 capacity, forcing)."""
+    raw = envs.VLLM_ASCEND_MOE_COMM_METHOD
+    forced = MoECommType(raw) if raw else None
+    profile = get_current_hardware_profile()
+    family = profile.device_type.value.lower() if profile.device_type is not None else "reference"
+    scheduler = vllm_config.scheduler_config
+    capacity = mc2_capacity(
+        scheduler.max_num_seqs,
+        decode_query_len,
+        scheduler.max_num_batched_tokens,
+        forced is MoECommType.MC2,
+    )
+    parallel = vllm_config.parallel_config
+    return MoECommConfig(
+        family=family,
+        ep_size=moe_config.ep_size,
+        tp_size=parallel.tensor_parallel_size if moe_config.ep_size > 1 else 1,
+        capacity=capacity,
+        even=moe_config.num_experts % moe_config.ep_size == 0,
+        mc2=profile.supports("mc2"),
+        forced=forced,
+    )
 
 
 class AscendMoERunner(MoERunner):
@@ -55,7 +117,7 @@ class AscendMoERunner(MoERunner):
 
     With a placement schedule (set on the first forward): ``expert_map [ranks, n]`` (local slot or -1),
     ``log2phy [ranks, n]`` (the physical slot each rank routes each logical expert to) and ``moe_load``
-    (tokens routed to each physical slot).
+    (rows computed per held physical slot). ``comm_steps`` counts the forwards run by each method.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -64,26 +126,32 @@ class AscendMoERunner(MoERunner):
         vllm_config = get_current_vllm_config()
         spec = vllm_config.speculative_config
         self.decode_query_len = 1 + (spec.num_speculative_tokens or 0) if spec is not None else 1
+        self.comm = comm_config(vllm_config, self.moe_config, self.decode_query_len)
+        self.step_comm = MoECommType.ALLGATHER
+        self.comm_steps: dict[MoECommType, int] = dict.fromkeys(MoECommType, 0)
+        self._physical_map: torch.Tensor | None = None
         self.eplb = _placement_schedule(vllm_config, self.moe_config.ep_size)
         self.moe_index = self.eplb.register(self) if self.eplb is not None else -1
         self._expert_map: torch.Tensor | None = None
         self.log2phy: torch.Tensor | None = None
         self.moe_load: torch.Tensor | None = None
+        #: The ``[ranks, slots]`` placement this layer routes by (its weights are laid out for it).
+        self.placement: np.ndarray | None = None
         self._placed: list[torch.nn.Parameter] = []
 
     def _check_supported(self) -> None:
+        check_router(self.router, self.layer_name)
         unsupported = {
             "routed_input_transform": self.routed_input_transform is not None,
             "routed_output_transform": self.routed_output_transform is not None,
-            "router": not isinstance(self.router, FusedTopKRouter),
             "activation": self.routed_experts.activation is not MoEActivation.SILU,
             "has_bias": self.moe_config.has_bias,
         }
         bad = [name for name, flag in unsupported.items() if flag]
         if bad:
             raise NotImplementedError(
-                f"{self.layer_name}: the Ascend MoE runner supports SiLU-gated experts with softmax/sigmoid "
-                f"top-k routing; unsupported here: {bad} (router {type(self.router).__name__}, activation "
+                f"{self.layer_name}: the Ascend MoE runner supports SiLU-gated experts without bias or "
+                f"routed input/output transforms; unsupported here: {bad} (activation "
                 f"{self.routed_experts.activation})"
             )
 
@@ -96,21 +164,64 @@ class AscendMoERunner(MoERunner):
         """``[ranks, n]`` local slot of each logical expert on each rank of the placement, -1 where absent."""
         return self._expert_map
 
+    # the step's communication (read by vLLM's MoERunner around the experts) ------------------------
+    @property
+    def do_naive_dispatch_combine(self) -> bool:
+        """vLLM gathers data-parallel ranks' tokens only for the all-gather method."""
+        return super().do_naive_dispatch_combine and self.step_comm is MoECommType.ALLGATHER
+
+    @property
+    def _fused_output_is_reduced(self) -> bool:
+        """All-to-all and MC2 return every token's full output: vLLM must not all-reduce it again."""
+        return self.step_comm is not MoECommType.ALLGATHER
+
+    def _forward_impl(
+        self, hidden_states: torch.Tensor, router_logits: torch.Tensor, *args: Any, **kwargs: Any
+    ):
+        num_tokens = _max_tokens_across_dp(hidden_states.shape[0])
+        self.step_comm = select_moe_comm_method(self.comm, num_tokens)
+        self.comm_steps[self.step_comm] += 1
+        if self.step_comm not in _ANNOUNCED:
+            _ANNOUNCED.add(self.step_comm)
+            logger.info(
+                "MoE communication %s first used (%d tokens, %d expert-parallel ranks, family %s%s)",
+                self.step_comm.value,
+                num_tokens,
+                self.comm.ep_size,
+                self.comm.family,
+                ", forced" if self.comm.forced is not None else "",
+            )
+        return super()._forward_impl(hidden_states, router_logits, *args, **kwargs)
+
     # placement (what a schedule drives) ----------------------------------------------------
     def _expert_params(self) -> list[torch.nn.Parameter]:
-        """Every per-expert tensor of the experts (weights, and the scales/offsets of a quant scheme)."""
-        experts = self.moe_config.num_logical_experts
+        """Every per-expert tensor of this rank's experts (weights, and a quant scheme's scales/offsets)."""
+        experts = self.routed_experts.w13_weight.shape[0]
         return [
             p for p in self.routed_experts.parameters(recurse=False) if p.dim() > 0 and p.shape[0] == experts
         ]
 
     def install_placement(self, rank_table: np.ndarray) -> None:
-        """Give each physical slot (``rank * slots + slot``) a copy of its logical expert's tensors."""
-        phys = torch.as_tensor(rank_table.reshape(-1), dtype=torch.long)
+        """Hold this rank's physical slots of the ``[ranks, slots]`` placement. One process: each slot
+        (``rank * slots + slot``) gets a copy of its expert's tensors. Expert parallel: the rank's loaded
+        experts are its slots (the table is where they were loaded)."""
         self._placed = self._expert_params()
-        for param in self._placed:
-            param.data = param.data[phys].clone()
-        self.moe_load = torch.zeros(phys.numel(), dtype=torch.int64)
+        if self.moe_config.ep_size == 1:
+            phys = torch.as_tensor(rank_table.reshape(-1), dtype=torch.long)
+            for param in self._placed:
+                param.data = param.data[phys].clone()
+        self.moe_load = torch.zeros(self.routed_experts.w13_weight.shape[0], dtype=torch.int64)
+
+    def loaded_placement(self) -> np.ndarray:
+        """``[ranks, slots]``: the logical expert each rank loaded into each local slot (vLLM's expert map)."""
+        ep_size, n = self.moe_config.ep_size, self.moe_config.num_logical_experts
+        table = np.empty((ep_size, n // ep_size), dtype=np.int64)
+        for rank in range(ep_size):
+            _, rank_map, _ = determine_expert_map(ep_size, rank, n, self.expert_placement_strategy)
+            assert rank_map is not None
+            held = (rank_map >= 0).nonzero().flatten()
+            table[rank, rank_map[held].long().numpy()] = held.numpy()
+        return table
 
     def expert_weights(self) -> list[torch.Tensor]:
         return [param.data for param in self._placed]
@@ -118,6 +229,7 @@ class AscendMoERunner(MoERunner):
     def set_placement(self, rank_table: np.ndarray) -> None:
         assert self.eplb is not None
         expert_map, log2phy = self.eplb.rank_maps(rank_table)
+        self.placement = np.array(rank_table, copy=True)
         self._expert_map = torch.as_tensor(expert_map, dtype=torch.int64)
         self.log2phy = torch.as_tensor(log2phy, dtype=torch.int64)
 
@@ -138,44 +250,68 @@ class AscendMoERunner(MoERunner):
         return (self._shared_experts.output if self._shared_experts is not None else None), routed
 
     def _routed_experts(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """This rank's share of the routed experts' output for every token (summed over ranks by vLLM)."""
+        """The routed experts' output: this rank's share (all-gather) or every token's (all-to-all, MC2)."""
         if self.eplb is not None and not self.eplb.started:
-            self.eplb.begin(self.moe_config.num_logical_experts)
-        adaptor = get_device_adaptor()
-        router = self.router
-        weights, logical = adaptor.moe_gating_top_k(
-            router_logits, router.top_k, renormalize=router.renormalize, scoring=router.scoring_func
-        )
-        ids = self._local_ids(logical.long(), hidden_states.shape[0])
-        if ids is not logical:
-            weights = weights.masked_fill(ids < 0, 0.0)
-            ids = ids.clamp_min(0)
-        num_slots = self.routed_experts.w13_weight.shape[0]
+            loaded = self.loaded_placement() if self.moe_config.ep_size > 1 else None
+            self.eplb.begin(self.moe_config.num_logical_experts, loaded)
+        num_local = self.routed_experts.w13_weight.shape[0]
+        if self.step_comm is MoECommType.ALLGATHER:
+            weights, logical = select_experts(self.router, router_logits)
+            local = self._local_ids(logical.long(), hidden_states.shape[0])
+            out = allgather_experts(hidden_states, local, weights, num_local, self._expert_rows)
+        else:
+            tp_group = get_tp_group()
+            x = split_tokens(hidden_states, tp_group.rank_in_group, self.comm.tp_size)
+            logits = split_tokens(router_logits, tp_group.rank_in_group, self.comm.tp_size)
+            weights, logical = select_experts(self.router, logits)
+            physical = self._physical_ids(logical.long())
+            ep_group = get_ep_group().device_group
+            if self.step_comm is MoECommType.ALLTOALL:
+                part = alltoall_experts(x, physical, weights, num_local, self._expert_rows, ep_group)
+            else:
+                part = mc2_experts(
+                    x, physical, weights, num_local, self._expert_rows, ep_group, self.comm.rank_capacity
+                )
+            out = gather_tokens(part, hidden_states.shape[0], tp_group.device_group, self.comm.tp_size)
+        if self.eplb is not None and self.moe_index == len(self.eplb.layers) - 1:
+            self.eplb.forward_end(_real_forward_phase(self.decode_query_len))
+        return out.to(hidden_states.dtype)
+
+    def _expert_rows(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """This rank's experts on ``rows`` grouped by local expert (``counts`` rows each)."""
+        if self.moe_load is not None and _real_forward_phase(self.decode_query_len) is not None:
+            self.moe_load += counts.to(self.moe_load.device)
         quant_method = self.routed_experts.quant_method
-        if isinstance(quant_method, UnquantizedFusedMoEMethod):
-            sorted_x, row_idx, counts = adaptor.moe_init_routing(hidden_states, ids, num_slots)
-            w13 = self.routed_experts.w13_weight.transpose(1, 2)
-            w2 = self.routed_experts.w2_weight.transpose(1, 2)
-            act = adaptor.swiglu(adaptor.grouped_matmul(sorted_x, w13, counts))
-            out = adaptor.moe_finalize_routing(adaptor.grouped_matmul(act, w2, counts), row_idx, weights)
-        else:  # a quant scheme's experts: routing and grouped matmuls are the scheme's
-            out = quant_method.apply(self.routed_experts, hidden_states, weights, ids)
-        if self.moe_load is not None and self.eplb is not None:
-            phase = _real_forward_phase(self.decode_query_len)
-            if phase is not None:
-                self.moe_load += torch.bincount(ids.reshape(-1), minlength=self.moe_load.numel())
-                if self.moe_index == len(self.eplb.layers) - 1:
-                    self.eplb.forward_end(phase)
-        return out
+        if not isinstance(quant_method, UnquantizedFusedMoEMethod):
+            return quant_method.apply_experts(self.routed_experts, rows, counts)
+        ad = get_device_adaptor()
+        w13 = self.routed_experts.w13_weight.transpose(1, 2)
+        w2 = self.routed_experts.w2_weight.transpose(1, 2)
+        return ad.grouped_matmul(ad.swiglu(ad.grouped_matmul(rows, w13, counts)), w2, counts)
 
     def _local_ids(self, logical: torch.Tensor, num_tokens: int) -> torch.Tensor:
-        """Slot ids of this rank's experts: the placement's physical slots (tokens dealt round-robin to its
-        ranks), vLLM's expert-parallel map (-1 for other ranks' experts), or the logical ids."""
-        if self.log2phy is not None:
-            ranks = self.log2phy.shape[0]
+        """Local slot of each token copy (-1 where another rank computes it): the placement's physical
+        slots (a token's replica chosen by token index, the same on every rank), vLLM's expert-parallel
+        map, or the logical ids."""
+        if self.log2phy is not None and self.moe_load is not None:
+            ranks, held = self.log2phy.shape[0], self.moe_load.numel()
             token_rank = torch.arange(num_tokens, device=logical.device) % ranks
-            return self.log2phy[token_rank[:, None], logical]
-        ep_map = self.routed_experts.expert_map_manager.expert_map if self.moe_config.ep_size > 1 else None
-        if ep_map is not None:
+            local = self.log2phy[token_rank[:, None], logical] - self.moe_config.ep_rank * held
+            return torch.where((local >= 0) & (local < held), local, -1)
+        if self.moe_config.ep_size > 1:
+            ep_map = self.routed_experts.expert_map_manager.expert_map
+            assert ep_map is not None
             return ep_map.to(logical.device)[logical]
         return logical
+
+    def _physical_ids(self, logical: torch.Tensor) -> torch.Tensor:
+        """Physical expert ``rank * L + local slot`` of each token copy: this rank's row of the placement's
+        log2phy, else from vLLM's expert placement."""
+        if self.log2phy is not None:
+            return self.log2phy[self.moe_config.ep_rank].to(logical.device)[logical]
+        if self._physical_map is None:
+            table = torch.as_tensor(self.loaded_placement())
+            physical = torch.empty(table.numel(), dtype=torch.long)
+            physical[table.reshape(-1)] = torch.arange(table.numel())
+            self._physical_map = physical.to(logical.device)
+        return self._physical_map[logical]

@@ -61,14 +61,22 @@ class TinyModelSpec:
 
 
 ConfigFactory = Callable[[TinyModelSpec, int], Any]
+WeightsHook = Callable[[TinyModelSpec, Any], None]
 MODEL_BUILDERS: dict[str, ConfigFactory] = {}
+#: Per kind, what to set on the freshly initialised model before it is saved (e.g. non-zero buffers).
+WEIGHT_HOOKS: dict[str, WeightsHook] = {}
 
 
-def register_model_builder(kind: str, factory: ConfigFactory) -> None:
-    """Register ``factory(spec, vocab_size) -> transformers config`` under ``kind``."""
+def register_model_builder(
+    kind: str, factory: ConfigFactory, weights_hook: WeightsHook | None = None
+) -> None:
+    """Register ``factory(spec, vocab_size) -> transformers config`` under ``kind``, and optionally
+    ``weights_hook(spec, model)`` run on the initialised model before it is saved."""
     if kind in MODEL_BUILDERS and MODEL_BUILDERS[kind] is not factory:
         raise ValueError(f"tiny model kind {kind!r} is already registered")
     MODEL_BUILDERS[kind] = factory
+    if weights_hook is not None:
+        WEIGHT_HOOKS[kind] = weights_hook
 
 
 def _common_config(spec: TinyModelSpec, vocab_size: int) -> dict[str, Any]:
@@ -138,10 +146,53 @@ def _qwen2_moe_config(spec: TinyModelSpec, vocab_size: int) -> Any:
     )
 
 
+#: The tiny GLM-4.5 (``Glm4MoeForCausalLM``): routed experts, expert groups, groups kept per token, experts
+#: per token, and the routed scaling factor. Sigmoid scores with ``e_score_correction_bias`` (grouped top-k).
+GLM4_MOE_NUM_EXPERTS = 16
+GLM4_MOE_NUM_GROUPS = 4
+GLM4_MOE_TOPK_GROUPS = 2
+GLM4_MOE_TOP_K = 3
+GLM4_MOE_ROUTED_SCALING = 2.5
+#: Standard deviation of the random ``e_score_correction_bias`` (zero in a fresh HF model).
+GLM4_MOE_BIAS_STD = 0.1
+
+
+def _glm4_moe_config(spec: TinyModelSpec, vocab_size: int) -> Any:
+    """GLM-4.5: a dense first layer, then grouped-top-k MoE layers with one shared expert; partial rotary."""
+    from transformers import Glm4MoeConfig
+
+    return Glm4MoeConfig(
+        **_common_config(spec, vocab_size),
+        moe_intermediate_size=spec.intermediate_size // 2,
+        n_routed_experts=GLM4_MOE_NUM_EXPERTS,
+        n_shared_experts=1,
+        num_experts_per_tok=GLM4_MOE_TOP_K,
+        n_group=GLM4_MOE_NUM_GROUPS,
+        topk_group=GLM4_MOE_TOPK_GROUPS,
+        routed_scaling_factor=GLM4_MOE_ROUTED_SCALING,
+        norm_topk_prob=True,
+        first_k_dense_replace=1,
+        attention_bias=True,
+        tie_word_embeddings=False,
+        **spec.extra,
+    )
+
+
+def _glm4_moe_weights(spec: TinyModelSpec, model: Any) -> None:
+    """Random ``e_score_correction_bias`` per MoE layer, so the bias changes which experts are chosen."""
+    gen = torch.Generator().manual_seed(spec.seed)
+    with torch.no_grad():
+        for module in model.modules():
+            bias = getattr(module, "e_score_correction_bias", None)
+            if isinstance(bias, torch.Tensor):
+                bias.copy_(torch.randn(bias.shape, generator=gen) * GLM4_MOE_BIAS_STD)
+
+
 register_model_builder("qwen3", _qwen3_config)
 register_model_builder("llama", _llama_config)
 register_model_builder("qwen3_moe", _qwen3_moe_config)
 register_model_builder("qwen2_moe", _qwen2_moe_config)
+register_model_builder("glm4_moe", _glm4_moe_config, _glm4_moe_weights)
 
 
 def corpus(num_lines: int = 2000, seed: int = 0) -> list[str]:
@@ -207,6 +258,8 @@ def build_tiny_model(spec: TinyModelSpec | None = None, root: Path | None = None
     config.bos_token_id = None
     torch.manual_seed(spec.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if spec.kind in WEIGHT_HOOKS:
+        WEIGHT_HOOKS[spec.kind](spec, model)
     model.save_pretrained(tmp, safe_serialization=True)
     (tmp / "complete").write_text(json.dumps(asdict(spec), sort_keys=True))
     try:
@@ -233,3 +286,8 @@ def qwen3_moe_spec(**overrides: Any) -> TinyModelSpec:
 def qwen2_moe_spec(**overrides: Any) -> TinyModelSpec:
     """Qwen2-MoE: 8 experts, top-2, a gated shared expert, 2 layers, hidden 128."""
     return replace(TinyModelSpec(kind="qwen2_moe", seed=3), **overrides)
+
+
+def glm4_moe_spec(**overrides: Any) -> TinyModelSpec:
+    """GLM-4.5: 3 layers (dense, then 2 MoE), 16 experts in 4 groups, 2 groups kept, top-3, random score bias."""
+    return replace(TinyModelSpec(kind="glm4_moe", seed=4, num_layers=3), **overrides)

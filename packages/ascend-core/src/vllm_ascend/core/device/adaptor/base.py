@@ -12,6 +12,7 @@ import abc
 import functools
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -34,6 +35,8 @@ OPS: tuple[str, ...] = (
     "moe_gating_top_k",
     "moe_init_routing",
     "moe_finalize_routing",
+    "moe_distribute_dispatch",
+    "moe_distribute_combine",
     "grouped_matmul",
     "grouped_matmul_swiglu_quant",
     "grouped_quant_matmul",
@@ -64,6 +67,21 @@ def _counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
     wrapper.__counted__ = True  # type: ignore[attr-defined]
     return wrapper
+
+
+@dataclass(frozen=True)
+class MoeDispatch:
+    """What :meth:`BaseDeviceAdaptor.moe_distribute_dispatch` hands to the experts, and back to the combine.
+
+    ``expand_x [A, H]``: the token copies this rank received, grouped by local expert (within an expert,
+    by source rank, then by the sender's token order); rows past ``expert_token_nums.sum()`` are padding.
+    ``expert_token_nums [L]`` (int64): rows per local expert, ``group_list_type="count"``. ``handle``: the
+    adaptor's routing state for the combine (opaque to callers).
+    """
+
+    expand_x: torch.Tensor
+    expert_token_nums: torch.Tensor
+    handle: tuple[torch.Tensor, ...]
 
 
 class BaseDeviceAdaptor(abc.ABC):
@@ -227,10 +245,13 @@ class BaseDeviceAdaptor(abc.ABC):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Score (softmax or sigmoid over experts) → top-k → renormalise; ``(weights fp32 [T,k], ids int32 [T,k])``.
 
-        ``bias`` (``[E]``) is added to the scores for selection only; the weights are the unbiased
-        scores. With ``num_groups > 1`` the experts are split into equal groups, each group scored by its
-        best expert, and only experts of the ``topk_groups`` best groups are eligible. Weights are
-        multiplied by ``routed_scaling_factor`` last. Ids are sorted by descending selection score.
+        Grouped top-k as DeepSeek-V3 and vLLM define it. ``bias`` (``[E]``, e.g. ``e_score_correction_bias``)
+        is added to the scores for selection only; the weights are the unbiased scores. With
+        ``num_groups > 1`` the experts are split into equal consecutive groups, each group scored by the
+        sum of its two best biased scores when ``bias`` is given, else by its best score, and only experts
+        of the ``topk_groups`` best groups are eligible. Renormalising divides by the weights' sum; weights
+        are multiplied by ``routed_scaling_factor`` last. Ids are sorted by descending selection score.
+        Bad shapes or group counts (see :func:`check_moe_gating`) raise :class:`DeviceOpError`.
         """
 
     @abc.abstractmethod
@@ -255,6 +276,43 @@ class BaseDeviceAdaptor(abc.ABC):
 
         Accumulated in fp32, returned in ``expert_output``'s dtype, shape ``[T, H]``.
         """
+
+    @abc.abstractmethod
+    def moe_distribute_dispatch(
+        self,
+        x: torch.Tensor,
+        expert_ids: torch.Tensor,
+        group: Any,
+        *,
+        num_experts: int,
+        global_bs: int,
+        active_mask: torch.Tensor | None = None,
+    ) -> MoeDispatch:
+        """MC2 dispatch over the expert-parallel process ``group`` (every rank calls it with the same sizes).
+
+        ``x [BS, H]`` are this rank's tokens, ``expert_ids [BS, k]`` their physical experts among
+        ``num_experts`` (rank ``r`` of the ``W`` ranks holds experts ``r*L .. r*L+L-1``, ``L = num_experts /
+        W``); ``active_mask [BS]`` (bool) marks real tokens, padding is not sent. Buffers are sized for the
+        capacity, not the routing: every rank may have at most ``global_bs / W`` tokens and receives into
+        ``A = global_bs * min(L, k)`` rows.
+        """
+
+    @abc.abstractmethod
+    def moe_distribute_combine(
+        self,
+        expert_output: torch.Tensor,
+        dispatch: MoeDispatch,
+        expert_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        group: Any,
+        *,
+        num_experts: int,
+        global_bs: int,
+        active_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Inverse of :meth:`moe_distribute_dispatch`: the experts' rows ``[A, H]`` go back to the ranks that
+        sent them; ``out[t] = sum_j topk_weights[t, j] * row(t, j)`` (fp32 accumulation), ``[BS, H]`` in
+        ``expert_output``'s dtype, zero for inactive tokens. Same arguments as the dispatch it inverts."""
 
     @abc.abstractmethod
     def grouped_matmul(
@@ -377,3 +435,45 @@ def check_choice(field: str, value: Any, allowed: Sequence[str]) -> None:
     """Raise :class:`DeviceOpError` naming ``field`` and the allowed values."""
     if value not in allowed:
         raise DeviceOpError(f"{field}={value!r} is invalid; allowed values: {', '.join(allowed)}")
+
+
+def check_moe_gating(
+    router_logits: torch.Tensor,
+    k: int,
+    bias: torch.Tensor | None,
+    num_groups: int,
+    topk_groups: int,
+) -> None:
+    """Raise :class:`DeviceOpError` unless ``moe_gating_top_k``'s arguments describe a valid routing."""
+
+    def require(cond: bool, message: str) -> None:
+        if not cond:
+            raise DeviceOpError(message)
+
+    require(router_logits.dim() == 2, f"router_logits must be [T, E], got shape {tuple(router_logits.shape)}")
+    num_experts = router_logits.shape[1]
+    require(
+        bias is None or tuple(bias.shape) == (num_experts,),
+        f"bias must be [num_experts={num_experts}], got shape {tuple(bias.shape) if bias is not None else ()}",
+    )
+    require(num_groups >= 1, f"num_groups={num_groups} must be >= 1")
+    require(
+        num_experts % num_groups == 0,
+        f"num_experts={num_experts} must be divisible by num_groups={num_groups}",
+    )
+    require(
+        1 <= topk_groups <= num_groups,
+        f"topk_groups={topk_groups} must be within [1, num_groups={num_groups}]",
+    )
+    per_group = num_experts // num_groups
+    require(
+        bias is None or num_groups == 1 or per_group >= 2,
+        f"grouped top-k with a bias scores each group by its top-2 experts; num_experts={num_experts} / "
+        f"num_groups={num_groups} leaves {per_group} per group",
+    )
+    eligible = topk_groups * per_group
+    require(
+        1 <= k <= eligible,
+        f"k={k} must be within [1, {eligible}] (the experts of topk_groups={topk_groups} groups "
+        f"of {per_group})",
+    )

@@ -20,9 +20,11 @@ from vllm_ascend.core.device.adaptor.base import (
     WEIGHT_FORMATS,
     BaseDeviceAdaptor,
     DeviceOpError,
+    MoeDispatch,
     check_choice,
+    check_moe_gating,
 )
-from vllm_ascend.core.device.adaptor.reference import gather_paged_kv, int8_weight
+from vllm_ascend.core.device.adaptor.reference import gather_paged_kv, grouped_top_k, int8_weight
 
 #: Size of the compressed causal mask the fused attention ops take with ``sparse_mode=3``.
 CAUSAL_MASK_SIZE = 2048
@@ -50,6 +52,16 @@ def require_contiguous(**tensors: torch.Tensor) -> None:
             )
 
 
+def hccl_group(group: Any) -> tuple[int, int, str]:
+    """``(rank, world size, HCCL communicator name)`` of a ``torch.distributed`` group on the NPU (the
+    name is what the MC2 ops take to find the group's communicator)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank(group)
+    backend = group._get_backend(torch.device("npu"))
+    return rank, dist.get_world_size(group), backend.get_hccl_comm_name(rank)
+
+
 def valid_rows(
     group_list: torch.Tensor, group_list_type: str, num_rows: int, device: torch.device
 ) -> torch.Tensor:
@@ -57,6 +69,24 @@ def valid_rows(
     check_choice("group_list_type", group_list_type, GROUP_LIST_TYPES)
     end = group_list.sum() if group_list_type == "count" else group_list[-1]
     return (torch.arange(num_rows, device=device) < end).unsqueeze(1)
+
+
+#: ``npu_moe_gating_top_k``'s documented limits: experts per row, experts per group (more than this), and
+#: ``group_count`` times the group size rounded up to this alignment.
+GATING_MAX_EXPERTS = 2048
+GATING_MIN_GROUP_SIZE = 2
+GATING_GROUP_ALIGN = 32
+
+
+def npu_gating_fits(num_experts: int, num_groups: int) -> bool:
+    """Whether ``npu_moe_gating_top_k`` takes this expert/group layout (others run the reference gating)."""
+    per_group = num_experts // num_groups
+    aligned = -(-per_group // GATING_GROUP_ALIGN) * GATING_GROUP_ALIGN
+    return (
+        num_experts <= GATING_MAX_EXPERTS
+        and per_group > GATING_MIN_GROUP_SIZE
+        and aligned * num_groups <= GATING_MAX_EXPERTS
+    )
 
 
 def torch_npu_runtime() -> Any:
@@ -234,13 +264,20 @@ class A2A3DeviceAdaptor(BaseDeviceAdaptor):
         routed_scaling_factor=1.0,
     ):
         check_choice("scoring", scoring, SCORING_FUNCS)
+        check_moe_gating(router_logits, k, bias, num_groups, topk_groups)
+        if not npu_gating_fits(router_logits.shape[1], num_groups):
+            return grouped_top_k(
+                router_logits, k, renormalize, scoring, bias, num_groups, topk_groups, routed_scaling_factor
+            )
+        # fp32 in (x and bias must share a dtype); the kernel's fp32 norm_out gives the weights, renormalised
+        # and scaled here exactly as the reference does.
         _, ids, scores = torch_npu_module().npu_moe_gating_top_k(
-            router_logits,
+            router_logits.float(),
             k,
-            bias=bias,
+            bias=bias.float() if bias is not None else None,
             k_group=topk_groups,
             group_count=num_groups,
-            group_select_mode=0,
+            group_select_mode=1 if bias is not None else 0,
             renorm=0,
             norm_type=SCORING_FUNCS.index(scoring),
             out_flag=True,
@@ -279,6 +316,52 @@ class A2A3DeviceAdaptor(BaseDeviceAdaptor):
             src_to_dst,
             None,
             drop_pad_mode=0,
+        )
+
+    def moe_distribute_dispatch(self, x, expert_ids, group, *, num_experts, global_bs, active_mask=None):
+        rank, world, name = hccl_group(group)
+        expand_x, _, expand_idx, counts, ep_recv_counts, tp_recv_counts, _ = (
+            torch_npu_module().npu_moe_distribute_dispatch(
+                x,
+                expert_ids.to(torch.int32),
+                name,
+                world,
+                rank,
+                num_experts,
+                x_active_mask=active_mask,
+                global_bs=global_bs,
+                expert_token_nums_type=1,  # counts per local expert
+            )
+        )
+        return MoeDispatch(expand_x, counts.to(torch.int64), (expand_idx, ep_recv_counts, tp_recv_counts))
+
+    def moe_distribute_combine(
+        self,
+        expert_output,
+        dispatch,
+        expert_ids,
+        topk_weights,
+        group,
+        *,
+        num_experts,
+        global_bs,
+        active_mask=None,
+    ):
+        rank, world, name = hccl_group(group)
+        expand_idx, ep_recv_counts, tp_recv_counts = dispatch.handle
+        return torch_npu_module().npu_moe_distribute_combine(
+            expert_output,
+            expert_ids.to(torch.int32),
+            expand_idx,
+            ep_recv_counts,
+            topk_weights.float(),
+            name,
+            world,
+            rank,
+            num_experts,
+            tp_send_counts=tp_recv_counts,
+            x_active_mask=active_mask,
+            global_bs=global_bs,
         )
 
     def grouped_matmul(self, x, weight, group_list, *, group_list_type="count"):

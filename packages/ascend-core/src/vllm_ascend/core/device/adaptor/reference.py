@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 from vllm_ascend.core import envs
 from vllm_ascend.core.device.adaptor.base import (
@@ -29,12 +30,16 @@ from vllm_ascend.core.device.adaptor.base import (
     DeviceOpError,
     GroupListType,
     check_choice,
+    check_moe_gating,
 )
+from vllm_ascend.core.device.adaptor.mc2_reference import mc2_combine, mc2_dispatch
 
 __all__ = [
     "ReferenceDeviceAdaptor",
+    "cached_int8_weight",
     "gather_paged_kv",
     "group_bounds",
+    "grouped_top_k",
     "int8_weight",
     "pack_int4",
     "quant_matmul_int32",
@@ -115,6 +120,30 @@ def int8_weight(weight: torch.Tensor, name: str, shape: str) -> torch.Tensor:
     raise DeviceOpError(
         f"{name} must be int8 {shape} or int4 packed in int32 {packed}, got dtype {weight.dtype}"
     )
+
+
+#: Each int4-packed weight the reference ops have unpacked -> (its version counter then, the int8 unpack).
+#: Keyed weakly by tensor identity: an entry goes when its weight does.
+_UNPACKED_INT4: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def cached_int8_weight(weight: torch.Tensor, name: str, shape: str) -> torch.Tensor:
+    """:func:`int8_weight`, keeping the int8 unpack of an int4-packed weight for the next call with it.
+
+    The plain-PyTorch ops cannot compute on packed int4, so without this every call re-unpacks the same
+    weights. An in-place write to the weight (or a view of it) bumps its version counter and the next call
+    unpacks again; writes through ``.data`` bypass that counter (as they bypass autograd) and are not seen.
+    The unpack is host memory of this spec, not a model parameter: an NPU reads the packed int4 directly.
+    """
+    if weight.dtype != torch.int32 or weight.is_inference():  # inference tensors have no version counter
+        return int8_weight(weight, name, shape)
+    version = weight._version
+    cached = _UNPACKED_INT4.get(weight)
+    if cached is not None and cached[0] == version:
+        return cached[1]
+    unpacked = unpack_int4(weight)
+    _UNPACKED_INT4[weight] = (version, unpacked)
+    return unpacked
 
 
 def _check_int32_exact(k_dim: int) -> None:
@@ -304,6 +333,33 @@ def _attend_group(
         enable_gqa=gqa,
     ).transpose(1, 2)  # [B, Q, Hq, Dv]
     output[q_idx[keep]] = out[keep].to(output.dtype)
+
+
+def grouped_top_k(
+    router_logits: torch.Tensor,
+    k: int,
+    renormalize: bool,
+    scoring: str,
+    bias: torch.Tensor | None,
+    num_groups: int,
+    topk_groups: int,
+    routed_scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``moe_gating_top_k``'s semantics in plain PyTorch, on arguments already checked."""
+    logits = router_logits.float()
+    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
+    select = scores if bias is None else scores + bias.float()
+    if num_groups > 1:
+        grouped = select.view(select.shape[0], num_groups, -1)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1) if bias is not None else grouped.amax(-1)
+        top_groups = group_scores.topk(topk_groups, dim=-1).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, top_groups, True)
+        select = select.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
+    ids = select.topk(k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-20)
+    return weights * routed_scaling_factor, ids.to(torch.int32)
 
 
 def gather_paged_kv(
@@ -637,37 +693,10 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         routed_scaling_factor=1.0,
     ):
         check_choice("scoring", scoring, SCORING_FUNCS)
-        _require(
-            router_logits.dim() == 2, f"router_logits must be [T, E], got shape {tuple(router_logits.shape)}"
+        check_moe_gating(router_logits, k, bias, num_groups, topk_groups)
+        return grouped_top_k(
+            router_logits, k, renormalize, scoring, bias, num_groups, topk_groups, routed_scaling_factor
         )
-        num_experts = router_logits.shape[1]
-        _require(1 <= k <= num_experts, f"k={k} must be within [1, num_experts={num_experts}]")
-        logits = router_logits.float()
-        scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
-        select = scores if bias is None else scores + bias.float()
-        if num_groups > 1:
-            _require(
-                num_experts % num_groups == 0,
-                f"num_experts={num_experts} must be divisible by num_groups={num_groups}",
-            )
-            _require(
-                1 <= topk_groups <= num_groups,
-                f"topk_groups={topk_groups} must be within [1, num_groups={num_groups}]",
-            )
-            per_group = num_experts // num_groups
-            _require(
-                k <= topk_groups * per_group,
-                f"k={k} exceeds the {topk_groups * per_group} experts of the selected groups",
-            )
-            group_scores = select.view(-1, num_groups, per_group).amax(dim=-1)
-            top_groups = group_scores.topk(topk_groups, dim=-1).indices
-            keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, top_groups, True)
-            select = select.masked_fill(~keep.repeat_interleave(per_group, dim=1), float("-inf"))
-        ids = select.topk(k, dim=-1).indices
-        weights = scores.gather(1, ids)
-        if renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-20)
-        return weights * routed_scaling_factor, ids.to(torch.int32)
 
     def moe_init_routing(self, x, expert_ids, num_experts):
         _require(
@@ -696,6 +725,34 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         rows = expert_output[expanded_row_idx.long()].float().view(num_tokens, k, -1)
         return (rows * topk_weights.float().unsqueeze(-1)).sum(dim=1).to(expert_output.dtype)
 
+    def moe_distribute_dispatch(self, x, expert_ids, group, *, num_experts, global_bs, active_mask=None):
+        return mc2_dispatch(
+            x, expert_ids, group, num_experts=num_experts, global_bs=global_bs, active_mask=active_mask
+        )
+
+    def moe_distribute_combine(
+        self,
+        expert_output,
+        dispatch,
+        expert_ids,
+        topk_weights,
+        group,
+        *,
+        num_experts,
+        global_bs,
+        active_mask=None,
+    ):
+        return mc2_combine(
+            expert_output,
+            dispatch,
+            expert_ids,
+            topk_weights,
+            group,
+            num_experts=num_experts,
+            global_bs=global_bs,
+            active_mask=active_mask,
+        )
+
     def grouped_matmul(self, x, weight, group_list, *, group_list_type: GroupListType = "count"):
         _require(
             weight.dim() == 3 and x.dim() == 2 and weight.shape[1] == x.shape[1],
@@ -717,7 +774,7 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         _require(
             x.dtype == torch.int8 and x.dim() == 2, f"x must be int8 [M, K], got {x.dtype} {tuple(x.shape)}"
         )
-        weight = int8_weight(weight, "weight", "[G, K, 2N]")
+        weight = cached_int8_weight(weight, "weight", "[G, K, 2N]")
         _require(
             weight.dim() == 3 and weight.shape[1] == x.shape[1] and weight.shape[2] % 2 == 0,
             f"weight must be [G, K, 2N] with K={x.shape[1]}, got {tuple(weight.shape)}",
@@ -760,7 +817,7 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         _require(
             x.dtype == torch.int8 and x.dim() == 2, f"x must be int8 [M, K], got {x.dtype} {tuple(x.shape)}"
         )
-        weight = int8_weight(weight, "weight", "[G, K, N]")
+        weight = cached_int8_weight(weight, "weight", "[G, K, N]")
         _require(
             weight.dim() == 3 and weight.shape[1] == x.shape[1],
             f"weight must be [G, K, N] with K={x.shape[1]}, got {tuple(weight.shape)}",
@@ -827,13 +884,14 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
     def quant_matmul(
         self, x, weight, weight_scale, *, pertoken_scale=None, bias=None, output_dtype=torch.bfloat16
     ):
+        weight = cached_int8_weight(weight, "weight", "[K, N]")
         return quant_matmul_int32(x, weight, weight_scale, pertoken_scale, bias, output_dtype)
 
     def weight_quant_matmul(
         self, x, weight, antiquant_scale, *, antiquant_offset=None, bias=None, group_size=0
     ):
         _require(x.is_floating_point(), f"x must be a float tensor [..., K], got dtype {x.dtype}")
-        weight = int8_weight(weight, "weight", "[K, N]")
+        weight = cached_int8_weight(weight, "weight", "[K, N]")
         _require(
             weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[0],
             f"x [..., K] and weight [K, N] disagree: {tuple(x.shape)} vs {tuple(weight.shape)}",
