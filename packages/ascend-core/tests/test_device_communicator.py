@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from vllm_ascend.core.testing import free_loopback_port
 
 
 def _rank_main(rank: int, port: int, results: dict) -> None:
@@ -38,7 +32,7 @@ def _rank_main(rank: int, port: int, results: dict) -> None:
 
 def test_variable_size_all_gather_and_reduce_scatter():
     results = mp.Manager().dict()
-    mp.spawn(_rank_main, args=(_free_port(), results), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(free_loopback_port(), results), nprocs=2, join=True)
     expected_gather = torch.cat([torch.full((2, 4), 1.0), torch.full((3, 4), 2.0)])
     summed = torch.arange(20, dtype=torch.float32).reshape(5, 4) * 3
     for rank, rows in ((0, slice(0, 2)), (1, slice(2, 5))):

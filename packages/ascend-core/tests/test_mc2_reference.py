@@ -4,20 +4,14 @@ returns the weighted sum; calls outside the capacity contract are refused."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from vllm_ascend.core.testing import free_loopback_port
+
 EXPERTS, HIDDEN, K = 4, 3, 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank: int, port: int, results: dict) -> None:
@@ -53,7 +47,7 @@ def _rank_main(rank: int, port: int, results: dict) -> None:
 
 def test_dispatch_groups_rows_by_local_expert_and_combine_weights_them():
     results = mp.Manager().dict()
-    mp.spawn(_rank_main, args=(_free_port(), results), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(free_loopback_port(), results), nprocs=2, join=True)
     rows0, counts0, out0 = results[0]
     rows1, counts1, out1 = results[1]
     # A = global_bs * min(L, k) = 6 * 2 rows; by local expert, then source rank, then the sender's order.

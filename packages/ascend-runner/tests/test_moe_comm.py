@@ -4,13 +4,13 @@ processes, each equal to one process computing every expert on the same tokens."
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from vllm_ascend.core.testing import free_loopback_port
 from vllm_ascend.runner.ops.moe_comm import (
     MoECommConfig,
     MoECommError,
@@ -72,12 +72,6 @@ def test_mc2_capacity_is_a_decode_step_unless_forced():
 
 
 # -- two ranks -----------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _problem():
     """Every rank's tokens, routing and the experts' weights (the same on every process)."""
     gen = torch.Generator().manual_seed(7)
@@ -146,7 +140,9 @@ def _rank_main(rank: int, port: int, results: dict) -> None:
         with pytest.raises(MoECommError, match="capacity is 2"):
             mc2_experts(xs[rank], ids.long(), weights, local, experts, dist.group.WORLD, 2)
         with pytest.raises(DeviceOpError, match="hold this rank's 5 tokens"):
-            ad.moe_distribute_dispatch(xs[0], ids[:1].expand(5, -1), dist.group.WORLD, num_experts=8, global_bs=8)
+            ad.moe_distribute_dispatch(
+                xs[0], ids[:1].expand(5, -1), dist.group.WORLD, num_experts=8, global_bs=8
+            )
         with pytest.raises(DeviceOpError, match=r"expert ids must be within \[0, num_experts=8\)"):
             ad.moe_distribute_dispatch(xs[0][:1], ids[:1] + 8, dist.group.WORLD, num_experts=8, global_bs=12)
         results[rank] = out
@@ -156,7 +152,7 @@ def _rank_main(rank: int, port: int, results: dict) -> None:
 
 def test_each_method_equals_every_expert_in_one_process():
     results = mp.Manager().dict()
-    mp.spawn(_rank_main, args=(_free_port(), results), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(free_loopback_port(), results), nprocs=2, join=True)
     xs, logits, w13, w2 = _problem()
     expected = [_one_process(x, lg, w13, w2) for x, lg in zip(xs, logits, strict=True)]
     for rank in (0, 1):

@@ -7,12 +7,13 @@ start an engine) run a script in a new interpreter. The script reports by printi
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["OUTPUT_TAIL_CHARS", "RESULT_PREFIX", "run_vllm_script"]
+__all__ = ["OUTPUT_TAIL_CHARS", "RESULT_PREFIX", "free_loopback_port", "run_vllm_script"]
 
 RESULT_PREFIX = "RESULT "
 #: How much of the end of a failed script's output an assertion message carries.
@@ -41,3 +42,10 @@ def run_vllm_script(
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     result = json.loads(lines[-1][len(RESULT_PREFIX) :]) if lines else None
     return result, output
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a test's ``torch.distributed`` rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

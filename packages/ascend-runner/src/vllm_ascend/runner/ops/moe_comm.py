@@ -126,7 +126,7 @@ def gather_tokens(part: torch.Tensor, num_tokens: int, group: Any, size: int) ->
     if size == 1:
         return part
     full = part.new_empty(part.shape[0] * size, *part.shape[1:])
-    dist.all_gather_into_tensor(full, part.contiguous(), group=group)
+    dist.all_gather_single(full, part.contiguous(), group=group)
     return full[:num_tokens]
 
 

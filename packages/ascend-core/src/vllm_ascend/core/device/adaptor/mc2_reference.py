@@ -3,8 +3,10 @@
 The NPU's ``npu_moe_distribute_dispatch``/``combine`` write token copies into windows sized for the
 capacity: every rank may send at most ``global_bs / W`` tokens, so each sender owns, on each peer, a window
 of ``global_bs / W * min(L, k)`` rows (a token sends at most ``min(L, k)`` copies to one rank of ``L``
-experts). Here each window is a fixed-size slice of one ``all_to_all_single``: the bytes moved depend on
-the capacity, not on the routing, as on the device; padding tokens (``active_mask`` false) are not sent.
+experts). Here each window is a fixed-size slice of one ``all_to_all_single``, so the same token copies
+land in the same capacity-sized buffers as on the device; padding tokens (``active_mask`` false) are not
+sent. Whole windows travel here (their unfilled rows too), so the bytes this moves are an upper bound of
+the device kernel's, which writes the rows it fills into its peers' windows.
 """
 
 from __future__ import annotations
