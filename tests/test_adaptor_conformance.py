@@ -274,7 +274,14 @@ def test_the_wheel_documents_the_ops_we_rely_on(npu_ops):
     assert npu_ops["npu_format_cast"].positional == ["self", "acl_format"]
     assert npu_ops["npu_quant_matmul"].keyword_only == ["offset", "pertoken_scale", "bias", "output_dtype"]
     dispatch = npu_ops["npu_moe_distribute_dispatch"]  # from the op schemas: the docs do not cover it
-    assert dispatch.positional == ["x", "expert_ids", "group_ep", "ep_world_size", "ep_rank_id", "moe_expert_num"]
+    assert dispatch.positional == [
+        "x",
+        "expert_ids",
+        "group_ep",
+        "ep_world_size",
+        "ep_rank_id",
+        "moe_expert_num",
+    ]
     assert {"x_active_mask", "global_bs", "expert_token_nums_type"} <= set(dispatch.keyword_only)
     combine = npu_ops["npu_moe_distribute_combine"]
     assert combine.required == {

@@ -94,7 +94,9 @@ def test_cross_checks_against_vllm_and_the_expert_map(tmp_path):
         ConfigError, match=f"{P}.num_redundant_experts = 2 needs several expert-parallel ranks"
     ):
         validate_eplb_config({"num_redundant_experts": 2}, _vllm())
-    with pytest.raises(ConfigError, match=f"{P}: 2 redundant experts over 2 expert-parallel ranks are not supported"):
+    with pytest.raises(
+        ConfigError, match=f"{P}: 2 redundant experts over 2 expert-parallel ranks are not supported"
+    ):
         validate_eplb_config({"num_redundant_experts": 2}, _vllm(tp=2))
     missing = str(tmp_path / "missing.json")
     with pytest.raises(
@@ -106,7 +108,9 @@ def test_cross_checks_against_vllm_and_the_expert_map(tmp_path):
     assert validate_eplb_config({"expert_map_path": path, "num_redundant_experts": 2}, _vllm()).enabled
     with pytest.raises(ConfigError, match=f"{P}.num_redundant_experts = 1 contradicts .* places 2 redundant"):
         validate_eplb_config({"expert_map_path": path, "num_redundant_experts": 1}, _vllm())
-    with pytest.raises(ConfigError, match=f"{P}.expert_map_path places experts on 2 ranks; this deployment has 4"):
+    with pytest.raises(
+        ConfigError, match=f"{P}.expert_map_path places experts on 2 ranks; this deployment has 4"
+    ):
         validate_eplb_config({"expert_map_path": path}, _vllm(tp=4))
     even = str(tmp_path / "even.json")
     save_expert_map(generate_global_placement(8, 2, 0, num_layers=3), even)  # over 2 ranks, no copies
