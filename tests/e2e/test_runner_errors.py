@@ -27,8 +27,8 @@ def test_unsupported_kv_cache_dtype_is_named(make_llm, tiny_qwen3):
             r"`additional_config.ascend_compilation_config` is not supported yet by vllm-ascend",
         ),
         (
-            {"rejection_sampler_config": {"verify_method": "block"}},
-            r"verify_method` = 'block' is not supported yet by vllm-ascend .*supported: 'strict'",
+            {"rejection_sampler_config": {"verify_method": "entropy", "entropy_threshold": 0.5}},
+            r"`additional_config.rejection_sampler_config.entropy_threshold` is not supported yet by vllm-ascend",
         ),
         ({"enable_cpu_bindnig": True}, r"unknown option additional_config.enable_cpu_bindnig; did you mean"),
     ],

@@ -93,14 +93,29 @@ def test_ngram_drafts_are_verified_on_our_kernels(make_llm, tiny_qwen3, monkeypa
     assert all(0 <= t < 512 for row in first for t in row)
 
 
-def test_unsupported_verification_is_a_clear_error(make_llm, tiny_qwen3):
-    with pytest.raises(
-        Exception,
-        match=r"`additional_config.rejection_sampler_config.verify_method` = 'block' is not supported yet "
-        r"by vllm-ascend .*; supported: 'strict'",
-    ):
-        make_llm(
+def test_block_and_entropy_verification_through_vllm(make_llm, tiny_qwen3, monkeypatch):
+    """``rejection_sampler_config.verify_method`` reaches the sampler; greedy output is plain
+    decoding's; random requests are verified by the method's kernel, reproducibly when seeded."""
+    from vllm_ascend.runner.sample.rejection_sampler import Verification
+
+    want = _tokens(make_llm(tiny_qwen3), temperature=0.0, max_tokens=24)
+    for method in ("block", "entropy"):
+        spec = make_llm(
             tiny_qwen3,
             speculative_config=NGRAM,
-            additional_config={"rejection_sampler_config": {"verify_method": "block"}},
+            additional_config={"rejection_sampler_config": {"verify_method": method, "posterior_alpha": 0.5}},
         )
+        runner = spec.collective_rpc(lambda wrapper: wrapper.worker)[0].model_runner
+        assert runner.rejection_sampler.verification == Verification(method, 0.09, 0.5)
+        with monkeypatch.context() as patch:
+            seen = _spy_verification(patch)
+            name = f"rejection_{method}_sample"
+            calls: list[int] = []
+            real = getattr(kernels, name)
+            patch.setattr(kernels, name, lambda *args, real=real, calls=calls: calls.append(1) or real(*args))
+            assert _tokens(spec, temperature=0.0, max_tokens=24) == want, method
+            assert sum(seen["greedy"]) > 0 and not calls  # greedy rows: argmax verification, drafts accepted
+            params = dict(temperature=0.8, seed=5, max_tokens=16)
+            first = _tokens(spec, **params)
+            assert calls and not seen["random"]  # random rows: the method's kernel, not token-wise rejection
+            assert _tokens(spec, **params) == first

@@ -31,7 +31,11 @@ def test_defaults_match_the_intended_behaviour():
     assert c.rejection_sampler_config == RejectionSamplerConfig(verify_method="strict")
     assert c.enable_cpu_binding is False and c.dump_config_path is None
     assert c.to_dict() == {
-        "rejection_sampler_config": {"verify_method": "strict"},
+        "rejection_sampler_config": {
+            "verify_method": "strict",
+            "posterior_threshold": 0.09,
+            "posterior_alpha": 0.3,
+        },
         "enable_cpu_binding": False,
         "dump_config_path": None,
     }
@@ -39,7 +43,11 @@ def test_defaults_match_the_intended_behaviour():
 
 
 NON_DEFAULT = {
-    "rejection_sampler_config": {"verify_method": "strict"},
+    "rejection_sampler_config": {
+        "verify_method": "block",
+        "posterior_threshold": 0.2,
+        "posterior_alpha": 0.5,
+    },
     "enable_cpu_binding": True,
     "dump_config_path": "/tmp/vllm-ascend-config.json",
 }
@@ -123,6 +131,8 @@ def test_describe_lists_every_leaf_option_with_help():
     paths = [r[0] for r in rows]
     assert paths == [
         "additional_config.rejection_sampler_config.verify_method",
+        "additional_config.rejection_sampler_config.posterior_threshold",
+        "additional_config.rejection_sampler_config.posterior_alpha",
         "additional_config.enable_cpu_binding",
         "additional_config.dump_config_path",
     ]

@@ -15,6 +15,7 @@ from vllm_ascend.core.config.schema import Section, option
 TOP_KEYS = "dump_config_path, enable_cpu_binding, rejection_sampler_config"
 P = "additional_config"
 R = f"{P}.rejection_sampler_config"
+R_KEYS = "posterior_alpha, posterior_threshold, verify_method"
 
 CASES = [
     # unknown keys, with and without a suggestion
@@ -25,7 +26,7 @@ CASES = [
     ({"zzz": 1}, f"unknown option {P}.zzz. Allowed keys: {TOP_KEYS}"),
     (
         {"rejection_sampler_config": {"verify_methd": "strict"}},
-        f"unknown option {R}.verify_methd; did you mean 'verify_method'? Allowed keys: verify_method",
+        f"unknown option {R}.verify_methd; did you mean 'verify_method'? Allowed keys: {R_KEYS}",
     ),
     # wrong types
     (
@@ -37,7 +38,7 @@ CASES = [
     ({"dump_config_path": 5}, f"{P}.dump_config_path must be a string, got int 5"),
     (
         {"rejection_sampler_config": 5},
-        f"{R} must be a JSON object (allowed keys: verify_method), got int 5",
+        f"{R} must be a JSON object (allowed keys: {R_KEYS}), got int 5",
     ),
     ({"rejection_sampler_config": {"verify_method": 3}}, f"{R}.verify_method must be a string, got int 3"),
     # not an allowed value
@@ -45,14 +46,18 @@ CASES = [
         {"rejection_sampler_config": {"verify_method": "greedy"}},
         f"{R}.verify_method = 'greedy' is invalid; allowed values: 'strict', 'block', 'entropy'",
     ),
-    # upstream values this version does not serve
+    # out of range
     (
-        {"rejection_sampler_config": {"verify_method": "block"}},
-        f"`{R}.verify_method` = 'block' is not supported yet by vllm-ascend 0.1.0; supported: 'strict'",
+        {"rejection_sampler_config": {"posterior_threshold": 0}},
+        f"{R}.posterior_threshold = 0.0 is out of range; allowed: > 0 and <= 1",
     ),
     (
-        {"rejection_sampler_config": {"verify_method": "entropy"}},
-        f"`{R}.verify_method` = 'entropy' is not supported yet by vllm-ascend 0.1.0; supported: 'strict'",
+        {"rejection_sampler_config": {"posterior_threshold": 1.5}},
+        f"{R}.posterior_threshold = 1.5 is out of range; allowed: > 0 and <= 1",
+    ),
+    (
+        {"rejection_sampler_config": {"posterior_alpha": -0.1}},
+        f"{R}.posterior_alpha = -0.1 is out of range; allowed: > 0",
     ),
 ]
 
@@ -81,10 +86,8 @@ def test_invalid_json_is_reported():
 
 def test_direct_construction_is_validated_too():
     with pytest.raises(ConfigError) as info:
-        RejectionSamplerConfig(verify_method="block")
-    assert str(info.value) == (
-        f"`{R}.verify_method` = 'block' is not supported yet by vllm-ascend 0.1.0; supported: 'strict'"
-    )
+        RejectionSamplerConfig(verify_method="entropy", posterior_alpha=0.0)
+    assert str(info.value) == f"{R}.posterior_alpha = 0.0 is out of range; allowed: > 0"
     with pytest.raises(ConfigError) as info:
         AscendConfig(rejection_sampler_config={"verify_method": "x"})  # type: ignore[arg-type]
     assert (

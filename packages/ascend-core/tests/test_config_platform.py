@@ -56,7 +56,7 @@ def test_platform_rejects_bad_additional_config_with_the_config_message(tmp_path
     cases = {
         "unknown_key": {"enable_cpu_bindng": True},
         "refused_option": {"enable_kv_nz": True},
-        "refused_value": {"rejection_sampler_config": {"verify_method": "block"}},
+        "refused_value": {"rejection_sampler_config": {"posterior_threshold": 2}},
         "good": {"enable_cpu_binding": True},
     }
     env = {
@@ -79,8 +79,7 @@ def test_platform_rejects_bad_additional_config_with_the_config_message(tmp_path
         "(the KV cache in FRACTAL_NZ layout); remove it from additional_config"
     ) in results["refused_option"]["error"]
     assert (
-        "`additional_config.rejection_sampler_config.verify_method` = 'block' is not supported yet by "
-        "vllm-ascend 0.1.0; supported: 'strict'"
+        "additional_config.rejection_sampler_config.posterior_threshold = 2.0 is out of range; allowed: > 0 and <= 1"
     ) in results["refused_value"]["error"]
     for label in ("unknown_key", "refused_option", "refused_value"):
         assert results[label]["ascend"] is None, label

@@ -127,16 +127,31 @@ def test_unsupported_variables_are_not_declared():
 
 
 # -- verify_method ---------------------------------------------------------------------------
-@pytest.mark.parametrize("method", ["block", "entropy"])
-def test_verify_methods_other_than_strict_are_refused(method):
-    with pytest.raises(ConfigError) as info:
-        init_ascend_config({"rejection_sampler_config": {"verify_method": method}})
-    assert str(info.value) == (
-        f"`additional_config.rejection_sampler_config.verify_method` = {method!r} is not supported yet "
-        "by vllm-ascend 0.1.0; supported: 'strict'"
+@pytest.mark.parametrize("method", ["strict", "block", "entropy"])
+def test_every_verify_method_is_served(method):
+    served = init_ascend_config(
+        {
+            "rejection_sampler_config": {
+                "verify_method": method,
+                "posterior_threshold": 0.2,
+                "posterior_alpha": 0.5,
+            }
+        }
     )
-    served = init_ascend_config({"rejection_sampler_config": {"verify_method": "strict"}})
-    assert served.rejection_sampler_config.verify_method == "strict"
+    section = served.rejection_sampler_config
+    assert (section.verify_method, section.posterior_threshold, section.posterior_alpha) == (method, 0.2, 0.5)
+
+
+def test_upstream_entropy_threshold_is_refused_naming_the_served_options():
+    with pytest.raises(ConfigError) as info:
+        init_ascend_config(
+            {"rejection_sampler_config": {"verify_method": "entropy", "entropy_threshold": 0.5}}
+        )
+    message = str(info.value)
+    assert message.startswith(
+        "`additional_config.rejection_sampler_config.entropy_threshold` is not supported yet"
+    )
+    assert "posterior_threshold / posterior_alpha" in message
 
 
 # -- sibling-owned sections ------------------------------------------------------------------

@@ -95,3 +95,24 @@ def test_methods_with_cuda_kernels_are_refused_by_name():
         ConfigError, match=r"quantization='awq' is not supported by vllm-ascend.*supported: 'ascend'"
     ):
         verify_quantization("awq")
+
+
+def test_a_served_suffix_method_needs_no_arctic_inference(monkeypatch, core_only):
+    """vLLM refuses ``method="suffix"`` without arctic-inference; once a sibling serves it the check passes."""
+    from vllm.config import speculative
+
+    from vllm_ascend.core.registry import SPEC_DECODE_METHODS
+    from vllm_ascend.core.vllm_bridge import accept_served_spec_methods_in_vllm
+
+    monkeypatch.setattr(speculative, "has_arctic_inference", lambda: False)
+    core_only(SPEC_DECODE_METHODS)
+    assert accept_served_spec_methods_in_vllm() is False
+    assert speculative.has_arctic_inference() is False
+    with registering_as("vllm-ascend-probe") as journal:
+        SPEC_DECODE_METHODS.register("suffix", "vllm_ascend.no_such_module:Proposer")
+        try:
+            assert accept_served_spec_methods_in_vllm() is True
+            assert speculative.has_arctic_inference() is True
+        finally:
+            for registry, name in journal:
+                registry.unregister(name)

@@ -41,7 +41,8 @@ def load_extensions() -> None:
     """Load every installed sibling extension (once per process).
 
     When the platform is active, also hand the siblings' model loaders and quantization methods to
-    vLLM so that ``--load-format <name>`` / ``--quantization <name>`` work, and install the device
+    vLLM so that ``--load-format <name>`` / ``--quantization <name>`` work, let vLLM's speculative config
+    accept ``suffix`` without arctic-inference when a sibling serves it, and install the device
     adaptor's runtime shims: processes that build no worker (the engine core under the ``mp``
     executor) still call ``torch.accelerator`` at shutdown. Otherwise vLLM sees nothing of the plugin.
     """
@@ -56,10 +57,12 @@ def load_extensions() -> None:
     if active:
         from vllm_ascend.core.device.config import get_device_adaptor
         from vllm_ascend.core.vllm_bridge import (
+            accept_served_spec_methods_in_vllm,
             register_model_loaders_with_vllm,
             register_quant_methods_with_vllm,
         )
 
         register_model_loaders_with_vllm()
         register_quant_methods_with_vllm()
+        accept_served_spec_methods_in_vllm()
         get_device_adaptor().install_runtime_shims()

@@ -1,8 +1,9 @@
 """Hand what siblings registered with core to vLLM's own registries, and report what vLLM can reach.
 
 ``load_format`` names (``MODEL_LOADERS``) and quantization methods (``QUANT_METHODS``) become vLLM
-entries when the platform is active; :func:`reachability` tells ``vllm-ascend doctor`` which
-registered entries vLLM (or the plugin's serving path) actually reaches.
+entries when the platform is active, and vLLM's speculative config stops requiring arctic-inference for
+``suffix`` when a sibling serves that method (``SPEC_DECODE_METHODS``); :func:`reachability` tells
+``vllm-ascend doctor`` which registered entries vLLM (or the plugin's serving path) actually reaches.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from vllm_ascend.core.registry import (
     CONFIG_SECTIONS,
     MODEL_LOADERS,
     QUANT_METHODS,
+    SPEC_DECODE_METHODS,
     WORKERS,
     Registry,
 )
@@ -76,6 +78,23 @@ def register_quant_methods_with_vllm() -> list[str]:
         quantization.register_quantization_config(name)(cls)
         added.append(name)
     return added
+
+
+def _suffix_method_is_served() -> bool:
+    """Stands for vLLM's ``has_arctic_inference`` check once a sibling serves ``suffix``."""
+    return True
+
+
+def accept_served_spec_methods_in_vllm() -> bool:
+    """vLLM's ``SpeculativeConfig`` accepts ``method="suffix"`` only when arctic-inference is importable (its
+    own proposer wraps it). When ``SPEC_DECODE_METHODS`` holds ``suffix`` the runner drafts with that proposer
+    instead, so vLLM's check is answered true; return whether it was."""
+    if "suffix" not in SPEC_DECODE_METHODS:
+        return False
+    from vllm.config import speculative
+
+    speculative.has_arctic_inference = _suffix_method_is_served
+    return True
 
 
 def _reached(registry: str, name: str) -> tuple[bool, str]:

@@ -28,9 +28,13 @@ if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names loa
     from vllm_ascend.kernels.penalties import apply_penalties as apply_penalties
     from vllm_ascend.kernels.rejection import PLACEHOLDER_TOKEN_ID as PLACEHOLDER_TOKEN_ID
     from vllm_ascend.kernels.rejection import expand_batch_to_tokens as expand_batch_to_tokens
+    from vllm_ascend.kernels.rejection import rejection_block_sample as rejection_block_sample
+    from vllm_ascend.kernels.rejection import rejection_entropy_sample as rejection_entropy_sample
     from vllm_ascend.kernels.rejection import rejection_greedy_sample as rejection_greedy_sample
     from vllm_ascend.kernels.rejection import rejection_random_sample as rejection_random_sample
+    from vllm_ascend.kernels.rejection import rejection_synthetic_sample as rejection_synthetic_sample
     from vllm_ascend.kernels.rejection import sample_recovered_tokens as sample_recovered_tokens
+    from vllm_ascend.kernels.rejection import typical_acceptance_threshold as typical_acceptance_threshold
     from vllm_ascend.kernels.rms_norm import triton_q_rms as triton_q_rms
     from vllm_ascend.kernels.slot_mapping import PAD_SLOT_ID as PAD_SLOT_ID
     from vllm_ascend.kernels.slot_mapping import compute_slot_mapping as compute_slot_mapping
@@ -59,6 +63,10 @@ _EXPORTS = {
     "rejection_greedy_sample": "vllm_ascend.kernels.rejection",
     "rejection_random_sample": "vllm_ascend.kernels.rejection",
     "sample_recovered_tokens": "vllm_ascend.kernels.rejection",
+    "rejection_block_sample": "vllm_ascend.kernels.rejection",
+    "typical_acceptance_threshold": "vllm_ascend.kernels.rejection",
+    "rejection_entropy_sample": "vllm_ascend.kernels.rejection",
+    "rejection_synthetic_sample": "vllm_ascend.kernels.rejection",
     "expand_batch_to_tokens": "vllm_ascend.kernels.rejection",
     "PLACEHOLDER_TOKEN_ID": "vllm_ascend.kernels.rejection",
     "triton_q_rms": "vllm_ascend.kernels.rms_norm",

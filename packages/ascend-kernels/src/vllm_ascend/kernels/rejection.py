@@ -16,7 +16,21 @@ the first rejected one, or, when every draft token is accepted, the request's bo
   ``(p - q)+ / E`` with one exponential draw ``E`` per request and token, the same exponential-race
   idea as Gumbel-max. All randomness comes in as tensors, so the kernels are deterministic.
 
-Every function has a plain-torch reference (``<name>_torch``) with the same signature.
+Other verification rules (``rejection_sampler_config.verify_method`` and vLLM's
+``rejection_sample_method``) reuse the same output contract:
+
+* :func:`rejection_block_sample`: block verification (Sun et al. 2024, "Block Verification
+  Accelerates Speculative Decoding"): the accepted prefix is chosen jointly from the whole draft,
+  so the output keeps the target distribution and accepts, in expectation, at least as many drafts
+  as token-wise rejection.
+* :func:`rejection_entropy_sample`: entropy verification, the typical acceptance of Medusa (Cai et
+  al. 2024): accept ``d`` while ``p(d) >= min(epsilon, alpha * exp(-H(p)))``. **Lossy**: the output
+  does not follow the target distribution (see its docstring for the law it does follow).
+* :func:`rejection_synthetic_sample`: accept with given per-position rates, for benchmarking only
+  (ignores the probabilities; not distribution-preserving).
+
+Every kernel has a plain-torch reference (``<name>_torch``) with the same signature;
+:func:`rejection_entropy_sample` is composed of dispatching kernels.
 """
 
 from __future__ import annotations
@@ -91,6 +105,14 @@ def check_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, nu
         raise ValueError(
             f"draft_probs must have the shape of target_probs {tuple(target_probs.shape)}, "
             f"got {tuple(draft_probs.shape)}"
+        )
+
+
+def check_inv_q(inv_q: torch.Tensor, cu_num_draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> None:
+    """The exponential-race reciprocals must be ``[B, V]``, one row per request."""
+    if inv_q.dim() != 2 or inv_q.shape != (cu_num_draft_tokens.numel(), target_probs.shape[-1]):
+        raise ValueError(
+            f"inv_q must be [B, V] = {(cu_num_draft_tokens.numel(), target_probs.shape[-1])}, got {tuple(inv_q.shape)}"
         )
 
 
@@ -233,10 +255,7 @@ def sample_recovered_tokens(
     the dtype of ``draft_token_ids``.
     """
     check_probs(target_probs, draft_probs, draft_token_ids.numel())
-    if inv_q.dim() != 2 or inv_q.shape != (cu_num_draft_tokens.numel(), target_probs.shape[-1]):
-        raise ValueError(
-            f"inv_q must be [B, V] = {(cu_num_draft_tokens.numel(), target_probs.shape[-1])}, got {tuple(inv_q.shape)}"
-        )
+    check_inv_q(inv_q, cu_num_draft_tokens, target_probs)
     return dispatch(
         "rejection", "sample_recovered_tokens", sample_recovered_tokens_torch, target_probs.device
     )(max_spec_len, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, inv_q)
@@ -263,4 +282,221 @@ def expand_batch_to_tokens(
         )
     return dispatch("rejection", "expand_batch_to_tokens", expand_batch_to_tokens_torch, x.device)(
         x, cu_num_tokens, num_tokens, replace_from, replace_to
+    )
+
+
+def _draft_rows(
+    draft: torch.Tensor, draft_probs: torch.Tensor | None, shape: torch.Size, dtype: torch.dtype
+) -> torch.Tensor:
+    """``q`` as ``[N, V]``: the draft probabilities, or one-hot rows of the draft tokens when a
+    proposer gives none; zero rows where the draft is ``-1`` (padding)."""
+    valid = draft >= 0
+    if draft_probs is None:
+        rows = torch.zeros(shape, dtype=dtype, device=draft.device)
+        idx = valid.nonzero().flatten()
+        rows[idx, draft[idx]] = 1.0
+        return rows
+    return torch.where(valid.unsqueeze(1), draft_probs, 0.0)
+
+
+def rejection_block_sample_torch(
+    output: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    uniform_probs: torch.Tensor,
+    inv_q: torch.Tensor,
+    is_greedy: torch.Tensor,
+) -> torch.Tensor:
+    """Reference of :func:`rejection_block_sample`."""
+    num_tokens = draft_token_ids.numel()
+    req, pos = _request_of_tokens(cu_num_draft_tokens, num_tokens)
+    start, end = _bounds(cu_num_draft_tokens)
+    draft = draft_token_ids.to(torch.int64)
+    valid = draft >= 0
+    at = draft.clamp(min=0).unsqueeze(1)
+    p_d = target_probs.gather(1, at).squeeze(1)
+    q_d = valid.to(p_d.dtype) if draft_probs is None else draft_probs.gather(1, at).squeeze(1)
+    ratio = torch.where(valid & (q_d > 0), p_d / torch.where(q_d > 0, q_d, 1.0), 0.0)
+    # weight[t]: the block weight before draft token t (1 at each request's first token)
+    weight = torch.ones_like(ratio)
+    for j in range(1, int(pos.max()) + 1 if num_tokens else 0):
+        idx = (pos == j).nonzero().flatten()
+        weight[idx] = (weight[idx - 1] * ratio[idx - 1]).clamp(max=1.0)
+    q = _draft_rows(draft, draft_probs, target_probs.shape, target_probs.dtype)
+    scaled = weight.unsqueeze(1) * target_probs
+    num = (scaled - q).clamp(min=0.0).sum(dim=1)
+    den = (q - scaled).clamp(min=0.0).sum(dim=1)
+    stop_prob = torch.where(den > 0, num / torch.where(den > 0, den, 1.0), (num > 0).to(num.dtype))
+    # stopping after j >= 1 accepted drafts uses the uniform of draft j - 1
+    previous_u = torch.cat([uniform_probs.new_ones(1), uniform_probs[:-1]])
+    stops_here = (pos >= 1) & (previous_u <= stop_prob.clamp(max=1.0))
+    batch = output.shape[0]
+    stop = torch.zeros(batch, dtype=torch.int64, device=output.device)
+    stop.scatter_reduce_(0, req, torch.where(stops_here, pos, 0), reduce="amax")
+    has_draft = end > start
+    last = (end - 1).clamp(min=0)
+    full_weight = (weight[last] * ratio[last]).clamp(max=1.0) if num_tokens else weight.new_zeros(batch)
+    whole = has_draft & (uniform_probs[last] <= full_weight) if num_tokens else has_draft
+    stop = torch.where(whole, end - start, stop)
+    residual = (scaled - q).clamp(min=0.0) * inv_q[req].to(scaled.dtype)
+    recovered = residual.argmax(dim=1)
+    tokens = torch.where(pos < stop[req], draft, recovered)
+    _write_until_first_rejection(
+        output, cu_num_draft_tokens, tokens, pos == stop[req], bonus_token_ids, ~is_greedy.bool()
+    )
+    return output
+
+
+def rejection_block_sample(
+    output: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    uniform_probs: torch.Tensor,
+    inv_q: torch.Tensor,
+    is_greedy: torch.Tensor,
+) -> torch.Tensor:
+    """Block verification of the non-greedy requests' drafts (Sun et al. 2024), in place in ``output``.
+
+    For a request with ``n`` drafts ``d_0..d_{n-1}`` (``q_j``/``p_j``: draft/target rows of draft
+    position ``j``; ``q_j`` one-hot at ``d_j`` without draft probabilities, zero for a ``-1`` pad):
+    weights ``w_0 = 1``, ``w_{j+1} = min(w_j p_j(d_j) / q_j(d_j), 1)``; stopping after ``j`` drafts
+    has probability ``h_j = sum (w_j p_j - q_j)+ / sum (q_j - w_j p_j)+`` (``h_n = w_n``); the
+    accepted length is the largest ``j`` in ``1..n`` with ``u_{j-1} <= h_j``, else 0. After ``j < n``
+    accepted drafts comes a draw from ``(w_j p_j - q_j)+`` (exponential race with ``inv_q``, lowest
+    id on ties), after all ``n`` the bonus token. The output sequence, continued by target
+    sampling, has the target distribution, and the expected accepted length is at least that of
+    :func:`rejection_random_sample`. Arguments as in :func:`rejection_random_sample` and
+    :func:`sample_recovered_tokens`; greedy rows are left as they are.
+    """
+    check_output(output, cu_num_draft_tokens)
+    check_probs(target_probs, draft_probs, draft_token_ids.numel())
+    check_inv_q(inv_q, cu_num_draft_tokens, target_probs)
+    return dispatch("rejection", "rejection_block_sample", rejection_block_sample_torch, output.device)(
+        output,
+        cu_num_draft_tokens,
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        bonus_token_ids,
+        uniform_probs,
+        inv_q,
+        is_greedy,
+    )
+
+
+def typical_acceptance_threshold_torch(
+    target_probs: torch.Tensor, epsilon: float, alpha: float
+) -> torch.Tensor:
+    """Reference of :func:`typical_acceptance_threshold`."""
+    entropy = torch.special.entr(target_probs).sum(dim=1)
+    return torch.minimum(torch.full_like(entropy, epsilon), alpha * torch.exp(-entropy))
+
+
+def typical_acceptance_threshold(target_probs: torch.Tensor, epsilon: float, alpha: float) -> torch.Tensor:
+    """Per row of ``target_probs`` (float32 ``[N, V]``): ``min(epsilon, alpha * exp(-H(p)))`` with
+    ``H(p) = -sum p log p`` in nats, the acceptance threshold of entropy verification. ``[N]`` float32."""
+    check_probs(target_probs, None, target_probs.shape[0])
+    return dispatch(
+        "rejection", "typical_acceptance_threshold", typical_acceptance_threshold_torch, target_probs.device
+    )(target_probs, epsilon, alpha)
+
+
+def rejection_entropy_sample(
+    output: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    inv_q: torch.Tensor,
+    is_greedy: torch.Tensor,
+    epsilon: float,
+    alpha: float,
+) -> torch.Tensor:
+    """Entropy verification (typical acceptance, Cai et al. 2024) of the non-greedy requests' drafts.
+
+    A draft ``d >= 0`` is accepted while ``p(d) >= min(epsilon, alpha * exp(-H(p)))``
+    (:func:`typical_acceptance_threshold`): confident positions (low entropy) demand a likely draft,
+    uncertain ones accept any plausible draft. The first rejected position takes a draw from ``p``
+    itself (``argmax(p * inv_q)``), all accepted the bonus token. Deterministic given the draft: no
+    uniform draw, draft probabilities are not used. **Not distribution-preserving**: at a position
+    where drafts come from ``q`` the output law is ``q(x) [p(x) >= t] + p(x) sum_{y: p(y) < t} q(y)``,
+    not ``p`` (tokens with ``p >= epsilon`` are always accepted). Greedy rows are left as they are.
+    Composed of :func:`typical_acceptance_threshold`, :func:`sample_recovered_tokens` and
+    :func:`rejection_random_sample`, each dispatched on its own.
+    """
+    check_output(output, cu_num_draft_tokens)
+    threshold = typical_acceptance_threshold(target_probs, epsilon, alpha)
+    no_draft = torch.full_like(draft_token_ids, PLACEHOLDER_TOKEN_ID)  # nothing removed: a draw from p
+    samples = sample_recovered_tokens(
+        output.shape[1] - 1, cu_num_draft_tokens, no_draft, None, target_probs, inv_q
+    )
+    return rejection_random_sample(
+        output,
+        cu_num_draft_tokens,
+        draft_token_ids,
+        None,
+        target_probs,
+        bonus_token_ids,
+        samples,
+        threshold.to(torch.float64),
+        is_greedy,
+    )
+
+
+def rejection_synthetic_sample_torch(
+    output: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    replacement_token_ids: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    uniform_probs: torch.Tensor,
+    conditional_rates: torch.Tensor,
+) -> torch.Tensor:
+    """Reference of :func:`rejection_synthetic_sample`."""
+    _, pos = _request_of_tokens(cu_num_draft_tokens, draft_token_ids.numel())
+    draft = draft_token_ids.to(torch.int64)
+    rate = conditional_rates.to(uniform_probs.dtype)[pos.clamp(max=conditional_rates.numel() - 1)]
+    accepted = (draft >= 0) & (pos < conditional_rates.numel()) & (uniform_probs < rate)
+    tokens = torch.where(accepted, draft, replacement_token_ids.to(torch.int64))
+    rows = torch.ones(output.shape[0], dtype=torch.bool, device=output.device)
+    _write_until_first_rejection(output, cu_num_draft_tokens, tokens, ~accepted, bonus_token_ids, rows)
+    return output
+
+
+def rejection_synthetic_sample(
+    output: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    replacement_token_ids: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    uniform_probs: torch.Tensor,
+    conditional_rates: torch.Tensor,
+) -> torch.Tensor:
+    """Synthetic acceptance for benchmarking (vLLM's ``rejection_sample_method="synthetic"``), every row.
+
+    Draft position ``j`` (``d >= 0``) is accepted while ``u < conditional_rates[j]`` (``[S]``
+    float32, the probability of accepting position ``j`` given ``j - 1`` accepted; positions past
+    ``S`` are rejected); the first rejection writes ``replacement_token_ids`` (``[N]``: the target
+    argmax or recovered token), all accepted the bonus token. The target distribution plays no
+    part: **not distribution-preserving**, for measuring speed at a chosen acceptance only.
+    """
+    check_output(output, cu_num_draft_tokens)
+    if conditional_rates.dim() != 1 or conditional_rates.numel() == 0:
+        raise ValueError(f"conditional_rates must be [S] with S >= 1, got {tuple(conditional_rates.shape)}")
+    return dispatch(
+        "rejection", "rejection_synthetic_sample", rejection_synthetic_sample_torch, output.device
+    )(
+        output,
+        cu_num_draft_tokens,
+        draft_token_ids,
+        replacement_token_ids,
+        bonus_token_ids,
+        uniform_probs,
+        conditional_rates,
     )

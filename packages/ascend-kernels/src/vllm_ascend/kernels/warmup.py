@@ -97,8 +97,8 @@ def penalties_triton_warmup(device: torch.device, vocab_size: int, dtypes: Seque
 def rejection_sampler_triton_warmup(
     device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]
 ) -> None:
-    """Speculative-decoding verification: greedy (all-greedy batch and mixed), random and
-    recovered-token sampling (with and without draft probabilities), and the per-token expansion
+    """Speculative-decoding verification: greedy (all-greedy batch and mixed), random, block and
+    recovered-token sampling (with and without draft probabilities), entropy and synthetic, and the per-token expansion
     of float and integer request values, at the compiled draft-length variant every draft of up to
     ``MIN_SPEC`` tokens uses (target and draft probabilities are float32 whatever the logits' dtype)."""
     from vllm_ascend import kernels as K
@@ -119,6 +119,10 @@ def rejection_sampler_triton_warmup(
     for draft_probs in (None, target.flip(-1).contiguous()):
         recovered = K.sample_recovered_tokens(MIN_SPEC, cu, draft, draft_probs, target, inv_q)
         K.rejection_random_sample(out, cu, draft, draft_probs, target, bonus, recovered, uniform, is_greedy)
+        K.rejection_block_sample(out, cu, draft, draft_probs, target, bonus, uniform, inv_q, is_greedy)
+    K.rejection_entropy_sample(out, cu, draft, target, bonus, inv_q, is_greedy, 0.09, 0.3)
+    rates = torch.full((MIN_SPEC,), 0.5, device=device)
+    K.rejection_synthetic_sample(out, cu, draft, draft, bonus, uniform, rates)
     for values in (torch.rand(2, device=device), counts.to(torch.int32), counts):
         K.expand_batch_to_tokens(values, cu, n)
 

@@ -8,7 +8,9 @@ Speculative decoding drafts with the proposer core's ``SPEC_DECODE_METHODS`` reg
 ``speculative_config.method`` (a sibling distribution registers it; the platform refuses methods
 nobody registered). Such a proposer has ``from_vllm_config(vllm_config)`` and vLLM's CPU-drafter
 call ``propose(num_speculative_tokens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
-slot_mappings=...) -> list[list[int]]``.
+slot_mappings=...) -> list[list[int]]``; a proposer whose ``tracks_requests`` is true (suffix decoding keeps
+per-request state) also gets the rows' ``req_ids`` and ``num_prompt_tokens``, from which it starts,
+extends and stops its requests.
 
 A row whose sampled token is thrown away (a prefill chunk that is not the prompt's last) samples
 without its request's ``torch.Generator``, so a seeded request's generator advances only on steps
@@ -73,14 +75,19 @@ def build_drafter(vllm_config: VllmConfig) -> Any:
 
 @contextmanager
 def vllm_takes_our_drafter(vllm_config: VllmConfig, drafter: Any) -> Iterator[None]:
-    """For ``ngram`` vLLM's runner constructs its numba ``NgramProposer`` (JIT-compiled on creation):
-    hand it ``drafter`` instead, so only our proposer is built."""
+    """For ``ngram`` vLLM's runner constructs its numba ``NgramProposer`` (JIT-compiled on creation), for
+    ``suffix`` its arctic-inference ``SuffixDecodingProposer``: hand it ``drafter`` instead, so only our
+    proposer is built."""
     spec = vllm_config.speculative_config
     with ExitStack() as stack:
         if spec is not None and spec.method == "ngram":
             from vllm.v1.spec_decode import ngram_proposer
 
             stack.enter_context(replaced_names(ngram_proposer, {"NgramProposer": lambda config: drafter}))
+        if spec is not None and spec.method == "suffix":
+            stack.enter_context(
+                replaced_names(gpu_model_runner, {"SuffixDecodingProposer": lambda config: drafter})
+            )
         yield
 
 
@@ -141,12 +148,17 @@ class NPUModelRunner(GPUModelRunner):
         """Drafts from the registry's proposer, called as vLLM calls its CPU n-gram drafter."""
         self._draft_probs = None
         self._draft_prob_req_ids = None
+        batch = self.input_batch
+        requests: dict[str, Any] = {}
+        if getattr(self.drafter, "tracks_requests", False):
+            requests = {"req_ids": batch.req_ids, "num_prompt_tokens": batch.num_prompt_tokens}
         return self.drafter.propose(
             scheduler_output.num_spec_tokens_to_schedule,
             sampled_token_ids,
-            self.input_batch.num_tokens_no_spec,
-            self.input_batch.token_ids_cpu,
+            batch.num_tokens_no_spec,
+            batch.token_ids_cpu,
             slot_mappings=slot_mappings,
+            **requests,
         )
 
     def sample_tokens(

@@ -11,6 +11,7 @@ def register() -> None:
     from vllm_ascend.core.registry import SPEC_DECODE_METHODS
 
     SPEC_DECODE_METHODS.register("ngram", "vllm_ascend.specdecode.ngram:NgramProposer")
+    SPEC_DECODE_METHODS.register("suffix", "vllm_ascend.specdecode.suffix:SuffixDecodingProposer")
 
 
 EXTENSION = ExtensionDescriptor(

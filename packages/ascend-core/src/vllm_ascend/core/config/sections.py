@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from vllm_ascend.core.config.schema import ConfigError, Section, option
+from vllm_ascend.core.config.schema import Section, option
 
 
 @dataclass(frozen=True)
@@ -13,22 +13,30 @@ class RejectionSamplerConfig(Section):
     """How speculative draft tokens are verified (read by the runner's rejection sampler)."""
 
     PATH: ClassVar[str] = "additional_config.rejection_sampler_config"
-    SUPPORTED: ClassVar[tuple[str, ...]] = ("strict",)
+    SUPPORTED: ClassVar[tuple[str, ...]] = ("strict", "block", "entropy")
 
     verify_method: str = option(
         "strict",
-        choices=("strict", "block", "entropy"),
-        doc="strict: token-wise rejection sampling (block and entropy verification are not served yet).",
+        choices=SUPPORTED,
+        doc=(
+            "strict: token-wise rejection sampling; block: block verification (Sun et al. 2024), "
+            "distribution-preserving, accepts at least as many drafts; entropy: typical acceptance "
+            "(Cai et al. 2024), accepts a draft d while p(d) >= min(posterior_threshold, "
+            "posterior_alpha * exp(-H(p))), NOT distribution-preserving. Greedy requests always "
+            "accept exactly the target argmax."
+        ),
     )
-
-    def _validate(self) -> None:
-        if self.verify_method not in self.SUPPORTED:
-            from vllm_ascend.core._version import __version__
-
-            raise ConfigError(
-                f"`{self.PATH}.verify_method` = {self.verify_method!r} is not supported yet by "
-                f"vllm-ascend {__version__}; supported: {', '.join(repr(m) for m in self.SUPPORTED)}"
-            )
+    posterior_threshold: float = option(
+        0.09,
+        gt=0,
+        le=1,
+        doc="entropy verification: the highest target probability a draft ever needs (epsilon).",
+    )
+    posterior_alpha: float = option(
+        0.3,
+        gt=0,
+        doc="entropy verification: the scale of the entropy-dependent threshold alpha * exp(-H).",
+    )
 
 
 #: Upstream ``additional_config`` options this version refuses (key path below ``additional_config``
@@ -38,7 +46,8 @@ UNSUPPORTED_OPTIONS: dict[str, str] = {
     "xlite_graph_config": "the xlite graph runtime",
     "rl_config": "RL rollout defaults (sleep level, batch invariance)",
     "dynamic_spec_config": "speculative token count adapted to the acceptance rate",
-    "rejection_sampler_config.entropy_threshold": "entropy-gated speculative verification",
+    "rejection_sampler_config.entropy_threshold": "upstream's entropy gate on verification (verify_method "
+    "'entropy' here is typical acceptance, tuned by posterior_threshold / posterior_alpha)",
     "finegrained_tp_config": "per-layer tensor-parallel sizes",
     "profiling_chunk_config": "prefill chunk sizes from a fitted latency model",
     "batch_job_sched_config": "batch-job scheduling",

@@ -6,6 +6,10 @@ draft length up to it shares one compiled variant), the first rejected position 
 then one masked store for the written prefix and one for the bonus token. No loop carries state
 from one position to the next. Recovered tokens take one program per (request, position), each
 streaming its vocabulary row in tiles with a running (max, lowest index).
+
+Block verification is the exception: its weight carries from each position to the next, so one
+program per request walks its positions in order, streaming each row once for the residual sums,
+then the stop row once more for the residual draw.
 """
 
 from __future__ import annotations
@@ -146,6 +150,144 @@ def _recovered_kernel(
         tl.store(out_ptr + token, best_id.to(out_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _block_row_sums(
+    draft_probs_ptr,
+    target_probs_ptr,
+    row,
+    draft,
+    w,
+    vocab,
+    HAS_DRAFT_PROBS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """``(sum (w p - q)+, sum (q - w p)+)`` over one vocabulary row."""
+    num = tl.zeros([], tl.float32)
+    den = tl.zeros([], tl.float32)
+    for v0 in range(0, vocab, BLOCK):
+        v = v0 + tl.arange(0, BLOCK)
+        inside = v < vocab
+        scaled = w * tl.load(target_probs_ptr + row + v, mask=inside, other=0.0)
+        if HAS_DRAFT_PROBS:
+            q = tl.where(draft >= 0, tl.load(draft_probs_ptr + row + v, mask=inside, other=0.0), 0.0)
+        else:
+            q = tl.where(v == draft, 1.0, 0.0)
+        num += tl.sum(tl.maximum(scaled - q, 0.0), 0)
+        den += tl.sum(tl.maximum(q - scaled, 0.0), 0)
+    return num, den
+
+
+@triton.jit
+def _block_kernel(
+    out_ptr,
+    out_stride,
+    cu_ptr,
+    draft_ptr,
+    draft_probs_ptr,
+    target_probs_ptr,
+    bonus_ptr,
+    uniform_ptr,
+    inv_q_ptr,
+    is_greedy_ptr,
+    vocab,
+    HAS_DRAFT_PROBS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SPEC: tl.constexpr,
+):
+    req = tl.program_id(0)
+    if tl.load(is_greedy_ptr + req) == 0:
+        start, end = _span(cu_ptr, req)
+        n = end - start
+        w = tl.full([], 1.0, tl.float32)
+        stop = n * 0
+        stop_w = w
+        for j in range(0, n):
+            token = start + j
+            draft = tl.load(draft_ptr + token).to(tl.int64)
+            if j > 0:
+                num, den = _block_row_sums(
+                    draft_probs_ptr, target_probs_ptr, token * vocab, draft, w, vocab, HAS_DRAFT_PROBS, BLOCK
+                )
+                h = tl.where(den > 0, num / tl.where(den > 0, den, 1.0), tl.where(num > 0, 1.0, 0.0))
+                if tl.load(uniform_ptr + token - 1) <= tl.minimum(h, 1.0):
+                    stop = j
+                    stop_w = w
+            at = token * vocab + tl.maximum(draft, 0)
+            p = tl.load(target_probs_ptr + at)
+            q = tl.where(draft >= 0, 1.0, 0.0)
+            if HAS_DRAFT_PROBS:
+                q = tl.where(draft >= 0, tl.load(draft_probs_ptr + at), 0.0)
+            ratio = tl.where(q > 0, p / tl.where(q > 0, q, 1.0), 0.0)
+            w = tl.minimum(w * ratio, 1.0)
+        if n > 0:
+            if tl.load(uniform_ptr + end - 1) <= w:
+                stop = n
+                stop_w = w
+        best_id = tl.full([], 0, tl.int64)
+        if stop < n:
+            token = start + stop
+            draft = tl.load(draft_ptr + token).to(tl.int64)
+            row = token * vocab
+            best = tl.full([], -1.0, tl.float32)
+            for v0 in range(0, vocab, BLOCK):
+                v = v0 + tl.arange(0, BLOCK)
+                inside = v < vocab
+                scaled = stop_w * tl.load(target_probs_ptr + row + v, mask=inside, other=0.0)
+                if HAS_DRAFT_PROBS:
+                    q = tl.where(draft >= 0, tl.load(draft_probs_ptr + row + v, mask=inside, other=0.0), 0.0)
+                else:
+                    q = tl.where(v == draft, 1.0, 0.0)
+                inv = tl.load(inv_q_ptr + req.to(tl.int64) * vocab + v, mask=inside, other=0.0)
+                score = tl.where(inside, tl.maximum(scaled - q, 0.0) * inv, -1.0)
+                top = tl.max(score, 0)
+                if top > best:  # earlier tiles win ties: the lowest id overall
+                    best = top
+                    best_id = tl.min(tl.where(score == top, v, NO_INDEX), 0).to(tl.int64)
+        pos = tl.arange(0, SPEC)
+        drafts = tl.load(draft_ptr + start + pos, mask=pos < n, other=0).to(tl.int64)
+        tokens = tl.where(pos < stop, drafts, best_id)
+        _write_prefix(out_ptr, out_stride, req, pos, n, tokens, pos == stop, bonus_ptr)
+
+
+@triton.jit
+def _entropy_threshold_kernel(out_ptr, probs_ptr, vocab, epsilon, alpha, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    entropy = tl.zeros([], tl.float32)
+    for v0 in range(0, vocab, BLOCK):
+        v = v0 + tl.arange(0, BLOCK)
+        p = tl.load(probs_ptr + row * vocab + v, mask=v < vocab, other=0.0)
+        entropy += tl.sum(tl.where(p > 0, -p * tl.log(tl.where(p > 0, p, 1.0)), 0.0), 0)
+    tl.store(out_ptr + row, tl.minimum(epsilon, alpha * tl.exp(-entropy)))
+
+
+@triton.jit
+def _synthetic_kernel(
+    out_ptr,
+    out_stride,
+    cu_ptr,
+    draft_ptr,
+    replacement_ptr,
+    bonus_ptr,
+    uniform_ptr,
+    rates_ptr,
+    num_rates,
+    SPEC: tl.constexpr,
+):
+    req = tl.program_id(0)
+    start, end = _span(cu_ptr, req)
+    n = end - start
+    pos = tl.arange(0, SPEC)
+    inside = pos < n
+    draft = tl.load(draft_ptr + start + pos, mask=inside, other=-1).to(tl.int64)
+    u = tl.load(uniform_ptr + start + pos, mask=inside, other=1.0)
+    rate = tl.load(rates_ptr + pos, mask=pos < num_rates, other=0.0).to(u.dtype)
+    accepted = inside & (draft >= 0) & (pos < num_rates) & (u < rate)
+    replacement = tl.load(replacement_ptr + start + pos, mask=inside, other=0).to(tl.int64)
+    _write_prefix(
+        out_ptr, out_stride, req, pos, n, tl.where(accepted, draft, replacement), ~accepted, bonus_ptr
+    )
+
+
 @triton.jit(do_not_specialize=["replace_from", "replace_to"])
 def _expand_kernel(out_ptr, x_ptr, cu_ptr, replace_from, replace_to, BLOCK: tl.constexpr):
     req = tl.program_id(0)
@@ -243,3 +385,75 @@ def expand_batch_to_tokens(
     if num_tokens and x.numel():
         _expand_kernel[(x.numel(),)](out, x, cu_num_tokens, replace_from, replace_to, BLOCK=EXPAND_BLOCK)
     return out
+
+
+def rejection_block_sample(
+    output: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    uniform_probs: torch.Tensor,
+    inv_q: torch.Tensor,
+    is_greedy: torch.Tensor,
+) -> torch.Tensor:
+    if output.shape[0]:
+        vocab = target_probs.shape[-1]
+        _block_kernel[(output.shape[0],)](
+            output,
+            output.stride(0),
+            cu_num_draft_tokens,
+            draft_token_ids,
+            target_probs if draft_probs is None else draft_probs.contiguous(),
+            target_probs.contiguous(),
+            bonus_token_ids.reshape(-1),
+            uniform_probs,
+            inv_q.to(torch.float32).contiguous(),
+            is_greedy,
+            vocab,
+            HAS_DRAFT_PROBS=draft_probs is not None,
+            BLOCK=vocab_block(vocab, 1024 if not IS_INTERPRETED else 64),
+            SPEC=spec_block(output.shape[1] - 1),
+        )
+    return output
+
+
+def typical_acceptance_threshold(target_probs: torch.Tensor, epsilon: float, alpha: float) -> torch.Tensor:
+    out = torch.empty(target_probs.shape[0], dtype=torch.float32, device=target_probs.device)
+    if out.numel():
+        vocab = target_probs.shape[-1]
+        _entropy_threshold_kernel[(out.numel(),)](
+            out,
+            target_probs.contiguous(),
+            vocab,
+            float(epsilon),
+            float(alpha),
+            BLOCK=vocab_block(vocab, 1024 if not IS_INTERPRETED else 64),
+        )
+    return out
+
+
+def rejection_synthetic_sample(
+    output: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    replacement_token_ids: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    uniform_probs: torch.Tensor,
+    conditional_rates: torch.Tensor,
+) -> torch.Tensor:
+    if output.shape[0]:
+        _synthetic_kernel[(output.shape[0],)](
+            output,
+            output.stride(0),
+            cu_num_draft_tokens,
+            draft_token_ids,
+            replacement_token_ids,
+            bonus_token_ids.reshape(-1),
+            uniform_probs,
+            conditional_rates.contiguous(),
+            conditional_rates.numel(),
+            SPEC=spec_block(output.shape[1] - 1),
+        )
+    return output

@@ -5,10 +5,14 @@ logits processors and penalties, temperature / top-k / top-p on the target logit
 logprobs); while it runs, the module-level functions it calls for the device work are bound to
 ours: per-token expansion, top-k/top-p and the verification itself (:func:`rejection_sample`),
 which dispatch to Triton where Triton runs on the device and to the torch references otherwise.
-vLLM's own versions launch CUDA-only Triton kernels.
+vLLM's own versions launch CUDA-only Triton kernels. Random requests are verified token-wise, by
+block verification or by entropy (typical acceptance, not distribution-preserving) as configured.
 """
 
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
 
 import torch
 from vllm.config import SpeculativeConfig
@@ -20,6 +24,7 @@ from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 import vllm_ascend.kernels as kernels
+from vllm_ascend.core.config import get_ascend_config
 from vllm_ascend.runner.patching import replaced_names
 
 
@@ -39,6 +44,19 @@ def recovery_noise(
     return q.reciprocal_()
 
 
+@dataclass(frozen=True)
+class Verification:
+    """How random requests' drafts are verified: ``strict`` (token-wise), ``block`` or ``entropy``
+    (with its typical-acceptance threshold ``epsilon`` and scale ``alpha``)."""
+
+    method: str = "strict"
+    epsilon: float = 0.09
+    alpha: float = 0.3
+
+
+STRICT = Verification()
+
+
 def rejection_sample(
     draft_token_ids: torch.Tensor,
     num_draft_tokens: list[int],
@@ -51,20 +69,35 @@ def rejection_sample(
     synthetic_mode: bool = False,
     synthetic_conditional_rates: torch.Tensor | None = None,
     use_fp64_gumbel: bool = False,
+    verification: Verification = STRICT,
 ) -> torch.Tensor:
     """``[B, max_spec_len + 1]`` int32 output tokens (vLLM's ``rejection_sample`` contract):
     accepted drafts, then the replacement of the first rejected draft or the bonus token, then
-    ``PLACEHOLDER_TOKEN_ID``. Exponential draws are float32 (``use_fp64_gumbel`` is not honoured)."""
-    if synthetic_mode:
-        raise ValueError(
-            "rejection_sample_method='synthetic' is not supported on Ascend; allowed: 'standard'"
-        )
+    ``PLACEHOLDER_TOKEN_ID``. Greedy requests accept drafts equal to the target argmax whatever the
+    verification; random ones follow ``verification``. ``synthetic_mode`` (vLLM's
+    ``rejection_sample_method="synthetic"``) accepts every request's drafts with the per-position
+    ``synthetic_conditional_rates`` instead, for benchmarking. Exponential draws are float32
+    (``use_fp64_gumbel`` is not honoured)."""
     batch_size = len(num_draft_tokens)
     device = target_logits.device
     output = torch.full(
         (batch_size, max_spec_len + 1), kernels.PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device
     )
     is_greedy = None if sampling_metadata.all_greedy else sampling_metadata.temperature == 0
+    if synthetic_mode:
+        assert synthetic_conditional_rates is not None
+        return _synthetic_sample(
+            output,
+            draft_token_ids,
+            num_draft_tokens,
+            max_spec_len,
+            cu_num_draft_tokens,
+            draft_probs,
+            target_logits,
+            bonus_token_ids,
+            sampling_metadata,
+            synthetic_conditional_rates,
+        )
     if not sampling_metadata.all_random:
         kernels.rejection_greedy_sample(
             output,
@@ -78,12 +111,36 @@ def rejection_sample(
             return output
     assert is_greedy is not None
     target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
-    uniform = generate_uniform_probs(
-        draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, device
-    )
     inv_q = recovery_noise(
         batch_size, target_probs.shape[-1], num_draft_tokens, sampling_metadata.generators, device
     )
+    if verification.method == "entropy":
+        return kernels.rejection_entropy_sample(
+            output,
+            cu_num_draft_tokens,
+            draft_token_ids,
+            target_probs,
+            bonus_token_ids,
+            inv_q,
+            is_greedy,
+            verification.epsilon,
+            verification.alpha,
+        )
+    uniform = generate_uniform_probs(
+        draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, device
+    )
+    if verification.method == "block":
+        return kernels.rejection_block_sample(
+            output,
+            cu_num_draft_tokens,
+            draft_token_ids,
+            draft_probs,
+            target_probs,
+            bonus_token_ids,
+            uniform,
+            inv_q,
+            is_greedy,
+        )
     recovered = kernels.sample_recovered_tokens(
         max_spec_len, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, inv_q
     )
@@ -101,9 +158,82 @@ def rejection_sample(
     return output
 
 
+def _synthetic_sample(
+    output: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: list[int],
+    max_spec_len: int,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    sampling_metadata: SamplingMetadata,
+    conditional_rates: torch.Tensor,
+) -> torch.Tensor:
+    """vLLM's synthetic acceptance on the kernels: position ``j`` accepted while ``u < rate[j]``;
+    the first rejection writes the target argmax (greedy requests) or the recovered token (random)."""
+    device = target_logits.device
+    uniform = generate_uniform_probs(
+        draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, device
+    )
+    replacement = target_logits.argmax(dim=-1)
+    if not sampling_metadata.all_greedy:
+        target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
+        inv_q = recovery_noise(
+            len(num_draft_tokens),
+            target_probs.shape[-1],
+            num_draft_tokens,
+            sampling_metadata.generators,
+            device,
+        )
+        recovered = kernels.sample_recovered_tokens(
+            max_spec_len, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, inv_q
+        )
+        greedy_token = (
+            kernels.expand_batch_to_tokens(
+                sampling_metadata.temperature, cu_num_draft_tokens, draft_token_ids.numel()
+            )
+            == 0
+        )
+        replacement = torch.where(greedy_token, replacement, recovered.to(replacement.dtype))
+    return kernels.rejection_synthetic_sample(
+        output,
+        cu_num_draft_tokens,
+        draft_token_ids,
+        replacement,
+        bonus_token_ids,
+        uniform,
+        conditional_rates,
+    )
+
+
+def verification_of(spec_config: SpeculativeConfig | None) -> Verification:
+    """The verification the configs ask for: ``rejection_sampler_config`` (``verify_method``,
+    ``posterior_threshold``, ``posterior_alpha``) and vLLM's ``rejection_sample_method`` ("block"
+    selects block verification; "synthetic" is handled by vLLM's sampler state). A ValueError names
+    both fields when they ask for different methods."""
+    section = get_ascend_config().rejection_sampler_config
+    method = section.verify_method
+    vllm_method = "standard" if spec_config is None else spec_config.rejection_sample_method
+    if vllm_method not in ("standard", "synthetic", "block"):
+        raise ValueError(
+            f"speculative_config.rejection_sample_method={vllm_method!r} is not supported on Ascend; "
+            "allowed: 'standard', 'synthetic', 'block'"
+        )
+    if vllm_method != "standard" and method not in ("strict", vllm_method):
+        raise ValueError(
+            f"speculative_config.rejection_sample_method={vllm_method!r} conflicts with "
+            f"{section.PATH}.verify_method={method!r}; give one of them"
+        )
+    if vllm_method == "block":
+        method = "block"
+    return Verification(method, section.posterior_threshold, section.posterior_alpha)
+
+
 class AscendRejectionSampler(RejectionSampler):
-    """Token-wise verification of draft tokens, greedy and random, with or without draft probabilities
-    (``rejection_sampler_config.verify_method="strict"``, the only method core's config accepts)."""
+    """Verification of draft tokens on the kernels: greedy requests by argmax, random ones by
+    ``rejection_sampler_config.verify_method`` (``strict``, ``block`` or ``entropy``) or vLLM's
+    ``rejection_sample_method`` (``block``, or ``synthetic`` acceptance for benchmarking)."""
 
     def __init__(
         self,
@@ -111,11 +241,7 @@ class AscendRejectionSampler(RejectionSampler):
         spec_config: SpeculativeConfig | None = None,
         device: torch.device | None = None,
     ) -> None:
-        if spec_config is not None and spec_config.rejection_sample_method != "standard":
-            raise ValueError(
-                f"speculative_config.rejection_sample_method={spec_config.rejection_sample_method!r} is not "
-                "supported on Ascend; allowed: 'standard'"
-            )
+        self.verification = verification_of(spec_config)
         super().__init__(sampler, spec_config, device)
 
     def forward(
@@ -128,7 +254,7 @@ class AscendRejectionSampler(RejectionSampler):
         with replaced_names(
             vllm_rejection,
             {
-                "rejection_sample": rejection_sample,
+                "rejection_sample": functools.partial(rejection_sample, verification=self.verification),
                 "expand_batch_to_tokens": kernels.expand_batch_to_tokens,
                 "apply_top_k_top_p": kernels.apply_top_k_top_p,
             },
