@@ -1,4 +1,4 @@
-"""N-gram proposer: vllm_ascend.specdecode (numpy, vectorised) vs vLLM 0.32's numba proposer.
+"""N-gram proposer: vllm_ascend.specdecode (bytes.rfind per request) vs vLLM 0.32's numba proposer.
 
 Replay: B requests, each a prompt of ~L tokens (vocabulary 32k) built from fresh random spans and
 copies of earlier spans (as in code editing or RAG), then S decode steps where each new token

@@ -47,17 +47,8 @@ def _check(proposer: NgramProposer, seqs: list[list[int]], cols: int, k: int | N
     return hits
 
 
-@pytest.fixture(params=["batched", "per_request"])
-def path(request, monkeypatch):
-    """Run a test through the batched search and through the per-request search."""
-    import vllm_ascend.specdecode.ngram as ngram
-
-    monkeypatch.setattr(ngram, "_SMALL_BATCH", 0 if request.param == "batched" else 10**9)
-    return request.param
-
-
 @pytest.mark.parametrize("min_n,max_n,k", [(1, 1, 1), (1, 3, 4), (2, 5, 3), (3, 3, 5)])
-def test_matches_reference_on_random_sequences(min_n, max_n, k, path):
+def test_matches_reference_on_random_sequences(min_n, max_n, k):
     rng = np.random.default_rng(min_n * 10 + max_n)
     proposer = NgramProposer(min_n, max_n, k, max_model_len=300)
     seqs = [rng.integers(0, 6, size=int(rng.integers(0, 120))).tolist() for _ in range(60)]
@@ -65,7 +56,7 @@ def test_matches_reference_on_random_sequences(min_n, max_n, k, path):
     assert hits > 10  # the small vocabulary makes matches common
 
 
-def test_matches_reference_on_repetitive_sequences(path):
+def test_matches_reference_on_repetitive_sequences():
     rng = np.random.default_rng(3)
     proposer = NgramProposer(2, 4, 5, max_model_len=512)
     seqs = []
@@ -79,7 +70,7 @@ def test_matches_reference_on_repetitive_sequences(path):
     assert _check(proposer, seqs, cols=512, k=2) >= 30
 
 
-def test_most_recent_occurrence_of_longest_ngram_wins(path):
+def test_most_recent_occurrence_of_longest_ngram_wins():
     p = NgramProposer(1, 3, 3, max_model_len=100)
     #        0  1  2  3  4  5  6  7  8  9  10 11 12
     seq = [1, 2, 3, 9, 9, 1, 2, 3, 8, 5, 2, 3, 1, 2, 3]
@@ -90,7 +81,7 @@ def test_most_recent_occurrence_of_longest_ngram_wins(path):
     assert drafts[0, : counts[0]].tolist() == [6, 7, 1]
 
 
-def test_overlapping_match_and_max_model_len_cap(path):
+def test_overlapping_match_and_max_model_len_cap():
     p = NgramProposer(2, 2, 4, max_model_len=9)
     seq = [5, 6, 5, 6, 5, 6]  # last "5 6" most recently at 2..3, followed by "5 6"
     drafts, counts = p.propose_batch(np.array([seq]), np.array([6]))
@@ -102,7 +93,7 @@ def test_overlapping_match_and_max_model_len_cap(path):
     assert counts.tolist() == [0]  # at max_model_len: nothing
 
 
-def test_no_match_short_and_inactive_requests(path):
+def test_no_match_short_and_inactive_requests():
     p = NgramProposer(1, 2, 2, max_model_len=50)
     token_ids = np.array([[1, 2, 3, 4, 0, 0], [3, 3, 0, 0, 0, 0], [9, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]])
     drafts, counts = p.propose_batch(token_ids, np.array([4, 2, 1, 3]))
@@ -113,20 +104,7 @@ def test_no_match_short_and_inactive_requests(path):
     assert drafts.shape == (0, 2)
 
 
-def test_chunked_rows_match_unchunked(monkeypatch):
-    import vllm_ascend.specdecode.ngram as ngram
-
-    rng = np.random.default_rng(5)
-    p = NgramProposer(1, 3, 3, max_model_len=400)
-    token_ids = rng.integers(0, 5, size=(33, 400))
-    num_tokens = rng.integers(0, 400, size=33)
-    whole = p.propose_batch(token_ids, num_tokens)
-    monkeypatch.setattr(ngram, "_CHUNK_ELEMENTS", 900)  # 2-3 rows per block
-    chunked = p.propose_batch(token_ids, num_tokens)
-    assert all(np.array_equal(a, b) for a, b in zip(whole, chunked, strict=True))
-
-
-def test_vllm_call_shape(path):
+def test_vllm_call_shape():
     p = NgramProposer(1, 2, 3, max_model_len=64)
     token_ids = np.zeros((8, 64), dtype=np.int32)
     token_ids[0, :6] = [1, 2, 3, 4, 1, 2]
@@ -187,16 +165,77 @@ def test_from_vllm_config():
         NgramProposer.from_vllm_config(SimpleNamespace(speculative_config=None))
 
 
-def test_per_request_search_skips_matches_off_token_boundaries(path):
-    a, b = 0x01000000, 0x00000001  # little-endian bytes 00 00 00 01 | 01 00 00 00
-    # tokens 0xFF, 0x101, 0 hold the bytes of "a b" starting one byte into 0xFF (a more recent, misaligned hit)
-    seq = np.array([5, a, b, 6, 0xFF, 0x101, 0, 3, a, b], dtype=np.int32)
-    raw = seq.tobytes()
-    assert raw.rfind(raw[-8:], 0, 9 * 4) == 17  # the byte search alone would land off a token boundary
-    drafts, counts = NgramProposer(2, 2, 2, max_model_len=64).propose_batch(
-        seq[None, :], np.array([len(seq)])
+def test_tokens_sharing_a_low_byte_are_not_confused():
+    """The search runs on each token's low byte; a more recent occurrence that only matches there
+    (0x101 vs 1, 0x201 vs 1) must lose to the exact, earlier one, for the anchor and for longer n."""
+    seq = [1, 2, 9, 0x101, 2, 8, 1, 2]  # "1 2": low-byte hit at 3..4, exact at 0..1
+    drafts, counts = NgramProposer(2, 2, 3, max_model_len=64).propose_batch(
+        np.array([seq], dtype=np.int32), np.array([len(seq)])
     )
-    assert drafts[0, : counts[0]].tolist() == naive(seq.tolist(), 2, 2, 2, 64) == [6, 0xFF]
+    assert drafts[0, : counts[0]].tolist() == naive(seq, 2, 2, 3, 64) == [9, 0x101, 2]
+    seq = [7, 1, 2, 5, 0x207, 1, 2, 6, 3, 1, 2, 4, 7, 1, 2]  # "7 1 2" exact at 0..2, low byte only at 4..6
+    for dtype in (np.int32, np.int64):
+        drafts, counts = NgramProposer(2, 4, 2, max_model_len=64).propose_batch(
+            np.array([seq], dtype=dtype), np.array([len(seq)])
+        )
+        assert drafts[0, : counts[0]].tolist() == naive(seq, 2, 4, 2, 64) == [5, 0x207]
     rng = np.random.default_rng(11)
-    seqs = [rng.choice([a, b, 0, 0xFF, 0x101, 3], size=int(rng.integers(2, 60))).tolist() for _ in range(50)]
+    values = [1, 0x101, 0x01000001, 2, 0x202, 0]
+    seqs = [rng.choice(values, size=int(rng.integers(2, 60))).tolist() for _ in range(50)]
     assert _check(NgramProposer(1, 4, 3, 100), seqs, cols=100) > 20
+
+
+def _random_stream(rng: np.random.Generator, kind: str) -> list[int]:
+    """A token stream of one of several shapes: small vocabulary, a repeated motif with mutations,
+    spans copied from earlier, a constant run, or a short context."""
+    if kind == "short":
+        return rng.integers(0, 3, size=int(rng.integers(0, 7))).tolist()
+    length = int(rng.integers(2, 160))
+    if kind == "small_vocab":
+        return rng.integers(0, 4, size=length).tolist()
+    if kind == "constant":
+        return [int(rng.integers(0, 2**31 - 1))] * length
+    if kind == "motif":
+        motif = rng.integers(0, 50, size=int(rng.integers(1, 7))).tolist()
+        seq = (motif * (length // len(motif) + 1))[:length]
+        for _ in range(int(rng.integers(0, 4))):
+            seq[int(rng.integers(0, length))] = int(rng.integers(0, 50))
+        return seq
+    # "copies": fresh ids (including values whose bytes straddle token boundaries) and earlier spans
+    seq = []
+    while len(seq) < length:
+        if len(seq) > 4 and rng.random() < 0.5:
+            start = int(rng.integers(0, len(seq) - 2))
+            seq += seq[start : start + int(rng.integers(2, 12))]
+        else:
+            seq += rng.choice([0, 1, 0x100, 0x10000, 0x01000000, 0x01000001, 7], size=3).tolist()
+    return seq[:length]
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_randomized_streams_match_reference_rule(dtype):
+    """Many random streams and settings (min_n 1..4, max_n == min_n and above, tight max_model_len):
+    ``propose_batch`` and vLLM's ``propose`` call both return exactly the reference rule's drafts."""
+    rng = np.random.default_rng(17)
+    kinds = ["short", "small_vocab", "constant", "motif", "copies"]
+    settings = [(1, 1), (1, 2), (1, 4), (2, 2), (2, 5), (3, 4), (4, 6)]
+    drafted = 0
+    for trial in range(40):
+        min_n, max_n = settings[trial % len(settings)]
+        k = int(rng.integers(1, 6))
+        max_model_len = int(rng.choice([8, 64, 400]))
+        proposer = NgramProposer(min_n, max_n, k, max_model_len)
+        seqs = [_random_stream(rng, kinds[int(rng.integers(0, len(kinds)))]) for _ in range(12)]
+        seqs = [s[:max_model_len] for s in seqs]
+        token_ids = np.full((len(seqs) + 1, max_model_len), 0x01000000, dtype=dtype)
+        for i, s in enumerate(seqs):
+            token_ids[i, : len(s)] = s
+        num_tokens = np.array([len(s) for s in seqs])
+        expected = [naive(s, min_n, max_n, k, max_model_len) for s in seqs]
+        drafts, counts = proposer.propose_batch(token_ids, num_tokens)
+        assert [d[:c] for d, c in zip(drafts.tolist(), counts.tolist(), strict=True)] == expected, trial
+        sampled = [[1] if i % 3 else [] for i in range(len(seqs))]  # every third request sampled nothing
+        got = proposer.propose(k, sampled, num_tokens, token_ids)
+        assert got == [e if i % 3 else [] for i, e in enumerate(expected)], trial
+        drafted += sum(bool(e) for e in expected)
+    assert drafted > 150  # about 40 % of requests get a draft (short and tight-length ones cannot)

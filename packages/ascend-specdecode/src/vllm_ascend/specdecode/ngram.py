@@ -1,16 +1,20 @@
-"""N-gram (prompt-lookup) speculative proposer, vectorised over a batch with numpy.
+"""N-gram (prompt-lookup) speculative proposer: a byte search per request (``bytes.rfind``).
 
 For each request the last ``n`` tokens of its context are looked up earlier in the same context,
 trying ``n = max_n`` first and shorter n-grams down to ``min_n``. For the longest n that occurs,
 the most recent earlier occurrence wins (vLLM's proposer takes the earliest) and the (up to) ``k``
 tokens that follow it are proposed. Proposals never extend the sequence beyond ``max_model_len``.
 
-Up to a few requests, each is searched on its own with ``bytes.rfind`` over its context's raw
-bytes (longest n first; ``rfind`` yields the most recent occurrence). Larger batches are searched
-together: one comparison of the batch's token matrix against each request's last token yields the
-candidate end positions; the match length of every candidate (up to ``max_n``) is then measured
-with one gather, so the work after the first pass is proportional to the number of candidates
-rather than to the context length.
+Per call, one numpy pass reduces the batch's tokens to one byte each (their low byte); then each
+request is searched with ``bytes.rfind`` on those bytes, most recent occurrence first, for its last
+``a`` tokens (the anchor: ``a = min(max_n, max(min_n, 2))``, two tokens unless the settings forbid).
+Every hit is extended backwards while it matches; once the best match has n tokens only an earlier
+occurrence of the last n+1 tokens can beat it, so the search goes on with that longer, rarer pattern,
+and stops at ``max_n``. One backward scan of the context thus finds the answer, with Python work per
+improvement rather than per occurrence of the last token(s). With ``min_n == 1`` and no anchor
+occurrence, a second ``rfind`` looks for the last token alone. The answer is then checked on the exact
+tokens; if tokens that differ only above their low byte fooled it, the search runs again checking every
+candidate exactly.
 """
 
 from __future__ import annotations
@@ -18,11 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-_CHUNK_ELEMENTS = 1 << 22
-"""Rows are processed in blocks of at most this many token positions (bounds the temporary masks)."""
-_SMALL_BATCH = 4
-"""Up to this many requests, each is searched on its own (fewer numpy calls than the batched path)."""
 
 
 class NgramConfigError(ValueError):
@@ -33,20 +32,6 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
         raise NgramConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
-
-
-def _equal_positions(tokens: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Sorted flat indices where ``tokens[r, c] == values[r]``.
-
-    Matches are sparse, so the boolean mask is scanned as 64-bit words (8 flags at a time) and only
-    non-zero words are expanded, which is several times faster than ``np.flatnonzero`` on the mask.
-    """
-    size = tokens.size
-    mask = np.zeros(-(-size // 8) * 8, dtype=bool)
-    np.equal(tokens, values[:, None], out=mask[:size].reshape(tokens.shape))
-    words = np.flatnonzero(mask.view(np.uint64) != 0)
-    flat = (words[:, None] * 8 + np.arange(8)).ravel()
-    return flat[mask[flat]]
 
 
 class NgramProposer:
@@ -83,6 +68,14 @@ class NgramProposer:
     def __repr__(self) -> str:
         return f"NgramProposer(min_n={self.min_n}, max_n={self.max_n}, k={self.k}, max_model_len={self.max_model_len})"
 
+    def _check_k(self, k: int) -> int:
+        if type(k) is int and 0 < k <= self.k:  # the common case, without building error context
+            return k
+        k = _check_int("k", k, 1)
+        if k > self.k:
+            raise NgramConfigError(f"k ({k}) must be <= num_speculative_tokens ({self.k})")
+        return k
+
     def propose_batch(
         self,
         token_ids: np.ndarray,
@@ -96,108 +89,26 @@ class NgramProposer:
         first ``num_tokens[i]`` columns). ``active``: optional boolean mask ``[B]`` of requests to
         draft for (others get none). Returns ``(drafts [B, k] int64, padded with -1; counts [B])``.
         """
-        k = self.k if k is None else _check_int("k", k, 1)
-        if k > self.k:
-            raise NgramConfigError(f"k ({k}) must be <= num_speculative_tokens ({self.k})")
+        k = self.k if k is None else self._check_k(k)
         num_tokens = np.asarray(num_tokens, dtype=np.int64)
         if token_ids.ndim != 2 or num_tokens.ndim != 1:
             raise ValueError(
                 f"token_ids must be 2-D and num_tokens 1-D, got shapes {token_ids.shape} and {num_tokens.shape}"
             )
         batch = num_tokens.shape[0]
-        if batch > token_ids.shape[0]:
-            raise ValueError(f"num_tokens has {batch} requests but token_ids only {token_ids.shape[0]} rows")
-        if batch and (num_tokens.min() < 0 or num_tokens.max() > token_ids.shape[1]):
-            raise ValueError(f"num_tokens must lie in [0, {token_ids.shape[1]}] (the columns of token_ids)")
         if active is not None:
             active = np.asarray(active, dtype=bool)
             if active.shape != (batch,):
                 raise ValueError(f"active must have shape ({batch},), got {active.shape}")
-            num_tokens = np.where(active, num_tokens, 0)
-        # a request needs an earlier position to match and room left before max_model_len
-        num_tokens = np.where((num_tokens >= 2) & (num_tokens < self.max_model_len), num_tokens, 0)
-
+        lengths = num_tokens.tolist()
+        if active is not None:
+            lengths = [n if a else 0 for n, a in zip(lengths, active.tolist(), strict=True)]
         drafts = np.full((batch, k), -1, dtype=np.int64)
         counts = np.zeros(batch, dtype=np.int64)
-        live = np.flatnonzero(num_tokens)
-        if live.size == 0:
-            return drafts, counts
-        if live.size <= _SMALL_BATCH:
-            for row in live.tolist():
-                draft = self._propose_one(token_ids[row, : num_tokens[row]], k)
-                drafts[row, : len(draft)] = draft
-                counts[row] = len(draft)
-            return drafts, counts
-        lo, hi = int(live[0]), int(live[-1]) + 1
-        step = max(1, _CHUNK_ELEMENTS // max(1, int(num_tokens[lo:hi].max())))
-        for start in range(lo, hi, step):
-            stop = min(hi, start + step)
-            self._propose_rows(token_ids, num_tokens, start, stop, k, drafts, counts)
+        for row, draft in enumerate(self._drafts(token_ids, lengths, k)):
+            drafts[row, : len(draft)] = draft
+            counts[row] = len(draft)
         return drafts, counts
-
-    def _propose_one(self, context: np.ndarray, k: int) -> np.ndarray:
-        """Drafts for one request: byte-level ``rfind`` of the suffix, longest n first.
-
-        ``bytes.rfind`` returns the most recent occurrence; one that does not start on a token
-        boundary is skipped by searching again before it.
-        """
-        size = context.itemsize
-        total = len(context)
-        raw = context.tobytes()
-        for n in range(min(self.max_n, total - 1), self.min_n - 1, -1):
-            pattern = raw[(total - n) * size :]
-            pos = raw.rfind(pattern, 0, (total - 1) * size)
-            while pos > 0 and pos % size:
-                pos = raw.rfind(pattern, 0, pos - 1 + len(pattern))
-            if pos >= 0:
-                first = pos // size + n
-                return context[first : first + min(k, total - first, self.max_model_len - total)]
-        return context[:0]
-
-    def _propose_rows(
-        self,
-        token_ids: np.ndarray,
-        num_tokens: np.ndarray,
-        start: int,
-        stop: int,
-        k: int,
-        drafts: np.ndarray,
-        counts: np.ndarray,
-    ) -> None:
-        lengths = num_tokens[start:stop]
-        width = int(lengths.max()) - 1  # candidate end positions: 0 .. n_tokens - 2
-        if width <= 0:
-            return
-        tokens = token_ids[start:stop]
-        last = tokens[np.arange(stop - start), np.maximum(lengths - 1, 0)]
-        rows, cols = np.divmod(_equal_positions(tokens[:, :width], last), width)
-        keep = cols < lengths[rows] - 1
-        rows, cols = rows[keep], cols[keep]
-        if rows.size == 0:
-            return
-        # match length of each candidate end position against the context's suffix, capped at max_n
-        back = np.arange(1, self.max_n)
-        earlier = cols[:, None] - back
-        suffix = (lengths[rows] - 1)[:, None] - back
-        equal = (earlier >= 0) & (
-            tokens[rows[:, None], np.maximum(earlier, 0)] == tokens[rows[:, None], np.maximum(suffix, 0)]
-        )
-        match = 1 + np.cumprod(equal, axis=1).sum(axis=1)
-        ok = match >= self.min_n
-        rows, cols, match = rows[ok], cols[ok], match[ok]
-        if rows.size == 0:
-            return
-        # per row (rows are sorted): the longest match, and among those the most recent
-        key = match * (width + 1) + cols
-        firsts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
-        found = rows[firsts]
-        first = np.maximum.reduceat(key, firsts) % (width + 1) + 1
-        n_tokens = lengths[found]
-        take = np.minimum(np.minimum(k, n_tokens - first), self.max_model_len - n_tokens)
-        offsets = np.arange(k)
-        values = tokens[found[:, None], np.minimum(first[:, None] + offsets, n_tokens[:, None] - 1)]
-        drafts[start + found] = np.where(offsets < take[:, None], values, -1)
-        counts[start + found] = take
 
     def propose(
         self,
@@ -217,8 +128,114 @@ class NgramProposer:
         batch = len(sampled_token_ids)
         if num_speculative_tokens == 0:
             return [[] for _ in range(batch)]
-        active = np.fromiter((len(s) > 0 for s in sampled_token_ids), dtype=bool, count=batch)
-        drafts, counts = self.propose_batch(
-            token_ids_cpu, num_tokens_no_spec[:batch], num_speculative_tokens, active
-        )
-        return [row[:c] for row, c in zip(drafts.tolist(), counts.tolist(), strict=True)]
+        k = self._check_k(num_speculative_tokens)
+        lengths = [
+            n if s else 0 for n, s in zip(num_tokens_no_spec[:batch].tolist(), sampled_token_ids, strict=True)
+        ]
+        return self._drafts(token_ids_cpu, lengths, k)
+
+    def _drafts(self, token_ids: np.ndarray, lengths: list[int], k: int) -> list[list[int]]:
+        """One draft (a list of token ids, maybe empty) per entry of ``lengths``: row i's context is
+        ``token_ids[i, :lengths[i]]``; a length of 0 asks for no draft."""
+        if token_ids.ndim != 2:
+            raise ValueError(f"token_ids must be 2-D, got shape {token_ids.shape}")
+        rows, cols = token_ids.shape
+        if len(lengths) > rows:
+            raise ValueError(f"num_tokens has {len(lengths)} requests but token_ids only {rows} rows")
+        if not lengths:
+            return []
+        width = max(lengths)
+        if min(lengths) < 0 or width > cols:
+            raise ValueError(f"num_tokens must lie in [0, {cols}] (the columns of token_ids)")
+        limit = self.max_model_len
+        array = np.ascontiguousarray(token_ids)
+        size = array.itemsize
+        # one byte per token (its low byte) for the search; candidates are checked on the exact tokens
+        low = array[: len(lengths), :width].astype(np.uint8).tobytes()
+        typed = array.reshape(-1).data  # one flat view, read as tokens (drafts) and as bytes (checks)
+        exact = typed.cast("B")
+        min_n, max_n = self.min_n, self.max_n
+        out: list[list[int]] = []
+        lo, base = -width, -cols
+        for total in lengths:
+            lo += width
+            base += cols
+            first = (
+                -1
+                if total >= limit
+                else _continuation(low, lo, exact, base * size, total, size, min_n, max_n)
+            )
+            if first < 0:
+                out.append([])
+            else:
+                out.append(typed[base + first : base + first + min(k, total - first, limit - total)].tolist())
+        return out
+
+
+def _continuation(
+    low: bytes, lo: int, exact: memoryview, at: int, total: int, size: int, min_n: int, max_n: int
+) -> int:
+    """Index of the first token after the most recent earlier occurrence of the longest suffix n-gram
+    (``min_n <= n <= max_n``) of a context of ``total`` tokens; -1 if none occurs.
+
+    The context's tokens are ``low[lo : lo + total]`` reduced to their low byte (the search) and
+    ``exact[at : at + total * size]`` as they are (``size`` bytes each). The search runs on the low
+    bytes alone; its answer is the exact one when its occurrence also matches exactly (an exact match
+    is a low-byte match, so none can be longer or more recent). Otherwise (tokens that differ only
+    above their low byte) it runs again, checking every candidate exactly.
+    """
+    first, n = _search(low, lo, total, min_n, max_n, None)
+    if (
+        first < 0
+        or exact[at + (first - n) * size : at + first * size]
+        == exact[at + (total - n) * size : at + total * size]
+    ):
+        return first
+    return _search(low, lo, total, min_n, max_n, (exact, at, size))[0]
+
+
+def _search(
+    low: bytes, lo: int, total: int, min_n: int, max_n: int, checked: tuple[memoryview, int, int] | None
+) -> tuple[int, int]:
+    """(index after the chosen occurrence or -1, its length) on the low bytes; with ``checked``
+    (``exact, at, size`` as in :func:`_continuation`) a candidate must also match exactly.
+
+    Once an n-gram matched, only occurrences of the (n+1)-gram (further back) can beat it, so the
+    search continues with that longer, rarer pattern: the Python work is per improvement, not per
+    occurrence.
+    """
+    top = min(max_n, total - 1)
+    if top < min_n:
+        return -1, 0
+    n = min(top, max(min_n, 2))  # the anchor
+    end = lo + total - 1  # an occurrence must end before the last token
+    tail_low = low[end + 1 - top : end + 1]
+    pos = low.rfind(tail_low[top - n :], lo, end)
+    first = -1
+    while pos >= 0:
+        stop = pos - lo + n  # the token after this occurrence of the last n tokens (low bytes)
+        while (
+            n <= top
+            and stop >= n
+            and low.startswith(tail_low[top - n :], lo + stop - n)
+            and (checked is None or _same(checked, stop, total, n))
+        ):
+            first = stop
+            n += 1
+        if n > top:
+            return first, top
+        pos = low.rfind(tail_low[top - n :], lo, lo + stop - 1)
+    if first >= 0 or n == min_n:  # (with no match, n is still the anchor)
+        return first, n - 1
+    pos = low.rfind(tail_low[top - 1 :], lo, end)  # min_n == 1, no anchor occurrence: the last token alone
+    while pos >= 0 and checked is not None and not _same(checked, pos - lo + 1, total, 1):
+        pos = low.rfind(tail_low[top - 1 :], lo, pos)
+    return (pos - lo + 1, 1) if pos >= 0 else (-1, 0)
+
+
+def _same(checked: tuple[memoryview, int, int], stop: int, total: int, n: int) -> bool:
+    """Whether the n tokens before index ``stop`` equal the context's last n tokens exactly."""
+    exact, at, size = checked
+    return (
+        exact[at + (stop - n) * size : at + stop * size] == exact[at + (total - n) * size : at + total * size]
+    )
