@@ -1,6 +1,9 @@
-"""Speculative-decoding proposers on one closed-loop replay: our n-gram vs vLLM 0.32's numba n-gram.
+"""Speculative-decoding proposers on one closed-loop replay: our n-gram vs vLLM 0.32's numba n-gram, and
+our suffix decoding vs arctic-inference's ``SuffixDecodingCache``.
 
-Our suffix-decoding proposer (``vllm_ascend.specdecode.suffix``, when importable) runs the same replays.
+Our suffix-decoding proposer (``vllm_ascend.specdecode.suffix``, when importable) runs the same replays,
+beside arctic-inference's cache (driven as vLLM 0.32's suffix proposer drives it) when ``arctic_inference``
+is importable; otherwise the table says that column is absent and why.
 Token streams are real text (but for the ``synthetic`` control): Python source (vLLM's own ``vllm/v1``
 package, read from the installed wheel) and the English-like corpus of
 ``vllm_ascend.runner.testing.tiny_models.corpus``, tokenized with a byte-level BPE trained here (16k
@@ -33,8 +36,8 @@ First call: each proposer in a fresh interpreter (``NUMBA_CACHE_DIR`` a new empt
 import, construction, first and second ``propose`` on a real batch. vLLM's constructor "warms" numba with
 an all-empty batch, which never reaches the jitted function, so its compilation lands on the first
 decode step.
-Run: ``uv run --no-sync python benchmarks/specdecode.py [--quick] [--write benchmarks/RESULTS-specdecode.md]``
-(2.5–5 minutes on 2 busy cores).
+Run: ``uv run --no-sync python benchmarks/specdecode.py [--quick] [--suffix-only]
+[--write benchmarks/RESULTS-specdecode.md]`` (about 6 minutes on 2 busy cores).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import glob  # noqa: E402
+import importlib.metadata  # noqa: E402
 import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -227,11 +231,13 @@ def replay(
     prompt_lens: np.ndarray,
     steps: int,
     shadow: Any = None,
+    explain: bool = True,
 ) -> Replay:
     """``steps`` greedy decode steps of the batch, drafting with ``proposer`` (timed).
 
-    With ``shadow``, it also drafts for the same inputs (untimed); differing drafts are checked against
-    :func:`reference_draft` (``proposer`` continuing the latest occurrence, ``shadow`` the earliest).
+    With ``shadow``, it also drafts for the same inputs (untimed); with ``explain``, differing drafts are
+    checked against :func:`reference_draft` (``proposer`` continuing the latest occurrence, ``shadow`` the
+    earliest).
     A proposer that ``tracks_requests`` also gets the rows' request ids and prompt lengths, as the
     runner passes them.
     """
@@ -241,21 +247,21 @@ def replay(
     for b, stream in enumerate(streams):
         buf[b, : pos[b]] = stream[: pos[b]]
     sampled = [[int(s[p - 1])] for s, p in zip(streams, pos.tolist(), strict=True)]
-    extra: dict[str, Any] = {}
-    if getattr(proposer, "tracks_requests", False):
-        extra = {"req_ids": [f"req-{b}" for b in range(batch)], "num_prompt_tokens": prompt_lens}
+    ids = {"req_ids": [f"req-{b}" for b in range(batch)], "num_prompt_tokens": prompt_lens}
+    extra = ids if getattr(proposer, "tracks_requests", False) else {}
+    shadow_extra = ids if getattr(shadow, "tracks_requests", False) else {}
     out = Replay()
     for step in range(steps):
         t0 = time.perf_counter()
         drafts = proposer.propose(K, sampled, pos, buf, **extra)
         out.step_us.append((time.perf_counter() - t0) * 1e6 / batch)
         if shadow is not None:
-            other = shadow.propose(K, sampled, pos.copy(), buf)
+            other = shadow.propose(K, sampled, pos.copy(), buf, **shadow_extra)
             for b in range(batch):
                 out.compared += 1
                 mine, theirs = list(drafts[b]), list(other[b])
-                if mine == theirs and (b + step) % 16:
-                    out.same += 1
+                if not explain or (mine == theirs and (b + step) % 16):
+                    out.same += mine == theirs
                     continue
                 ctx = buf[b, : pos[b]]
                 ok = mine == reference_draft(ctx, latest=True) and theirs == reference_draft(
@@ -332,9 +338,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--write", type=Path, help="also write the tables into this markdown file")
+    parser.add_argument("--suffix-only", action="store_true", help="only the suffix-decoding table (printed)")
     parser.add_argument("--first-call", choices=("ours", "vllm"), help=argparse.SUPPRESS)
     parser.add_argument("--streams", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.suffix_only and args.write:
+        parser.error("--write needs every table: drop --suffix-only")
     if args.first_call:
         data = np.load(args.streams)
         streams = [data[f"s{i}"] for i in range(len(data["prompt_lens"]))]
@@ -345,6 +354,9 @@ def main() -> None:
     length = PROMPT_MAX + 1 + steps * (K + 1)
     code, text = source_texts(400_000 if args.quick else 4_000_000)
     streams = Streams(*tokenize(code, text))
+    if args.suffix_only:
+        suffix_lines(streams, batches, length, steps, reps)
+        return
 
     # first call, fresh interpreters (code workload)
     reqs, prompt_lens = streams.requests("code", FIRST_CALL_BATCH, length, seed=0)
@@ -381,9 +393,7 @@ def main() -> None:
             unexplained += odd
     for u in unexplained[:20]:
         print("unexplained:", u)
-    suffix = suffix_lines(streams, batches, length, steps)
-    print("\n".join(suffix), flush=True)
-    lines += suffix
+    lines += suffix_lines(streams, batches, length, steps, reps)
     if args.write is not None:
         write_measured_table(args.write, "\n".join(lines))
 
@@ -414,38 +424,141 @@ def ngram_row(
     return row, [f"{workload} B={batch}: {u}" for u in check.unexplained]
 
 
-def suffix_lines(streams: Streams, batches: tuple[int, ...], length: int, steps: int) -> list[str]:
-    """Our suffix-decoding proposer on the same replays (one replay each, a fresh proposer: its trees
-    start empty); arctic-inference's ``SuffixDecodingCache`` beside it when that package is installed."""
+SUFFIX = {"max_tree_depth": 24, "max_cached_requests": 10000, "max_spec_factor": 1.0, "min_token_prob": 0.1}
+
+
+class ArcticSuffixProposer:
+    """arctic-inference's ``SuffixDecodingCache`` driven as vLLM 0.32's ``SuffixDecodingProposer`` drives it,
+    behind our proposer's call (``req_ids``/``num_prompt_tokens`` stand in for vLLM's ``InputBatch``)."""
+
+    tracks_requests = True
+
+    def __init__(
+        self,
+        k: int,
+        max_model_len: int,
+        max_tree_depth: int,
+        max_cached_requests: int,
+        max_spec_factor: float,
+        min_token_prob: float,
+    ) -> None:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.k, self.max_model_len, self.max_tree_depth = k, max_model_len, max_tree_depth
+        self.max_spec_factor, self.min_token_prob = max_spec_factor, min_token_prob
+        self.cache = SuffixDecodingCache(
+            max_tree_depth=max_tree_depth, max_cached_requests=max_cached_requests
+        )
+
+    def propose(
+        self,
+        num_speculative_tokens: int,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        *,
+        req_ids: list[str],
+        num_prompt_tokens: np.ndarray,
+    ) -> list[list[int]]:
+        cache = self.cache
+        drafts: list[list[int]] = []
+        for i, sampled in enumerate(sampled_token_ids):
+            num_tokens = int(num_tokens_no_spec[i])
+            if not sampled or num_tokens >= self.max_model_len:
+                drafts.append([])
+                continue
+            req_id = req_ids[i]
+            if req_id not in cache.active_requests:
+                if req_id in cache.cached_requests:
+                    cache.evict_cached_response(req_id)
+                cache.start_request(req_id, token_ids_cpu[i, : int(num_prompt_tokens[i])])
+            cache.add_active_response(req_id, sampled)
+            pattern = token_ids_cpu[i, max(0, num_tokens - self.max_tree_depth) : num_tokens]
+            draft = cache.speculate(
+                req_id,
+                pattern,
+                max_spec_tokens=min(num_speculative_tokens, self.k, self.max_model_len - num_tokens - 1),
+                max_spec_factor=self.max_spec_factor,
+                min_token_prob=self.min_token_prob,
+            )
+            drafts.append(draft.token_ids)
+        for req_id in cache.active_requests - set(req_ids):
+            cache.stop_request(req_id)
+        return drafts
+
+
+def suffix_lines(streams: Streams, batches: tuple[int, ...], length: int, steps: int, reps: int) -> list[str]:
+    """Our suffix-decoding proposer beside arctic-inference's ``SuffixDecodingCache`` (when importable) on
+    the same replays: a fresh proposer per replay (its trees start empty), replays alternating."""
     try:
         from vllm_ascend.specdecode.suffix import SuffixDecodingProposer
     except ImportError as exc:
         return ["", f"Suffix decoding: not measured ({exc})."]
+    makers: dict[str, Any] = {"ours": lambda: SuffixDecodingProposer(K, MAX_MODEL_LEN, **SUFFIX)}
     try:
-        import arctic_inference  # noqa: F401
+        import arctic_inference.suffix_decoding  # noqa: F401
 
-        arctic = "installed, but not wired into this replay"
-    except ImportError:
-        arctic = "not installed in this venv, so not compared"
+        arctic = f"arctic-inference {importlib.metadata.version('arctic-inference')}"
+        makers["arctic"] = lambda: ArcticSuffixProposer(K, MAX_MODEL_LEN, **SUFFIX)
+    except ImportError as exc:
+        arctic = f"arctic column absent: arctic_inference is not importable here ({exc})"
+        print(f"suffix decoding: {arctic}", flush=True)
+    settings = ", ".join(f"{k} {v}" for k, v in SUFFIX.items())
+    columns = (
+        "ratio = ours / arctic (goal ≤ 1.5); tok/step and drafted as above; same = identical drafts on "
+        "identical inputs (ours' trajectory)"
+        if "arctic" in makers
+        else "tok/step and drafted as above"
+    )
+    beside = f"{arctic}, driven as vLLM 0.32's suffix proposer drives it" if "arctic" in makers else arctic
     lines = [
         "",
-        f"Suffix decoding (ours; k={K}, vLLM's suffix_decoding_* defaults: depth 24, min_token_prob 0.1, "
-        f"max_spec_factor 1.0); arctic-inference {arctic}. µs per request per step over steps 2..{steps} "
-        "(step 1 indexes the prompts: its ms per request shown apart); tok/step and drafted as above.",
+        f"Suffix decoding, k={K}, {settings} (vLLM's suffix_decoding_* defaults); {beside}. µs per request "
+        f"per step over steps 2..{steps} of {reps} replays each (step 1 indexes the prompts: its ms per "
+        f"request shown apart); {columns}.",
         "",
-        "| workload | B | suffix µs med / p90 | step 1 ms per request | tok/step | drafted |",
-        "|---|---:|---:|---:|---:|---:|",
     ]
+    if "arctic" in makers:
+        lines += [
+            "| workload | B | ours µs med / p90 | arctic µs med / p90 | ratio | step 1 ms ours / arctic "
+            "| tok/step ours / arctic | drafted ours / arctic | same |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+    else:
+        lines += [
+            "| workload | B | ours µs med / p90 | step 1 ms | tok/step | drafted |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+    print("\n".join(lines), flush=True)
     for workload in WORKLOADS:
         for batch in batches:
             reqs, prompt_lens = streams.requests(workload, batch, length, seed=batch * 31 + len(workload))
-            run = replay(SuffixDecodingProposer(K, MAX_MODEL_LEN), reqs, prompt_lens, steps)
-            rest = run.step_us[1:]
-            lines.append(
-                f"| {workload} | {batch} | {float(np.median(rest)):.1f} / {percentile(rest, 90):.1f} "
-                f"| {run.step_us[0] / 1e3:.1f} | {1 + float(np.mean(run.accepted)):.2f} "
-                f"| {float(np.mean(run.drafted)):.2f} |"
-            )
+            runs: dict[str, list[Replay]] = {name: [] for name in makers}
+            for _ in range(reps):
+                for name, make in makers.items():
+                    runs[name].append(replay(make(), reqs, prompt_lens, steps))
+            us = {n: [t for r in rs for t in r.step_us[1:]] for n, rs in runs.items()}
+            med = {n: float(np.median(v)) for n, v in us.items()}
+            p90 = {n: percentile(v, 90) for n, v in us.items()}
+            first = {n: float(np.median([r.step_us[0] for r in rs])) / 1e3 for n, rs in runs.items()}
+            tok = {n: 1 + float(np.mean(rs[0].accepted)) for n, rs in runs.items()}
+            drafted = {n: float(np.mean(rs[0].drafted)) for n, rs in runs.items()}
+            if "arctic" not in makers:
+                lines.append(
+                    f"| {workload} | {batch} | {med['ours']:.1f} / {p90['ours']:.1f} | {first['ours']:.2f} "
+                    f"| {tok['ours']:.2f} | {drafted['ours']:.2f} |"
+                )
+            else:
+                check = replay(
+                    makers["ours"](), reqs, prompt_lens, steps, shadow=makers["arctic"](), explain=False
+                )
+                lines.append(
+                    f"| {workload} | {batch} | {med['ours']:.1f} / {p90['ours']:.1f} "
+                    f"| {med['arctic']:.1f} / {p90['arctic']:.1f} | {med['ours'] / med['arctic']:.2f} "
+                    f"| {first['ours']:.2f} / {first['arctic']:.2f} | {tok['ours']:.2f} / {tok['arctic']:.2f} "
+                    f"| {drafted['ours']:.2f} / {drafted['arctic']:.2f} | {check.same / check.compared:.3f} |"
+                )
+            print(lines[-1], flush=True)
     return lines
 
 

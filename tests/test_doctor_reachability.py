@@ -34,6 +34,8 @@ def test_doctor_marks_each_registered_entry_reached_through_vllm():
         ("runner", "workers", "default"): "vLLM parallel_config.worker_cls",
         ("netloader", "model_loaders", "netloader"): "vLLM load_format 'netloader'",
         ("specdecode", "spec_decode_methods", "ngram"): "speculative_config.method 'ngram'",
+        ("specdecode", "spec_decode_methods", "eagle3"): "speculative_config.method 'eagle3'",
+        ("specdecode", "config_sections", "dynamic_spec_config"): "additional_config.dynamic_spec_config",
         ("eplb", "config_sections", "eplb_config"): "additional_config.eplb_config",
         ("ascend310p", "device_overlays", "310p"): "310P devices",
     }

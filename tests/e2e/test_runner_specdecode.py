@@ -98,7 +98,7 @@ def test_block_and_entropy_verification_through_vllm(make_llm, tiny_qwen3, monke
     decoding's; random requests are verified by the method's kernel, reproducibly when seeded."""
     from vllm_ascend.runner.sample.rejection_sampler import Verification
 
-    want = _tokens(make_llm(tiny_qwen3), temperature=0.0, max_tokens=24)
+    want = _tokens(make_llm(tiny_qwen3), temperature=0.0, max_tokens=48)
     for method in ("block", "entropy"):
         spec = make_llm(
             tiny_qwen3,
@@ -113,9 +113,9 @@ def test_block_and_entropy_verification_through_vllm(make_llm, tiny_qwen3, monke
             calls: list[int] = []
             real = getattr(kernels, name)
             patch.setattr(kernels, name, lambda *args, real=real, calls=calls: calls.append(1) or real(*args))
-            assert _tokens(spec, temperature=0.0, max_tokens=24) == want, method
+            assert _tokens(spec, temperature=0.0, max_tokens=48) == want, method
             assert sum(seen["greedy"]) > 0 and not calls  # greedy rows: argmax verification, drafts accepted
-            params = dict(temperature=0.8, seed=5, max_tokens=16)
+            params = dict(temperature=0.8, seed=5, max_tokens=48)
             first = _tokens(spec, **params)
             assert calls and not seen["random"]  # random rows: the method's kernel, not token-wise rejection
             assert _tokens(spec, **params) == first

@@ -156,21 +156,39 @@ def test_upstream_entropy_threshold_is_refused_naming_the_served_options():
 
 # -- sibling-owned sections ------------------------------------------------------------------
 def test_sibling_sections_name_their_distribution():
-    assert SIBLING_SECTIONS == {"eplb_config": "vllm-ascend-eplb"}
+    assert SIBLING_SECTIONS == {
+        "eplb_config": "vllm-ascend-eplb",
+        "dynamic_spec_config": "vllm-ascend-specdecode",
+    }
 
 
-def test_present_eplb_config_without_a_validator_names_the_distribution():
-    assert "eplb_config" not in CONFIG_SECTIONS
+@pytest.mark.parametrize(
+    ("name", "raw", "extra"),
+    [
+        ("eplb_config", {"dynamic_eplb": True}, "eplb"),
+        ("dynamic_spec_config", {"enabled": True}, "specdecode"),
+    ],
+)
+def test_present_sibling_section_without_a_validator_names_the_distribution(name, raw, extra):
+    assert name not in CONFIG_SECTIONS
     with pytest.raises(ConfigError) as info:
-        init_ascend_config({"eplb_config": {"dynamic_eplb": True}})
+        init_ascend_config({name: raw})
     assert str(info.value) == (
-        "additional_config.eplb_config needs the vllm-ascend-eplb distribution, which is not installed or "
-        "failed to load: pip install 'vllm-ascend[eplb]'"
+        f"additional_config.{name} needs the vllm-ascend-{extra} distribution, which is not installed or "
+        f"failed to load: pip install 'vllm-ascend[{extra}]'"
     )
     # absent, the section needs nothing and nothing is validated for it
     init_ascend_config({})
-    with pytest.raises(ConfigError, match=r"no validated additional_config section 'eplb_config'"):
-        get_section("eplb_config")
+    with pytest.raises(ConfigError, match=rf"no validated additional_config section '{name}'"):
+        get_section(name)
+
+
+def test_dynamic_spec_config_is_served_through_its_sibling_validator():
+    """Once refused by name, ``dynamic_spec_config`` now goes to the section's registered validator."""
+    assert "dynamic_spec_config" not in UNSUPPORTED_OPTIONS
+    with section_validator("dynamic_spec_config", lambda raw, vllm_config: ("validated", dict(raw))):
+        init_ascend_config({"dynamic_spec_config": {"enabled": True}})
+        assert get_section("dynamic_spec_config") == ("validated", {"enabled": True})
 
 
 def test_section_that_is_not_an_object_is_refused():

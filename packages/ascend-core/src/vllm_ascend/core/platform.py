@@ -179,13 +179,13 @@ class AscendPlatform(Platform):
 
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
-        """Swap vLLM's Triton slot-mapping kernel for the runner's torch implementation."""
-        if cls._triton_overrides_registered:  # once per process (vLLM calls this per worker init)
+        """Swap vLLM's Triton kernels (slot mapping, draft-model inputs) for the runner's torch versions."""
+        if AscendPlatform._triton_overrides_registered:  # once per process, whichever platform class
             return
         from vllm.triton_utils.dispatcher import register_kernels
 
         register_kernels(_workers().get("default").triton_kernel_overrides())
-        cls._triton_overrides_registered = True
+        AscendPlatform._triton_overrides_registered = True
 
     # -- configuration --------------------------------------------------------------------
     @classmethod

@@ -2,7 +2,8 @@
 
 Every public function dispatches per call on its tensors' device (see ``_backend``): the Triton
 kernel where Triton can run there, else the torch reference of the same signature
-(``<name>_torch`` in the same module). Importing this package imports neither vLLM nor Triton;
+(``<name>_torch`` in the same module). The draft-input builders of ``spec_decode_inputs`` are
+plain torch on every device. Importing this package imports neither vLLM nor Triton;
 attributes load lazily.
 """
 
@@ -38,6 +39,16 @@ if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names loa
     from vllm_ascend.kernels.rms_norm import triton_q_rms as triton_q_rms
     from vllm_ascend.kernels.slot_mapping import PAD_SLOT_ID as PAD_SLOT_ID
     from vllm_ascend.kernels.slot_mapping import compute_slot_mapping as compute_slot_mapping
+    from vllm_ascend.kernels.spec_decode_inputs import (
+        copy_and_expand_eagle_inputs as copy_and_expand_eagle_inputs,
+    )
+    from vllm_ascend.kernels.spec_decode_inputs import (
+        eagle_prepare_inputs_padded as eagle_prepare_inputs_padded,
+    )
+    from vllm_ascend.kernels.spec_decode_inputs import (
+        eagle_prepare_next_token_padded as eagle_prepare_next_token_padded,
+    )
+    from vllm_ascend.kernels.spec_decode_inputs import eagle_step_slot_mapping as eagle_step_slot_mapping
     from vllm_ascend.kernels.temperature import apply_temperature as apply_temperature
     from vllm_ascend.kernels.top_k_top_p import apply_top_k_top_p as apply_top_k_top_p
     from vllm_ascend.kernels.warmup import kernel_warmup as kernel_warmup
@@ -71,6 +82,10 @@ _EXPORTS = {
     "PLACEHOLDER_TOKEN_ID": "vllm_ascend.kernels.rejection",
     "triton_q_rms": "vllm_ascend.kernels.rms_norm",
     "PAD_SLOT_ID": "vllm_ascend.kernels.slot_mapping",
+    "eagle_step_slot_mapping": "vllm_ascend.kernels.spec_decode_inputs",
+    "eagle_prepare_inputs_padded": "vllm_ascend.kernels.spec_decode_inputs",
+    "eagle_prepare_next_token_padded": "vllm_ascend.kernels.spec_decode_inputs",
+    "copy_and_expand_eagle_inputs": "vllm_ascend.kernels.spec_decode_inputs",
     "KernelBackendError": "vllm_ascend.kernels._backend",
     "use_triton": "vllm_ascend.kernels._backend",
     "kernel_warmup": "vllm_ascend.kernels.warmup",

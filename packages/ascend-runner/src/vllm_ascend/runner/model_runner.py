@@ -4,13 +4,19 @@ The inherited runner builds its collaborators by name; while it does, the names 
 the Ascend classes (input batch + block tables, sampler, rejection sampler, KV block zeroer) and ``torch.cuda``
 streams/events are mapped onto the target device. No device-type branches live here.
 
-Speculative decoding drafts with the proposer core's ``SPEC_DECODE_METHODS`` registry holds for
-``speculative_config.method`` (a sibling distribution registers it; the platform refuses methods
-nobody registered). Such a proposer has ``from_vllm_config(vllm_config)`` and vLLM's CPU-drafter
-call ``propose(num_speculative_tokens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
-slot_mappings=...) -> list[list[int]]``; a proposer whose ``tracks_requests`` is true (suffix decoding keeps
-per-request state) also gets the rows' ``req_ids`` and ``num_prompt_tokens``, from which it starts,
-extends and stops its requests.
+Speculative decoding drafts with the proposer class core's ``SPEC_DECODE_METHODS`` registry holds for
+``speculative_config.method`` (``get_spec_decode_method``; a sibling distribution registers it, the
+platform refuses methods nobody registered). Two kinds:
+
+- model-based proposers (``drafts_with_model``: draft model, EAGLE, EAGLE-3, MTP) take the place of the
+  vLLM class they name in ``replaces`` while vLLM's runner initialises, so vLLM loads their draft
+  network, allocates their KV cache, makes the target return EAGLE-3's auxiliary hidden states and
+  drives them through its padded drafting path;
+- CPU drafters (n-gram, suffix) are built with ``from_vllm_config(vllm_config)`` and called as vLLM
+  calls its CPU n-gram drafter: ``propose(num_speculative_tokens, sampled_token_ids,
+  num_tokens_no_spec, token_ids_cpu, slot_mappings=...) -> list[list[int]]``; one whose
+  ``tracks_requests`` is true (suffix decoding keeps per-request state) also gets the rows' ``req_ids``
+  and ``num_prompt_tokens``, from which it starts, extends and stops its requests.
 
 A row whose sampled token is thrown away (a prefill chunk that is not the prompt's last) samples
 without its request's ``torch.Generator``, so a seeded request's generator advances only on steps
@@ -32,12 +38,13 @@ from vllm.sequence import IntermediateTensors
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
-from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+from vllm.v1.outputs import AsyncModelRunnerOutput, DraftTokenIds, ModelRunnerOutput
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 from vllm.v1.worker import gpu_model_runner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+from vllm_ascend.core.config import ConfigError, get_section
 from vllm_ascend.core.device.config import get_device_adaptor
 from vllm_ascend.core.registry import SPEC_DECODE_METHODS
 from vllm_ascend.kernels import kernel_warmup
@@ -64,31 +71,70 @@ def ascend_components() -> Iterator[None]:
         yield
 
 
-def build_drafter(vllm_config: VllmConfig) -> Any:
-    """The proposer registered for ``speculative_config.method`` (None without speculative decoding)."""
+def get_spec_decode_method(vllm_config: VllmConfig) -> Any:
+    """The proposer class core's registry holds for ``speculative_config.method`` (None without
+    speculative decoding). The platform has already refused methods nobody registered."""
     spec = vllm_config.speculative_config
     if spec is None:
         return None
-    proposer_cls: Any = SPEC_DECODE_METHODS.get(spec.method)
-    return proposer_cls.from_vllm_config(vllm_config)
+    return SPEC_DECODE_METHODS.get(spec.method)
+
+
+def drafts_with_model(proposer_cls: Any) -> bool:
+    """Model-based proposers are built and driven by vLLM's runner code, in place of vLLM's class."""
+    return bool(getattr(proposer_cls, "drafts_with_model", False))
 
 
 @contextmanager
-def vllm_takes_our_drafter(vllm_config: VllmConfig, drafter: Any) -> Iterator[None]:
-    """For ``ngram`` vLLM's runner constructs its numba ``NgramProposer`` (JIT-compiled on creation), for
-    ``suffix`` its arctic-inference ``SuffixDecodingProposer``: hand it ``drafter`` instead, so only our
-    proposer is built."""
-    spec = vllm_config.speculative_config
+def vllm_builds_our_drafter(vllm_config: VllmConfig, proposer_cls: Any) -> Iterator[Any]:
+    """While vLLM's runner initialises, the name it builds its drafter from means ``proposer_cls``.
+
+    A model-based proposer replaces the vLLM class it names in ``replaces`` (same constructor), so
+    vLLM loads its draft network, gives it KV-cache layers and calls it. A CPU drafter is built here
+    (``from_vllm_config``) and handed out for the class vLLM would build: for ``ngram`` vLLM's numba
+    ``NgramProposer`` (JIT-compiled on creation), for ``suffix`` arctic-inference's proposer. Yields
+    the CPU drafter (None for model-based methods)."""
+    if proposer_cls is None:
+        yield None
+        return
+    if drafts_with_model(proposer_cls):
+        with replaced_names(gpu_model_runner, {proposer_cls.replaces: proposer_cls}):
+            yield None
+        return
+    drafter = proposer_cls.from_vllm_config(vllm_config)
+    method = vllm_config.speculative_config.method
     with ExitStack() as stack:
-        if spec is not None and spec.method == "ngram":
+        if method == "ngram":
             from vllm.v1.spec_decode import ngram_proposer
 
             stack.enter_context(replaced_names(ngram_proposer, {"NgramProposer": lambda config: drafter}))
-        if spec is not None and spec.method == "suffix":
+        if method == "suffix":
             stack.enter_context(
                 replaced_names(gpu_model_runner, {"SuffixDecodingProposer": lambda config: drafter})
             )
-        yield
+        yield drafter
+
+
+def dynamic_spec_scheduler(vllm_config: VllmConfig) -> Any:
+    """The draft-length scheduler ``additional_config.dynamic_spec_config`` asks for (None when absent or
+    disabled). It sets each request's draft length from its measured acceptance; the runner hands vLLM's
+    scheduler the trimmed drafts, which it can only do when drafts travel through the host each step."""
+    spec = vllm_config.speculative_config
+    if spec is None:
+        return None
+    try:
+        config = get_section("dynamic_spec_config")
+    except ConfigError:  # the section is served by vllm-ascend[specdecode]; not installed, not given
+        return None
+    if not config.enabled:
+        return None
+    if vllm_config.scheduler_config.async_scheduling:
+        raise ConfigError(
+            "additional_config.dynamic_spec_config.enabled = true needs synchronous scheduling (the drafts "
+            "are trimmed on the host before vLLM schedules them); async_scheduling is on: start with "
+            "--no-async-scheduling or disable dynamic_spec_config"
+        )
+    return config.build_scheduler(spec.num_speculative_tokens)
 
 
 @contextmanager
@@ -107,11 +153,13 @@ class NPUModelRunner(GPUModelRunner):
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         get_device_adaptor().install_runtime_shims()
-        drafter = build_drafter(vllm_config)
-        with ascend_components(), vllm_takes_our_drafter(vllm_config, drafter):
+        proposer_cls = get_spec_decode_method(vllm_config)
+        with ascend_components(), vllm_builds_our_drafter(vllm_config, proposer_cls) as cpu_drafter:
             super().__init__(vllm_config, device)
-        if hasattr(self, "drafter"):  # vLLM builds a drafter on the last pipeline stage only
-            self.drafter = drafter
+        if cpu_drafter is not None and hasattr(self, "drafter"):  # built on the last PP stage only
+            self.drafter = cpu_drafter
+        self.drafts_with_model = drafts_with_model(proposer_cls)
+        self.dynamic_spec = dynamic_spec_scheduler(vllm_config)
         self.kernel_warmup_results: dict[str, bool] = {}  # item -> compiled cleanly, after warm_up()
 
     def may_reinitialize_input_batch(self, kv_cache_config: KVCacheConfig) -> None:
@@ -144,8 +192,21 @@ class NPUModelRunner(GPUModelRunner):
         spec_decode_metadata: SpecDecodeMetadata | None,
         common_attn_metadata: CommonAttentionMetadata,
         slot_mappings: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]] | None,
-    ) -> list[list[int]]:
-        """Drafts from the registry's proposer, called as vLLM calls its CPU n-gram drafter."""
+    ) -> list[list[int]] | torch.Tensor:
+        """Model-based proposers run vLLM's drafting path (our proposer class, built by vLLM's runner);
+        CPU drafters are called as vLLM calls its n-gram drafter."""
+        if self.drafts_with_model:
+            return super().propose_draft_token_ids(
+                scheduler_output,
+                sampled_token_ids,
+                sampling_metadata,
+                hidden_states,
+                sample_hidden_states,
+                aux_hidden_states,
+                spec_decode_metadata,
+                common_attn_metadata,
+                slot_mappings,
+            )
         self._draft_probs = None
         self._draft_prob_req_ids = None
         batch = self.input_batch
@@ -161,15 +222,43 @@ class NPUModelRunner(GPUModelRunner):
             **requests,
         )
 
+    def execute_model(self, scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any) -> Any:
+        if self.dynamic_spec is not None:
+            for req_id in scheduler_output.finished_req_ids:
+                self.dynamic_spec.finish(req_id)
+        return super().execute_model(scheduler_output, *args, **kwargs)
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The step's drafts, each cut to the length the dynamic scheduler allots it (when enabled)."""
+        drafts = super().take_draft_token_ids()
+        if drafts is None or self.dynamic_spec is None:
+            return drafts
+        return DraftTokenIds(drafts.req_ids, self.dynamic_spec.trim(drafts.req_ids, drafts.draft_token_ids))
+
+    def _observe_acceptance(self, scheduled: dict[str, list[int]], output: Any) -> None:
+        """Tell the dynamic scheduler how many of each sampling request's verified drafts were accepted
+        (0 drafts included: its unmeasured estimates drift back toward the batch's)."""
+        if not isinstance(output, ModelRunnerOutput):
+            return
+        for req_id, sampled in zip(output.req_ids, output.sampled_token_ids, strict=True):
+            if len(sampled):
+                self.dynamic_spec.observe(req_id, len(scheduled.get(req_id, ())), len(sampled) - 1)
+
     def sample_tokens(
         self, grammar_output: GrammarOutput | None
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput | IntermediateTensors:
-        """vLLM's sampling step, with the discarded rows' generators held back (see the module docstring)."""
+        """vLLM's sampling step (and drafting, whose copies use ``torch.cuda`` streams), with the discarded
+        rows' generators held back (see the module docstring)."""
         rows: list[int] = []
+        scheduled: dict[str, list[int]] = {}
         if self.execute_model_state is not None:
             rows = np.flatnonzero(self.discard_request_mask.np[: self.input_batch.num_reqs]).tolist()
-        with generators_held_back(self.input_batch.generators, rows):
-            return super().sample_tokens(grammar_output)
+            scheduled = self.execute_model_state.scheduler_output.scheduled_spec_decode_tokens
+        with generators_held_back(self.input_batch.generators, rows), device_context.torch_device_wrapper():
+            output = super().sample_tokens(grammar_output)
+        if self.dynamic_spec is not None:
+            self._observe_acceptance(scheduled, output)
+        return output
 
     def _sync_device(self) -> None:
         get_device_adaptor().synchronize()

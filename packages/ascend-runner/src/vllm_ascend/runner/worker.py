@@ -30,6 +30,7 @@ from vllm_ascend.runner.block_table import TRITON_KERNEL_OVERRIDES
 from vllm_ascend.runner.cpu_binding import bind_cpus
 from vllm_ascend.runner.model_runner import NPUModelRunner
 from vllm_ascend.runner.ops.registry import enable_custom_ops, register_custom_ops
+from vllm_ascend.runner.spec_decode_kernels import SPEC_DECODE_KERNEL_OVERRIDES
 
 logger = init_logger(__name__)
 
@@ -74,7 +75,7 @@ class NPUWorker(Worker):
 
     @classmethod
     def triton_kernel_overrides(cls) -> dict[str, Any]:
-        return dict(TRITON_KERNEL_OVERRIDES)
+        return {**TRITON_KERNEL_OVERRIDES, **SPEC_DECODE_KERNEL_OVERRIDES}
 
     def __init__(
         self,

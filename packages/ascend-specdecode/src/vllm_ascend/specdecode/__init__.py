@@ -8,6 +8,9 @@ from vllm_ascend.core.lazy import lazy_exports
 from vllm_ascend.specdecode._version import __version__
 
 if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names load lazily
+    from vllm_ascend.specdecode.dynamic import DynamicSpecConfig as DynamicSpecConfig
+    from vllm_ascend.specdecode.dynamic import DynamicSpecInputError as DynamicSpecInputError
+    from vllm_ascend.specdecode.dynamic import DynamicSpecScheduler as DynamicSpecScheduler
     from vllm_ascend.specdecode.ngram import NgramConfigError as NgramConfigError
     from vllm_ascend.specdecode.ngram import NgramProposer as NgramProposer
     from vllm_ascend.specdecode.replay import ReplayStats as ReplayStats
@@ -18,6 +21,9 @@ if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names loa
     from vllm_ascend.specdecode.suffix import SuffixTree as SuffixTree
 
 _LAZY: dict[str, str] = {
+    "DynamicSpecConfig": "vllm_ascend.specdecode.dynamic",
+    "DynamicSpecInputError": "vllm_ascend.specdecode.dynamic",
+    "DynamicSpecScheduler": "vllm_ascend.specdecode.dynamic",
     "NgramConfigError": "vllm_ascend.specdecode.ngram",
     "NgramProposer": "vllm_ascend.specdecode.ngram",
     "ReplayStats": "vllm_ascend.specdecode.replay",

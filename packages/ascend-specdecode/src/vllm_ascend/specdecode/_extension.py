@@ -8,17 +8,23 @@ from vllm_ascend.specdecode._version import __version__
 
 def register() -> None:
     """Fill core's registries with lazy paths (nothing heavy is imported here)."""
-    from vllm_ascend.core.registry import SPEC_DECODE_METHODS
+    from vllm_ascend.core.registry import CONFIG_SECTIONS, SPEC_DECODE_METHODS
 
     SPEC_DECODE_METHODS.register("ngram", "vllm_ascend.specdecode.ngram:NgramProposer")
     SPEC_DECODE_METHODS.register("suffix", "vllm_ascend.specdecode.suffix:SuffixDecodingProposer")
+    SPEC_DECODE_METHODS.register("draft_model", "vllm_ascend.specdecode.proposer:AscendDraftModelProposer")
+    for method in ("eagle", "eagle3", "mtp"):
+        SPEC_DECODE_METHODS.register(method, "vllm_ascend.specdecode.proposer:AscendEagleProposer")
+    CONFIG_SECTIONS.register(
+        "dynamic_spec_config", "vllm_ascend.specdecode.dynamic:validate_dynamic_spec_config"
+    )
 
 
 EXTENSION = ExtensionDescriptor(
     name="specdecode",
     version=__version__,
     core_requires=">=0.1,<0.2",
-    provides=("spec_decode_methods",),
+    provides=("spec_decode_methods", "config_sections"),
     register=register,
-    description="Speculative decoding proposers",
+    description="Speculative decoding proposers and additional_config.dynamic_spec_config",
 )

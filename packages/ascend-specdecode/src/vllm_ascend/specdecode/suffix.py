@@ -23,7 +23,7 @@ and the global tree only for the generated tokens of ``max_cached_requests`` req
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +58,29 @@ class Draft:
 
 
 _NO_DRAFT = Draft([], 0.0, 0)
+_Ints = list[int]
+_Add = Callable[[int], None]
+_ExtendState = tuple[
+    list[dict[int, int] | None],
+    _Ints,
+    _Ints,
+    _Ints,
+    _Ints,
+    _Ints,
+    _Ints,
+    _Ints,
+    Callable[[dict[int, int] | None], None],
+    _Add,
+    _Add,
+    _Add,
+    _Add,
+    _Add,
+    _Add,
+    _Add,
+    _Ints,
+    dict[int, int],
+    dict[int, list[int]],
+]
 
 
 class SuffixTree:
@@ -72,6 +95,9 @@ class SuffixTree:
     Nodes live in parallel lists indexed by node id (freed ids are reused); node 0 is the (internal) root.
     ``count[n]``: occurrences of n's string; ``cont[n]``: for an internal node, occurrences followed by a
     further token (its children's counts summed), the denominator of continuation probabilities.
+    ``best[n]`` caches the token of n's most frequent child (kept exact as counts change, or -1 where an
+    equal count makes the first-seen order decide: found again when a draft needs it), so a draft step
+    costs O(1) however many continuations a node has.
     Each sequence keeps its *active* node: its longest suffix that is an internal node (the suffixes whose
     continuations are nodes; by suffix links, the shorter ones follow).
     """
@@ -83,11 +109,37 @@ class SuffixTree:
         self._cont = [0]
         self._link = [_ROOT]
         self._depth = [0]
-        self._ref: dict[int, tuple[int, int]] = {}  # leaf -> (sequence, position of its string's last token)
+        # internal node -> token of its most frequent child (first seen on ties); -1: unknown
+        self._best = [-1]
+        # leaf -> its occurrence: sequence (-1: internal node) and position of its string's last token
+        self._ref_seq = [-1]
+        self._ref_end = [0]
         self._free: list[int] = []
         self._tokens: dict[int, list[int]] = {}
         self._active: dict[int, int] = {}
         self._next_seq = 0
+        # what extend uses, bound once: the node lists, their appends (a new node is appended inline) and more
+        self._extend_state: _ExtendState = (
+            self._children,
+            self._count,
+            self._cont,
+            self._link,
+            self._depth,
+            self._best,
+            self._ref_seq,
+            self._ref_end,
+            self._children.append,
+            self._count.append,
+            self._cont.append,
+            self._link.append,
+            self._depth.append,
+            self._best.append,
+            self._ref_seq.append,
+            self._ref_end.append,
+            self._free,
+            self._active,
+            self._tokens,
+        )
 
     @property
     def num_nodes(self) -> int:
@@ -112,102 +164,147 @@ class SuffixTree:
         self.extend(seq, tokens)
         return seq
 
-    def _new_node(self, depth: int) -> int:
-        if self._free:
-            node = self._free.pop()
-            self._count[node] = 1
-            self._cont[node] = 0
-            self._link[node] = _ROOT
-            self._depth[node] = depth
-        else:
-            node = len(self._count)
-            self._children.append(None)
-            self._count.append(1)
-            self._cont.append(0)
-            self._link.append(_ROOT)
-            self._depth.append(depth)
+    def _reuse_node(self, depth: int, seq: int, end: int) -> int:
+        """A freed node id made a new leaf ``depth`` deep occurring in ``seq`` ending at ``end`` (new ids
+        are appended inline by :meth:`extend`)."""
+        node = self._free.pop()
+        self._count[node] = 1
+        self._cont[node] = 0
+        self._link[node] = _ROOT
+        self._depth[node] = depth
+        self._best[node] = -1
+        self._ref_seq[node] = seq
+        self._ref_end[node] = end
         return node
 
     def extend(self, seq: int, tokens: Iterable[int]) -> None:
         """Append ``tokens`` to sequence ``seq``: every new suffix (up to ``max_depth``) is counted."""
-        children, count, cont, link, depth, ref = (
-            self._children,
-            self._count,
-            self._cont,
-            self._link,
-            self._depth,
-            self._ref,
-        )
+        (
+            children,
+            count,
+            cont,
+            link,
+            depth,
+            best,
+            ref_seq,
+            ref_end,
+            add_kids,
+            add_count,
+            add_cont,
+            add_link,
+            add_depth,
+            add_best,
+            add_seq,
+            add_end,
+            free,
+            actives,
+            all_tokens,
+        ) = self._extend_state
+        reuse_node = self._reuse_node  # a new node is appended to every list inline (the hot path)
         max_depth = self.max_depth
-        stored = self._tokens[seq]
+        stored = all_tokens[seq]
         start = len(stored)
         stored.extend(map(int, tokens))
         for pos in range(start, len(stored)):
             token = stored[pos]
-            node = self._active[seq]
+            node = actives[seq]
             if depth[node] == max_depth:
                 node = link[node]
             created = -1  # the node made in the previous round: its suffix link is this round's child
             active = _ROOT
-            split: list[tuple[int, int, int]] = []  # (new child, its parent, token): links set after the walk
+            split: list[tuple[int, int, int]] | None = (
+                None  # (new child, parent, token): linked after the walk
+            )
             while True:
                 kids = children[node]
                 if kids is None:
                     kids = children[node] = {}
                 child = kids.get(token)
                 if child is None:
-                    child = self._new_node(depth[node] + 1)
+                    if free:
+                        child = reuse_node(depth[node] + 1, seq, pos)
+                    else:
+                        child = len(count)
+                        add_kids(None)
+                        add_count(1)
+                        add_cont(0)
+                        add_link(_ROOT)
+                        add_depth(depth[node] + 1)
+                        add_best(-1)
+                        add_seq(seq)
+                        add_end(pos)
                     kids[token] = child
-                    ref[child] = (seq, pos)
                     if created >= 0:
                         link[created] = child
                     created = child
                 else:
-                    count[child] += 1
+                    grown = count[child] + 1
+                    count[child] = grown
+                    top = best[node]
+                    if top >= 0 and top != token:
+                        rival = count[kids[top]]
+                        if grown > rival:
+                            best[node] = token
+                        elif grown == rival:
+                            best[node] = -1
                     if created >= 0:
                         link[created] = child
                         created = -1
                     if active == _ROOT:
                         active = child
-                    occurrence = ref.pop(child, None)
-                    if occurrence is not None:  # a leaf seen again becomes internal
-                        self._split(child, occurrence, split)
+                    other = ref_seq[child]
+                    if other >= 0:
+                        # A leaf seen again becomes internal: its one earlier occurrence's continuation
+                        # becomes a child leaf. When that occurrence ends its (other, still growing)
+                        # sequence, the node is that sequence's new active unless a longer suffix of it
+                        # became internal earlier in the same walk.
+                        ref_seq[child] = -1
+                        end = ref_end[child] + 1
+                        other_tokens = all_tokens[other]
+                        if end < len(other_tokens):
+                            if depth[child] < max_depth:
+                                next_token = other_tokens[end]
+                                if free:
+                                    grandchild = reuse_node(depth[child] + 1, other, end)
+                                else:
+                                    grandchild = len(count)
+                                    add_kids(None)
+                                    add_count(1)
+                                    add_cont(0)
+                                    add_link(_ROOT)
+                                    add_depth(depth[child] + 1)
+                                    add_best(-1)
+                                    add_seq(other)
+                                    add_end(end)
+                                children[child] = {next_token: grandchild}
+                                best[child] = next_token
+                                cont[child] = 1
+                                if split is None:
+                                    split = []
+                                split.append((grandchild, child, next_token))
+                        elif depth[child] > depth[actives[other]]:
+                            actives[other] = child
                 cont[node] += 1
                 if node == _ROOT:
                     break
                 node = link[node]
-            for child, parent, token in split:
-                link_kids = children[link[parent]]
-                assert link_kids is not None
-                link[child] = link_kids[token]
-            self._active[seq] = active
-
-    def _split(self, node: int, occurrence: tuple[int, int], split: list[tuple[int, int, int]]) -> None:
-        """Make leaf ``node`` internal: its one earlier occurrence's continuation becomes a child leaf. When
-        that occurrence ends its (other, still growing) sequence, ``node`` is that sequence's new active unless
-        a longer suffix of it became internal earlier in the same walk."""
-        seq, end = occurrence
-        seq_tokens = self._tokens[seq]
-        if end + 1 < len(seq_tokens):
-            if self._depth[node] < self.max_depth:
-                token = seq_tokens[end + 1]
-                child = self._new_node(self._depth[node] + 1)
-                self._children[node] = {token: child}
-                self._ref[child] = (seq, end + 1)
-                self._cont[node] = 1
-                split.append((child, node, token))
-        elif self._depth[node] > self._depth[self._active[seq]]:
-            self._active[seq] = node
+            if split is not None:
+                for child, parent, token in split:
+                    link_kids = children[link[parent]]
+                    assert link_kids is not None
+                    link[child] = link_kids[token]
+            actives[seq] = active
 
     def remove(self, seq: int) -> None:
         """Forget sequence ``seq``: its substrings' counts drop and nodes left unused are freed."""
-        children, count, cont, link, depth, ref = (
+        children, count, cont, link, depth, ref_seq, best = (
             self._children,
             self._count,
             self._cont,
             self._link,
             self._depth,
-            self._ref,
+            self._ref_seq,
+            self._best,
         )
         max_depth = self.max_depth
         dead: list[tuple[int, int, int]] = []  # (parent, token, node)
@@ -221,9 +318,11 @@ class SuffixTree:
                 child = kids[token]
                 count[child] -= 1
                 cont[node] -= 1
+                if best[node] == token:
+                    best[node] = -1
                 if count[child] == 0:
                     dead.append((node, token, child))
-                if active == _ROOT and child not in ref:
+                if active == _ROOT and ref_seq[child] < 0:
                     active = child
                 if node == _ROOT:
                     break
@@ -234,14 +333,13 @@ class SuffixTree:
             if kids is not None:
                 del kids[token]
             children[node] = None
-            ref.pop(node, None)
+            ref_seq[node] = -1
             self._free.append(node)
 
     def _leaf_next(self, leaf: int, offset: int) -> int:
         """The token ``offset`` places past leaf ``leaf``'s string (-1: none yet, or past ``max_depth``)."""
-        seq, end = self._ref[leaf]
-        seq_tokens = self._tokens[seq]
-        pos = end + 1 + offset
+        seq_tokens = self._tokens[self._ref_seq[leaf]]
+        pos = self._ref_end[leaf] + 1 + offset
         if pos < len(seq_tokens) and self._depth[leaf] + offset < self.max_depth:
             return seq_tokens[pos]
         return -1
@@ -250,10 +348,9 @@ class SuffixTree:
         """The position of (node's string + ``offset`` implicit tokens) without its first token."""
         target = self._link[node]
         if offset:
-            seq, end = self._ref[node]
-            seq_tokens = self._tokens[seq]
-            pos = end + 1
-            while offset and target not in self._ref:
+            seq_tokens = self._tokens[self._ref_seq[node]]
+            pos = self._ref_end[node] + 1
+            while offset and self._ref_seq[target] < 0:
                 kids = self._children[target]
                 assert kids is not None
                 target = kids[seq_tokens[pos]]
@@ -267,7 +364,7 @@ class SuffixTree:
         stack: list[tuple[int, tuple[int, ...]]] = [(_ROOT, ())]
         while stack:
             node, path = stack.pop()
-            if node in self._ref:
+            if self._ref_seq[node] >= 0:
                 offset = 0
                 while (token := self._leaf_next(node, offset)) >= 0:
                     path = (*path, token)
@@ -288,13 +385,13 @@ class SuffixTree:
     def match(self, context: Sequence[int]) -> tuple[int, int, int]:
         """``(node, offset, length)``: the longest suffix of ``context`` stored in the tree, as a node and a
         number of implicit tokens past it (a leaf's), and its length; ``(root, 0, 0)`` when none is."""
-        children, depth, ref = self._children, self._depth, self._ref
+        children, depth, ref_seq = self._children, self._depth, self._ref_seq
         node = _ROOT
         offset = 0
         for token in context[max(0, len(context) - self.max_depth) :]:
             token = int(token)
             while True:
-                if node in ref:
+                if ref_seq[node] >= 0:
                     if self._leaf_next(node, offset) == token:
                         offset += 1
                         break
@@ -326,6 +423,25 @@ class SuffixTree:
         ``min(max_tokens, int(max_spec_factor * m))`` tokens; the highest score wins, the longer match on
         ties. Candidates stop once their length cap cannot beat the best score.
         """
+        tokens, score, length = self._speculate(
+            node, offset, match_len, max_tokens, max_spec_factor, min_token_prob
+        )
+        return Draft(tokens, score, length) if tokens else _NO_DRAFT
+
+    def _speculate(
+        self,
+        node: int,
+        offset: int,
+        match_len: int,
+        max_tokens: int,
+        max_spec_factor: float,
+        min_token_prob: float,
+    ) -> tuple[list[int], float, int]:
+        """:meth:`speculate` as ``(tokens, score, match_len)``, each candidate's draft walked inline: along
+        a leaf (probability unchanged) its tokens are one slice of its occurrence's sequence."""
+        children, count, cont, best, depth = self._children, self._count, self._cont, self._best, self._depth
+        ref_seq, ref_end, all_tokens = self._ref_seq, self._ref_end, self._tokens
+        max_depth = self.max_depth
         best_tokens: list[int] = []
         best_score = 0.0
         best_len = 0
@@ -333,38 +449,39 @@ class SuffixTree:
             limit = min(max_tokens, int(max_spec_factor * match_len + 1e-9))
             if limit <= best_score:
                 break
-            tokens, score = self._draft(node, offset, limit, min_token_prob)
+            tokens: list[int] = []
+            prob = 1.0
+            score = 0.0
+            at, at_offset = node, offset  # only a leaf has implicit tokens: an internal node's offset is 0
+            while True:
+                seq = ref_seq[at]
+                if seq >= 0:
+                    seq_tokens = all_tokens[seq]
+                    pos = ref_end[at] + 1 + at_offset
+                    n = min(limit - len(tokens), len(seq_tokens) - pos, max_depth - depth[at] - at_offset)
+                    if n > 0:
+                        tokens += seq_tokens[pos : pos + n]
+                        for _ in range(n):
+                            score += prob
+                    break
+                if len(tokens) >= limit or not cont[at]:
+                    break
+                kids = children[at]
+                assert kids is not None
+                token = best[at]
+                if token < 0:
+                    token = best[at] = max(kids, key=lambda t: count[kids[t]])  # ties: the first seen
+                prob *= count[kids[token]] / cont[at]
+                if prob < min_token_prob:
+                    break
+                at = kids[token]
+                tokens.append(token)
+                score += prob
             if score > best_score:
                 best_tokens, best_score, best_len = tokens, score, match_len
             node, offset = self._suffix(node, offset)
             match_len -= 1
-        return Draft(best_tokens, best_score, best_len) if best_tokens else _NO_DRAFT
-
-    def _draft(self, node: int, offset: int, limit: int, min_token_prob: float) -> tuple[list[int], float]:
-        """Up to ``limit`` tokens following the most frequent continuations, and their score."""
-        children, count, cont, ref = self._children, self._count, self._cont, self._ref
-        tokens: list[int] = []
-        prob = 1.0
-        score = 0.0
-        while len(tokens) < limit:
-            if node in ref:
-                token = self._leaf_next(node, offset)
-                if token < 0:
-                    break
-                offset += 1
-            else:
-                if not cont[node]:
-                    break
-                kids = children[node]
-                assert kids is not None
-                token = max(kids, key=lambda t: count[kids[t]])  # ties: the continuation seen first
-                prob *= count[kids[token]] / cont[node]
-                if prob < min_token_prob:
-                    break
-                node = kids[token]
-            tokens.append(token)
-            score += prob
-        return tokens, score
+        return best_tokens, best_score, best_len
 
 
 @dataclass
@@ -439,24 +556,52 @@ class SuffixCache:
         """Drop the request's local tree; its generated tokens stay in the global tree until evicted."""
         del self._active[req_id]
 
+    def _global_match(self, req_id: Hashable, context: list[int]) -> tuple[int, int, int]:
+        """Where the global tree's drafts for ``context`` start, without a :meth:`match` walk when possible.
+
+        The request's own sequence there (its ``g`` generated tokens) is a suffix of ``context``; its longest
+        internal suffix (``a`` long) is taken directly when ``a < g`` or ``a`` is the tree's depth, as it
+        yields the same best draft: no longer suffix of the context has a continuation. One of length
+        ``a < m <= g`` occurs only at that end (else it would be internal), and one longer than ``g`` found
+        elsewhere would make all ``g`` tokens occur twice (``a = g``). Otherwise (no generated tokens yet,
+        all of them repeated, or the request evicted from the global tree) a full :meth:`match`."""
+        glob = self.global_tree
+        seq = self._cached.get(req_id)
+        if seq is not None:
+            tail = glob.sequence_tail(seq)
+            if tail[2] < len(glob.tokens(seq)) or tail[2] == glob.max_depth:
+                return tail
+        return glob.match(context)
+
     def speculate(
         self, req_id: Hashable, max_spec_tokens: int, max_spec_factor: float, min_token_prob: float
     ) -> Draft:
         """The best draft for the request's current context from its local tree or the global tree."""
-        if max_spec_tokens <= 0:
-            return _NO_DRAFT
-        request = self._active[req_id]
-        tree = request.tree
-        best = tree.speculate(
-            *tree.sequence_tail(request.seq), max_spec_tokens, max_spec_factor, min_token_prob
+        tokens, score, match_len = self._speculate(
+            req_id, self._active[req_id], max_spec_tokens, max_spec_factor, min_token_prob
         )
-        if self.global_tree.num_tokens:
-            node, offset, match_len = self.global_tree.match(tree.tokens(request.seq))
-            other = self.global_tree.speculate(
-                node, offset, match_len, max_spec_tokens, max_spec_factor, min_token_prob
-            )
-            if other.score > best.score:
-                best = other
+        return Draft(tokens, score, match_len) if tokens else _NO_DRAFT
+
+    def _speculate(
+        self,
+        req_id: Hashable,
+        request: _Request,
+        max_spec_tokens: int,
+        max_spec_factor: float,
+        min_token_prob: float,
+    ) -> tuple[list[int], float, int]:
+        """:meth:`speculate` as ``(tokens, score, match_len)`` for the active ``request``."""
+        if max_spec_tokens <= 0:
+            return [], 0.0, 0
+        tree = request.tree
+        node, offset, match_len = tree.sequence_tail(request.seq)
+        best = tree._speculate(node, offset, match_len, max_spec_tokens, max_spec_factor, min_token_prob)
+        glob = self.global_tree
+        if glob.num_tokens:
+            node, offset, match_len = self._global_match(req_id, tree.tokens(request.seq))
+            other = glob._speculate(node, offset, match_len, max_spec_tokens, max_spec_factor, min_token_prob)
+            if other[1] > best[1]:
+                return other
         return best
 
 
@@ -538,20 +683,23 @@ class SuffixDecodingProposer:
         batch = len(sampled_token_ids)
         limit = min(num_speculative_tokens, self.k)
         drafts: list[list[int]] = []
+        active = cache._active
+        max_model_len, factor, min_prob = self.max_model_len, self.max_spec_factor, self.min_token_prob
         for row in range(batch):
             if not sampled_token_ids[row]:
                 drafts.append([])
                 continue
             req_id = req_ids[row]
             num_tokens = int(num_tokens_no_spec[row])
-            if not cache.is_active(req_id):
+            request = active.get(req_id)
+            if request is None:
                 cache.start_request(req_id, token_ids_cpu[row, : int(num_prompt_tokens[row])].tolist())
-            indexed = cache.num_indexed(req_id)
+                request = active[req_id]
+            indexed = len(request.tree.tokens(request.seq))
             if num_tokens > indexed:
                 cache.add_tokens(req_id, token_ids_cpu[row, indexed:num_tokens].tolist())
-            budget = min(limit, self.max_model_len - num_tokens - 1)
-            draft = cache.speculate(req_id, budget, self.max_spec_factor, self.min_token_prob)
-            drafts.append(draft.token_ids)
+            budget = min(limit, max_model_len - num_tokens - 1)
+            drafts.append(cache._speculate(req_id, request, budget, factor, min_prob)[0])
         for req_id in cache.active_requests.difference(req_ids[:batch]):
             cache.stop_request(req_id)
         return drafts

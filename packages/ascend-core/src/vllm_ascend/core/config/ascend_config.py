@@ -24,7 +24,10 @@ from vllm_ascend.core.logger import init_logger
 logger = init_logger(__name__)
 
 #: ``additional_config`` sections validated by a sibling distribution -> the distribution to install.
-SIBLING_SECTIONS: dict[str, str] = {"eplb_config": "vllm-ascend-eplb"}
+SIBLING_SECTIONS: dict[str, str] = {
+    "eplb_config": "vllm-ascend-eplb",
+    "dynamic_spec_config": "vllm-ascend-specdecode",
+}
 
 
 def unsupported_message(path: str) -> str:

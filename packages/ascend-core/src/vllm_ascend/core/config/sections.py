@@ -45,7 +45,6 @@ UNSUPPORTED_OPTIONS: dict[str, str] = {
     "ascend_compilation_config": "graph compilation with Ascend fusion passes",
     "xlite_graph_config": "the xlite graph runtime",
     "rl_config": "RL rollout defaults (sleep level, batch invariance)",
-    "dynamic_spec_config": "speculative token count adapted to the acceptance rate",
     "rejection_sampler_config.entropy_threshold": "upstream's entropy gate on verification (verify_method "
     "'entropy' here is typical acceptance, tuned by posterior_threshold / posterior_alpha)",
     "finegrained_tp_config": "per-layer tensor-parallel sizes",
