@@ -23,7 +23,7 @@ and the global tree only for the generated tokens of ``max_cached_requests`` req
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +59,6 @@ class Draft:
 
 _NO_DRAFT = Draft([], 0.0, 0)
 _Ints = list[int]
-_Add = Callable[[int], None]
 _ExtendState = tuple[
     list[dict[int, int] | None],
     _Ints,
@@ -68,15 +67,6 @@ _ExtendState = tuple[
     _Ints,
     _Ints,
     _Ints,
-    _Ints,
-    Callable[[dict[int, int] | None], None],
-    _Add,
-    _Add,
-    _Add,
-    _Add,
-    _Add,
-    _Add,
-    _Add,
     _Ints,
     dict[int, int],
     dict[int, list[int]],
@@ -118,7 +108,7 @@ class SuffixTree:
         self._tokens: dict[int, list[int]] = {}
         self._active: dict[int, int] = {}
         self._next_seq = 0
-        # what extend uses, bound once: the node lists, their appends (a new node is appended inline) and more
+        # what extend uses, bound once: the node lists and the per-sequence state
         self._extend_state: _ExtendState = (
             self._children,
             self._count,
@@ -128,15 +118,6 @@ class SuffixTree:
             self._best,
             self._ref_seq,
             self._ref_end,
-            self._children.append,
-            self._count.append,
-            self._cont.append,
-            self._link.append,
-            self._depth.append,
-            self._best.append,
-            self._ref_seq.append,
-            self._ref_end.append,
-            self._free,
             self._active,
             self._tokens,
         )
@@ -164,17 +145,28 @@ class SuffixTree:
         self.extend(seq, tokens)
         return seq
 
-    def _reuse_node(self, depth: int, seq: int, end: int) -> int:
-        """A freed node id made a new leaf ``depth`` deep occurring in ``seq`` ending at ``end`` (new ids
-        are appended inline by :meth:`extend`)."""
-        node = self._free.pop()
-        self._count[node] = 1
-        self._cont[node] = 0
-        self._link[node] = _ROOT
-        self._depth[node] = depth
-        self._best[node] = -1
-        self._ref_seq[node] = seq
-        self._ref_end[node] = end
+    def _new_leaf(self, depth: int, seq: int, end: int) -> int:
+        """A new leaf ``depth`` deep occurring in ``seq`` ending at ``end``: a freed node id if there is
+        one, else a new id appended to every list."""
+        if self._free:
+            node = self._free.pop()
+            self._count[node] = 1
+            self._cont[node] = 0
+            self._link[node] = _ROOT
+            self._depth[node] = depth
+            self._best[node] = -1
+            self._ref_seq[node] = seq
+            self._ref_end[node] = end
+            return node
+        node = len(self._count)
+        self._children.append(None)
+        self._count.append(1)
+        self._cont.append(0)
+        self._link.append(_ROOT)
+        self._depth.append(depth)
+        self._best.append(-1)
+        self._ref_seq.append(seq)
+        self._ref_end.append(end)
         return node
 
     def extend(self, seq: int, tokens: Iterable[int]) -> None:
@@ -188,19 +180,10 @@ class SuffixTree:
             best,
             ref_seq,
             ref_end,
-            add_kids,
-            add_count,
-            add_cont,
-            add_link,
-            add_depth,
-            add_best,
-            add_seq,
-            add_end,
-            free,
             actives,
             all_tokens,
         ) = self._extend_state
-        reuse_node = self._reuse_node  # a new node is appended to every list inline (the hot path)
+        new_leaf = self._new_leaf
         max_depth = self.max_depth
         stored = all_tokens[seq]
         start = len(stored)
@@ -221,18 +204,7 @@ class SuffixTree:
                     kids = children[node] = {}
                 child = kids.get(token)
                 if child is None:
-                    if free:
-                        child = reuse_node(depth[node] + 1, seq, pos)
-                    else:
-                        child = len(count)
-                        add_kids(None)
-                        add_count(1)
-                        add_cont(0)
-                        add_link(_ROOT)
-                        add_depth(depth[node] + 1)
-                        add_best(-1)
-                        add_seq(seq)
-                        add_end(pos)
+                    child = new_leaf(depth[node] + 1, seq, pos)
                     kids[token] = child
                     if created >= 0:
                         link[created] = child
@@ -264,18 +236,7 @@ class SuffixTree:
                         if end < len(other_tokens):
                             if depth[child] < max_depth:
                                 next_token = other_tokens[end]
-                                if free:
-                                    grandchild = reuse_node(depth[child] + 1, other, end)
-                                else:
-                                    grandchild = len(count)
-                                    add_kids(None)
-                                    add_count(1)
-                                    add_cont(0)
-                                    add_link(_ROOT)
-                                    add_depth(depth[child] + 1)
-                                    add_best(-1)
-                                    add_seq(other)
-                                    add_end(end)
+                                grandchild = new_leaf(depth[child] + 1, other, end)
                                 children[child] = {next_token: grandchild}
                                 best[child] = next_token
                                 cont[child] = 1

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from vllm_ascend.runner.testing.tiny_models import publish_build
+
 EAGLE_METHODS = ("eagle", "eagle3")
 
 
@@ -58,13 +60,7 @@ def _finish(tmp: Path, out: Path, target_dir: Path) -> Path:
     for name in os.listdir(target_dir):
         if name.startswith("tokenizer") or name in ("special_tokens_map.json", "vocab.json", "merges.txt"):
             shutil.copy(target_dir / name, tmp / name)
-    (tmp / "complete").write_text("1")
-    try:
-        tmp.rename(out)
-    except OSError:  # another process finished the same build first
-        if not (out / "complete").exists():
-            raise
-    return out
+    return publish_build(tmp, out, "1")
 
 
 def build_eagle_head(

@@ -261,7 +261,12 @@ def build_tiny_model(spec: TinyModelSpec | None = None, root: Path | None = None
     if spec.kind in WEIGHT_HOOKS:
         WEIGHT_HOOKS[spec.kind](spec, model)
     model.save_pretrained(tmp, safe_serialization=True)
-    (tmp / "complete").write_text(json.dumps(asdict(spec), sort_keys=True))
+    return publish_build(tmp, out, json.dumps(asdict(spec), sort_keys=True))
+
+
+def publish_build(tmp: Path, out: Path, marker: str) -> Path:
+    """Mark the build in ``tmp`` complete and move it to ``out`` (a concurrent identical build may win)."""
+    (tmp / "complete").write_text(marker)
     try:
         tmp.rename(out)
     except OSError:  # another process finished the same build first
