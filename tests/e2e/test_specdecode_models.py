@@ -131,21 +131,24 @@ def _drafts_per_step(llm, monkeypatch, prompt: list[int], max_tokens: int):
     return output, calls
 
 
-def _check_drafts(reference, prompt: list[int], output: list[int], calls: list[list[int]]) -> None:
-    """Each call's drafts equal the reference's for the context the call saw (greedy verification
-    accepts the drafts that equal the output, so each call's context follows from the previous ones)."""
-    known = 1  # tokens generated when the call drafted (the first call follows the prefill's token)
+def _drafts_checked(reference, prompt: list[int], output: list[int], calls: list[list[int]]) -> int:
+    """Check that each call's drafts equal the reference's for the context the call saw (greedy
+    verification accepts the drafts that equal the output, so each call's context follows from the
+    previous ones); return how many calls were checked."""
+    known, checked = 1, 0  # tokens generated when the call drafted (the first follows the prefill's token)
     for drafts in calls:
         if known >= len(output):
             break
         assert drafts == reference.drafts(prompt + output[:known], len(drafts)), known
+        checked += 1
         accepted = 0
         for draft, token in zip(drafts, output[known:], strict=False):  # the output may end first
             if draft != token:
                 break
             accepted += 1
         known += accepted + 1
-    assert known >= len(output) and len(calls) >= 6, (known, len(calls))
+    assert known >= len(output), (known, len(output))
+    return checked
 
 
 def test_eagle_drafts_equal_an_independent_hf_forward(make_llm, tiny_qwen3, tiny_models_root, monkeypatch):
@@ -159,7 +162,7 @@ def test_eagle_drafts_equal_an_independent_hf_forward(make_llm, tiny_qwen3, tiny
     spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": 3}
     llm = make_llm(tiny_qwen3, speculative_config=spec)
     output, calls = _drafts_per_step(llm, monkeypatch, PROMPTS[2], 16)
-    _check_drafts(EagleReference(tiny_qwen3, head), PROMPTS[2], output, calls)
+    assert _drafts_checked(EagleReference(tiny_qwen3, head), PROMPTS[2], output, calls) >= 6
 
 
 def test_glm_mtp_layer_drafts_and_output_is_plain_greedy(make_llm, tiny_models_root, monkeypatch):
@@ -182,7 +185,7 @@ def test_glm_mtp_layer_drafts_and_output_is_plain_greedy(make_llm, tiny_models_r
     assert drafted >= len(PROMPTS) * (MAX_TOKENS // 3) * 2
     output, calls = _drafts_per_step(llm, monkeypatch, PROMPTS[0], 12)
     assert output == want[0][:12]
-    _check_drafts(GlmMtpReference(target), PROMPTS[0], output, calls)
+    assert _drafts_checked(GlmMtpReference(target), PROMPTS[0], output, calls) >= 5
 
 
 def test_dynamic_draft_lengths_follow_measured_acceptance(
