@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 from vllm_ascend.core.extensions import ExtensionDescriptor
 from vllm_ascend.specdecode._version import __version__
 
@@ -12,9 +14,12 @@ def register() -> None:
 
     SPEC_DECODE_METHODS.register("ngram", "vllm_ascend.specdecode.ngram:NgramProposer")
     SPEC_DECODE_METHODS.register("suffix", "vllm_ascend.specdecode.suffix:SuffixDecodingProposer")
-    SPEC_DECODE_METHODS.register("draft_model", "vllm_ascend.specdecode.proposer:AscendDraftModelProposer")
-    for method in ("eagle", "eagle3", "mtp"):
-        SPEC_DECODE_METHODS.register(method, "vllm_ascend.specdecode.proposer:AscendEagleProposer")
+    if find_spec("vllm") is not None:  # model-based proposers extend vLLM's drafter classes
+        SPEC_DECODE_METHODS.register(
+            "draft_model", "vllm_ascend.specdecode.proposer:AscendDraftModelProposer"
+        )
+        for method in ("eagle", "eagle3", "mtp"):
+            SPEC_DECODE_METHODS.register(method, "vllm_ascend.specdecode.proposer:AscendEagleProposer")
     CONFIG_SECTIONS.register(
         "dynamic_spec_config", "vllm_ascend.specdecode.dynamic:validate_dynamic_spec_config"
     )
