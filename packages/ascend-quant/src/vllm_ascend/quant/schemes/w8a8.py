@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend.quant.schemes.base import INT8_RANGE, AscendLinearScheme, TensorSpec, adaptor, weight_format
+from vllm_ascend.core.device.torch_ops import device_ops
+from vllm_ascend.quant.schemes.base import INT8_RANGE, AscendLinearScheme, TensorSpec, weight_format
 from vllm_ascend.quant.schemes.registry import register_scheme
 
 _LOW32 = 0xFFFFFFFF
@@ -77,11 +78,11 @@ class W8A8Linear(AscendLinearScheme):
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Static int8 activations, int32 matmul with ``quant_bias`` in the accumulator, then ``deq_scale``."""
-        ad = adaptor()
+        ops = device_ops()
         out_features = layer.deq_scale.numel()
-        xq = ad.quantize(x.reshape(-1, x.shape[-1]), layer.input_scale, layer.input_offset)
+        xq = ops.quantize(x.reshape(-1, x.shape[-1]), layer.input_scale, layer.input_offset)
         out_dtype = x.dtype if bias is None else torch.float32
-        y = ad.quant_matmul(xq, layer.weight, layer.deq_scale, bias=layer.quant_bias, output_dtype=out_dtype)
+        y = ops.quant_matmul(xq, layer.weight, layer.deq_scale, bias=layer.quant_bias, output_dtype=out_dtype)
         if bias is not None:
             y = (y + bias.float()).to(x.dtype)
         return y.reshape(*x.shape[:-1], out_features)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm_ascend.core.device.torch_ops import device_ops
 from vllm_ascend.quant.schemes.base import (
     INT8_RANGE,
     AscendLinearScheme,
@@ -56,10 +57,10 @@ class W8A8DynamicLinear(AscendLinearScheme):
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Per-token int8 activations, int32 matmul, dequant by both scales, plus the float bias."""
-        ad = adaptor()
+        ops = device_ops()
         out_features = layer.weight_scale.numel()
-        xq, x_scale = ad.dynamic_quant(x.reshape(-1, x.shape[-1]))
-        y = ad.quant_matmul(
+        xq, x_scale = ops.dynamic_quant(x.reshape(-1, x.shape[-1]))
+        y = ops.quant_matmul(
             xq, layer.weight, layer.weight_scale, pertoken_scale=x_scale, bias=bias, output_dtype=x.dtype
         )
         return y.reshape(*x.shape[:-1], out_features)
@@ -111,7 +112,7 @@ class W8A8DynamicMoE(AscendMoEScheme):
     def apply_experts(self, layer: torch.nn.Module, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Quantize per row, gate/up + swiglu + requant, down (fp32)."""
         ad = adaptor()
-        xq, x_scale = ad.dynamic_quant(rows)
+        xq, x_scale = device_ops().dynamic_quant(rows)
         hq, h_scale = ad.grouped_matmul_swiglu_quant(
             xq, layer.w13_weight, counts, layer.w13_weight_scale, x_scale, group_list_type="count"
         )

@@ -1,4 +1,8 @@
-"""Attention forward: KV cache write by ``reshape_and_cache``, attention by ``fused_infer_attention``."""
+"""Attention forward: KV cache write by ``reshape_and_cache``, attention by ``fused_infer_attention``.
+
+vLLM calls both inside its own opaque ops (``unified_kv_cache_update``, ``unified_attention_with_output``);
+the KV write goes through the custom op ``vllm_ascend::reshape_and_cache``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from vllm.config import get_current_vllm_config_or_none
 from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
 
 from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.core.device.torch_ops import device_ops
 from vllm_ascend.runner.attention.metadata import AscendAttentionMetadata
 from vllm_ascend.runner.attention.support import AttentionConfigError, check_supported
 
@@ -76,7 +81,7 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
     ) -> None:
         key_cache, value_cache = split_kv_cache(kv_cache, self.head_size)
         n = slot_mapping.shape[0]
-        get_device_adaptor().reshape_and_cache(key[:n], value[:n], key_cache, value_cache, slot_mapping)
+        device_ops().reshape_and_cache(key[:n], value[:n], key_cache, value_cache, slot_mapping)
 
     def forward(
         self,

@@ -1,15 +1,15 @@
-"""SiluAndMul (SwiGLU) through the device adaptor."""
+"""SiluAndMul (SwiGLU) through the device op ``torch.ops.vllm_ascend.swiglu``."""
 
 from __future__ import annotations
 
 import torch
 from vllm.model_executor.layers.activation import SiluAndMul
 
-from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.core.device.torch_ops import device_ops
 
 
 class AscendSiluAndMul(SiluAndMul):
-    """``silu(x[..., :d]) * x[..., d:]`` by the adaptor's ``swiglu`` (``npu_swiglu``)."""
+    """``silu(x[..., :d]) * x[..., d:]`` by the adaptor's ``swiglu`` (one ``vllm_ascend::swiglu`` node)."""
 
     def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
-        return get_device_adaptor().swiglu(x)
+        return device_ops().swiglu(x)

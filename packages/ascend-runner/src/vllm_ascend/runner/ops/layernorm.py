@@ -1,15 +1,15 @@
-"""RMSNorm (with the fused residual add) through the device adaptor."""
+"""RMSNorm (with the fused residual add) through the device ops ``torch.ops.vllm_ascend.*``."""
 
 from __future__ import annotations
 
 import torch
 from vllm.model_executor.layers.layernorm import RMSNorm
 
-from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.core.device.torch_ops import device_ops
 
 
 class AscendRMSNorm(RMSNorm):
-    """``rms_norm`` / ``add_rms_norm`` of the device adaptor (``npu_rms_norm`` / ``npu_add_rms_norm``)."""
+    """The adaptor's ``rms_norm`` / ``add_rms_norm``, called as the custom ops ``torch.ops.vllm_ascend.*``."""
 
     def forward_oot(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -19,7 +19,7 @@ class AscendRMSNorm(RMSNorm):
             return self.forward_native(x, residual)
         # Without a learned weight RMSNorm keeps a plain ones tensor (not moved with the module).
         weight = self.weight.data if self.has_weight else self.weight.to(device=x.device, dtype=x.dtype)
-        adaptor = get_device_adaptor()
+        ops = device_ops()
         if residual is None:
-            return adaptor.rms_norm(x, weight, self.variance_epsilon)
-        return adaptor.add_rms_norm(x, residual, weight, self.variance_epsilon)
+            return ops.rms_norm(x, weight, self.variance_epsilon)
+        return ops.add_rms_norm(x, residual, weight, self.variance_epsilon)

@@ -6,6 +6,7 @@ import threading
 
 from vllm.model_executor.custom_op import CustomOp, PluggableLayer, op_registry_oot
 
+from vllm_ascend.core.device.torch_ops import register_device_ops
 from vllm_ascend.runner.ops.activation import AscendSiluAndMul
 from vllm_ascend.runner.ops.layernorm import AscendRMSNorm
 from vllm_ascend.runner.ops.linear import (
@@ -44,8 +45,11 @@ _lock = threading.Lock()
 def register_custom_ops() -> None:
     """Put every Ascend op/layer into vLLM's out-of-tree registry; a name already taken by ours is skipped.
 
-    Raises ``RuntimeError`` when another plugin already registered a different class under one of the names.
+    Also defines the device ops ``torch.ops.vllm_ascend.*`` the layers call, before any model is built or
+    compiled. Raises ``RuntimeError`` when another plugin already registered a different class under one
+    of the names.
     """
+    register_device_ops()
     with _lock:
         for table, register in (
             (CUSTOM_OPS, CustomOp.register_oot),

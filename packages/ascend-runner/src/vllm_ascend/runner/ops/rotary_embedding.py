@@ -1,11 +1,11 @@
-"""Rotary position embedding through the device adaptor."""
+"""Rotary position embedding through the device op ``torch.ops.vllm_ascend.rotary_embedding``."""
 
 from __future__ import annotations
 
 import torch
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
-from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.core.device.torch_ops import device_ops
 
 
 class AscendRotaryEmbedding(RotaryEmbedding):
@@ -18,6 +18,6 @@ class AscendRotaryEmbedding(RotaryEmbedding):
         key: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         cos_sin_cache = self._match_cos_sin_cache_dtype(query)
-        return get_device_adaptor().rotary_embedding(
+        return device_ops().rotary_embedding(
             positions.flatten(), query, key, self.head_size, cos_sin_cache, self.is_neox_style
         )
