@@ -126,6 +126,14 @@ class BaseDeviceAdaptor(abc.ABC):
         """The ``torch.cuda``-style stream/event API: ``Stream``, ``Event``, ``current_stream``, ``stream``."""
 
     @abc.abstractmethod
+    def capture_graph(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], pool: Any = None
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` once as a graph capture; return a ``CapturedGraph`` (see
+        ``adaptor/graph.py``): its ``output`` and ``replay()``, which recomputes that output in place
+        from the buffers the capture read. ``pool``: the device's graph memory pool (or None)."""
+
+    @abc.abstractmethod
     def install_runtime_shims(self) -> None:
         """Make vLLM's direct ``torch.accelerator`` calls valid on this device (idempotent)."""
 

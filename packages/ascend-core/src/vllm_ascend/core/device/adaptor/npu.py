@@ -9,6 +9,7 @@ carrier) weights for ``npu_weight_quant_batchmatmul`` only, with float activatio
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -24,6 +25,7 @@ from vllm_ascend.core.device.adaptor.base import (
     check_choice,
     check_moe_gating,
 )
+from vllm_ascend.core.device.adaptor.graph import NPUGraph
 from vllm_ascend.core.device.adaptor.reference import gather_paged_kv, grouped_top_k, int8_weight
 
 #: Size of the compressed causal mask the fused attention ops take with ``sparse_mode=3``.
@@ -123,6 +125,11 @@ class A2A3DeviceAdaptor(BaseDeviceAdaptor):
 
     def empty_cache(self) -> None:
         torch_npu_runtime().empty_cache()
+
+    def capture_graph(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], pool: Any = None
+    ) -> NPUGraph:
+        return NPUGraph(torch_npu_runtime(), fn, args, kwargs, pool)
 
     def stream_api(self) -> dict[str, Any]:
         npu = torch_npu_runtime()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -32,6 +32,7 @@ from vllm_ascend.core.device.adaptor.base import (
     check_choice,
     check_moe_gating,
 )
+from vllm_ascend.core.device.adaptor.graph import ReferenceGraph
 from vllm_ascend.core.device.adaptor.mc2_reference import mc2_combine, mc2_dispatch
 
 __all__ = [
@@ -462,6 +463,11 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
             "current_stream": lambda device=None: ReferenceStream(),
             "stream": _stream_context,
         }
+
+    def capture_graph(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], pool: Any = None
+    ) -> ReferenceGraph:
+        return ReferenceGraph(fn, args, kwargs)
 
     def install_runtime_shims(self) -> None:
         """vLLM calls ``torch.accelerator.synchronize/empty_cache`` directly; with no accelerator they raise."""

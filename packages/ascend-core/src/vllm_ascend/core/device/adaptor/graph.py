@@ -1,0 +1,82 @@
+"""Captured device graphs: what the runner replays instead of launching every kernel.
+
+A :class:`CapturedGraph` holds the output tensors of one capture and ``replay()``, which recomputes
+them in place from the tensors the capture read. The contract is the hardware's: a replay reads only
+the buffers that were live at capture (static inputs) and writes only the captured outputs, so a
+caller must copy each step's inputs into those buffers before ``replay()`` and read the outputs
+after it.
+
+- On an NPU the graph is ``torch.npu.NPUGraph`` captured under ``torch.npu.graph`` (the kernels are
+  recorded once and relaunched).
+- On the reference device :class:`ReferenceGraph` records the callable with the exact argument objects
+  of the capture; ``replay()`` calls it again on those same objects and copies the results into the
+  captured outputs. It reads nothing the caller passes later, so a runner that forgets to refresh a
+  static buffer replays stale values here exactly as it would on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+
+class CapturedGraph(Protocol):
+    """One capture: ``output`` (the tensors the capture returned) and ``replay()``."""
+
+    output: Any
+
+    def replay(self) -> None:
+        """Recompute ``output`` in place from the capture's static inputs."""
+
+
+class GraphCaptureError(RuntimeError):
+    """A capture whose output cannot be replayed in place (not made of tensors)."""
+
+
+def _tensors(output: Any) -> list[torch.Tensor]:
+    leaves, _ = tree_flatten(output)
+    if not all(isinstance(leaf, torch.Tensor) for leaf in leaves if leaf is not None):
+        kinds = sorted({type(leaf).__name__ for leaf in leaves if not isinstance(leaf, torch.Tensor)})
+        raise GraphCaptureError(
+            f"a captured callable must return tensors (or containers of them); got {kinds}"
+        )
+    return [leaf for leaf in leaves if leaf is not None]
+
+
+class ReferenceGraph:
+    """The reference device's graph: the callable re-run on the capture's own argument objects."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._fn, self._args, self._kwargs = fn, args, kwargs
+        self.output = fn(*args, **kwargs)
+        self._outputs = _tensors(self.output)
+        self.replays = 0
+
+    def replay(self) -> None:
+        fresh = _tensors(self._fn(*self._args, **self._kwargs))
+        if [t.shape for t in fresh] != [t.shape for t in self._outputs]:
+            raise GraphCaptureError(
+                "replay produced outputs of other shapes than the capture: "
+                f"{[tuple(t.shape) for t in fresh]} vs {[tuple(t.shape) for t in self._outputs]}"
+            )
+        for static, new in zip(self._outputs, fresh, strict=True):
+            static.copy_(new)
+        self.replays += 1
+
+
+class NPUGraph:
+    """``torch.npu.NPUGraph`` captured under ``torch.npu.graph`` (torch_npu's CUDA-graph counterpart)."""
+
+    def __init__(
+        self, npu: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], pool: Any
+    ) -> None:
+        self._graph = npu.NPUGraph()
+        with npu.graph(self._graph, pool=pool):
+            self.output = fn(*args, **kwargs)
+        _tensors(self.output)
+
+    def replay(self) -> None:
+        self._graph.replay()
