@@ -65,3 +65,30 @@ def test_a_stale_static_buffer_replays_stale_values_and_a_foreign_buffer_is_refu
         _run(wrapper, fresh, CUDAGraphMode.FULL, 4)
     with pytest.raises(ValueError, match="needs a graph runtime mode"):
         AscendGraphWrapper(module, VllmConfig(), CUDAGraphMode.NONE)
+
+
+class _ReadsContext(torch.nn.Module):
+    """Adds the forward context's ``attn_metadata["seq_lens"]`` (what attention would read)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from vllm.forward_context import get_forward_context
+
+        return x + get_forward_context().attn_metadata["seq_lens"]
+
+
+def test_replay_reads_the_metadata_captured_with_it_updated_in_place():
+    wrapper = AscendGraphWrapper(_ReadsContext(), VllmConfig(), CUDAGraphMode.FULL)
+    static, seq_lens = torch.zeros(4), torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+    def run(metadata):
+        with set_forward_context(
+            metadata, VllmConfig(), num_tokens=4, cudagraph_runtime_mode=CUDAGraphMode.FULL,
+            batch_descriptor=BatchDescriptor(num_tokens=4),
+        ):  # fmt: skip
+            return wrapper(static).clone()
+
+    assert run({"seq_lens": seq_lens}).tolist() == [1, 2, 3, 4]
+    # new metadata objects are not seen by a replay: only the captured tensors, updated in place, are
+    assert run({"seq_lens": torch.full((4,), 9.0)}).tolist() == [1, 2, 3, 4]
+    seq_lens += 10
+    assert run({"seq_lens": torch.zeros(4)}).tolist() == [11, 12, 13, 14]

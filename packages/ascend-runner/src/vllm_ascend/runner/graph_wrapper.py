@@ -6,7 +6,9 @@ wrapper's mode, the first forward of a ``batch_descriptor`` captures (``adaptor.
 every later one replays; any other mode runs the runnable eagerly. Replays must receive the very
 buffers the capture read (the runner's static, padded input buffers): a different buffer is an error
 here, not a silent read of stale memory; a buffer the runner forgot to refresh replays stale values,
-exactly as a device graph would.
+exactly as a device graph would. A device graph also bakes in the forward context it was captured
+under (attention metadata: sequence lengths, block tables, slots): replays run under the captured
+context, so the runner must update that metadata's tensors in place before each replay, as on the NPU.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from typing import Any
 
 import torch
 from vllm.config import CUDAGraphMode, VllmConfig
-from vllm.forward_context import BatchDescriptor, get_forward_context, is_forward_context_available
+from vllm.forward_context import (
+    BatchDescriptor,
+    ForwardContext,
+    get_forward_context,
+    is_forward_context_available,
+    override_forward_context,
+)
 
 from vllm_ascend.core.device.config import get_device_adaptor
 
@@ -31,6 +39,7 @@ class GraphEntry:
     """One captured batch shape: the graph and the addresses of the tensors it read."""
 
     graph: Any
+    context: ForwardContext
     input_addresses: list[int] = field(default_factory=list)
 
 
@@ -81,7 +90,7 @@ class AscendGraphWrapper:
         entry = self.entries.get(descriptor)
         if entry is None:
             graph = get_device_adaptor().capture_graph(self.runnable, args, kwargs)
-            self.entries[descriptor] = GraphEntry(graph, _addresses(args))
+            self.entries[descriptor] = GraphEntry(graph, context, _addresses(args))
             self.captures += 1
             return graph.output
         addresses = _addresses(args)
@@ -91,6 +100,7 @@ class AscendGraphWrapper:
                 f"captured ({len(addresses)} tensors now, {len(entry.input_addresses)} at capture; addresses "
                 "differ): the runner must pass its static buffers"
             )
-        entry.graph.replay()
+        with override_forward_context(entry.context):  # what a device graph baked in at capture
+            entry.graph.replay()
         self.replays += 1
         return entry.graph.output
