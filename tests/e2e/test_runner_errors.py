@@ -23,8 +23,12 @@ def test_unsupported_kv_cache_dtype_is_named(make_llm, tiny_qwen3):
     [
         ({"enable_kv_nz": True}, r"`additional_config.enable_kv_nz` is not supported yet by vllm-ascend"),
         (
-            {"ascend_compilation_config": {"enable_graph_fusion": True}},
-            r"`additional_config.ascend_compilation_config` is not supported yet by vllm-ascend",
+            {"ascend_compilation_config": {"enable_npugraph_ex": True}},
+            r"additional_config.ascend_compilation_config.*enable_npugraph_ex",
+        ),
+        (
+            {"xlite_graph_config": {"enabled": True}},
+            r"`additional_config.xlite_graph_config` is not supported yet by vllm-ascend",
         ),
         (
             {"rejection_sampler_config": {"verify_method": "entropy", "entropy_threshold": 0.5}},

@@ -159,6 +159,7 @@ def test_sibling_sections_name_their_distribution():
     assert SIBLING_SECTIONS == {
         "eplb_config": "vllm-ascend-eplb",
         "dynamic_spec_config": "vllm-ascend-specdecode",
+        "ascend_compilation_config": "vllm-ascend-runner",
     }
 
 
@@ -167,15 +168,17 @@ def test_sibling_sections_name_their_distribution():
     [
         ("eplb_config", {"dynamic_eplb": True}, "eplb"),
         ("dynamic_spec_config", {"enabled": True}, "specdecode"),
+        ("ascend_compilation_config", {"fuse_norm_quant": False}, "runner"),
     ],
 )
 def test_present_sibling_section_without_a_validator_names_the_distribution(name, raw, extra):
     assert name not in CONFIG_SECTIONS
     with pytest.raises(ConfigError) as info:
         init_ascend_config({name: raw})
+    install = "vllm-ascend" if extra == "runner" else f"vllm-ascend[{extra}]"  # the runner is a default
     assert str(info.value) == (
         f"additional_config.{name} needs the vllm-ascend-{extra} distribution, which is not installed or "
-        f"failed to load: pip install 'vllm-ascend[{extra}]'"
+        f"failed to load: pip install '{install}'"
     )
     # absent, the section needs nothing and nothing is validated for it
     init_ascend_config({})

@@ -74,15 +74,11 @@ def test_profiles_differ_along_the_orthogonal_dimensions():
 def test_reference_profile_carries_what_the_platform_reads():
     p = get_hardware_profile("reference")
     assert p is REFERENCE_PROFILE
-    assert (p.torch_device, p.dist_backend, p.eager_only, p.async_scheduling, p.cpu_binding) == (
-        "cpu",
-        "gloo",
-        True,
-        False,
-        CPUBindingMode.AVERAGE,
-    )
+    assert (
+        p.torch_device, p.dist_backend, p.eager_only, p.eager_by_default, p.async_scheduling, p.cpu_binding
+    ) == ("cpu", "gloo", False, True, False, CPUBindingMode.AVERAGE)  # fmt: skip
     assert p.preferred_block_size % p.block_size_multiple == 0
-    assert p.device_type is None and not p.supports("graph_capture")
+    assert p.device_type is None and p.supports("graph_capture")
 
 
 def test_profile_fields_are_validated():
@@ -188,9 +184,11 @@ def test_expecting_reference_on_an_npu_is_an_error(monkeypatch):
         check_ascend_device_type("reference")
 
 
-def test_no_builtin_profile_captures_graphs():
+def test_every_family_but_310p_captures_graphs():
     for profile in (*BUILTIN_PROFILES.values(), REFERENCE_PROFILE):
-        assert not profile.supports(HardwareCapability.GRAPH_CAPTURE), profile.name
+        is_310p = profile.device_type is not None and profile.device_type.value == "310P"
+        assert profile.supports(HardwareCapability.GRAPH_CAPTURE) is not is_310p, profile.name
+        assert profile.eager_only is is_310p, profile.name
 
 
 def test_quant_weight_format_is_nz_on_a2_a3_310p_and_nd_on_a5_and_reference():

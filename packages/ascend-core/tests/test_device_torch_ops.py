@@ -25,6 +25,21 @@ SCHEMAS = {
     "quantize": "vllm_ascend::quantize(Tensor x, Tensor scale, Tensor? offset) -> Tensor",
     "quant_matmul": "vllm_ascend::quant_matmul(Tensor x, Tensor weight, Tensor weight_scale, "
     "Tensor? pertoken_scale=None, Tensor? bias=None, ScalarType output_dtype=bfloat16) -> Tensor",
+    "add_rms_norm_quant": "vllm_ascend::add_rms_norm_quant(Tensor x, Tensor residual, Tensor weight, float eps, "
+    "Tensor scale, Tensor? offset) -> (Tensor, Tensor)",
+    "add_rms_norm_dynamic_quant": "vllm_ascend::add_rms_norm_dynamic_quant(Tensor x, Tensor residual, "
+    "Tensor weight, float eps, Tensor? smooth_scales) -> (Tensor, Tensor, Tensor)",
+    "rms_norm_quant": "vllm_ascend::rms_norm_quant(Tensor x, Tensor weight, float eps, Tensor scale, "
+    "Tensor? offset) -> Tensor",
+    "rms_norm_dynamic_quant": "vllm_ascend::rms_norm_dynamic_quant(Tensor x, Tensor weight, float eps, "
+    "Tensor? smooth_scales) -> (Tensor, Tensor)",
+    "swiglu_quant": "vllm_ascend::swiglu_quant(Tensor x, Tensor scale, Tensor? offset) -> Tensor",
+    "swiglu_dynamic_quant": "vllm_ascend::swiglu_dynamic_quant(Tensor x, Tensor? smooth_scales) "
+    "-> (Tensor, Tensor)",
+    "qk_rmsnorm_rope": "vllm_ascend::qk_rmsnorm_rope(Tensor positions, Tensor query, Tensor key, "
+    "Tensor q_weight, Tensor k_weight, float eps, SymInt head_size, Tensor cos_sin_cache, bool is_neox) "
+    "-> (Tensor, Tensor)",
+    "muls_add": "vllm_ascend::muls_add(Tensor x, float scale, Tensor y) -> Tensor",
 }
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 

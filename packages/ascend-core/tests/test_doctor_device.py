@@ -42,13 +42,13 @@ def test_json_report_has_the_reference_profile_and_adaptor(reference_report):
     assert device["platform"] == "vllm_ascend.core.platform.ReferencePlatform"
     assert device["adaptor"] == {"class": REFERENCE_ADAPTOR, "family": "reference"}
     profile = device["profile"]
-    assert profile["name"] == "reference (torch cpu)" and profile["eager_only"] is True
+    assert profile["name"] == "reference (torch cpu)" and profile["eager_only"] is False
     assert (profile["torch_device"], profile["dist_backend"], profile["cpu_binding"]) == (
         "cpu",
         "gloo",
         "average",
     )
-    assert "graph_capture" not in profile["capabilities"]
+    assert "graph_capture" in profile["capabilities"] and profile["eager_by_default"] is True
     assert device["soc"] is None
 
 
@@ -68,9 +68,9 @@ def test_table_shows_profile_and_adaptor_lines(reference_report):
     profile = next(line for line in lines if line.startswith("profile "))
     assert profile == (
         "profile           reference (torch cpu): cpu-binding=average, dist=gloo, "
-        "dtypes=float16/bfloat16/float32, block=128, eager-only"
+        "dtypes=float16/bfloat16/float32, block=128, eager unless compilation/graphs are asked for"
     )
-    assert "capabilities      bf16, int4, mc2" in lines
+    assert "capabilities      bf16, graph_capture, int4, mc2" in lines
     assert f"adaptor           {REFERENCE_ADAPTOR} (reference)" in lines
     assert "platform          vllm_ascend.core.platform.ReferencePlatform" in lines
 
@@ -126,7 +126,10 @@ def test_npu_details_name_the_family_profile_and_adaptor(npu):
         "profile           Atlas A3 on Ascend910_9392: cpu-binding=topo_affinity, dist=hccl, "
         "dtypes=float16/bfloat16/float32, block=128"
     )
-    assert lines[1] == "capabilities      bf16, fused_infer_attention, fused_moe_gating, int4, mc2, triton"
+    assert (
+        lines[1]
+        == "capabilities      bf16, fused_infer_attention, fused_moe_gating, graph_capture, int4, mc2, triton"
+    )
 
 
 def test_npu_310p_without_overlay_is_a_problem(npu, monkeypatch):

@@ -110,18 +110,91 @@ def test_dtype_check_on_the_reference_device(reference):
 @pytest.mark.parametrize(
     "profile", [*BUILTIN_PROFILES.values(), REFERENCE_PROFILE], ids=lambda p: p.name.split(" (")[0]
 )
-def test_no_builtin_profile_supports_static_graphs(monkeypatch, profile):
+def test_static_graph_support_comes_from_the_profile(monkeypatch, profile):
     use_profile(monkeypatch, profile)
     for cls in PLATFORMS:
-        assert cls.support_static_graph_mode() is False
+        assert cls.support_static_graph_mode() is profile.supports(HardwareCapability.GRAPH_CAPTURE)
 
 
-def test_static_graph_support_comes_from_the_profile(monkeypatch):
-    capturing = REFERENCE_PROFILE.with_changes(
-        capabilities=REFERENCE_PROFILE.capabilities | {HardwareCapability.GRAPH_CAPTURE}
+def _compilation_request(mode=None, cudagraph_mode=None, enforce_eager=False, custom_ops=()):
+    from vllm.config import CompilationConfig
+
+    config = CompilationConfig(custom_ops=list(custom_ops))
+    config.mode, config.cudagraph_mode = mode, cudagraph_mode
+    return SimpleNamespace(
+        compilation_config=config, model_config=SimpleNamespace(enforce_eager=enforce_eager)
     )
-    use_profile(monkeypatch, capturing)
-    assert ReferencePlatform.support_static_graph_mode() is True
+
+
+def test_graph_defaults_come_from_the_profile(monkeypatch):
+    from vllm.config import CompilationMode, CUDAGraphMode
+
+    use_profile(monkeypatch, REFERENCE_PROFILE)  # eager unless asked
+    unasked = _compilation_request()
+    ReferencePlatform.apply_config_platform_defaults(unasked)
+    cc = unasked.compilation_config
+    assert (cc.mode, cc.cudagraph_mode, cc.custom_ops) == (CompilationMode.NONE, CUDAGraphMode.NONE, ["all"])
+    asked = _compilation_request(CompilationMode.VLLM_COMPILE, CUDAGraphMode.PIECEWISE, custom_ops=["none"])
+    ReferencePlatform.apply_config_platform_defaults(asked)
+    cc = asked.compilation_config
+    assert (cc.mode, cc.cudagraph_mode, cc.custom_ops) == (
+        CompilationMode.VLLM_COMPILE,
+        CUDAGraphMode.PIECEWISE,
+        ["none"],
+    )
+    use_profile(monkeypatch, BUILTIN_PROFILES[next(iter(BUILTIN_PROFILES))])  # an NPU family: graph mode
+    monkeypatch.setattr(NPUPlatform, "adaptor", classmethod(lambda cls: A2A3DeviceAdaptor()))
+    npu = _compilation_request()
+    NPUPlatform.apply_config_platform_defaults(npu)  # vLLM compiles; graphs PIECEWISE (FULL needs the update)
+    assert (npu.compilation_config.mode, npu.compilation_config.cudagraph_mode) == (
+        None,
+        CUDAGraphMode.PIECEWISE,
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"cudagraph_mode=FULL_DECODE_ONLY is not supported yet by vllm-ascend .* on A2/A3 \(the captured "
+        r"fused attention would keep its capture's sequence lengths.*allowed: PIECEWISE, NONE",
+    ):
+        NPUPlatform.apply_config_platform_defaults(
+            _compilation_request(cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY)
+        )
+    monkeypatch.setattr(ReferencePlatform, "adaptor", classmethod(lambda cls: ReferenceDeviceAdaptor()))
+    use_profile(monkeypatch, REFERENCE_PROFILE)
+    full = _compilation_request(cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY)
+    ReferencePlatform.apply_config_platform_defaults(full)  # the reference graphs take the update
+    assert full.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+
+
+def test_graphs_and_compilation_are_refused_where_the_profile_has_none(monkeypatch):
+    from vllm.config import CompilationMode, CUDAGraphMode
+
+    p310 = [p for p in BUILTIN_PROFILES.values() if not p.supports(HardwareCapability.GRAPH_CAPTURE)]
+    assert [p.name for p in p310] == ["Atlas 310P (baseline; install vllm-ascend-310p)"]
+    use_profile(monkeypatch, p310[0])
+    with pytest.raises(ConfigError, match=r"cudagraph_mode=FULL_DECODE_ONLY is not supported on Atlas 310P.*"
+                       r"captures no device graphs; allowed: NONE \(or enforce_eager=True\)"):  # fmt: skip
+        NPUPlatform.apply_config_platform_defaults(
+            _compilation_request(cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY)
+        )
+    with pytest.raises(ConfigError, match=r"compilation_config.mode=VLLM_COMPILE is not supported on Atlas 310P.*"
+                       r"runs eagerly only; allowed: NONE"):  # fmt: skip
+        NPUPlatform.apply_config_platform_defaults(_compilation_request(mode=CompilationMode.VLLM_COMPILE))
+    eager = _compilation_request(CompilationMode.VLLM_COMPILE, CUDAGraphMode.PIECEWISE, enforce_eager=True)
+    NPUPlatform.apply_config_platform_defaults(eager)  # enforce_eager wins: eager, no error
+    assert (eager.compilation_config.mode, eager.compilation_config.cudagraph_mode) == (
+        CompilationMode.NONE,
+        CUDAGraphMode.NONE,
+    )
+
+
+def test_vllm_cuda_fusion_switches_are_turned_off():
+    from vllm.config import CompilationConfig
+
+    config = CompilationConfig()
+    config.pass_config.fuse_norm_quant = config.pass_config.enable_qk_norm_rope_fusion = True
+    AscendPlatform._hand_fusion_to_ascend_passes(SimpleNamespace(compilation_config=config))
+    assert not config.pass_config.fuse_norm_quant and not config.pass_config.enable_qk_norm_rope_fusion
+    assert config.pass_config.eliminate_noops  # not a CUDA kernel choice: left as it is
 
 
 def test_device_facts_come_from_the_adaptor(reference):

@@ -35,15 +35,49 @@ def _common(q_lens, seq_lens, block_table, padded_tokens=None):
     )  # fmt: skip
 
 
-def test_metadata_trims_padding_and_block_table():
+def test_metadata_trims_padding_and_keeps_the_block_table_width():
     table = torch.arange(3 * 8, dtype=torch.int32).view(3, 8)
     md = _builder().build(0, _common([5, 1], [21, 40], table, padded_tokens=8))
     assert md.num_reqs == 2 and md.num_actual_tokens == 6
     assert md.query_start_loc_cpu.tolist() == [0, 5, 6]
     assert md.seq_lens_cpu.tolist() == [21, 40]
-    assert md.block_table.shape == (2, 3)  # ceil(40 / 16) blocks are read
+    assert md.block_table.shape == (2, 8)  # every column: same shapes at every step (graph replays)
+    assert md.block_table.data_ptr() == table.data_ptr()  # a view of the runner's table, not a copy
     assert md.slot_mapping.shape == (6,)
     assert md.max_query_len == 5 and md.max_seq_len == 40 and md.num_decodes == 1
+
+
+def test_update_for_replay_takes_the_step_in_place_and_refuses_other_shapes():
+    builder = _builder()
+    captured = builder.build(0, _common([1, 1, 1], [1, 1, 1], torch.zeros(3, 8, dtype=torch.int32)))
+    tensors = (
+        captured.query_start_loc_cpu,
+        captured.seq_lens_cpu,
+        captured.block_table,
+        captured.slot_mapping,
+    )
+    table = torch.arange(3 * 8, dtype=torch.int32).view(3, 8)
+    step = builder.build(0, _common([1, 1, 0], [30, 17, 0], table, padded_tokens=3))  # 2 requests padded to 3
+    step.slot_mapping.copy_(torch.tensor([7, 9]))
+    captured.update_for_replay(step)
+    assert [t.data_ptr() for t in tensors] == [
+        t.data_ptr()
+        for t in (
+            captured.query_start_loc_cpu,
+            captured.seq_lens_cpu,
+            captured.block_table,
+            captured.slot_mapping,
+        )
+    ]  # the captured tensors themselves were written
+    assert captured.query_start_loc_cpu.tolist() == [0, 1, 2, 2]
+    assert captured.seq_lens_cpu.tolist() == [30, 17, 0]
+    assert torch.equal(captured.block_table, table)
+    assert captured.slot_mapping.tolist() == [7, 9, -1]  # the padding token writes no KV
+    other = builder.build(0, _common([1, 1], [5, 6], torch.zeros(2, 8, dtype=torch.int32)))
+    with pytest.raises(
+        ValueError, match=r"captured for 3 requests x 8 blocks cannot replay a step of 2 requests"
+    ):
+        captured.update_for_replay(other)
 
 
 def _dense_reference(q, k_all, v_all, ctx_lens, scale):

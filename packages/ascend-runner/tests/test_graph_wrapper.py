@@ -1,4 +1,4 @@
-"""AscendGraphWrapper dispatches like vLLM's CUDA-graph wrapper, on the reference device's graphs."""
+"""ACLGraphWrapper dispatches like vLLM's CUDA-graph wrapper, on the reference device's graphs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.forward_context import BatchDescriptor, set_forward_context
 
-from vllm_ascend.runner.graph_wrapper import AscendGraphWrapper, GraphReplayError
+from vllm_ascend.runner.graph_wrapper import ACLGraphWrapper, GraphReplayError
 
 
 class _Counted(torch.nn.Module):
@@ -31,7 +31,7 @@ def _run(wrapper, x, mode, tokens):
 
 def test_capture_then_replay_on_the_static_buffer_and_eager_otherwise():
     module = _Counted()
-    wrapper = AscendGraphWrapper(module, VllmConfig(), CUDAGraphMode.FULL)
+    wrapper = ACLGraphWrapper(module, VllmConfig(), CUDAGraphMode.FULL)
     static = torch.zeros(4, 8)
     static.copy_(torch.ones(4, 8))
     first = _run(wrapper, static, CUDAGraphMode.FULL, 4)
@@ -54,7 +54,7 @@ def test_capture_then_replay_on_the_static_buffer_and_eager_otherwise():
 
 def test_a_stale_static_buffer_replays_stale_values_and_a_foreign_buffer_is_refused():
     module = _Counted()
-    wrapper = AscendGraphWrapper(module, VllmConfig(), CUDAGraphMode.FULL)
+    wrapper = ACLGraphWrapper(module, VllmConfig(), CUDAGraphMode.FULL)
     static = torch.ones(4, 8)
     captured = _run(wrapper, static, CUDAGraphMode.FULL, 4).clone()
     fresh = torch.randn(4, 8)  # the step's input, never copied into ``static``
@@ -64,7 +64,7 @@ def test_a_stale_static_buffer_replays_stale_values_and_a_foreign_buffer_is_refu
     with pytest.raises(GraphReplayError, match="replayed with other input buffers"):
         _run(wrapper, fresh, CUDAGraphMode.FULL, 4)
     with pytest.raises(ValueError, match="needs a graph runtime mode"):
-        AscendGraphWrapper(module, VllmConfig(), CUDAGraphMode.NONE)
+        ACLGraphWrapper(module, VllmConfig(), CUDAGraphMode.NONE)
 
 
 class _ReadsContext(torch.nn.Module):
@@ -77,7 +77,7 @@ class _ReadsContext(torch.nn.Module):
 
 
 def test_replay_reads_the_metadata_captured_with_it_updated_in_place():
-    wrapper = AscendGraphWrapper(_ReadsContext(), VllmConfig(), CUDAGraphMode.FULL)
+    wrapper = ACLGraphWrapper(_ReadsContext(), VllmConfig(), CUDAGraphMode.FULL)
     static, seq_lens = torch.zeros(4), torch.tensor([1.0, 2.0, 3.0, 4.0])
 
     def run(metadata):

@@ -224,6 +224,8 @@ def _profile_lines(device: dict[str, Any]) -> list[str]:
     ]
     if profile["eager_only"]:
         traits.append("eager-only")
+    elif profile.get("eager_by_default"):
+        traits.append("eager unless compilation/graphs are asked for")
     return [
         f"profile           {profile['name']}{soc}: {', '.join(traits)}",
         f"capabilities      {', '.join(profile['capabilities']) or 'none'}",

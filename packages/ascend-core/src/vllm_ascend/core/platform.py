@@ -178,6 +178,16 @@ class AscendPlatform(Platform):
         return str(_workers().get("default").attention_backend_qualname())
 
     @classmethod
+    def get_static_graph_wrapper_cls(cls) -> str:
+        """Captures and replays graphs through the device adaptor (vLLM wraps compiled pieces in it)."""
+        return str(_workers().get("default").graph_wrapper_qualname())
+
+    @classmethod
+    def get_pass_manager_cls(cls) -> str:
+        """The post-grad pass manager with the Ascend fusion passes (``ascend_compilation_config``)."""
+        return str(_workers().get("default").pass_manager_qualname())
+
+    @classmethod
     def register_triton_kernel_overrides(cls) -> None:
         """Swap vLLM's Triton kernels (slot mapping, draft-model inputs) for the runner's torch versions."""
         if AscendPlatform._triton_overrides_registered:  # once per process, whichever platform class
@@ -190,15 +200,57 @@ class AscendPlatform(Platform):
     # -- configuration --------------------------------------------------------------------
     @classmethod
     def apply_config_platform_defaults(cls, vllm_config: VllmConfig) -> None:
-        """Pick vLLM's V1 model runner (the runner's NPUModelRunner extends it) unless the user chose;
-        on an eager-only profile decide eager mode early, so custom ops default to on."""
-        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-        if not cls.profile().eager_only:
-            return
+        """Pick vLLM's V1 model runner (the runner's NPUModelRunner extends it) unless the user chose; use
+        the plugin's custom ops (one traced node each, what the fusion passes match) unless the user chose;
+        refuse graphs / compilation the profile cannot run, and decide eager mode early where the profile
+        runs eagerly (by default on the reference device)."""
         from vllm.config import CompilationMode, CUDAGraphMode
 
-        vllm_config.compilation_config.mode = CompilationMode.NONE
-        vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+        from vllm_ascend.core.config import ConfigError
+
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+        compilation_config = vllm_config.compilation_config
+        if all(choice not in compilation_config.custom_ops for choice in ("all", "none")):
+            compilation_config.custom_ops.append("all")
+        profile = cls.profile()
+        enforce_eager = vllm_config.model_config is not None and vllm_config.model_config.enforce_eager
+        graphs = compilation_config.cudagraph_mode
+        if not profile.supports(HardwareCapability.GRAPH_CAPTURE) and graphs not in (
+            None,
+            CUDAGraphMode.NONE,
+        ):
+            if not enforce_eager:
+                raise ConfigError(
+                    f"compilation_config.cudagraph_mode={graphs.name} is not supported on {profile.name}: it "
+                    "captures no device graphs; allowed: NONE (or enforce_eager=True)"
+                )
+        mode = compilation_config.mode
+        if profile.eager_only and mode not in (None, CompilationMode.NONE) and not enforce_eager:
+            raise ConfigError(
+                f"compilation_config.mode={CompilationMode(mode).name} is not supported on {profile.name}: it "
+                "runs eagerly only; allowed: NONE (or enforce_eager=True)"
+            )
+        if graphs is not None and graphs.has_full_cudagraphs() and not enforce_eager:
+            cls._check_full_graphs(graphs)
+        if profile.eager_only or (profile.eager_by_default and mode is None and graphs is None):
+            compilation_config.mode = CompilationMode.NONE
+            compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+        elif graphs is None and not cls.adaptor().replays_attention_params:
+            compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE  # vLLM's default has FULL graphs
+
+    @classmethod
+    def _check_full_graphs(cls, graphs: Any) -> None:
+        """FULL graphs replay attention with parameters updated in place; refused where the adaptor cannot."""
+        from vllm_ascend.core._version import __version__
+        from vllm_ascend.core.config import ConfigError
+
+        adaptor = cls.adaptor()
+        if not adaptor.replays_attention_params:
+            raise ConfigError(
+                f"compilation_config.cudagraph_mode={graphs.name} is not supported yet by vllm-ascend "
+                f"{__version__} on {adaptor.family} (the captured fused attention would keep its capture's "
+                "sequence lengths: the graph task update is not issued); allowed: PIECEWISE, NONE"
+            )
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
@@ -229,6 +281,7 @@ class AscendPlatform(Platform):
                 f"attention backend on {profile.name}; allowed: multiples of {profile.block_size_multiple} "
                 "(e.g. 16, 64, 128)"
             )
+        cls._hand_fusion_to_ascend_passes(vllm_config)
         if not profile.supports(HardwareCapability.GRAPH_CAPTURE):
             cls._disable_graph_capture(vllm_config)
         if profile.eager_only:
@@ -280,6 +333,18 @@ class AscendPlatform(Platform):
                 )
 
     @classmethod
+    def _hand_fusion_to_ascend_passes(cls, vllm_config: VllmConfig) -> None:
+        """vLLM's ``pass_config`` fusion switches name its CUDA/ROCm passes (not importable here): they are
+        turned off, and the runner's pass manager runs the Ascend passes ``ascend_compilation_config``
+        selects (its README lists them)."""
+        pass_config = vllm_config.compilation_config.pass_config
+        for name in list(type(pass_config).__dataclass_fields__):
+            if (name.startswith("fuse_") or name == "enable_qk_norm_rope_fusion") and getattr(
+                pass_config, name
+            ):
+                setattr(pass_config, name, False)
+
+    @classmethod
     def _disable_graph_capture(cls, vllm_config: VllmConfig) -> None:
         """No static graphs are captured on this profile: no capture sizes."""
         from vllm.config import CUDAGraphMode
@@ -315,6 +380,12 @@ class NPUPlatform(AscendPlatform):
     simple_compile_backend = "eager"
 
     @classmethod
+    def get_compile_backend(cls) -> str:
+        """vLLM's default ``compilation_config.backend`` here, and the compiler it builds for it: the runner's
+        AscendCompiler (Inductor generates no NPU code; AscendCompiler runs the fusion passes without it)."""
+        return str(_workers().get("default").compiler_qualname())
+
+    @classmethod
     def get_punica_wrapper(cls) -> str:
         from vllm_ascend.core._version import __version__
 
@@ -332,7 +403,7 @@ class ReferencePlatform(AscendPlatform):
     dispatch_key = "CPU"
     ray_device_key = ""
     dist_backend = REFERENCE_PROFILE.dist_backend
-    simple_compile_backend = "inductor"
+    simple_compile_backend = "inductor"  # also vLLM's default backend here: Inductor's C++ code on the CPU
 
     @classmethod
     def get_punica_wrapper(cls) -> str:

@@ -8,18 +8,25 @@ from vllm_ascend.runner._version import __version__
 
 def register() -> None:
     """Fill core's registries with lazy paths (nothing heavy is imported here)."""
-    from vllm_ascend.core.registry import CLI_COMMANDS, WORKERS
+    from vllm_ascend.core.registry import CLI_COMMANDS, CONFIG_SECTIONS, WORKERS
 
     WORKERS.register("default", "vllm_ascend.runner.worker:NPUWorker")
     CLI_COMMANDS.register("demo", "vllm_ascend.runner.demo:DEMO_COMMAND")
     CLI_COMMANDS.register("serve", "vllm_ascend.runner.serve:SERVE_COMMAND")
+    CONFIG_SECTIONS.register(
+        "ascend_compilation_config",
+        "vllm_ascend.runner.compilation.config:validate_ascend_compilation_config",
+    )
 
 
 EXTENSION = ExtensionDescriptor(
     name="runner",
     version=__version__,
     core_requires=">=0.1,<0.2",
-    provides=("workers", "cli_commands"),
+    provides=("workers", "cli_commands", "config_sections"),
     register=register,
-    description="NPU worker, model runner, attention backend, custom ops, sampler; `vllm-ascend demo` and `serve`",
+    description=(
+        "NPU worker, model runner, attention backend, custom ops, sampler, graph fusion passes "
+        "(additional_config.ascend_compilation_config); `vllm-ascend demo` and `serve`"
+    ),
 )

@@ -1,4 +1,4 @@
-"""AscendGraphWrapper: vLLM's static-graph wrapper on the device adaptor's captured graphs.
+"""ACLGraphWrapper: vLLM's static-graph wrapper on the device adaptor's captured graphs.
 
 vLLM wraps a runnable (the whole model for FULL graphs, each compiled piece for PIECEWISE) and
 dispatches per forward from the forward context: when the context's ``cudagraph_runtime_mode`` is this
@@ -6,18 +6,23 @@ wrapper's mode, the first forward of a ``batch_descriptor`` captures (``adaptor.
 every later one replays; any other mode runs the runnable eagerly. Replays must receive the very
 buffers the capture read (the runner's static, padded input buffers): a different buffer is an error
 here, not a silent read of stale memory; a buffer the runner forgot to refresh replays stale values,
-exactly as a device graph would. A device graph also bakes in the forward context it was captured
-under (attention metadata: sequence lengths, block tables, slots): replays run under the captured
-context, so the runner must update that metadata's tensors in place before each replay, as on the NPU.
+exactly as a device graph would.
+
+A device graph also bakes in the forward context it was captured under (attention metadata: sequence
+lengths, block tables, slots): replays run under the captured context. Before a FULL replay the wrapper
+performs the attention-parameter update (``update_full_graph_params``): every captured metadata object
+that has ``update_for_replay`` takes the step's values into its own tensors, in place (on the NPU the
+fused-attention task's host arguments are rebound the same way).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.forward_context import (
     BatchDescriptor,
@@ -31,12 +36,12 @@ from vllm_ascend.core.device.config import get_device_adaptor
 
 
 class GraphReplayError(RuntimeError):
-    """A replay given other input buffers than its capture read."""
+    """A replay given other input buffers than its capture read, or metadata it cannot take."""
 
 
 @dataclass
 class GraphEntry:
-    """One captured batch shape: the graph and the addresses of the tensors it read."""
+    """One captured batch shape: the graph, the context it baked in, the addresses of the tensors it read."""
 
     graph: Any
     context: ForwardContext
@@ -47,8 +52,35 @@ def _addresses(args: tuple[Any, ...]) -> list[int]:
     return [arg.data_ptr() for arg in args if isinstance(arg, torch.Tensor)]
 
 
-class AscendGraphWrapper:
-    """Capture per batch descriptor on first use, replay afterwards (see the module docstring)."""
+def _metadata_pairs(captured: Any, current: Any) -> Iterator[tuple[Any, Any]]:
+    """(captured, current) attention metadata per layer, for dict or per-microbatch list layouts."""
+    if isinstance(captured, dict) and isinstance(current, dict):
+        for name, meta in captured.items():
+            yield meta, current.get(name)
+    elif isinstance(captured, list) and isinstance(current, list):
+        for cap, cur in zip(captured, current, strict=True):
+            yield from _metadata_pairs(cap, cur)
+
+
+def update_full_graph_params(captured: ForwardContext, current: ForwardContext) -> int:
+    """The attention-parameter update before a FULL replay: each captured metadata object (shared ones
+    once) takes the step's sequence lengths, block table and slots in place. Returns how many did."""
+    done: set[int] = set()
+    for cap, cur in _metadata_pairs(captured.attn_metadata, current.attn_metadata):
+        if id(cap) in done or not hasattr(cap, "update_for_replay"):
+            continue
+        if cur is None:
+            raise GraphReplayError("a captured attention layer has no metadata in the replayed step")
+        cap.update_for_replay(cur)
+        done.add(id(cap))
+    return len(done)
+
+
+class ACLGraphWrapper(CUDAGraphWrapper):
+    """Capture per batch descriptor on first use, replay afterwards (see the module docstring).
+
+    A :class:`CUDAGraphWrapper` to vLLM (its runner unwraps and clears graphs through that type), with
+    the capture and replay of the device adaptor instead of CUDA's."""
 
     def __init__(
         self,
@@ -58,7 +90,7 @@ class AscendGraphWrapper:
         cudagraph_options: Any = None,
     ) -> None:
         if runtime_mode == CUDAGraphMode.NONE:
-            raise ValueError("AscendGraphWrapper needs a graph runtime mode (FULL or PIECEWISE), got NONE")
+            raise ValueError("ACLGraphWrapper needs a graph runtime mode (FULL or PIECEWISE), got NONE")
         self.runnable = runnable
         self.vllm_config = vllm_config
         self.runtime_mode = runtime_mode
@@ -66,6 +98,7 @@ class AscendGraphWrapper:
         self.entries: dict[BatchDescriptor, GraphEntry] = {}
         self.captures = 0
         self.replays = 0
+        CUDAGraphWrapper._all_instances.add(self)
 
     def __getattr__(self, key: str) -> Any:
         runnable = self.__dict__.get("runnable")
@@ -74,11 +107,15 @@ class AscendGraphWrapper:
         raise AttributeError(key)
 
     def unwrap(self) -> Callable[..., Any]:
-        runnable = self.runnable
-        return runnable.unwrap() if hasattr(runnable, "unwrap") else runnable
+        return self.runnable
 
     def clear_graphs(self) -> None:
         self.entries.clear()
+
+    def refresh_attention_params(self, captured: ForwardContext, current: ForwardContext) -> None:
+        """FULL graphs read attention metadata captured with them: bring it up to this step."""
+        if self.runtime_mode == CUDAGraphMode.FULL:
+            update_full_graph_params(captured, current)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not is_forward_context_available():
@@ -100,6 +137,7 @@ class AscendGraphWrapper:
                 f"captured ({len(addresses)} tensors now, {len(entry.input_addresses)} at capture; addresses "
                 "differ): the runner must pass its static buffers"
             )
+        self.refresh_attention_params(entry.context, context)
         with override_forward_context(entry.context):  # what a device graph baked in at capture
             entry.graph.replay()
         self.replays += 1

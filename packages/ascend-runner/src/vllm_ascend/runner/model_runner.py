@@ -4,6 +4,11 @@ The inherited runner builds its collaborators by name; while it does, the names 
 the Ascend classes (input batch + block tables, sampler, rejection sampler, KV block zeroer) and ``torch.cuda``
 streams/events are mapped onto the target device. No device-type branches live here.
 
+Graphs: vLLM's runner wraps the model in its FULL-graph wrapper class by name (``CUDAGraphWrapper``), which is
+bound to :class:`ACLGraphWrapper` while the model loads; compiled pieces get the same class from the platform's
+``get_static_graph_wrapper_cls``. ``capture_model`` captures every batch descriptor vLLM's dispatcher lists
+(largest first) through the device adaptor.
+
 Speculative decoding drafts with the proposer class core's ``SPEC_DECODE_METHODS`` registry holds for
 ``speculative_config.method`` (``get_spec_decode_method``; a sibling distribution registers it, the
 platform refuses methods nobody registered). Two kinds:
@@ -26,12 +31,14 @@ Philox-offset rewind (which CPU and other non-Philox generators do not have) nev
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
 import numpy as np
 import torch
+from vllm.compilation.monitor import set_cudagraph_capturing_enabled
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.distributed.parallel_state import get_pp_group
 from vllm.sequence import IntermediateTensors
@@ -46,14 +53,18 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_ascend.core.config import ConfigError, get_section
 from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.core.logger import init_logger
 from vllm_ascend.core.registry import SPEC_DECODE_METHODS
 from vllm_ascend.kernels import kernel_warmup
 from vllm_ascend.runner import device_context
+from vllm_ascend.runner.graph_wrapper import ACLGraphWrapper
 from vllm_ascend.runner.input_batch import NPUInputBatch
 from vllm_ascend.runner.kv_zeroer import AscendKVBlockZeroer
 from vllm_ascend.runner.patching import replaced_names
 from vllm_ascend.runner.sample.rejection_sampler import AscendRejectionSampler
 from vllm_ascend.runner.sample.sampler import AscendSampler
+
+logger = init_logger(__name__)
 
 #: The vLLM names rebound while inherited code constructs collaborators.
 ASCEND_COMPONENTS = {
@@ -61,6 +72,7 @@ ASCEND_COMPONENTS = {
     "Sampler": AscendSampler,
     "RejectionSampler": AscendRejectionSampler,
     "KVBlockZeroer": AscendKVBlockZeroer,
+    "CUDAGraphWrapper": ACLGraphWrapper,
 }
 
 
@@ -149,7 +161,7 @@ def generators_held_back(generators: dict[int, torch.Generator], rows: Iterable[
 
 
 class NPUModelRunner(GPUModelRunner):
-    """The V1 model runner for Ascend (no graph capture: the platform turns CUDA-graph modes off)."""
+    """The V1 model runner for Ascend (see the module docstring)."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         get_device_adaptor().install_runtime_shims()
@@ -161,6 +173,32 @@ class NPUModelRunner(GPUModelRunner):
         self.drafts_with_model = drafts_with_model(proposer_cls)
         self.dynamic_spec = dynamic_spec_scheduler(vllm_config)
         self.kernel_warmup_results: dict[str, bool] = {}  # item -> compiled cleanly, after warm_up()
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        with ascend_components():
+            super().load_model(*args, **kwargs)
+
+    def capture_model(self) -> int:
+        """Capture a graph per batch descriptor vLLM's dispatcher lists (its FULL and PIECEWISE sets, each
+        after a warm-up run); returns the device memory the graphs took."""
+        if self.compilation_config.cudagraph_mode == CUDAGraphMode.NONE:
+            return 0
+        adaptor = get_device_adaptor()
+        start, before = time.perf_counter(), adaptor.memory_in_use(self.device)
+        set_cudagraph_capturing_enabled(True)
+        try:
+            with self._freeze_gc(), device_context.torch_device_wrapper():
+                for runtime_mode, descriptors in self.cudagraph_dispatcher.get_capture_descs():
+                    self._capture_cudagraphs(descriptors, cudagraph_runtime_mode=runtime_mode)
+                    adaptor.synchronize()
+        finally:
+            set_cudagraph_capturing_enabled(False)
+        taken = int(adaptor.memory_in_use(self.device) - before)
+        logger.info(
+            "Captured graphs (%s) in %.1f s, %d bytes",
+            self.compilation_config.cudagraph_mode.name, time.perf_counter() - start, taken,
+        )  # fmt: skip
+        return taken
 
     def may_reinitialize_input_batch(self, kv_cache_config: KVCacheConfig) -> None:
         with ascend_components():

@@ -1,7 +1,7 @@
 """NPUWorker: vLLM's GPU worker driving an Ascend NPU or the reference device.
 
-Device lifecycle (``init_device``), KV cache sizing from a profile run, warm-up without graph
-capture, and sleep/wake-up that really releases memory: sleep level 1 backs the weights up in
+Device lifecycle (``init_device``), KV cache sizing from a profile run, warm-up and graph capture
+(when the compilation config asks for graphs), and sleep/wake-up that really releases memory: sleep level 1 backs the weights up in
 host memory and releases the device copies and the KV cache; level 2 releases the weights
 without a backup (reload them after waking, as in vLLM). On the reference device "releasing"
 shrinks the tensors' storages to zero bytes; waking re-allocates them in place, so every view
@@ -35,6 +35,9 @@ from vllm_ascend.runner.spec_decode_kernels import SPEC_DECODE_KERNEL_OVERRIDES
 logger = init_logger(__name__)
 
 ATTENTION_BACKEND = "vllm_ascend.runner.attention.backend.AscendAttentionBackend"
+GRAPH_WRAPPER = "vllm_ascend.runner.graph_wrapper.ACLGraphWrapper"
+PASS_MANAGER = "vllm_ascend.runner.compilation.pass_manager.GraphFusionPassManager"
+COMPILER = "vllm_ascend.runner.compilation.compiler.AscendCompiler"
 SLEEP_LEVELS = (1, 2)
 
 
@@ -72,6 +75,18 @@ class NPUWorker(Worker):
     @classmethod
     def attention_backend_qualname(cls) -> str:
         return ATTENTION_BACKEND
+
+    @classmethod
+    def graph_wrapper_qualname(cls) -> str:
+        return GRAPH_WRAPPER
+
+    @classmethod
+    def pass_manager_qualname(cls) -> str:
+        return PASS_MANAGER
+
+    @classmethod
+    def compiler_qualname(cls) -> str:
+        return COMPILER
 
     @classmethod
     def triton_kernel_overrides(cls) -> dict[str, Any]:
@@ -161,8 +176,9 @@ class NPUWorker(Worker):
         super().initialize_from_config(kv_cache_config)
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
-        """Warm up (one dummy forward + sampler run), no graph capture; then reset the seed."""
+        """Warm up (one dummy forward + sampler run), capture the configured graphs; then reset the seed."""
         self.model_runner.warm_up()
+        self.model_runner.capture_model()
         set_random_seed(self.model_config.seed, self.parallel_config.data_parallel_index)
         return CompilationTimes(
             language_model=self.compilation_config.compilation_time,

@@ -27,7 +27,10 @@ logger = init_logger(__name__)
 SIBLING_SECTIONS: dict[str, str] = {
     "eplb_config": "vllm-ascend-eplb",
     "dynamic_spec_config": "vllm-ascend-specdecode",
+    "ascend_compilation_config": "vllm-ascend-runner",
 }
+#: Siblings the ``vllm-ascend`` meta distribution installs without an extra.
+DEFAULT_SIBLINGS = ("runner", "kernels")
 
 
 def unsupported_message(path: str) -> str:
@@ -131,9 +134,10 @@ def _validate_sections(data: Mapping[str, Any], vllm_config: Any) -> dict[str, A
         elif raw:
             dist = SIBLING_SECTIONS[name]
             extra = dist.removeprefix("vllm-ascend-")
+            install = "vllm-ascend" if extra in DEFAULT_SIBLINGS else f"vllm-ascend[{extra}]"
             raise ConfigError(
                 f"additional_config.{name} needs the {dist} distribution, which is not installed or "
-                f"failed to load: pip install 'vllm-ascend[{extra}]'"
+                f"failed to load: pip install '{install}'"
             )
     return validated
 

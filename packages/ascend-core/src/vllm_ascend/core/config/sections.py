@@ -42,7 +42,6 @@ class RejectionSamplerConfig(Section):
 #: Upstream ``additional_config`` options this version refuses (key path below ``additional_config``
 #: -> what they would do). Giving any of them is a ConfigError; the core README lists the same table.
 UNSUPPORTED_OPTIONS: dict[str, str] = {
-    "ascend_compilation_config": "graph compilation with Ascend fusion passes",
     "xlite_graph_config": "the xlite graph runtime",
     "rl_config": "RL rollout defaults (sleep level, batch invariance)",
     "rejection_sampler_config.entropy_threshold": "upstream's entropy gate on verification (verify_method "

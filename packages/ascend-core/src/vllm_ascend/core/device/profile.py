@@ -2,7 +2,8 @@
 
 Shared logic asks the active profile (``profile.supported_dtypes``, ``profile.eager_only``,
 ``profile.supports(HardwareCapability.GRAPH_CAPTURE)``) instead of testing the family by name.
-Capabilities are hardware facts; GRAPH_CAPTURE is set only where the plugin captures graphs (nowhere yet).
+Capabilities are hardware facts; GRAPH_CAPTURE is set where the plugin captures device graphs (ACL graphs
+through ``torch.npu.NPUGraph`` on A2/A3/950; the reference device's replay-by-re-run graphs), not on 310P.
 A device overlay registered by a sibling (e.g. ``vllm-ascend-310p``) replaces a family's profile.
 """
 
@@ -65,6 +66,9 @@ class HardwareProfile:
     torch_device: str = "npu"
     dist_backend: str = "hccl"
     eager_only: bool = False
+    #: Run eagerly unless the user asks for compilation or graphs (the reference device: inductor on a
+    #: CPU compiles slowly and captures nothing faster); NPU families default to vLLM's graph mode.
+    eager_by_default: bool = False
     async_scheduling: bool = True
     preferred_block_size: int = 128
     block_size_multiple: int = 16
@@ -121,6 +125,7 @@ class HardwareProfile:
             "torch_device": self.torch_device,
             "dist_backend": self.dist_backend,
             "eager_only": self.eager_only,
+            "eager_by_default": self.eager_by_default,
             "async_scheduling": self.async_scheduling,
             "preferred_block_size": self.preferred_block_size,
             "block_size_multiple": self.block_size_multiple,
@@ -138,7 +143,9 @@ C = HardwareCapability
 A2_PROFILE = HardwareProfile(
     name="Atlas A2",
     device_type=AscendDeviceType.A2,
-    capabilities=frozenset({C.BF16, C.INT4, C.TRITON, C.MC2, C.FUSED_MOE_GATING, C.FUSED_INFER_ATTENTION}),
+    capabilities=frozenset(
+        {C.BF16, C.INT4, C.TRITON, C.MC2, C.FUSED_MOE_GATING, C.FUSED_INFER_ATTENTION, C.GRAPH_CAPTURE}
+    ),
     cpu_binding=CPUBindingMode.TOPO_AFFINITY,
     adaptor_family=DeviceAdaptorFamily.A2A3,
     quant_weight_format="NZ",
@@ -159,6 +166,7 @@ A5_PROFILE = HardwareProfile(
             C.MC2,
             C.FUSED_MOE_GATING,
             C.FUSED_INFER_ATTENTION,
+            C.GRAPH_CAPTURE,
         }
     ),
     cpu_binding=CPUBindingMode.CPU_POOLS_950,
@@ -173,22 +181,23 @@ P310_BASE_PROFILE = HardwareProfile(
     capabilities=frozenset(),
     cpu_binding=CPUBindingMode.AVERAGE,
     adaptor_family=DeviceAdaptorFamily._310P,
+    eager_only=True,
     supported_dtypes=("float16", "float32"),
     quant_weight_format="NZ",
 )
 
-#: ``VLLM_ASCEND_DEVICE=reference``: torch's cpu device, gloo, eager only (no graph capture), no
-#: async scheduling; CPU binding splits the allowed CPUs among local ranks. MC2 dispatch/combine run
+#: ``VLLM_ASCEND_DEVICE=reference``: torch's cpu device, gloo, eager unless compilation or graphs are asked
+#: for (inductor compiles; graphs replay by re-running on their static buffers), no async scheduling; CPU binding splits the allowed CPUs among local ranks. MC2 dispatch/combine run
 #: as fixed-window all-to-alls over gloo.
 REFERENCE_PROFILE = HardwareProfile(
     name="reference (torch cpu)",
     device_type=None,
-    capabilities=frozenset({C.BF16, C.INT4, C.MC2}),
+    capabilities=frozenset({C.BF16, C.INT4, C.MC2, C.GRAPH_CAPTURE}),
     cpu_binding=CPUBindingMode.AVERAGE,
     adaptor_family=DeviceAdaptorFamily.REFERENCE,
     torch_device="cpu",
     dist_backend="gloo",
-    eager_only=True,
+    eager_by_default=True,
     async_scheduling=False,
     preferred_block_size=128,
 )

@@ -95,6 +95,74 @@ def _quant_matmul(
     return out.contiguous()
 
 
+def _add_rms_norm_quant(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    scale: torch.Tensor,
+    offset: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    q, total = get_device_adaptor().add_rms_norm_quant(x, residual, weight, eps, scale, offset)
+    return q.contiguous(), total.contiguous()
+
+
+def _add_rms_norm_dynamic_quant(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    smooth_scales: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, scale, total = get_device_adaptor().add_rms_norm_dynamic_quant(x, residual, weight, eps, smooth_scales)
+    return q.contiguous(), scale.contiguous(), total.contiguous()
+
+
+def _rms_norm_quant(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, scale: torch.Tensor, offset: torch.Tensor | None
+) -> torch.Tensor:
+    return get_device_adaptor().rms_norm_quant(x, weight, eps, scale, offset).contiguous()
+
+
+def _rms_norm_dynamic_quant(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, smooth_scales: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    q, scale = get_device_adaptor().rms_norm_dynamic_quant(x, weight, eps, smooth_scales)
+    return q.contiguous(), scale.contiguous()
+
+
+def _swiglu_quant(x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+    return get_device_adaptor().swiglu_quant(x, scale, offset).contiguous()
+
+
+def _swiglu_dynamic_quant(
+    x: torch.Tensor, smooth_scales: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    q, scale = get_device_adaptor().swiglu_dynamic_quant(x, smooth_scales)
+    return q.contiguous(), scale.contiguous()
+
+
+def _qk_rmsnorm_rope(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k = get_device_adaptor().qk_rmsnorm_rope(
+        positions, query, key, q_weight, k_weight, eps, head_size, cos_sin_cache, is_neox
+    )
+    return q.contiguous(), k.contiguous()
+
+
+def _muls_add(x: torch.Tensor, scale: float, y: torch.Tensor) -> torch.Tensor:
+    return get_device_adaptor().muls_add(x, scale, y).contiguous()
+
+
 # -- fakes: output metadata only ---------------------------------------------------------------
 
 
@@ -178,6 +246,85 @@ def _quant_matmul_fake(
     return _like(x, (*x.shape[:-1], n_dim), output_dtype)
 
 
+def _check_same_shape(name: str, x: torch.Tensor, other_name: str, other: torch.Tensor) -> None:
+    if x.shape != other.shape:
+        raise DeviceOpError(
+            f"{name} {tuple(x.shape)} and {other_name} {tuple(other.shape)} must have the same shape"
+        )
+
+
+def _add_rms_norm_quant_fake(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    scale: torch.Tensor,
+    offset: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_same_shape("x", x, "residual", residual)
+    return _like(x, dtype=torch.int8), _like(x)
+
+
+def _add_rms_norm_dynamic_quant_fake(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    smooth_scales: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_same_shape("x", x, "residual", residual)
+    q, scale = _dynamic_quant_fake(x)
+    return q, scale, _like(x)
+
+
+def _rms_norm_quant_fake(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, scale: torch.Tensor, offset: torch.Tensor | None
+) -> torch.Tensor:
+    return _like(x, dtype=torch.int8)
+
+
+def _rms_norm_dynamic_quant_fake(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, smooth_scales: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _dynamic_quant_fake(x)
+
+
+def _swiglu_quant_fake(x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+    return _swiglu_fake(x).to(torch.int8)
+
+
+def _swiglu_dynamic_quant_fake(
+    x: torch.Tensor, smooth_scales: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _dynamic_quant_fake(_swiglu_fake(x))
+
+
+def _qk_rmsnorm_rope_fake(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    for name, x in (("query", query), ("key", key)):
+        if x.dim() != 2 or x.shape[-1] % head_size != 0:
+            raise DeviceOpError(
+                f"qk_rmsnorm_rope needs {name} [T, heads*{head_size}], got shape {tuple(x.shape)}"
+            )
+    return _like(query), _like(key)
+
+
+def _muls_add_fake(x: torch.Tensor, scale: float, y: torch.Tensor) -> torch.Tensor:
+    _check_same_shape("x", x, "y", y)
+    if x.dtype != y.dtype:
+        raise DeviceOpError(f"muls_add needs x and y of one dtype, got {x.dtype} and {y.dtype}")
+    return _like(x)
+
+
 @dataclass(frozen=True)
 class _OpSpec:
     name: str
@@ -195,6 +342,26 @@ _SPECS: tuple[_OpSpec, ...] = (
     _OpSpec("dynamic_quant", _dynamic_quant, _dynamic_quant_fake),
     _OpSpec("quantize", _quantize, _quantize_fake),
     _OpSpec("quant_matmul", _quant_matmul, _quant_matmul_fake),
+    _OpSpec("add_rms_norm_quant", _add_rms_norm_quant, _add_rms_norm_quant_fake),
+    _OpSpec("add_rms_norm_dynamic_quant", _add_rms_norm_dynamic_quant, _add_rms_norm_dynamic_quant_fake),
+    _OpSpec("rms_norm_quant", _rms_norm_quant, _rms_norm_quant_fake),
+    _OpSpec("rms_norm_dynamic_quant", _rms_norm_dynamic_quant, _rms_norm_dynamic_quant_fake),
+    _OpSpec("swiglu_quant", _swiglu_quant, _swiglu_quant_fake),
+    _OpSpec("swiglu_dynamic_quant", _swiglu_dynamic_quant, _swiglu_dynamic_quant_fake),
+    _OpSpec("qk_rmsnorm_rope", _qk_rmsnorm_rope, _qk_rmsnorm_rope_fake),
+    _OpSpec("muls_add", _muls_add, _muls_add_fake),
+)
+
+#: The fused ops among them (the graph fusion passes' targets).
+FUSED_TORCH_OPS: tuple[str, ...] = (
+    "add_rms_norm_quant",
+    "add_rms_norm_dynamic_quant",
+    "rms_norm_quant",
+    "rms_norm_dynamic_quant",
+    "swiglu_quant",
+    "swiglu_dynamic_quant",
+    "qk_rmsnorm_rope",
+    "muls_add",
 )
 
 #: Names of the registered ops, ``torch.ops.vllm_ascend.<name>``.
@@ -308,6 +475,76 @@ class DeviceOps:
         output_dtype: torch.dtype = torch.bfloat16,
     ) -> torch.Tensor:
         return torch.ops.vllm_ascend.quant_matmul(x, weight, weight_scale, pertoken_scale, bias, output_dtype)
+
+    def add_rms_norm_quant(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        scale: torch.Tensor,
+        offset: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, total = torch.ops.vllm_ascend.add_rms_norm_quant(x, residual, weight, eps, scale, offset)
+        return q, total
+
+    def add_rms_norm_dynamic_quant(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        smooth_scales: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, scale, total = torch.ops.vllm_ascend.add_rms_norm_dynamic_quant(
+            x, residual, weight, eps, smooth_scales
+        )
+        return q, scale, total
+
+    def rms_norm_quant(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        scale: torch.Tensor,
+        offset: torch.Tensor | None,
+    ) -> torch.Tensor:
+        return torch.ops.vllm_ascend.rms_norm_quant(x, weight, eps, scale, offset)
+
+    def rms_norm_dynamic_quant(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, smooth_scales: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, scale = torch.ops.vllm_ascend.rms_norm_dynamic_quant(x, weight, eps, smooth_scales)
+        return q, scale
+
+    def swiglu_quant(self, x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+        return torch.ops.vllm_ascend.swiglu_quant(x, scale, offset)
+
+    def swiglu_dynamic_quant(
+        self, x: torch.Tensor, smooth_scales: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, scale = torch.ops.vllm_ascend.swiglu_dynamic_quant(x, smooth_scales)
+        return q, scale
+
+    def qk_rmsnorm_rope(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        eps: float,
+        head_size: int,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k = torch.ops.vllm_ascend.qk_rmsnorm_rope(
+            positions, query, key, q_weight, k_weight, eps, head_size, cos_sin_cache, is_neox
+        )
+        return q, k
+
+    def muls_add(self, x: torch.Tensor, scale: float, y: torch.Tensor) -> torch.Tensor:
+        return torch.ops.vllm_ascend.muls_add(x, scale, y)
 
 
 _DEVICE_OPS = DeviceOps()

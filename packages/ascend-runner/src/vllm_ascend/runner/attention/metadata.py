@@ -14,7 +14,9 @@ class AscendAttentionMetadata:
 
     ``query_start_loc_cpu`` ``[B+1]`` and ``seq_lens_cpu`` ``[B]`` are host tensors (the fused op
     takes actual sequence lengths on the host); ``block_table`` ``[B, blocks]`` and
-    ``slot_mapping`` ``[T]`` live on the device. ``num_actual_tokens`` excludes padding.
+    ``slot_mapping`` ``[T]`` live on the device. ``num_actual_tokens`` excludes padding. The block table
+    keeps every column of the runner's table, so a step's metadata has the same shapes as the metadata a
+    FULL graph captured for its padded batch, and :meth:`update_for_replay` can refresh it in place.
     """
 
     num_reqs: int
@@ -27,6 +29,29 @@ class AscendAttentionMetadata:
     slot_mapping: torch.Tensor
     causal: bool = True
 
+    def update_for_replay(self, step: AscendAttentionMetadata) -> None:
+        """The attention-parameter update of a FULL graph replay: take ``step``'s query offsets, sequence
+        lengths, block table and slots into this (captured) metadata's tensors, in place. The step is a
+        batch padded to the captured size; its padding rows are idle (no query, no KV)."""
+        if step.num_reqs != self.num_reqs or step.block_table.shape != self.block_table.shape:
+            raise ValueError(
+                f"a graph captured for {self.num_reqs} requests x {self.block_table.shape[1]} blocks cannot "
+                f"replay a step of {step.num_reqs} requests x {step.block_table.shape[1]} blocks"
+            )
+        if step.num_actual_tokens > self.num_actual_tokens or step.causal != self.causal:
+            raise ValueError(
+                f"a graph captured for {self.num_actual_tokens} tokens (causal={self.causal}) cannot replay "
+                f"{step.num_actual_tokens} tokens (causal={step.causal})"
+            )
+        self.query_start_loc_cpu.copy_(step.query_start_loc_cpu)
+        self.seq_lens_cpu.copy_(step.seq_lens_cpu)
+        if self.block_table.data_ptr() != step.block_table.data_ptr():
+            self.block_table.copy_(step.block_table)
+        if self.slot_mapping.data_ptr() != step.slot_mapping.data_ptr():
+            n = step.num_actual_tokens
+            self.slot_mapping[:n].copy_(step.slot_mapping[:n])
+            self.slot_mapping[n:].fill_(-1)  # padding tokens write no KV
+
     @property
     def num_decodes(self) -> int:
         """Requests with a single new token."""
@@ -35,9 +60,12 @@ class AscendAttentionMetadata:
 
 
 class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendAttentionMetadata]):
-    """Builds :class:`AscendAttentionMetadata` from vLLM's common metadata."""
+    """Builds :class:`AscendAttentionMetadata` from vLLM's common metadata.
 
-    _cudagraph_support = AttentionCGSupport.NEVER
+    FULL graphs are supported for decode-only batches (one query token per request): their metadata has
+    the same shapes at every step of one padded size, which the replay's parameter update needs."""
+
+    _cudagraph_support = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -60,7 +88,6 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendAttentionMet
         else:
             seq_lens_cpu = common.seq_lens[:num_reqs].to("cpu", torch.int64)
         max_seq_len = int(seq_lens_cpu.max()) if num_reqs else 0
-        max_blocks = -(-max_seq_len // self.block_size)
         q_lens = query_start_loc_cpu[1:] - query_start_loc_cpu[:-1]
         causal = common.causal if isinstance(common.causal, bool) else bool(common.causal.all())
         return AscendAttentionMetadata(
@@ -70,7 +97,7 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendAttentionMet
             max_seq_len=max_seq_len,
             query_start_loc_cpu=query_start_loc_cpu,
             seq_lens_cpu=seq_lens_cpu,
-            block_table=common.block_table_tensor[:num_reqs, :max_blocks],
+            block_table=common.block_table_tensor[:num_reqs],
             slot_mapping=common.slot_mapping[:num_actual_tokens],
             causal=causal,
         )

@@ -47,6 +47,19 @@ OPS: tuple[str, ...] = (
     "cast_weight_format",
 )
 
+#: Fused ops: each equals a sequence of the ops above (its docstring says which), as one kernel where the
+#: device has one. Graph fusion passes rewrite the unfused sequences into these; counted like :data:`OPS`.
+FUSED_OPS: tuple[str, ...] = (
+    "add_rms_norm_quant",
+    "add_rms_norm_dynamic_quant",
+    "rms_norm_quant",
+    "rms_norm_dynamic_quant",
+    "swiglu_quant",
+    "swiglu_dynamic_quant",
+    "qk_rmsnorm_rope",
+    "muls_add",
+)
+
 
 class DeviceOpError(ValueError):
     """A device op called with arguments outside its contract (shape, dtype or option)."""
@@ -89,6 +102,11 @@ class BaseDeviceAdaptor(abc.ABC):
 
     #: Family name shown by ``vllm-ascend doctor`` (``"reference"``, ``"A2/A3"``, ``"A5"``, ``"310P"``).
     family: ClassVar[str] = ""
+    #: Whether a captured graph's ``fused_infer_attention`` takes new sequence lengths / query offsets written
+    #: into its metadata tensors before a replay (what FULL graphs need). The reference graph re-runs the op
+    #: on those tensors; on an NPU the op's host-side lengths are baked into the captured task and need
+    #: torch_npu's graph task update, which this version does not issue: FULL graphs are refused there.
+    replays_attention_params: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.call_counts: Counter[str] = Counter()
@@ -96,7 +114,7 @@ class BaseDeviceAdaptor(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for name in OPS:
+        for name in OPS + FUSED_OPS:
             fn = cls.__dict__.get(name)
             if fn is not None and not getattr(fn, "__counted__", False):
                 setattr(cls, name, _counted(name, fn))
@@ -437,6 +455,79 @@ class BaseDeviceAdaptor(abc.ABC):
 
         NZ is a device storage layout the NPU matmul kernels read faster; devices without it return ND.
         """
+
+    # -- fused ops (graph fusion targets) --------------------------------------------------
+    @abc.abstractmethod
+    def add_rms_norm_quant(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        scale: torch.Tensor,
+        offset: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``normed, total = add_rms_norm(x, residual, weight, eps)``; returns ``(quantize(normed, scale,
+        offset), total)``: the int8 input of a static W8A8 linear and the new residual."""
+
+    @abc.abstractmethod
+    def add_rms_norm_dynamic_quant(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        smooth_scales: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``normed, total = add_rms_norm(...)``; returns ``(*dynamic_quant(normed, smooth_scales=...), total)``."""
+
+    @abc.abstractmethod
+    def rms_norm_quant(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        scale: torch.Tensor,
+        offset: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``quantize(rms_norm(x, weight, eps), scale, offset)``."""
+
+    @abc.abstractmethod
+    def rms_norm_dynamic_quant(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, smooth_scales: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``dynamic_quant(rms_norm(x, weight, eps), smooth_scales=smooth_scales)``."""
+
+    @abc.abstractmethod
+    def swiglu_quant(self, x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+        """``quantize(swiglu(x), scale, offset)``: the int8 down-projection input of a static W8A8 MLP."""
+
+    @abc.abstractmethod
+    def swiglu_dynamic_quant(
+        self, x: torch.Tensor, smooth_scales: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``dynamic_quant(swiglu(x), smooth_scales=smooth_scales)``."""
+
+    @abc.abstractmethod
+    def qk_rmsnorm_rope(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        eps: float,
+        head_size: int,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head RMSNorm of ``query [T, Hq*D]`` and ``key [T, Hkv*D]`` (``D = head_size``, weights ``[D]``),
+        then :meth:`rotary_embedding` of both; the QK-norm attention input of Qwen3-style models."""
+
+    @abc.abstractmethod
+    def muls_add(self, x: torch.Tensor, scale: float, y: torch.Tensor) -> torch.Tensor:
+        """``x * scale + y`` for tensors of one shape and dtype, each step rounded to that dtype (as eager
+        torch computes it)."""
 
 
 def check_choice(field: str, value: Any, allowed: Sequence[str]) -> None:

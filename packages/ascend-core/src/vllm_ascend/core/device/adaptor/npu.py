@@ -474,3 +474,76 @@ class A2A3DeviceAdaptor(BaseDeviceAdaptor):
     def cast_weight_format(self, weight, fmt):
         check_choice("fmt", fmt, WEIGHT_FORMATS)
         return torch_npu_module().npu_format_cast(weight, ACL_FORMATS[fmt])
+
+    # -- fused ops -------------------------------------------------------------------------
+    def add_rms_norm_quant(self, x, residual, weight, eps, scale, offset):
+        """``npu_add_rms_norm_quant``: its scales / zero points are per channel (``[H]``, fp32 / int32), so
+        the per-tensor scale and offset are broadcast to the hidden size."""
+        hidden = x.shape[-1]
+        scales = scale.reshape(1).float().expand(hidden).contiguous()
+        zero_points = None if offset is None else offset.reshape(1).round().to(torch.int32).expand(hidden)
+        q, _, total = torch_npu_module().npu_add_rms_norm_quant(
+            x,
+            residual,
+            weight,
+            scales,
+            None if zero_points is None else zero_points.contiguous(),
+            epsilon=eps,
+        )
+        return q, total
+
+    def add_rms_norm_dynamic_quant(self, x, residual, weight, eps, smooth_scales=None):
+        """``npu_add_rms_norm_dynamic_quant`` (one smoothing vector: its second output pair is unused)."""
+        q, _, total, q_scale, _ = torch_npu_module().npu_add_rms_norm_dynamic_quant(
+            x, residual, weight, smooth_scale1=smooth_scales, epsilon=eps
+        )
+        return q, q_scale, total
+
+    def rms_norm_quant(self, x, weight, eps, scale, offset):
+        """``npu_rms_norm_quant`` with a zero beta (it requires one) and a zero offset where none is given."""
+        zero_point = (
+            torch.zeros(1, dtype=torch.int8, device=x.device)
+            if offset is None
+            else offset.reshape(1).round().to(torch.int8)
+        )
+        return torch_npu_module().npu_rms_norm_quant(
+            x, weight, torch.zeros_like(weight), scale.reshape(1).to(x.dtype), zero_point, eps
+        )
+
+    def rms_norm_dynamic_quant(self, x, weight, eps, smooth_scales=None):
+        """No single torch_npu op: ``npu_rms_norm`` then ``npu_dynamic_quant``."""
+        torch_npu = torch_npu_module()
+        normed = torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]
+        return torch_npu.npu_dynamic_quant(normed, smooth_scales=smooth_scales)
+
+    def swiglu_quant(self, x, scale, offset):
+        """``npu_swiglu`` then ``npu_quantize`` (npu_swiglu_quant's static mode multiplies by its scales)."""
+        torch_npu = torch_npu_module()
+        zero_points = None if offset is None else offset.reshape(1).round().to(torch.int8)
+        return torch_npu.npu_quantize(
+            torch_npu.npu_swiglu(x, dim=-1), scale.reshape(1).float(), zero_points, torch.qint8, -1, True
+        )
+
+    def swiglu_dynamic_quant(self, x, smooth_scales=None):
+        """``npu_swiglu_quant`` in dynamic mode (``quant_mode=1``); silu on the first half (``activate_left``)."""
+        return torch_npu_module().npu_swiglu_quant(
+            x, smooth_scales=smooth_scales, activate_left=True, quant_mode=1
+        )
+
+    def qk_rmsnorm_rope(
+        self, positions, query, key, q_weight, k_weight, eps, head_size, cos_sin_cache, is_neox
+    ):
+        """No published torch_npu op: ``npu_rms_norm`` per head of q and k, then :meth:`rotary_embedding`."""
+        torch_npu = torch_npu_module()
+
+        def norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            heads = x.reshape(x.shape[0], -1, head_size)
+            return torch_npu.npu_rms_norm(heads, weight, epsilon=eps)[0].reshape(x.shape)
+
+        return self.rotary_embedding(
+            positions, norm(query, q_weight), norm(key, k_weight), head_size, cos_sin_cache, is_neox
+        )
+
+    def muls_add(self, x, scale, y):
+        """torch_npu publishes no muls-add op: the elementwise torch ops run on the NPU tensors."""
+        return torch.add(torch.mul(x, scale), y)

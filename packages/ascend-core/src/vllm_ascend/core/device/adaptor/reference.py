@@ -442,6 +442,7 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
     """Plain-PyTorch implementation of every op on torch's cpu device; host memory is device memory."""
 
     family = "reference"
+    replays_attention_params = True
 
     # -- runtime ---------------------------------------------------------------------------
     def torch_device(self, local_rank: int) -> torch.device:
@@ -934,3 +935,48 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         """Host memory has one layout: the weight is returned as is (NZ changes storage, not values)."""
         check_choice("fmt", fmt, WEIGHT_FORMATS)
         return weight
+
+    # -- fused ops: the unfused sequence itself, so fusing never changes a result -----------------
+    def add_rms_norm_quant(self, x, residual, weight, eps, scale, offset):
+        normed, total = self.add_rms_norm(x, residual, weight, eps)
+        return self.quantize(normed, scale, offset), total
+
+    def add_rms_norm_dynamic_quant(self, x, residual, weight, eps, smooth_scales=None):
+        normed, total = self.add_rms_norm(x, residual, weight, eps)
+        q, q_scale = self.dynamic_quant(normed, smooth_scales=smooth_scales)
+        return q, q_scale, total
+
+    def rms_norm_quant(self, x, weight, eps, scale, offset):
+        return self.quantize(self.rms_norm(x, weight, eps), scale, offset)
+
+    def rms_norm_dynamic_quant(self, x, weight, eps, smooth_scales=None):
+        return self.dynamic_quant(self.rms_norm(x, weight, eps), smooth_scales=smooth_scales)
+
+    def swiglu_quant(self, x, scale, offset):
+        return self.quantize(self.swiglu(x), scale, offset)
+
+    def swiglu_dynamic_quant(self, x, smooth_scales=None):
+        return self.dynamic_quant(self.swiglu(x), smooth_scales=smooth_scales)
+
+    def qk_rmsnorm_rope(
+        self, positions, query, key, q_weight, k_weight, eps, head_size, cos_sin_cache, is_neox
+    ):
+        def norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            _require(
+                x.dim() == 2 and x.shape[-1] % head_size == 0,
+                f"qk_rmsnorm_rope needs [T, heads*{head_size}] inputs, got shape {tuple(x.shape)}",
+            )
+            heads = x.reshape(x.shape[0], -1, head_size)
+            return self.rms_norm(heads, weight, eps).reshape(x.shape)
+
+        return self.rotary_embedding(
+            positions, norm(query, q_weight), norm(key, k_weight), head_size, cos_sin_cache, is_neox
+        )
+
+    def muls_add(self, x, scale, y):
+        _require(
+            x.shape == y.shape and x.dtype == y.dtype,
+            f"muls_add needs x and y of one shape and dtype, got {tuple(x.shape)} {x.dtype} and "
+            f"{tuple(y.shape)} {y.dtype}",
+        )
+        return torch.add(torch.mul(x, scale), y)
