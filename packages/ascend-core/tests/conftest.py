@@ -1,4 +1,5 @@
-"""Fixtures that build throw-away distributions with entry points, for extension-loading tests."""
+"""Shared fixtures: throw-away distributions with entry points (extension-loading tests) and the reference
+adaptor with the device ops registered (device-op tests)."""
 
 from __future__ import annotations
 
@@ -116,3 +117,19 @@ def no_sibling_sections(core_only):
     from vllm_ascend.core.registry import CONFIG_SECTIONS
 
     return core_only(CONFIG_SECTIONS)
+
+
+@pytest.fixture
+def adaptor(monkeypatch):
+    """The current (reference) adaptor with zeroed counts, the torch ops registered; device caches reset around
+    the test."""
+    from vllm_ascend.core.device.config import clear_device_caches, get_device_adaptor
+    from vllm_ascend.core.device.torch_ops import register_device_ops
+
+    monkeypatch.setenv("VLLM_ASCEND_DEVICE", "reference")
+    clear_device_caches()
+    register_device_ops()
+    ad = get_device_adaptor()
+    ad.reset_counts()
+    yield ad
+    clear_device_caches()

@@ -9,21 +9,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from vllm_ascend.core.device.adaptor.base import FUSED_OPS, DeviceOpError
 from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
 from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
-from vllm_ascend.core.device.config import clear_device_caches, get_device_adaptor
-from vllm_ascend.core.device.torch_ops import FUSED_TORCH_OPS, device_ops, register_device_ops
+from vllm_ascend.core.device.torch_ops import FUSED_TORCH_OPS, device_ops
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
-
-
-@pytest.fixture
-def adaptor(monkeypatch):
-    monkeypatch.setenv("VLLM_ASCEND_DEVICE", "reference")
-    clear_device_caches()
-    register_device_ops()
-    ad = get_device_adaptor()
-    ad.reset_counts()
-    yield ad
-    clear_device_caches()
 
 
 def _op(name: str):

@@ -9,7 +9,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from vllm_ascend.core.device import torch_ops
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
 from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor, pack_int4
-from vllm_ascend.core.device.config import clear_device_caches, get_device_adaptor
 from vllm_ascend.core.device.torch_ops import DEVICE_TORCH_OPS, device_ops, register_device_ops
 
 SCHEMAS = {
@@ -42,18 +41,6 @@ SCHEMAS = {
     "muls_add": "vllm_ascend::muls_add(Tensor x, float scale, Tensor y) -> Tensor",
 }
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
-
-
-@pytest.fixture
-def adaptor(monkeypatch):
-    """The current (reference) adaptor with zeroed counts; device caches reset around the test."""
-    monkeypatch.setenv("VLLM_ASCEND_DEVICE", "reference")
-    clear_device_caches()
-    register_device_ops()
-    ad = get_device_adaptor()
-    ad.reset_counts()
-    yield ad
-    clear_device_caches()
 
 
 @pytest.fixture
