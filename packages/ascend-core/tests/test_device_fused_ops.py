@@ -18,14 +18,14 @@ def _op(name: str):
     return getattr(torch.ops.vllm_ascend, name).default
 
 
-def _same(got, want) -> None:
+def _assert_same(got, want) -> None:
     if isinstance(want, torch.Tensor):
         assert got.dtype == want.dtype and got.shape == want.shape
         assert torch.equal(got, want)
         return
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
-        _same(g, w)
+        _assert_same(g, w)
 
 
 def _norm_inputs(dtype):
@@ -52,11 +52,11 @@ def test_norm_quant_ops_equal_the_unfused_sequence(adaptor, dtype, offset):
     scale = torch.tensor([0.03])
     off = None if offset is None else torch.tensor([offset])
     normed, total = ref.add_rms_norm(x, residual, weight, 1e-6)
-    _same(
+    _assert_same(
         ops.add_rms_norm_quant(x, residual, weight, 1e-6, scale, off),
         (ref.quantize(normed, scale, off), total),
     )
-    _same(
+    _assert_same(
         ops.rms_norm_quant(x, weight, 1e-5, scale, off),
         ref.quantize(ref.rms_norm(x, weight, 1e-5), scale, off),
     )
@@ -69,21 +69,21 @@ def test_dynamic_quant_fusions_equal_the_unfused_sequence(adaptor, dtype, smooth
     x, residual, weight = _norm_inputs(dtype)
     smooth_scales = torch.rand(32) + 0.5 if smooth else None
     normed, total = ref.add_rms_norm(x, residual, weight, 1e-6)
-    _same(
+    _assert_same(
         ops.add_rms_norm_dynamic_quant(x, residual, weight, 1e-6, smooth_scales),
         (*ref.dynamic_quant(normed, smooth_scales=smooth_scales), total),
     )
-    _same(
+    _assert_same(
         ops.rms_norm_dynamic_quant(x, weight, 1e-6, smooth_scales),
         ref.dynamic_quant(ref.rms_norm(x, weight, 1e-6), smooth_scales=smooth_scales),
     )
     gate_up = torch.randn(4, 3, 64).to(dtype).transpose(0, 1)  # non-contiguous
-    _same(
+    _assert_same(
         ops.swiglu_dynamic_quant(gate_up, smooth_scales),
         ref.dynamic_quant(ref.swiglu(gate_up), smooth_scales=smooth_scales),
     )
     scale, offset = torch.tensor([0.01]), torch.tensor([-2.0])
-    _same(ops.swiglu_quant(gate_up, scale, offset), ref.quantize(ref.swiglu(gate_up), scale, offset))
+    _assert_same(ops.swiglu_quant(gate_up, scale, offset), ref.quantize(ref.swiglu(gate_up), scale, offset))
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -100,14 +100,14 @@ def test_qk_rmsnorm_rope_equals_norm_per_head_then_rope(adaptor, dtype, is_neox)
     k_normed = ref.rms_norm(k.reshape(t, 2, head), k_weight, 1e-6).reshape(t, -1)
     want = ref.rotary_embedding(positions, q_normed, k_normed, head, cache, is_neox)
     got = ops.qk_rmsnorm_rope(positions, q, k, q_weight, k_weight, 1e-6, head, cache, is_neox)
-    _same(got, want)
+    _assert_same(got, want)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_muls_add_equals_eager_mul_then_add(adaptor, dtype):
     torch.manual_seed(2)
     x, y = torch.randn(5, 7).to(dtype), torch.randn(5, 7).to(dtype)
-    _same(device_ops().muls_add(x, 2.5, y), x * 2.5 + y)
+    _assert_same(device_ops().muls_add(x, 2.5, y), x * 2.5 + y)
 
 
 def test_fused_ops_refuse_bad_inputs(adaptor):
