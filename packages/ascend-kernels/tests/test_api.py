@@ -63,6 +63,7 @@ def test_device_rules_without_the_interpreter(monkeypatch):
     monkeypatch.setattr(_backend, "_interpreting", lambda: False)
     assert _backend.triton_unusable_reason(_device("cuda")) is None
     assert _backend.triton_unusable_reason(_device("meta")) == "no Triton backend for device type 'meta'"
+    monkeypatch.setattr(_backend, "_has_ascend_backend", lambda triton: False)  # true in the Ascend lane
     assert "triton-ascend" in _backend.triton_unusable_reason(_device("npu"))
     monkeypatch.setattr(_backend, "_has_ascend_backend", lambda triton: True)
     assert _backend.triton_unusable_reason(_device("npu")) is None

@@ -67,6 +67,36 @@ def test_random_example():
     assert out[0].tolist() == [1, 2, P]
 
 
+def test_float64_uniforms_next_to_the_ratio_decide_as_in_float64():
+    """The kernels compare float64 uniforms without float64 arithmetic (rounded to float32 up or down
+    from their bits): a uniform one float64 step above or below ``p(d)`` (q = 1), or far below the
+    float32 range, decides exactly as the float64 comparison ``p(d) >= u`` and synthetic ``u < rate``."""
+    third = torch.tensor(1 / 3, dtype=torch.float32).double()
+    up, down = torch.nextafter(third, third.new_tensor(1.0)), torch.nextafter(third, third.new_tensor(0.0))
+    probs = [third, third, third, 0.0, 0.0, 0.75]
+    uniform = torch.tensor([third, up, down, 1e-300, 0.0, 0.75 - 2**-60], dtype=torch.float64)
+    rows = len(probs)
+    target = torch.zeros(rows, 2)
+    target[:, 0] = torch.tensor(probs, dtype=torch.float64).float()
+    cu = torch.arange(1, rows + 1, dtype=torch.int32)
+    draft = torch.zeros(rows, dtype=torch.int32)
+    recovered = torch.ones(rows, dtype=torch.int32)
+    bonus = torch.full((rows,), 9, dtype=torch.int32)
+    is_greedy = torch.zeros(rows, dtype=torch.bool)
+    accept = [True, False, True, False, True, True]
+    want = [[0, 9] if a else [1, P] for a in accept]
+    for fn in (K.rejection_random_sample, rejection.rejection_random_sample_torch):
+        out = torch.full((rows, 2), P, dtype=torch.int32)
+        fn(out, cu, draft, None, target, bonus, recovered, uniform, is_greedy)
+        assert out.tolist() == want
+    rates = torch.tensor([1 / 3])
+    synthetic = torch.tensor([third, down, 1e-300, up], dtype=torch.float64)
+    for fn in (K.rejection_synthetic_sample, rejection.rejection_synthetic_sample_torch):
+        out = torch.full((4, 2), P, dtype=torch.int32)
+        fn(out, cu[:4], draft[:4], recovered[:4], bonus[:4], synthetic, rates)
+        assert out.tolist() == [[1, P], [0, 9], [0, 9], [1, P]]
+
+
 @pytest.mark.parametrize("with_draft_probs", [False, True])
 def test_random_matches_reference(gen, with_draft_probs):
     counts = [3, 0, 5, 1, 4, 5, 2]

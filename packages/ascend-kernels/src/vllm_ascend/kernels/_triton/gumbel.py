@@ -46,7 +46,7 @@ def _noise(key, index):
     """``-log(-log(u))`` of ``index`` (uint32) under ``key``; u from 23 hash bits, built from the bits
     (``f = 1 + k / 2**23``, so ``u = (k + 0.5) / 2**23 = (f - 1) + 2**-24`` exactly)."""
     h = hash32(key ^ (index * TOKEN_MIX))
-    f = (0x3F800000 | (h >> 9)).to(tl.float32, bitcast=True)
+    f = ((h >> 9) | 0x3F800000).to(tl.float32, bitcast=True)  # tensor first: triton-ascend needs it
     return -tl.log(-tl.log((f - 1.0) + 1.0 / 16777216.0))
 
 

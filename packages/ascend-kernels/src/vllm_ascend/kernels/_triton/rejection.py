@@ -50,6 +50,27 @@ def _write_prefix(out_ptr, out_stride, req, pos, n, tokens, rejected, bonus_ptr)
 
 
 @triton.jit
+def _uniform(ptr, mask, UP: tl.constexpr):
+    """The uniform at ``ptr`` as float32, with no float64 arithmetic (triton-ascend refuses float64 casts
+    on Ascend before A5). A float64 ``u >= 0`` is read as its bits and rounded to the nearest float32
+    above it (``UP``) or below it, which keeps every comparison with a float32 ``x`` exact:
+    ``x >= u`` iff ``x >= up(u)``, ``u < x`` iff ``down(u) < x``."""
+    if ptr.dtype.element_ty == tl.float64:
+        bits = tl.load(ptr.to(tl.pointer_type(tl.int64), bitcast=True), mask=mask, other=0)
+        exp = bits >> 52
+        full = (bits & 0xFFFFFFFFFFFFF) | ((exp > 0).to(tl.int64) << 52)
+        # float32 steps: 24 significant bits, or 2**-149 below 2**-126 (926 = 1075 - 149)
+        shift = tl.minimum(tl.maximum(926 - tl.maximum(exp, 1), 29), 63)
+        kept = full >> shift
+        f32 = (tl.maximum(exp - 897, 0) << 23) + kept
+        if UP:
+            f32 += ((kept << shift) != full).to(tl.int64)
+        return f32.to(tl.int32).to(tl.float32, bitcast=True)
+    else:
+        return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _greedy_kernel(
     out_ptr,
     out_stride,
@@ -105,8 +126,8 @@ def _random_kernel(
         q = tl.full([SPEC], 1.0, tl.float32)
         if HAS_DRAFT_PROBS:
             q = tl.load(draft_probs_ptr + at, mask=valid, other=0.0)
-        u = tl.load(uniform_ptr + token, mask=inside, other=1.0)
-        accepted = valid & (q > 0) & ((p / tl.where(q > 0, q, 1.0)).to(u.dtype) >= u)
+        u = _uniform(uniform_ptr + token, inside, True)
+        accepted = valid & (q > 0) & (p / tl.where(q > 0, q, 1.0) >= u)
         recovered = tl.load(recovered_ptr + token, mask=inside, other=0).to(tl.int64)
         _write_prefix(
             out_ptr, out_stride, req, pos, n, tl.where(accepted, draft, recovered), ~accepted, bonus_ptr
@@ -209,7 +230,7 @@ def _block_kernel(
                     draft_probs_ptr, target_probs_ptr, token * vocab, draft, w, vocab, HAS_DRAFT_PROBS, BLOCK
                 )
                 h = tl.where(den > 0, num / tl.where(den > 0, den, 1.0), tl.where(num > 0, 1.0, 0.0))
-                if tl.load(uniform_ptr + token - 1) <= tl.minimum(h, 1.0):
+                if _uniform(uniform_ptr + token - 1, True, True) <= tl.minimum(h, 1.0):
                     stop = j
                     stop_w = w
             at = token * vocab + tl.maximum(draft, 0)
@@ -220,7 +241,7 @@ def _block_kernel(
             ratio = tl.where(q > 0, p / tl.where(q > 0, q, 1.0), 0.0)
             w = tl.minimum(w * ratio, 1.0)
         if n > 0:
-            if tl.load(uniform_ptr + end - 1) <= w:
+            if _uniform(uniform_ptr + end - 1, True, True) <= w:
                 stop = n
                 stop_w = w
         best_id = tl.full([], 0, tl.int64)
@@ -279,8 +300,8 @@ def _synthetic_kernel(
     pos = tl.arange(0, SPEC)
     inside = pos < n
     draft = tl.load(draft_ptr + start + pos, mask=inside, other=-1).to(tl.int64)
-    u = tl.load(uniform_ptr + start + pos, mask=inside, other=1.0)
-    rate = tl.load(rates_ptr + pos, mask=pos < num_rates, other=0.0).to(u.dtype)
+    u = _uniform(uniform_ptr + start + pos, inside, False)
+    rate = tl.load(rates_ptr + pos, mask=pos < num_rates, other=0.0)
     accepted = inside & (draft >= 0) & (pos < num_rates) & (u < rate)
     replacement = tl.load(replacement_ptr + start + pos, mask=inside, other=0).to(tl.int64)
     _write_prefix(

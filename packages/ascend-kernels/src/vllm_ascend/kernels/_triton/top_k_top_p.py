@@ -199,8 +199,9 @@ def _select(
     count_hi = tl.zeros([], tl.int32)
     mass_hi = tl.zeros([], tl.float32)
     passes = tl.zeros([], tl.int32)
-    # Coarse passes over the row until the bucket [lo, hi) fits the scratch.
-    searching = (n_ready < 0) & (count_lo - count_hi > cap) & (lo < row_max)
+    # Coarse passes over the row until the bucket [lo, hi) fits the scratch (tensors left of `&`: n_ready
+    # may be a constexpr, which triton-ascend refuses there).
+    searching = (count_lo - count_hi > cap) & (lo < row_max) & (n_ready < 0)
     while searching:
         top = tl.minimum(hi, row_max)
         piv = _pivots(lo, top, NP)
