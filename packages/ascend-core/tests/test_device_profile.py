@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -203,3 +205,37 @@ def test_quant_weight_format_is_nz_on_a2_a3_310p_and_nd_on_a5_and_reference():
         match=r"HardwareProfile.quant_weight_format='FRACTAL' is invalid; allowed values: ND, NZ",
     ):
         A2_PROFILE.with_changes(quant_weight_format="FRACTAL")
+
+
+def test_npu_profiles_carry_core_counts_and_unified_buffer_and_show_them():
+    counts = {t.value: (p.cube_cores, p.vector_cores, p.ub_bytes) for t, p in BUILTIN_PROFILES.items()}
+    assert counts == {
+        "A2": (24, 48, 192 * 1024),
+        "A3": (24, 48, 192 * 1024),
+        "A5": (32, 64, 256 * 1024),
+        "310P": (8, 7, 256 * 1024),
+    }
+    shown = A2_PROFILE.as_dict()
+    assert (shown["cube_cores"], shown["vector_cores"], shown["ub_bytes"]) == (24, 48, 196608)
+    assert REFERENCE_PROFILE.as_dict()["vector_cores"] is None  # the cpu has no vector cores or UB
+
+
+@pytest.mark.parametrize("field", ["cube_cores", "vector_cores", "ub_bytes"])
+@pytest.mark.parametrize("value", [0, -4, 2.5, True, "48"])
+def test_core_counts_must_be_positive_ints(field, value):
+    with pytest.raises(
+        ProfileError, match=rf"HardwareProfile.{field}={value!r} must be a positive int or None"
+    ):
+        A2_PROFILE.with_changes(**{field: value})
+
+
+def test_adaptors_report_core_counts_where_the_runtime_has_them(monkeypatch):
+    from vllm_ascend.core.device.adaptor import npu as npu_adaptor
+
+    props = {0: types.SimpleNamespace(cube_core_num=20, vector_core_num=40), 1: types.SimpleNamespace()}
+    runtime = types.SimpleNamespace(get_device_properties=lambda i: props[i])
+    monkeypatch.setattr(npu_adaptor, "torch_npu_runtime", lambda: runtime)
+    assert A2A3DeviceAdaptor().core_counts(0) == (20, 40)  # e.g. an Ascend910B4
+    assert A5DeviceAdaptor().core_counts(0) == (20, 40)
+    assert A2A3DeviceAdaptor().core_counts(1) is None  # an older torch_npu without the properties
+    assert ReferenceDeviceAdaptor().core_counts() is None

@@ -40,6 +40,7 @@ from triton.runtime.jit import JITFunction
 
 import vllm_ascend.kernels as K
 import vllm_ascend.kernels._backend as backend_choice
+from vllm_ascend.kernels import _geometry
 
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = CUDABackend(TARGET)
@@ -183,6 +184,8 @@ def _exercise() -> None:
 def main() -> int:
     JITFunction.run = _intercept
     backend_choice.use_triton = lambda device: True
+    # The cpu tensors stand for a CUDA device of 32 SMs: warps passed and CUDA splits, as launched there.
+    _geometry.geometry = lambda device: _geometry.LaunchGeometry("cuda", 32)
     _exercise()
     from vllm_ascend.kernels import _triton
 

@@ -83,7 +83,7 @@ def test_compiled_triton_warms_both_tile_variants(monkeypatch):
     assert warmup._batch_sizes(cpu) == (2,)  # interpreter: one variant
     monkeypatch.setattr(common, "IS_INTERPRETED", False)
     # small-batch tiles, split rows, unsplit rows below and above SMALL_BATCH_ROWS (32 "SMs" off CUDA)
-    assert common.multiprocessors(cpu) == 32
+    assert common.cores(cpu) == 32
     assert warmup._batch_sizes(cpu) == (2, 32, common.SMALL_BATCH_ROWS + 1)
     monkeypatch.setenv("VLLM_ASCEND_KERNEL_BACKEND", "torch")
     assert warmup._batch_sizes(cpu) == (2,)

@@ -34,22 +34,18 @@ def _logits(rows: int, vocab: int, dtype: torch.dtype, device: torch.device) -> 
 
 def _batch_sizes(device: torch.device) -> tuple[int, ...]:
     """Row counts that reach every tile variant: the Triton wrappers pick larger tiles for small
-    batches (compiled separately) and split the rows of batches smaller than the multiprocessor
-    count over several programs (min-p compiles a separate unsplit kernel); the interpreter and the
-    references have one variant."""
+    batches (compiled separately) and split the rows of batches smaller than the core count (SMs,
+    Ascend vector cores) over several programs (min-p compiles a separate unsplit kernel); the
+    interpreter and the references have one variant."""
     from vllm_ascend.kernels._backend import use_triton
 
     if not use_triton(device):
         return (2,)
-    from vllm_ascend.kernels._triton.common import IS_INTERPRETED, SMALL_BATCH_ROWS, multiprocessors
+    from vllm_ascend.kernels._triton.common import IS_INTERPRETED, SMALL_BATCH_ROWS, cores
 
     if IS_INTERPRETED:
         return (2,)
-    return tuple(
-        sorted(
-            {2, min(multiprocessors(device), SMALL_BATCH_ROWS), SMALL_BATCH_ROWS + 1, multiprocessors(device)}
-        )
-    )
+    return tuple(sorted({2, min(cores(device), SMALL_BATCH_ROWS), SMALL_BATCH_ROWS + 1, cores(device)}))
 
 
 def sampling_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]) -> None:

@@ -50,6 +50,9 @@ _DIMENSIONS = {
 }
 
 
+_HARDWARE_COUNTS = ("cube_cores", "vector_cores", "ub_bytes")
+
+
 class ProfileError(ValueError):
     """An invalid profile field or an unknown capability name."""
 
@@ -75,6 +78,12 @@ class HardwareProfile:
     supported_dtypes: tuple[str, ...] = field(default=("float16", "bfloat16", "float32"))
     #: Storage format quantized weights are cast to after loading (``adaptor.cast_weight_format``).
     quant_weight_format: str = "ND"
+    #: AI (cube) cores, vector cores and unified-buffer bytes per vector core: what Triton launch
+    #: geometry is sized by (None on the reference device, which has none). A device's own count,
+    #: where its adaptor reports one (``adaptor.core_counts()``), takes precedence over these.
+    cube_cores: int | None = None
+    vector_cores: int | None = None
+    ub_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for attr, enum_cls in _DIMENSIONS.items():
@@ -97,6 +106,10 @@ class HardwareProfile:
                 f"HardwareProfile.quant_weight_format={self.quant_weight_format!r} is invalid; "
                 f"allowed values: {', '.join(WEIGHT_FORMATS)}"
             )
+        for attr in _HARDWARE_COUNTS:
+            value = getattr(self, attr)
+            if value is not None and (type(value) is not int or value <= 0):
+                raise ProfileError(f"HardwareProfile.{attr}={value!r} must be a positive int or None")
         bf16 = HardwareCapability.BF16 in self.capabilities
         if bf16 != ("bfloat16" in self.supported_dtypes):
             raise ProfileError(f"profile {self.name!r}: the BF16 capability and supported_dtypes disagree")
@@ -131,6 +144,7 @@ class HardwareProfile:
             "block_size_multiple": self.block_size_multiple,
             "supported_dtypes": list(self.supported_dtypes),
             "quant_weight_format": self.quant_weight_format,
+            **{attr: getattr(self, attr) for attr in _HARDWARE_COUNTS},
         }
 
 
@@ -139,6 +153,12 @@ def _capability_names() -> str:
 
 
 C = HardwareCapability
+
+KIB = 1024
+# Core counts: the ``[SoCInfo]`` section of CANN's ``<arch>-linux/data/platform_config/<soc>.ini``
+# (``cube_core_cnt`` / ``vector_core_cnt``), as quoted in the CANN docs of ATC's ``--aicore_num`` and of
+# torchair's ``aicore_num`` (24 cube / 48 vector cores). Unified buffer: 192 KiB per vector core on A2/A3
+# (triton-ascend's operator-design guide and the Ascend C docs of the 2201 architecture).
 
 A2_PROFILE = HardwareProfile(
     name="Atlas A2",
@@ -149,6 +169,11 @@ A2_PROFILE = HardwareProfile(
     cpu_binding=CPUBindingMode.TOPO_AFFINITY,
     adaptor_family=DeviceAdaptorFamily.A2A3,
     quant_weight_format="NZ",
+    # Ascend910B1/B2 (and each die of an A3 Ascend910_93: one device per die). Ascend910B3/B4 have 20 cube
+    # and 40 vector cores (Ascend910B4.ini): the adaptor's run-time count covers them.
+    cube_cores=24,
+    vector_cores=48,
+    ub_bytes=192 * KIB,
 )
 
 A3_PROFILE = A2_PROFILE.with_changes(name="Atlas A3", device_type=AscendDeviceType.A3)
@@ -171,6 +196,12 @@ A5_PROFILE = HardwareProfile(
     ),
     cpu_binding=CPUBindingMode.CPU_POOLS_950,
     adaptor_family=DeviceAdaptorFamily.A5,
+    # Ascend950PR platform_config as quoted in CANN's 950 communication examples (950PR_958b:
+    # cube_core_cnt=32, vector_core_cnt=64). UB 256 KiB per vector core for the 3510 architecture: not
+    # confirmed from a platform_config file (the run-time count takes precedence for cores).
+    cube_cores=32,
+    vector_cores=64,
+    ub_bytes=256 * KIB,
 )
 
 #: Core's baseline for 310P: only hardware facts (no bf16, no Triton, no fused gating); the
@@ -184,6 +215,12 @@ P310_BASE_PROFILE = HardwareProfile(
     eager_only=True,
     supported_dtypes=("float16", "float32"),
     quant_weight_format="NZ",
+    # Ascend310P3.ini: ai_core_cnt=8, vector_core_cnt=7 (the AI core is unified: cube and vector in one
+    # core, so the cube count is the AI-core count). UB 256 KiB per AI core: not confirmed from a
+    # platform_config file (310P runs no Triton; the figure only sizes what it would).
+    cube_cores=8,
+    vector_cores=7,
+    ub_bytes=256 * KIB,
 )
 
 #: ``VLLM_ASCEND_DEVICE=reference``: torch's cpu device, gloo, eager unless compilation or graphs are asked

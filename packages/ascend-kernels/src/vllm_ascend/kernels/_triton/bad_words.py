@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_ascend.kernels._geometry import launch
 from vllm_ascend.kernels._triton.common import check_logits
 
 PREFIX_TILE = 16
@@ -63,6 +64,6 @@ def apply_bad_words(
         bad_word_offsets,
         bad_word_rows,
         TILE=PREFIX_TILE,
-        num_warps=1,
+        **launch(logits.device, 1),
     )
     return logits

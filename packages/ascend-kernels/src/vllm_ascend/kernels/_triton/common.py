@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
+
+from vllm_ascend.kernels import _geometry
 
 
 def vocab_block(vocab_size: int, cap: int = 8192) -> int:
     """Power-of-two tile over the vocabulary (smaller under the interpreter, which is slow)."""
     return min(triton.next_power_of_2(vocab_size), 1024 if IS_INTERPRETED else cap)
+
+
+#: fp32 tiles a vocabulary kernel holds at once (loaded, upcast, derived, result): sizes tiles to the UB.
+LIVE_TILES = 4
+
+
+def ub_cap(device: torch.device, cap: int, live_tiles: int = LIVE_TILES) -> int:
+    """``cap`` lowered until ``live_tiles`` fp32 tiles fit the device's unified buffer (Ascend; unchanged on
+    CUDA and under the interpreter, which have no such bound)."""
+    return _geometry.geometry(device).max_block(4, live_tiles, cap)
 
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E): folds the scale into an FMA
@@ -28,15 +38,12 @@ def row_block(vocab_size: int, cap: int = 2048) -> int:
     return min(triton.next_power_of_2(vocab_size), 256 if IS_INTERPRETED else cap)
 
 
-PROGRAMS_PER_SM = 4  # split kernels: aim for this many programs per multiprocessor (H200-tuned)
+PROGRAMS_PER_SM = 4  # split kernels on CUDA: aim for this many programs per multiprocessor (H200-tuned)
 
 
-@functools.cache
-def multiprocessors(device: torch.device) -> int:
-    """Multiprocessors of ``device`` (a guess off CUDA): sizes the row splits."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 32  # e.g. Ascend vector cores; only sizes the split, any value is correct
+def cores(device: torch.device) -> int:
+    """SMs (CUDA) or vector cores (Ascend) of ``device``, from its launch geometry: sizes the row splits."""
+    return _geometry.geometry(device).cores
 
 
 def row_split(rows: int, vocab: int, block: int, device: torch.device, per_sm: int = 0) -> tuple[int, int]:
@@ -44,9 +51,10 @@ def row_split(rows: int, vocab: int, block: int, device: torch.device, per_sm: i
     ``block``) so that ``rows * chunks`` programs fill the device; ``chunks == 1`` for large batches.
 
     With one program per row, a batch of 64 busies 64 multiprocessors of an H200's 132 and each
-    program is latency-bound; splitting the row and combining per-chunk partials fixes both."""
-    # Under the interpreter: 8 programs, so that the small test shapes take both paths.
-    target = 8 if IS_INTERPRETED else (per_sm or PROGRAMS_PER_SM) * multiprocessors(device)
+    program is latency-bound; splitting the row and combining per-chunk partials fixes both. The
+    program count comes from the device's geometry (8 under the interpreter, so that the small test
+    shapes take both paths)."""
+    target = _geometry.geometry(device).split_programs(per_sm or PROGRAMS_PER_SM)
     tiles = triton.cdiv(vocab, block)
     chunks = max(1, min(tiles, triton.cdiv(target, max(rows, 1))))
     chunk = triton.cdiv(tiles, chunks) * block

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_ascend.kernels._geometry import launch
 from vllm_ascend.kernels.conv1d import check_activation
 
 
@@ -263,7 +264,7 @@ def causal_conv1d_fn(
         WPAD=triton.next_power_of_2(max(width - 1, 1)),
         BLOCK_T=16,
         BLOCK_D=block_d,
-        num_warps=4,
+        **launch(out.device, 4),
     )
     return out
 
@@ -313,6 +314,6 @@ def causal_conv1d_update(
         WPAD=triton.next_power_of_2(max(width - 1, 1)),
         BLOCK_T=triton.next_power_of_2(length),
         BLOCK_D=block_d,
-        num_warps=4,
+        **launch(out.device, 4),
     )
     return out if x.dim() == 3 else out.squeeze(2)

@@ -17,14 +17,15 @@ import triton
 import triton.language as tl
 
 from vllm_ascend.kernels import gumbel as ref
+from vllm_ascend.kernels._geometry import launch
 from vllm_ascend.kernels._triton.common import (
     IS_INTERPRETED,
     LOG2E,
     check_logits,
+    cores,
     counters,
     hash32,
     last_chunk,
-    multiprocessors,
     row_split,
     scratch,
     vector,
@@ -175,7 +176,7 @@ def gumbel_sample(
     v = vector(logits.dtype)
     temp = temperature.to(torch.float32)
     chunks, chunk = 1, vocab
-    if rows < multiprocessors(logits.device):  # H200: 256 x 32000 ran 21.2 µs unsplit, 24.4 split 3 ways
+    if rows < cores(logits.device):  # H200: 256 x 32000 ran 21.2 µs unsplit, 24.4 split 3 ways
         chunks, chunk = row_split(rows, vocab, GROUPS_PER_TILE * ref.GROUP, logits.device, PER_SM)
     part_val = scratch("gumbel_val", rows * chunks, torch.float32, logits.device)
     part_idx = scratch("gumbel_idx", rows * chunks, torch.int32, logits.device)
@@ -197,6 +198,6 @@ def gumbel_sample(
         A=ref.GROUP // v,
         NG=GROUPS_PER_TILE,
         V=v,
-        num_warps=WARPS,
+        **launch(logits.device, WARPS),
     )
     return out

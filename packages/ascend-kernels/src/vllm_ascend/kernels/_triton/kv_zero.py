@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_ascend.kernels._geometry import launch
 from vllm_ascend.kernels.kv_zero import block_dims_for
 
 _UNITS = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.int8}
@@ -82,5 +83,5 @@ def zero_kv_blocks(
     splits = max(1, min(8, triton.cdiv(longest, block * 4)))
     ids = block_ids.to(device)
     _zero_blocks_kernel[(ids.numel(), table.shape[0], splits)](
-        kv_caches[0], table, ids, UNIT=_UNITS[unit], BLOCK=block, num_warps=4
+        kv_caches[0], table, ids, UNIT=_UNITS[unit], BLOCK=block, **launch(device, 4)
     )

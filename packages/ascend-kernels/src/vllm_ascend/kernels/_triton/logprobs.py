@@ -21,20 +21,22 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_ascend.kernels._geometry import launch
 from vllm_ascend.kernels._triton import top_k_top_p as tkp
 from vllm_ascend.kernels._triton.common import (
     IS_INTERPRETED,
     ROW_WARPS,
     SMALL_BATCH_ROWS,
     check_logits,
+    cores,
     counters,
     last_chunk,
-    multiprocessors,
     row_block,
     row_split,
     scratch,
     slot_shape,
     slots,
+    ub_cap,
 )
 
 COMBINE_BLOCK = 128
@@ -133,12 +135,13 @@ def _split(
 ) -> tuple[dict[str, int], int, int]:
     """``(slot shape, chunks, chunk)``; unsplit rows keep the one-program-per-row tiles (few rows: each
     program needs more bytes in flight, H200: 8192 best up to ~128 rows)."""
-    a, ng, v = slot_shape(row_block(vocab, 4096), ROW_WARPS, dtype)
+    a, ng, v = slot_shape(row_block(vocab, ub_cap(device, 4096)), ROW_WARPS, dtype)
     tile = a * ng * v
     chunks, chunk = row_split(rows, vocab, tile, device, PER_SM)
-    if rows < multiprocessors(device) and chunks > 1 and triton.cdiv(vocab, tile) >= MIN_SPLIT_TILES:
+    if rows < cores(device) and chunks > 1 and triton.cdiv(vocab, tile) >= MIN_SPLIT_TILES:
         return dict(A=a, NG=ng, V=v), chunks, chunk
-    a, ng, v = slot_shape(row_block(vocab, 8192 if rows <= SMALL_BATCH_ROWS else 4096), ROW_WARPS, dtype)
+    cap = ub_cap(device, 8192 if rows <= SMALL_BATCH_ROWS else 4096)
+    a, ng, v = slot_shape(row_block(vocab, cap), ROW_WARPS, dtype)
     return dict(A=a, NG=ng, V=v), 1, triton.cdiv(vocab, a * ng * v) * a * ng * v
 
 
@@ -157,7 +160,7 @@ def compute_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> tor
         _token_logprob_kernel[(rows, chunks)](
             logits, logits.stride(0), ids, n_ids, out, part_m, part_s,
             counters("lse_counter", rows, logits.device), vocab, chunk, chunks,
-            IDS=width, CB=COMBINE_BLOCK, num_warps=ROW_WARPS, **shape,
+            IDS=width, CB=COMBINE_BLOCK, **launch(logits.device, ROW_WARPS), **shape,
         )  # fmt: skip
     return out.reshape(token_ids.shape)
 
@@ -400,7 +403,7 @@ def compute_topk_logprobs(
         SUB=tkp.SUB,
         GROUP=sm.group,
         BLOCK_C=tkp.GATHER_BLOCK,
-        num_warps=warps,
+        **launch(dev, warps),
         **search,
     )
     return ids, lps, ranks

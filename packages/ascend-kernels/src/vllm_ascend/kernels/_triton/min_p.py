@@ -15,10 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_ascend.kernels._geometry import launch
 from vllm_ascend.kernels._triton.common import (
     IS_INTERPRETED,
     check_logits,
-    multiprocessors,
+    cores,
     row_split,
     scratch,
     slot_shape,
@@ -146,7 +147,7 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     mp = min_p.to(torch.float32)
     tile, warps = SPLIT_TILE
     chunks, chunk = 1, vocab
-    if rows < multiprocessors(logits.device):  # H200: 256 rows ran best unsplit, 64 split 9 ways
+    if rows < cores(logits.device):  # H200: 256 rows ran best unsplit, 64 split 9 ways
         chunks, chunk = row_split(rows, vocab, tile, logits.device, PER_SM)
     if chunks == 1:
         tile, warps = ROW_TILE
@@ -154,7 +155,7 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     a, ng, v = slot_shape(tile, warps, logits.dtype)
     n_slots = triton.cdiv(vocab, a * ng * v) * ng
     smax = scratch("min_p.smax", rows * n_slots, logits.dtype, logits.device)
-    shape = dict(A=a, NG=ng, V=v, num_warps=warps)
+    shape = dict(A=a, NG=ng, V=v, **launch(logits.device, warps))
     if chunks == 1:
         _min_p_kernel[(rows,)](logits, logits.stride(0), mp, smax, n_slots, vocab, **shape)
         return logits

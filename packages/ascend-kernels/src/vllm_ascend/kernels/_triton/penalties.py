@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_ascend.kernels._geometry import launch
 from vllm_ascend.kernels._triton.common import check_logits
 
 PROMPT_BIT = 1 << 30
@@ -142,6 +143,6 @@ def apply_penalties(
         presence_penalty.to(f32),
         vocab,
         BLOCK=min(1024, triton.next_power_of_2(history)),
-        num_warps=4,
+        **launch(logits.device, 4),
     )
     return logits

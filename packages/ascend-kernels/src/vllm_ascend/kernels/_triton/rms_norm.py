@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._triton.common import IS_INTERPRETED, multiprocessors
+from vllm_ascend.kernels import _geometry
 
 MAX_BLOCK_M = 16
 
@@ -25,7 +25,7 @@ def rms_block_m_values() -> tuple[int, ...]:
 
 def programs(device: torch.device) -> int:
     """Programs per launch: one per multiprocessor (vector core on Ascend); 4 under the interpreter."""
-    return 4 if IS_INTERPRETED else multiprocessors(device)
+    return _geometry.geometry(device).persistent_programs()
 
 
 @triton.jit(do_not_specialize=["rows"])

@@ -6,7 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._triton.common import check_logits, vocab_block
+from vllm_ascend.kernels._geometry import launch
+from vllm_ascend.kernels._triton.common import check_logits, ub_cap, vocab_block
 
 
 @triton.jit
@@ -25,8 +26,13 @@ def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.
     rows, vocab = logits.shape
     if rows == 0:
         return logits
-    block = vocab_block(vocab, 4096)
+    block = vocab_block(vocab, ub_cap(logits.device, 4096))
     _temperature_kernel[(rows, triton.cdiv(vocab, block))](
-        logits, logits.stride(0), temperature.to(torch.float32), vocab, BLOCK=block, num_warps=8
+        logits,
+        logits.stride(0),
+        temperature.to(torch.float32),
+        vocab,
+        BLOCK=block,
+        **launch(logits.device, 8),
     )
     return logits

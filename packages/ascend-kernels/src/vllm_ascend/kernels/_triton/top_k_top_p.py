@@ -48,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_ascend.kernels._geometry import launch
 from vllm_ascend.kernels._triton.common import (
     IS_INTERPRETED,
     SMALL_BATCH_ROWS,
@@ -1167,7 +1168,7 @@ def summarize(logits: torch.Tensor, need_sum: bool, chosen: torch.Tensor | None 
         GROUP=group,
         BLOCK=block,
         COUNT_ABOVE=chosen is not None,
-        num_warps=8,
+        **launch(dev, 8),
     )
     return Summary(block, chunks, chunk, n_sub, maxima, group, n_grp, groups, stats, counter, above)
 
@@ -1215,7 +1216,7 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
         partials = scratch(
             "top_k_top_p.partials", TOP_P_ROUNDS * rows * chunks * ROUND_PIVOTS * 2, torch.float32, dev
         )
-        split = dict(NP=ROUND_PIVOTS, BLOCK=block, CHUNKS=exact["CHUNKS"], num_warps=8)
+        split = dict(NP=ROUND_PIVOTS, BLOCK=block, CHUNKS=exact["CHUNKS"], **launch(dev, 8))
         for r in range(TOP_P_ROUNDS):  # small tiles: each element meets ROUND_PIVOTS pivots
             _top_p_round_kernel[(rows, chunks)](
                 logits,
@@ -1261,7 +1262,7 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
             CAP,
             ROUNDS=TOP_P_ROUNDS,
             NP_R=ROUND_PIVOTS,
-            num_warps=warps,
+            **launch(dev, warps),
             **exact,
         )
     else:
@@ -1288,10 +1289,10 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
             BOUND_PASSES=BOUND_PASSES,
             SUB=SUB,
             GROUP=sm.group,
-            num_warps=warps,
+            **launch(dev, warps),
             **exact,
         )
     _mask_kernel[(rows, chunks)](
-        logits, row_stride, vocab, chunk, n_sub, maxima, thresholds, SUB=SUB, BLOCK=block, num_warps=8
+        logits, row_stride, vocab, chunk, n_sub, maxima, thresholds, SUB=SUB, BLOCK=block, **launch(dev, 8)
     )
     return logits

@@ -163,6 +163,11 @@ class BaseDeviceAdaptor(abc.ABC):
     def total_memory(self, device_id: int = 0) -> int:
         """Bytes of memory of device ``device_id``."""
 
+    def core_counts(self, device_id: int = 0) -> tuple[int, int] | None:
+        """``(cube cores, vector cores)`` of device ``device_id`` as its runtime reports them; None where
+        it reports none (the reference device): launch geometry then uses the profile's counts."""
+        return None
+
     @abc.abstractmethod
     def memory_in_use(self, device: torch.types.Device | None = None) -> float:
         """Bytes this process holds on the device (peak since the last query where the driver tracks it)."""

@@ -150,6 +150,15 @@ class A2A3DeviceAdaptor(BaseDeviceAdaptor):
     def total_memory(self, device_id: int = 0) -> int:
         return int(torch_npu_runtime().get_device_properties(device_id).total_memory)
 
+    def core_counts(self, device_id: int = 0) -> tuple[int, int] | None:
+        """torch_npu's ``cube_core_num`` / ``vector_core_num`` device properties (None where this
+        torch_npu lacks them or reports no cores)."""
+        props = torch_npu_runtime().get_device_properties(device_id)
+        cube, vector = getattr(props, "cube_core_num", 0), getattr(props, "vector_core_num", 0)
+        if not (isinstance(cube, int) and isinstance(vector, int) and cube > 0 and vector > 0):
+            return None
+        return cube, vector
+
     def memory_in_use(self, device: torch.types.Device | None = None) -> float:
         npu = torch_npu_runtime()
         npu.reset_peak_memory_stats(device)
