@@ -73,7 +73,7 @@ def _mask_pass(row_ptr, smax_ptr, begin, end, threshold, A: tl.constexpr, NG: tl
         tl.store(
             row_ptr + offs,
             tl.full(offs.shape, float("-inf"), row_ptr.dtype.element_ty),
-            mask=inb & ~live[None, :, None],
+            mask=inb & (live[None, :, None] == 0),
         )
         x = tl.load(row_ptr + offs, mask=inb & live[None, :, None])
         tl.store(

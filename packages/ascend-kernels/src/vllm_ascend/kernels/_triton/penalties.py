@@ -79,7 +79,7 @@ def _penalties_kernel(
             vocab,
         )
         tl.atomic_add(counts_row + tok, tl.full([BLOCK], 1, tl.int32), mask=valid & is_output)
-        tl.atomic_or(counts_row + tok, tl.full([BLOCK], 1 << 30, tl.int32), mask=valid & ~is_output)
+        tl.atomic_or(counts_row + tok, tl.full([BLOCK], 1 << 30, tl.int32), mask=valid & (is_output == 0))
     tl.debug_barrier()
     rep = tl.load(rep_ptr + row)
     freq = tl.load(freq_ptr + row)

@@ -130,7 +130,7 @@ def _random_kernel(
         accepted = valid & (q > 0) & (p / tl.where(q > 0, q, 1.0) >= u)
         recovered = tl.load(recovered_ptr + token, mask=inside, other=0).to(tl.int64)
         _write_prefix(
-            out_ptr, out_stride, req, pos, n, tl.where(accepted, draft, recovered), ~accepted, bonus_ptr
+            out_ptr, out_stride, req, pos, n, tl.where(accepted, draft, recovered), accepted == 0, bonus_ptr
         )
 
 
@@ -305,7 +305,7 @@ def _synthetic_kernel(
     accepted = inside & (draft >= 0) & (pos < num_rates) & (u < rate)
     replacement = tl.load(replacement_ptr + start + pos, mask=inside, other=0).to(tl.int64)
     _write_prefix(
-        out_ptr, out_stride, req, pos, n, tl.where(accepted, draft, replacement), ~accepted, bonus_ptr
+        out_ptr, out_stride, req, pos, n, tl.where(accepted, draft, replacement), accepted == 0, bonus_ptr
     )
 
 
