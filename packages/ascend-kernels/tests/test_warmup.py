@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 
 import pytest
 import torch
@@ -87,3 +89,38 @@ def test_compiled_triton_warms_both_tile_variants(monkeypatch):
     assert warmup._batch_sizes(cpu) == (2, 32, common.SMALL_BATCH_ROWS + 1)
     monkeypatch.setenv("VLLM_ASCEND_KERNEL_BACKEND", "torch")
     assert warmup._batch_sizes(cpu) == (2,)
+
+
+def test_warmup_command_fills_the_cache_dir_it_names(tmp_path, monkeypatch, capsys):
+    """``vllm-ascend warmup`` (registered by this package's extension) sets ``TRITON_CACHE_DIR`` to the
+    directory it is given and reports every item; on the cpu the references run (nothing to cache)."""
+    from vllm_ascend.core.cli import main
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/nonexistent")
+    cache = tmp_path / "cache"
+    status = main(["warmup", "--cache-dir", str(cache), "--vocab-size", "48", "--device", "cpu",
+                   "--dtypes", "float32,bfloat16", "--head-dims", "64", "--exclude", "rejection"])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    report = json.loads(lines[0])
+    assert status == 0
+    assert os.environ["TRITON_CACHE_DIR"] == str(cache) == report["cache_dir"]
+    assert report["items"] == {"sampling": True, "penalties": True, "qk_rms": True}
+    assert report["workers"] == 1 and report["cache_files"] == 0
+    assert lines[1].startswith(f"export TRITON_CACHE_DIR={cache}")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dtypes", "float64"], "--dtypes 'float64': allowed values are float32, bfloat16, float16"),
+        (["--workers", "0"], "expected comma-separated positive integers, got '0'"),
+        (["--head-dims", "128,x"], "expected comma-separated positive integers, got '128,x'"),
+    ],
+)
+def test_warmup_command_refuses_bad_arguments(tmp_path, capsys, argv, message):
+    from vllm_ascend.core.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["warmup", "--cache-dir", str(tmp_path), "--vocab-size", "48", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

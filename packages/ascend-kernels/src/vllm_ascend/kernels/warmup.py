@@ -8,7 +8,9 @@ isolation: a failure is logged with its name and the rest continue.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -151,6 +153,37 @@ def _run(
     return True
 
 
+def _record(
+    name: str, fn: WarmupFn, device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]
+) -> None:
+    """One item while specializations are only recorded: its kernels return nothing, so code after
+    them may fail on unset outputs; the kernels recorded up to there are still compiled ahead."""
+    try:
+        fn(device, vocab_size, dtypes)
+    except Exception as exc:
+        logger.debug("recording warm-up %r stopped early (%s); the rest compiles in the warm-up", name, exc)
+
+
+def _parallel(device: torch.device, workers: int | None) -> int:
+    """Processes to compile with: 0 where there is nothing to compile ahead (torch references, the
+    interpreter) or the Triton in use cannot record specializations."""
+    from vllm_ascend.kernels import _precompile
+    from vllm_ascend.kernels._backend import use_triton
+
+    if workers is not None and (type(workers) is not int or workers < 1):
+        raise ValueError(
+            f"workers={workers!r} must be a positive int or None (the CPUs this process may use)"
+        )
+    if not use_triton(device):
+        return 0
+    from vllm_ascend.kernels._triton.common import IS_INTERPRETED
+
+    if IS_INTERPRETED or not _precompile.supported():
+        return 0
+    count = _precompile.default_workers() if workers is None else workers
+    return count if count > 1 else 0
+
+
 def kernel_warmup(
     device: torch.device | str,
     vocab_size: int,
@@ -158,13 +191,19 @@ def kernel_warmup(
     include: Iterable[str] | None = None,
     head_dims: Iterable[int] = (),
     exclude: Iterable[str] = (),
+    workers: int | None = None,
+    stats: dict[str, Any] | None = None,
 ) -> dict[str, bool]:
     """Run the built-in and registered warm-up items on ``device``; returns ``{name: succeeded}``.
 
     ``vocab_size`` fixes the block-size constexprs of the vocabulary kernels; ``dtypes`` are the
     logits dtypes the sampler will see; ``include`` restricts to the named items and ``exclude``
     drops some (e.g. ``rejection`` without speculative decoding); ``head_dims`` (the head sizes of
-    a model that uses ``triton_q_rms``) adds the ``qk_rms`` item.
+    a model that uses ``triton_q_rms``) adds the ``qk_rms`` item. ``workers``: processes that compile
+    the Triton variants ahead of the warm-up's launches (default: the CPUs this process may use;
+    1 compiles serially in this process). ``stats``, if given, receives what happened: ``workers``,
+    ``variants`` and ``kernels`` compiled ahead, ``variants_by_kernel``, and the seconds spent recording,
+    compiling and launching (``record_s``, ``compile_s``, ``launch_s``).
     """
     device = torch.device(device)
     dtypes = tuple(dtypes)
@@ -187,8 +226,23 @@ def kernel_warmup(
     unknown = (wanted | skipped) - set(items)
     if unknown:
         raise ValueError(f"unknown warm-up items {sorted(unknown)}; known: {sorted(items)}")
-    return {
-        name: _run(name, fn, device, vocab_size, dtypes)
-        for name, fn in items.items()
-        if name in wanted and name not in skipped
-    }
+    selected = {name: fn for name, fn in items.items() if name in wanted and name not in skipped}
+    processes = _parallel(device, workers)
+    if processes:
+        from vllm_ascend.kernels import _precompile
+
+        def record() -> None:
+            for name, fn in selected.items():
+                _record(name, fn, device, vocab_size, dtypes)
+
+        report = _precompile.precompile(record, processes)
+        summary = report.summary()
+        logger.info("Triton variants compiled ahead: %s", summary)
+        if stats is not None:
+            stats.update(summary, variants_by_kernel=dict(report.variants))
+    start = time.perf_counter()
+    results = {name: _run(name, fn, device, vocab_size, dtypes) for name, fn in selected.items()}
+    if stats is not None:
+        stats.setdefault("workers", 1)
+        stats["launch_s"] = round(time.perf_counter() - start, 3)
+    return results
