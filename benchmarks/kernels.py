@@ -8,6 +8,11 @@ For each kernel and size it prints: µs per call (median, L2 flushed before each
 floor (bytes that must move ÷ the measured device-to-device copy bandwidth, read + write counted),
 × floor, the torch-eager peer's µs and the speed-up over it (and over ``torch.compile`` of the same
 eager code with ``--compile``), plus a correctness check against the package's torch reference.
+With ``--vllm-peer DIR`` (default ``.peer/vllm_032`` when present; stage it with
+``python benchmarks/vllm_peer.py stage`` where vLLM 0.32 is installed and carry it), the sampling and
+speculative-decoding rows also time vLLM 0.32's own Triton kernel for the op in the same process by
+the same method: "vLLM µs", "× vs vLLM" (vLLM µs ÷ ours: above 1, ours is faster) and "vLLM check"
+(vLLM's result against ours where the semantics match; see ``vllm_peer.check_*``).
 In-place kernels are restored from a pristine copy before every timed call (the copy and an L2 flush
 are outside the timed region), so each call sees the same fresh input. "host µs" is the Python and
 launch cost per call, which bounds the latency when the GPU is otherwise idle.
@@ -36,6 +41,7 @@ for src in ("packages/ascend-kernels/src", "packages/ascend-core/src"):
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 import triton.testing  # noqa: E402
+import vllm_peer as VP  # noqa: E402
 
 import vllm_ascend.kernels as K  # noqa: E402
 from vllm_ascend.kernels import (  # noqa: E402
@@ -56,6 +62,7 @@ from vllm_ascend.kernels import (  # noqa: E402
 DEV = torch.device("cuda")
 ROWS: list[dict] = []
 COPIES: list[dict] = []
+VLLM_DIFFS: list[str] = []  # rows where vLLM's kernel failed or disagrees with ours beyond the semantics
 _FLUSH = None
 
 
@@ -69,16 +76,21 @@ def _flush() -> None:
 GUARD_US = 300.0  # GPU busy-wait before each timed call; must exceed the host cost of any call
 
 
-def bench(fn: Callable[[], object], restore: Callable[[], object] | None = None, reps: int = 40) -> float:
+def bench(
+    fn: Callable[[], object],
+    restore: Callable[[], object] | None = None,
+    reps: int = 40,
+    guard_us: float = GUARD_US,
+) -> float:
     """Median GPU µs of ``fn``; ``restore`` (untimed) runs before each call when given.
 
     Before each timed call: restore, flush the L2, then keep the GPU busy (``torch.cuda._sleep``) for
-    ``GUARD_US`` while the host enqueues the call, so its start event fires only once every launch of
+    ``guard_us`` while the host enqueues the call, so its start event fires only once every launch of
     the call is queued. The figure is then the call's GPU time (its kernels and the gaps between
     them on the GPU), not the host's launch cost, which ``host_us`` reports separately: with plain
     ``do_bench``, a call whose host cost exceeds the flush's GPU time had its launch gaps timed too.
     """
-    cycles = int(GUARD_US * 2000)  # SM clock <= 2 GHz on an H200: at least GUARD_US
+    cycles = int(guard_us * 2000)  # SM clock <= 2 GHz on an H200: at least guard_us
     if restore is not None:
         restore()
     fn()
@@ -126,7 +138,9 @@ def measure_bandwidth() -> tuple[float, float]:
     return 2 * n / copy_us / 1e3, n / fill_us / 1e3
 
 
-def record(op, shape, dtype, us, floor_us, eager_us, compiled_us, check, note="", host=None):
+def record(op, shape, dtype, us, floor_us, eager_us, compiled_us, check, note="", host=None, vllm=None):
+    vllm = vllm or {}
+    vllm_us = vllm.get("us")
     row = {
         "op": op,
         "shape": shape,
@@ -139,17 +153,53 @@ def record(op, shape, dtype, us, floor_us, eager_us, compiled_us, check, note=""
         "vs_eager": eager_us / us if eager_us else None,
         "compiled_us": compiled_us,
         "vs_compile": compiled_us / us if compiled_us else None,
+        "vllm_us": vllm_us,
+        "vs_vllm": vllm_us / us if vllm_us else None,
+        "vllm_host_us": vllm.get("host_us"),
         "check": check,
+        "vllm_check": vllm.get("check", ""),
         "note": note,
     }
     ROWS.append(row)
+    if not vllm.get("ok", True):
+        VLLM_DIFFS.append(f"{op} {shape} {row['dtype']}: {row['vllm_check']}")
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     print(
         f"| {op} | {shape} | {row['dtype']} | {us:.1f} | {fmt(floor_us, '.1f')} | {fmt(row['x_floor'], '.2f')} | "
-        f"{fmt(eager_us, '.1f')} | {fmt(row['vs_eager'], '.2f')} | {fmt(compiled_us, '.1f')} | "
-        f"{fmt(row['vs_compile'], '.2f')} | {fmt(host, '.0f')} | {check} |",
+        f"{fmt(eager_us, '.1f')} | {fmt(row['vs_eager'], '.2f')} | {fmt(vllm_us, '.1f')} | "
+        f"{fmt(row['vs_vllm'], '.2f')} | {fmt(compiled_us, '.1f')} | "
+        f"{fmt(row['vs_compile'], '.2f')} | {fmt(host, '.0f')} | {check} | {row['vllm_check'] or '-'} |",
         flush=True,
     )
+
+
+# ---- vLLM 0.32 peers (benchmarks/vllm_peer.py) -------------------------------------------------
+
+
+def vllm_peer(
+    kernel_file: str,
+    run: Callable[[], object],
+    check: Callable[[], tuple[str, bool]],
+    restore: Callable[[], object] | None = None,
+    note: str = "",
+) -> dict | None:
+    """vLLM's counterpart timed like ours, with ``check``'s agreement; None when its file is not loaded.
+
+    The guard is raised to twice vLLM's host cost when that exceeds ``GUARD_US`` (its top-k/top-p
+    launches up to seven kernels from Python), so its launch gaps are not timed either. A failing
+    vLLM kernel is reported in the row instead of ending the run.
+    """
+    if not VP.available(kernel_file):
+        return None
+    try:
+        text, ok = check()
+        host = host_us(run)
+        us = bench(run, restore, guard_us=max(GUARD_US, 2 * host))
+    except Exception as exc:
+        print(f"# vLLM {kernel_file} failed: {type(exc).__name__}: {exc}", flush=True)
+        return {"check": f"vLLM FAILED {type(exc).__name__}", "ok": False}
+    text = f"{text} ({note})" if note else text
+    return {"us": us, "host_us": host, "check": text if ok else f"VLLM-DIFF {text}", "ok": ok}
 
 
 # ---- eager peers: the plain torch code a sampler would otherwise run -------------------------
@@ -268,7 +318,7 @@ def sampling_suite(batch, vocab, dtype, bw, use_compile):
         _gumbel_case(shape, logits, temp, tpos, seeds, pos, batch, dtype, ro, peer)
     if _want("min_p"):
         _min_p_case(shape, logits, work, restore, batch, dtype, rw, peer)
-    if _want("topk_topp") or _want("topp_only"):
+    if _want("topk_topp") or _want("topk_only") or _want("topp_only"):
         _top_k_top_p_case(shape, logits, work, restore, batch, vocab, dtype, rw)
     if _want("penalties"):
         _penalties_case(shape, logits, work, restore, batch, vocab, dtype, rw, peer)
@@ -283,6 +333,12 @@ def _temperature_case(shape, logits, work, temp, tpos, restore, dtype, rw, peer)
     check = f"ulp-off={ulps_ok(a, b, dtype)}"
     us = bench(lambda: K.apply_temperature(work, tpos), restore)
     eager = bench(lambda: eager_temperature(work, tpos), restore)
+    vllm = vllm_peer(
+        "gumbel",
+        lambda: VP.vllm_temperature(work, tpos),
+        lambda: VP.check_elementwise(a, VP.vllm_temperature(logits.clone(), temp), dtype),
+        restore,
+    )
     record(
         "temperature(inplace)",
         shape,
@@ -293,6 +349,7 @@ def _temperature_case(shape, logits, work, temp, tpos, restore, dtype, rw, peer)
         peer("temp", eager_temperature, work, tpos),
         check,
         host=host_us(lambda: K.apply_temperature(work, tpos)),
+        vllm=vllm,
     )
 
 
@@ -302,6 +359,11 @@ def _gumbel_case(shape, logits, temp, tpos, seeds, pos, batch, dtype, ro, peer):
     check = f"mismatch={int((got != ref).sum())}/{batch}"
     us = bench(lambda: K.gumbel_sample(logits, temp, seeds, pos))
     eager = bench(lambda: eager_gumbel(logits, tpos))
+    vllm = vllm_peer(
+        "gumbel",
+        lambda: VP.vllm_gumbel(logits, temp, seeds, pos),
+        lambda: VP.check_gumbel(logits, temp, got, VP.vllm_gumbel(logits, temp, seeds, pos)),
+    )
     record(
         "gumbel_sample(+temp)",
         shape,
@@ -312,6 +374,7 @@ def _gumbel_case(shape, logits, temp, tpos, seeds, pos, batch, dtype, ro, peer):
         peer("gumbel", eager_gumbel, logits, tpos),
         check,
         host=host_us(lambda: K.gumbel_sample(logits, temp, seeds, pos)),
+        vllm=vllm,
     )
 
 
@@ -323,6 +386,12 @@ def _min_p_case(shape, logits, work, restore, batch, dtype, rw, peer):
     check = f"mask-off={int((torch.isinf(a) != torch.isinf(b)).sum())}"
     us = bench(lambda: K.apply_min_p(work, mp), restore)
     eager = bench(lambda: eager_min_p(work, mp), restore)
+    vllm = vllm_peer(
+        "min_p",
+        lambda: VP.vllm_min_p(work, mp),
+        lambda: VP.check_min_p(logits, a, VP.vllm_min_p(logits.clone(), mp), mp),
+        restore,
+    )
     record(
         "min_p(inplace)",
         shape,
@@ -333,6 +402,7 @@ def _min_p_case(shape, logits, work, restore, batch, dtype, rw, peer):
         peer("min_p", eager_min_p, work, mp),
         check,
         host=host_us(lambda: K.apply_min_p(work, mp)),
+        vllm=vllm,
     )
 
 
@@ -340,7 +410,13 @@ def _top_k_top_p_case(shape, logits, work, restore, batch, vocab, dtype, rw):
     # restored before each call: the cost depends on the input
     k = torch.randint(1, 200, (batch,), device=DEV, dtype=torch.int32)
     p = torch.rand(batch, device=DEV) * 0.2 + 0.79
-    for label, kk, pp in (("topk_topp", k, p), ("topp_only", None, p)):
+    # vLLM's kernel takes float32 only (its sampler upcasts every dtype first): for other dtypes it runs
+    # on a float32 copy of the same logits, restored from it like ours
+    logits32 = logits.float()
+    work32 = logits32.clone() if dtype != torch.float32 else work
+    restore32 = (lambda: work32.copy_(logits32)) if dtype != torch.float32 else restore
+    note32 = "" if dtype == torch.float32 else "vLLM on the fp32 copy"
+    for label, kk, pp in (("topk_topp", k, p), ("topk_only", k, None), ("topp_only", None, p)):
         if not _want(label):
             continue
         a, b = logits.clone(), logits.clone()
@@ -350,9 +426,19 @@ def _top_k_top_p_case(shape, logits, work, restore, batch, vocab, dtype, rw):
         check = f"rows-off={int((kept_a != kept_b).sum())} kept~{int(kept_b.float().median())}"
         us = bench(lambda kk=kk, pp=pp: K.apply_top_k_top_p(work, kk, pp), restore)
         kk_e = kk if kk is not None else torch.full_like(k, vocab)
-        eager = bench(lambda kk_e=kk_e, pp=pp: eager_top_k_top_p(work, kk_e, pp), restore)
+        pp_e = pp if pp is not None else torch.ones_like(p)
+        eager = bench(lambda kk_e=kk_e, pp_e=pp_e: eager_top_k_top_p(work, kk_e, pp_e), restore)
         host = host_us(lambda kk=kk, pp=pp: K.apply_top_k_top_p(work, kk, pp))
-        record(label, shape, dtype, us, rw, eager, None, check, host=host)
+        vllm = vllm_peer(
+            "topk_topp",
+            lambda kk=kk, pp=pp: VP.vllm_top_k_top_p(work32, kk, pp),
+            lambda kk=kk, pp=pp, a=a: VP.check_kept_sets(
+                logits, a, VP.vllm_top_k_top_p(logits32.clone(), kk, pp)
+            ),
+            restore32,
+            note32,
+        )
+        record(label, shape, dtype, us, rw, eager, None, check, host=host, vllm=vllm)
 
 
 def _penalties_case(shape, logits, work, restore, batch, vocab, dtype, rw, peer):
@@ -369,6 +455,22 @@ def _penalties_case(shape, logits, work, restore, batch, vocab, dtype, rw, peer)
     args = (prompt, output, rep, freq, pres)
     us = bench(lambda: K.apply_penalties(work, *args), restore)
     eager = bench(lambda: penalties.apply_penalties_torch(work, *args), restore)
+    vllm = None
+    if VP.available("penalties"):
+        # vLLM keeps per-request state (prompt bitmask, output counts) built at admission: untimed
+        state = VP.vllm_penalty_state(prompt, output, vocab)
+        vllm = vllm_peer(
+            "penalties",
+            lambda: VP.vllm_penalties(work, state, rep, freq, pres),
+            lambda: VP.check_elementwise(
+                a,
+                VP.vllm_penalties(logits.clone(), state, rep, freq, pres),
+                dtype,
+                VP.penalty_magnitude(logits, rep),
+            ),
+            restore,
+            "vLLM: dense B x V pass over its kept state",
+        )
     record(
         "penalties",
         shape,
@@ -380,6 +482,7 @@ def _penalties_case(shape, logits, work, restore, batch, vocab, dtype, rw, peer)
         check,
         "sparse: touches history tokens only",
         host=host_us(lambda: K.apply_penalties(work, *args)),
+        vllm=vllm,
     )
 
 
@@ -397,6 +500,11 @@ def _token_logprobs_case(shape, logits, ids, dtype, ro, peer):
     check = f"maxdiff={max_diff(got, ref):.1e}"
     us = bench(lambda: K.compute_token_logprobs(logits, ids))
     eager = bench(lambda: eager_token_logprobs(logits, ids))
+    vllm = vllm_peer(
+        "logprob",
+        lambda: VP.vllm_token_logprobs(logits, ids),
+        lambda: VP.check_token_logprobs(got, VP.vllm_token_logprobs(logits, ids)),
+    )
     record(
         "token_logprobs",
         shape,
@@ -407,6 +515,7 @@ def _token_logprobs_case(shape, logits, ids, dtype, ro, peer):
         peer("lp", eager_token_logprobs, logits, ids),
         check,
         host=host_us(lambda: K.compute_token_logprobs(logits, ids)),
+        vllm=vllm,
     )
 
 
@@ -419,6 +528,11 @@ def _topk_logprobs_case(shape, logits, ids, dtype, ro, peer):
     )
     us = bench(lambda: K.compute_topk_logprobs(logits, 20, ids))
     eager = bench(lambda: eager_topk_logprobs(logits, ids, 20))
+    vllm = vllm_peer(
+        "logprob",
+        lambda: VP.vllm_topk_logprobs(logits, 20, ids),
+        lambda: VP.check_topk_logprobs(logits, ids, got, VP.vllm_topk_logprobs(logits, 20, ids)),
+    )
     record(
         "topk_logprobs(k=20)",
         shape,
@@ -429,6 +543,7 @@ def _topk_logprobs_case(shape, logits, ids, dtype, ro, peer):
         peer("topk_lp", eager_topk_logprobs, logits, ids, 20),
         check,
         host=host_us(lambda: K.compute_topk_logprobs(logits, 20, ids)),
+        vllm=vllm,
     )
 
 
@@ -589,6 +704,11 @@ def specdecode_suite(bw, requests=256, drafts=4, vocab=151936):
         got = K.sample_recovered_tokens(*args)
         check = f"mismatch={int((got != rejection.sample_recovered_tokens_torch(*args)).sum())}/{n}"
         nbytes = (2 if probs is not None else 1) * target.numel() * 4 + inv_q.numel() * 4
+        vllm = vllm_peer(
+            "rejection",
+            lambda: VP.vllm_sample_recovered_tokens(*args),  # noqa: B023
+            lambda: VP.check_exact(got, VP.vllm_sample_recovered_tokens(*args)),  # noqa: B023
+        )
         record(
             "sample_recovered_tokens" + ("(q)" if probs is not None else ""),
             shape,
@@ -599,6 +719,7 @@ def specdecode_suite(bw, requests=256, drafts=4, vocab=151936):
             None,
             check,
             host=host_us(lambda: K.sample_recovered_tokens(*args)),  # noqa: B023
+            vllm=vllm,
         )
     recovered = K.sample_recovered_tokens(drafts, cu, draft, None, target, inv_q)
     out = torch.full((requests, drafts + 1), K.PLACEHOLDER_TOKEN_ID, device=DEV, dtype=torch.int32)
@@ -608,16 +729,24 @@ def specdecode_suite(bw, requests=256, drafts=4, vocab=151936):
             K.rejection_greedy_sample,
             rejection.rejection_greedy_sample_torch,
             (cu, draft, argmax, bonus, is_greedy),
+            VP.vllm_rejection_greedy_sample,
         ),
         "rejection_random_sample": (
             K.rejection_random_sample,
             rejection.rejection_random_sample_torch,
             (cu, draft, None, target, bonus, recovered, uniform, is_greedy),
+            VP.vllm_rejection_random_sample,
         ),
     }
-    for name, (fn, ref_fn, args) in cases.items():
+    for name, (fn, ref_fn, args, vllm_fn) in cases.items():
         got, ref = fn(out.clone(), *args), ref_fn(out.clone(), *args)
         check = f"rows-off={int((got != ref).any(1).sum())}/{requests}"
+        vllm = vllm_peer(
+            "rejection",
+            lambda: vllm_fn(out, *args),  # noqa: B023
+            lambda: VP.check_exact(got, vllm_fn(out.clone(), *args)),  # noqa: B023
+            lambda: out.fill_(K.PLACEHOLDER_TOKEN_ID),
+        )
         record(
             name,
             shape,
@@ -629,10 +758,16 @@ def specdecode_suite(bw, requests=256, drafts=4, vocab=151936):
             check,
             "launch-bound: no floor",
             host=host_us(lambda: fn(out, *args)),  # noqa: B023
+            vllm=vllm,
         )
     temps = torch.rand(requests, device=DEV)
     got = K.expand_batch_to_tokens(temps, cu, n, 0, 1)
     check = f"mismatch={int((got != rejection.expand_batch_to_tokens_torch(temps, cu, n, 0, 1)).sum())}/{n}"
+    vllm = vllm_peer(
+        "rejection",
+        lambda: VP.vllm_expand_batch_to_tokens(temps, cu, n, 0, 1),
+        lambda: VP.check_exact(got, VP.vllm_expand_batch_to_tokens(temps, cu, n, 0, 1)),
+    )
     record(
         "expand_batch_to_tokens",
         f"{requests}x{drafts}",
@@ -644,7 +779,21 @@ def specdecode_suite(bw, requests=256, drafts=4, vocab=151936):
         check,
         "launch-bound: no floor",
         host=host_us(lambda: K.expand_batch_to_tokens(temps, cu, n, 0, 1)),
+        vllm=vllm,
     )
+
+
+def load_vllm_peer(peer_dir: str) -> dict:
+    """Load the staged vLLM kernels (none when ``peer_dir`` is empty); what was loaded, for the JSON."""
+    if not peer_dir:
+        print("# vLLM peer: none (stage it with `python benchmarks/vllm_peer.py stage` and carry .peer)")
+        return {}
+    errors = VP.load(Path(peer_dir))
+    loaded = [op for op in VP.FILES if VP.available(op)]
+    print(f"# vLLM peer: vLLM {VP.SOURCE['vllm']} kernels from {peer_dir}: {', '.join(loaded) or 'none'}")
+    for op, err in errors.items():
+        print(f"# vLLM peer: {VP.FILES[op]} not loaded: {err}")
+    return {"dir": peer_dir, **VP.SOURCE, "loaded": loaded, "errors": errors}
 
 
 def main() -> None:
@@ -657,11 +806,22 @@ def main() -> None:
     parser.add_argument(
         "--ops",
         default="",
-        help="comma list of sampling ops: temperature,gumbel,min_p,topk_topp,topp_only,penalties,"
+        help="comma list of sampling ops: temperature,gumbel,min_p,topk_topp,topk_only,topp_only,penalties,"
         "token_logprobs,topk_logprobs",
     )
-    parser.add_argument("--batches", default="", help="comma list of batch sizes (default: all)")
+    parser.add_argument(
+        "--batches",
+        default="",
+        help="comma list of batch sizes (default: 1,8,64,256,1024; --quick 1,64,1024)",
+    )
     parser.add_argument("--vocabs", default="", help="comma list of vocabulary sizes (default: all)")
+    default_peer = ROOT / ".peer" / "vllm_032"
+    parser.add_argument(
+        "--vllm-peer",
+        default=str(default_peer) if default_peer.exists() else "",
+        help="staged vLLM 0.32 kernels (benchmarks/vllm_peer.py stage) to time alongside; '' for none "
+        "(default: .peer/vllm_032 when present)",
+    )
     parser.add_argument(
         "--json", default=os.environ.get("OUT", "") and os.path.join(os.environ["OUT"], "kernels.json")
     )
@@ -679,21 +839,32 @@ def main() -> None:
     dummy = torch.zeros(1, device=DEV)
     empty_us = bench(lambda: _empty_kernel[(1,)](dummy))
     print(f"# one empty Triton launch: {empty_us:.2f} µs GPU time by the same method")
+    peer = load_vllm_peer(args.vllm_peer)
     print(
-        "| op | shape | dtype | µs | floor µs | × floor | eager µs | × vs eager | compile µs | × vs compile "
-        "| host µs | check |"
+        "| op | shape | dtype | µs | floor µs | × floor | eager µs | × vs eager | vLLM µs | × vs vLLM "
+        "| compile µs | × vs compile | host µs | check | vLLM check |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     suites = set(filter(None, args.only.split(","))) or {"sampling", "cache", "sequence", "specdecode"}
     OPS.update(filter(None, args.ops.split(",")))
+
+    def save() -> None:
+        """Write the JSON so far (after each sampling shape too: a run cut off by a time limit keeps it)."""
+        if args.json:
+            meta = {"device": name, "copy_gbps": bw, "write_gbps": write_bw, "empty_launch_us": empty_us}
+            Path(args.json).write_text(
+                json.dumps({**meta, "copies": COPIES, "vllm_peer": peer, "rows": ROWS}, indent=1)
+            )
+
     if "sampling" in suites:
-        batches = (1, 64, 1024) if args.quick else (1, 64, 256, 1024)
+        batches = (1, 64, 1024) if args.quick else (1, 8, 64, 256, 1024)
         batches = tuple(int(b) for b in args.batches.split(",") if b) or batches
         vocabs = tuple(int(v) for v in args.vocabs.split(",") if v) or (32000, 151936)
         for vocab in vocabs:
             for batch in batches:
                 for dtype in (torch.float32, torch.bfloat16):
                     sampling_suite(batch, vocab, dtype, bw, args.compile)
+                    save()
     if "cache" in suites:
         cache_suite(bw, write_bw)
     if "sequence" in suites:
@@ -701,20 +872,9 @@ def main() -> None:
         rms_case(bw)
     if "specdecode" in suites:
         specdecode_suite(bw)
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "device": name,
-                    "copy_gbps": bw,
-                    "write_gbps": write_bw,
-                    "empty_launch_us": empty_us,
-                    "copies": COPIES,
-                    "rows": ROWS,
-                },
-                indent=1,
-            )
-        )
+    save()
+    for diff in VLLM_DIFFS:  # not fatal: vLLM's result, not ours (ours is checked against the reference)
+        print(f"# vLLM failed or disagrees beyond the stated semantics: {diff}")
     bad = [r for r in ROWS if "MISMATCH" in r["check"]]
     if bad or any(math.isnan(r["us"]) for r in ROWS):
         raise SystemExit(f"{len(bad)} correctness failures")

@@ -179,6 +179,9 @@ def _exercise() -> None:
                 )
         a, b = torch.randn(7, 6, generator=gen).to(dtype), torch.randn(7, 6, generator=gen).to(dtype)
         K.fused_gdn_gating(torch.randn(6, generator=gen), a, b, torch.randn(6, generator=gen), 1.0, 20.0)
+    for dtype in (torch.int32, torch.int64):
+        tokens = torch.randint(0, 50, (3, 40), generator=gen, dtype=dtype)
+        K.ngram_propose(tokens, torch.tensor([40, 7, 0], dtype=torch.int32), 1, 4, 5, 256)
 
 
 def main() -> int:

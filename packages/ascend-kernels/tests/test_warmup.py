@@ -17,6 +17,7 @@ def test_kernel_warmup_runs_the_built_in_items():
         "sampling": True,
         "penalties": True,
         "rejection": True,
+        "ngram": True,
     }
 
 
@@ -78,17 +79,42 @@ def test_excluded_items_do_not_run(monkeypatch):
     assert warmup.kernel_warmup("cpu", 32, exclude=("rejection", "sampling")) == {"penalties": True}
 
 
-def test_compiled_triton_warms_both_tile_variants(monkeypatch):
+def test_compiled_triton_warms_every_tile_and_split_variant(monkeypatch):
+    """On an H200-like geometry (132 SMs): both search tiles (up to and above SMALL_BATCH_ROWS), rows
+    split and unsplit for the per-row kernels (below / from the SM count) and for top-k/top-p (below /
+    from PROGRAMS_PER_SM programs per SM)."""
+    from vllm_ascend.kernels import _geometry
     from vllm_ascend.kernels._triton import common
 
     cpu = torch.device("cpu")
     assert warmup._batch_sizes(cpu) == (2,)  # interpreter: one variant
     monkeypatch.setattr(common, "IS_INTERPRETED", False)
-    # small-batch tiles, split rows, unsplit rows below and above SMALL_BATCH_ROWS (32 "SMs" off CUDA)
-    assert common.cores(cpu) == 32
-    assert warmup._batch_sizes(cpu) == (2, 32, common.SMALL_BATCH_ROWS + 1)
+    monkeypatch.setattr(_geometry, "geometry", lambda device: _geometry.LaunchGeometry("cuda", 132))
+    assert warmup._batch_sizes(cpu) == (2, common.SMALL_BATCH_ROWS, common.SMALL_BATCH_ROWS + 1, 132, 528)
+    monkeypatch.setattr(_geometry, "geometry", lambda device: _geometry.LaunchGeometry("npu", 48, 192 * 1024))
+    assert warmup._batch_sizes(cpu) == (2, 48, common.SMALL_BATCH_ROWS + 1)
     monkeypatch.setenv("VLLM_ASCEND_KERNEL_BACKEND", "torch")
     assert warmup._batch_sizes(cpu) == (2,)
+
+
+def test_every_split_batch_shares_one_chunk_tile(monkeypatch):
+    """The top-k/top-p search reads its chunk statistics with one tile width for every split batch
+    (1 for unsplit rows), so batch sizes the warm-up did not run compile nothing new."""
+    from vllm_ascend.kernels import _geometry
+    from vllm_ascend.kernels._triton import top_k_top_p as tkp
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(_geometry, "geometry", lambda device: _geometry.LaunchGeometry("cuda", 132))
+    block = 2048
+    tiles = {}
+    for rows in (1, 2, 7, 64, 100, 128, 129, 132, 300, 527, 528, 1024):
+        chunks = tkp.row_split(rows, 151936, block, cpu)[0]
+        summary = tkp.Summary(block, chunks, 0, 0, None, 0, 0, None, None, None, None)
+        tiles[rows] = tkp.search_settings(rows, 151936, summary, cpu)[1]["CHUNKS"]
+    assert {rows: tile for rows, tile in tiles.items() if rows < 528} == dict.fromkeys(
+        (1, 2, 7, 64, 100, 128, 129, 132, 300, 527), 128
+    )
+    assert tiles[528] == tiles[1024] == 1
 
 
 def test_warmup_command_fills_the_cache_dir_it_names(tmp_path, monkeypatch, capsys):
@@ -104,7 +130,7 @@ def test_warmup_command_fills_the_cache_dir_it_names(tmp_path, monkeypatch, caps
     report = json.loads(lines[0])
     assert status == 0
     assert os.environ["TRITON_CACHE_DIR"] == str(cache) == report["cache_dir"]
-    assert report["items"] == {"sampling": True, "penalties": True, "qk_rms": True}
+    assert report["items"] == {"sampling": True, "penalties": True, "ngram": True, "qk_rms": True}
     assert report["workers"] == 1 and report["cache_files"] == 0
     assert lines[1].startswith(f"export TRITON_CACHE_DIR={cache}")
 

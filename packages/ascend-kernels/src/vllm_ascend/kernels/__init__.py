@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names loa
     from vllm_ascend.kernels.logprobs import compute_token_logprobs as compute_token_logprobs
     from vllm_ascend.kernels.logprobs import compute_topk_logprobs as compute_topk_logprobs
     from vllm_ascend.kernels.min_p import apply_min_p as apply_min_p
+    from vllm_ascend.kernels.ngram import ngram_propose as ngram_propose
     from vllm_ascend.kernels.penalties import apply_penalties as apply_penalties
     from vllm_ascend.kernels.rejection import PLACEHOLDER_TOKEN_ID as PLACEHOLDER_TOKEN_ID
     from vllm_ascend.kernels.rejection import expand_batch_to_tokens as expand_batch_to_tokens
@@ -71,6 +72,7 @@ _EXPORTS = {
     "causal_conv1d_fn": "vllm_ascend.kernels.conv1d",
     "causal_conv1d_update": "vllm_ascend.kernels.conv1d",
     "fused_gdn_gating": "vllm_ascend.kernels.gdn_gating",
+    "ngram_propose": "vllm_ascend.kernels.ngram",
     "rejection_greedy_sample": "vllm_ascend.kernels.rejection",
     "rejection_random_sample": "vllm_ascend.kernels.rejection",
     "sample_recovered_tokens": "vllm_ascend.kernels.rejection",

@@ -74,16 +74,15 @@ def recording() -> Iterator[dict[str, None]]:
 
 def _decode_constant(value: Any) -> Any:
     import triton.language as tl
-    from triton.runtime.jit import _triton_jit_function_registry
 
     if isinstance(value, str) and tl.dtype.is_dtype(value):
         return tl.dtype(value)
     if isinstance(value, dict):
         if "constexpr" in value:
             return tl.constexpr(_tuples(value["constexpr"]))
-        if "jit_function" in value:
-            importlib.import_module(value["jit_function"].partition(":")[0])
-            return _triton_jit_function_registry[value["jit_function"]]
+        if "jit_function" in value:  # "module:qualname" of a JIT function passed as a constexpr
+            module, _, qualname = value["jit_function"].partition(":")
+            return getattr(importlib.import_module(module), qualname)
     return _tuples(value)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -30,24 +31,46 @@ def register_warmup(name: str, fn: WarmupFn) -> None:
     _REGISTERED[name] = fn
 
 
+_recording: ContextVar[bool] = ContextVar("kernel_warmup_recording", default=False)
+
+
+def _call(fn: Callable[..., object], *args: object) -> None:
+    """One kernel call of a warm-up item. While specializations are only recorded, kernels return
+    without writing their outputs, so a call may fail on the garbage a previous one left: the failure
+    is skipped there so that the item's later calls are still recorded (its launch runs for real)."""
+    if not _recording.get():
+        fn(*args)
+        return
+    try:
+        fn(*args)
+    except Exception as exc:
+        logger.debug("recording %s stopped at an unset output (%s)", getattr(fn, "__name__", fn), exc)
+
+
 def _logits(rows: int, vocab: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.randn(rows, vocab, device=device).to(dtype)
 
 
 def _batch_sizes(device: torch.device) -> tuple[int, ...]:
-    """Row counts that reach every tile variant: the Triton wrappers pick larger tiles for small
-    batches (compiled separately) and split the rows of batches smaller than the core count (SMs,
-    Ascend vector cores) over several programs (min-p compiles a separate unsplit kernel); the
+    """Row counts that reach every compiled variant: the Triton wrappers pick larger tiles for batches
+    of up to ``SMALL_BATCH_ROWS`` and split rows over several programs below the core count (SMs,
+    Ascend vector cores) or, for top-k/top-p and top-k logprobs, below ``PROGRAMS_PER_SM`` programs
+    per core. Batch-dependent integers are not specialized on and the split kernels read their chunk
+    statistics with one tile width, so these few batches cover every other batch size. The
     interpreter and the references have one variant."""
     from vllm_ascend.kernels._backend import use_triton
 
     if not use_triton(device):
         return (2,)
-    from vllm_ascend.kernels._triton.common import IS_INTERPRETED, SMALL_BATCH_ROWS, cores
+    from vllm_ascend.kernels._geometry import geometry
+    from vllm_ascend.kernels._triton.common import IS_INTERPRETED, PROGRAMS_PER_SM, SMALL_BATCH_ROWS, cores
 
     if IS_INTERPRETED:
         return (2,)
-    return tuple(sorted({2, min(cores(device), SMALL_BATCH_ROWS), SMALL_BATCH_ROWS + 1, cores(device)}))
+    unsplit = geometry(device).split_programs(PROGRAMS_PER_SM)
+    return tuple(
+        sorted({2, min(cores(device), SMALL_BATCH_ROWS), SMALL_BATCH_ROWS + 1, cores(device), unsplit})
+    )
 
 
 def sampling_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]) -> None:
@@ -63,14 +86,14 @@ def sampling_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[torc
         k = torch.randint(1, 50, (rows,), device=device, dtype=torch.int32)
         p = torch.linspace(0.5, 0.95, rows, device=device)
         for dtype in dtypes:
-            K.apply_temperature(_logits(rows, vocab_size, dtype, device), temp)
+            _call(K.apply_temperature, _logits(rows, vocab_size, dtype, device), temp)
             for scale in (True, False):
-                K.gumbel_sample(_logits(rows, vocab_size, dtype, device), temp, seeds, pos, scale)
-            K.apply_min_p(_logits(rows, vocab_size, dtype, device), p)
+                _call(K.gumbel_sample, _logits(rows, vocab_size, dtype, device), temp, seeds, pos, scale)
+            _call(K.apply_min_p, _logits(rows, vocab_size, dtype, device), p)
             for kk, pp in ((k, None), (None, p), (k, p)):
-                K.apply_top_k_top_p(_logits(rows, vocab_size, dtype, device), kk, pp)
-            K.compute_token_logprobs(_logits(rows, vocab_size, dtype, device), ids)
-            K.compute_topk_logprobs(_logits(rows, vocab_size, dtype, device), 2, ids)
+                _call(K.apply_top_k_top_p, _logits(rows, vocab_size, dtype, device), kk, pp)
+            _call(K.compute_token_logprobs, _logits(rows, vocab_size, dtype, device), ids)
+            _call(K.compute_topk_logprobs, _logits(rows, vocab_size, dtype, device), 2, ids)
 
 
 def penalties_triton_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]) -> None:
@@ -86,10 +109,24 @@ def penalties_triton_warmup(device: torch.device, vocab_size: int, dtypes: Seque
     word_rows = torch.tensor([0], device=device, dtype=torch.int64)
     lens = torch.full((rows,), 8, device=device, dtype=torch.int64)
     for dtype in dtypes:
-        K.apply_penalties(
-            _logits(rows, vocab_size, dtype, device), history[:, :4], history[:, 4:], pen, freq, freq
+        _call(
+            K.apply_penalties,
+            _logits(rows, vocab_size, dtype, device),
+            history[:, :4],
+            history[:, 4:],
+            pen,
+            freq,
+            freq,
         )
-        K.apply_bad_words(_logits(rows, vocab_size, dtype, device), history, lens, words, offsets, word_rows)
+        _call(
+            K.apply_bad_words,
+            _logits(rows, vocab_size, dtype, device),
+            history,
+            lens,
+            words,
+            offsets,
+            word_rows,
+        )
 
 
 def rejection_sampler_triton_warmup(
@@ -113,16 +150,27 @@ def rejection_sampler_triton_warmup(
     is_greedy = torch.tensor([True, False], device=device)
     out = torch.full((2, MIN_SPEC + 1), K.PLACEHOLDER_TOKEN_ID, device=device, dtype=torch.int32)
     for greedy in (None, is_greedy):
-        K.rejection_greedy_sample(out, cu, draft, target.argmax(-1), bonus, greedy)
+        _call(K.rejection_greedy_sample, out, cu, draft, target.argmax(-1), bonus, greedy)
     for draft_probs in (None, target.flip(-1).contiguous()):
         recovered = K.sample_recovered_tokens(MIN_SPEC, cu, draft, draft_probs, target, inv_q)
-        K.rejection_random_sample(out, cu, draft, draft_probs, target, bonus, recovered, uniform, is_greedy)
-        K.rejection_block_sample(out, cu, draft, draft_probs, target, bonus, uniform, inv_q, is_greedy)
-    K.rejection_entropy_sample(out, cu, draft, target, bonus, inv_q, is_greedy, 0.09, 0.3)
+        _call(
+            K.rejection_random_sample,
+            out,
+            cu,
+            draft,
+            draft_probs,
+            target,
+            bonus,
+            recovered,
+            uniform,
+            is_greedy,
+        )
+        _call(K.rejection_block_sample, out, cu, draft, draft_probs, target, bonus, uniform, inv_q, is_greedy)
+    _call(K.rejection_entropy_sample, out, cu, draft, target, bonus, inv_q, is_greedy, 0.09, 0.3)
     rates = torch.full((MIN_SPEC,), 0.5, device=device)
-    K.rejection_synthetic_sample(out, cu, draft, draft, bonus, uniform, rates)
+    _call(K.rejection_synthetic_sample, out, cu, draft, draft, bonus, uniform, rates)
     for values in (torch.rand(2, device=device), counts.to(torch.int32), counts):
-        K.expand_batch_to_tokens(values, cu, n)
+        _call(K.expand_batch_to_tokens, values, cu, n)
 
 
 def triton_rms_warmup(device: torch.device, head_dim: int, dtypes: Sequence[torch.dtype]) -> None:
@@ -139,7 +187,7 @@ def triton_rms_warmup(device: torch.device, head_dim: int, dtypes: Sequence[torc
         row_counts = tuple(b * programs(device) for b in rms_block_m_values())
     for rows in row_counts:
         for dtype in dtypes:
-            K.triton_q_rms(torch.randn(rows, head_dim, device=device).to(dtype))
+            _call(K.triton_q_rms, torch.randn(rows, head_dim, device=device).to(dtype))
 
 
 def _run(
@@ -205,12 +253,15 @@ def kernel_warmup(
     ``variants`` and ``kernels`` compiled ahead, ``variants_by_kernel``, and the seconds spent recording,
     compiling and launching (``record_s``, ``compile_s``, ``launch_s``).
     """
+    from vllm_ascend.kernels.ngram import ngram_warmup
+
     device = torch.device(device)
     dtypes = tuple(dtypes)
     items: dict[str, WarmupFn] = {
         "sampling": sampling_warmup,
         "penalties": penalties_triton_warmup,
         "rejection": rejection_sampler_triton_warmup,
+        "ngram": ngram_warmup,  # the n-gram drafter's kernel (speculative method "ngram_gpu")
     }
     dims = tuple(head_dims)
     if dims:
@@ -232,8 +283,12 @@ def kernel_warmup(
         from vllm_ascend.kernels import _precompile
 
         def record() -> None:
-            for name, fn in selected.items():
-                _record(name, fn, device, vocab_size, dtypes)
+            token = _recording.set(True)
+            try:
+                for name, fn in selected.items():
+                    _record(name, fn, device, vocab_size, dtypes)
+            finally:
+                _recording.reset(token)
 
         report = _precompile.precompile(record, processes)
         summary = report.summary()

@@ -13,15 +13,20 @@ Speculative decoding drafts with the proposer class core's ``SPEC_DECODE_METHODS
 ``speculative_config.method`` (``get_spec_decode_method``; a sibling distribution registers it, the
 platform refuses methods nobody registered). Two kinds:
 
-- model-based proposers (``drafts_with_model``: draft model, EAGLE, EAGLE-3, MTP) take the place of the
-  vLLM class they name in ``replaces`` while vLLM's runner initialises, so vLLM loads their draft
-  network, allocates their KV cache, makes the target return EAGLE-3's auxiliary hidden states and
-  drives them through its padded drafting path;
+- proposers that name a vLLM drafter class in ``replaces`` (``vllm_drives``) take its place while
+  vLLM's runner initialises and are driven by vLLM's runner: the model-based ones (draft model, EAGLE,
+  EAGLE-3, MTP: vLLM loads their draft network, allocates their KV cache, makes the target return
+  EAGLE-3's auxiliary hidden states and drives them through its padded drafting path) and the
+  on-device n-gram drafter of ``ngram_gpu`` (vLLM keeps the token history on the device for it);
 - CPU drafters (n-gram, suffix) are built with ``from_vllm_config(vllm_config)`` and called as vLLM
   calls its CPU n-gram drafter: ``propose(num_speculative_tokens, sampled_token_ids,
   num_tokens_no_spec, token_ids_cpu, slot_mappings=...) -> list[list[int]]``; one whose
   ``tracks_requests`` is true (suffix decoding keeps per-request state) also gets the rows' ``req_ids``
   and ``num_prompt_tokens``, from which it starts, extends and stops its requests.
+
+Where the device has no pinned host memory (the reference device), vLLM code that pins host tensors
+unconditionally (the ``ngram_gpu`` buffers and staging copies) runs with pinning left out
+(``without_host_pinning``).
 
 A row whose sampled token is thrown away (a prefill chunk that is not the prompt's last) samples
 without its request's ``torch.Generator``, so a seeded request's generator advances only on steps
@@ -32,6 +37,7 @@ Philox-offset rewind (which CPU and other non-Philox generators do not have) nev
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
@@ -92,24 +98,25 @@ def get_spec_decode_method(vllm_config: VllmConfig) -> Any:
     return SPEC_DECODE_METHODS.get(spec.method)
 
 
-def drafts_with_model(proposer_cls: Any) -> bool:
-    """Model-based proposers are built and driven by vLLM's runner code, in place of vLLM's class."""
-    return bool(getattr(proposer_cls, "drafts_with_model", False))
+def vllm_drives(proposer_cls: Any) -> bool:
+    """Proposers naming a vLLM drafter class in ``replaces`` are built and driven by vLLM's runner code,
+    in place of that class (model-based ones, the on-device n-gram drafter)."""
+    return getattr(proposer_cls, "replaces", None) is not None
 
 
 @contextmanager
 def vllm_builds_our_drafter(vllm_config: VllmConfig, proposer_cls: Any) -> Iterator[Any]:
     """While vLLM's runner initialises, the name it builds its drafter from means ``proposer_cls``.
 
-    A model-based proposer replaces the vLLM class it names in ``replaces`` (same constructor), so
-    vLLM loads its draft network, gives it KV-cache layers and calls it. A CPU drafter is built here
-    (``from_vllm_config``) and handed out for the class vLLM would build: for ``ngram`` vLLM's numba
-    ``NgramProposer`` (JIT-compiled on creation), for ``suffix`` arctic-inference's proposer. Yields
-    the CPU drafter (None for model-based methods)."""
+    A proposer naming a vLLM class in ``replaces`` takes its place (same constructor), so vLLM builds
+    and calls it (loading a model-based one's draft network, giving it KV-cache layers). A CPU drafter
+    is built here (``from_vllm_config``) and handed out for the class vLLM would build: for ``ngram``
+    vLLM's numba ``NgramProposer`` (JIT-compiled on creation), for ``suffix`` arctic-inference's
+    proposer. Yields the CPU drafter (None for the others)."""
     if proposer_cls is None:
         yield None
         return
-    if drafts_with_model(proposer_cls):
+    if vllm_drives(proposer_cls):
         with replaced_names(gpu_model_runner, {proposer_cls.replaces: proposer_cls}):
             yield None
         return
@@ -125,6 +132,15 @@ def vllm_builds_our_drafter(vllm_config: VllmConfig, proposer_cls: Any) -> Itera
                 replaced_names(gpu_model_runner, {"SuffixDecodingProposer": lambda config: drafter})
             )
         yield drafter
+
+
+def _unused_warmup_items(speculative_config: Any) -> tuple[str, ...]:
+    """Warm-up items whose kernels this configuration never launches: verification without speculative
+    decoding, the n-gram drafter's kernel unless the method is ``ngram_gpu``."""
+    unused = [] if speculative_config is not None else ["rejection"]
+    if getattr(speculative_config, "method", None) != "ngram_gpu":
+        unused.append("ngram")
+    return tuple(unused)
 
 
 def dynamic_spec_scheduler(vllm_config: VllmConfig) -> Any:
@@ -149,6 +165,46 @@ def dynamic_spec_scheduler(vllm_config: VllmConfig) -> Any:
     return config.build_scheduler(spec.num_speculative_tokens)
 
 
+class _TorchWithoutPinning(types.ModuleType):
+    """``torch`` as vLLM's runner module sees it on a device without pinned host memory: ``zeros``
+    ignores ``pin_memory`` (vLLM's ``ngram_gpu`` buffers ask for it unconditionally)."""
+
+    def __init__(self) -> None:
+        super().__init__("torch")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros(*args, **kwargs)
+
+
+def _unpinned(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return tensor
+
+
+@contextmanager
+def without_host_pinning(pinning: bool) -> Iterator[None]:
+    """Unless ``pinning`` (the adaptor's ``pin_memory_available()``), vLLM's runner code runs with host
+    pinning left out (``pin_memory=True`` factories in its module, ``Tensor.pin_memory()``): a device
+    without pinned memory copies from ordinary host memory, where pinning would raise."""
+    if pinning:
+        yield
+        return
+    own = "pin_memory" in vars(torch.Tensor)
+    saved = vars(torch.Tensor).get("pin_memory")
+    torch.Tensor.pin_memory = _unpinned  # type: ignore[method-assign]
+    try:
+        with replaced_names(gpu_model_runner, {"torch": _TorchWithoutPinning()}):
+            yield
+    finally:
+        if own:
+            torch.Tensor.pin_memory = saved  # type: ignore[method-assign]
+        else:
+            del torch.Tensor.pin_memory
+
+
 @contextmanager
 def generators_held_back(generators: dict[int, torch.Generator], rows: Iterable[int]) -> Iterator[None]:
     """Take ``rows``' generators out of the batch's ``generators`` while the block runs, then put them back
@@ -164,13 +220,19 @@ class NPUModelRunner(GPUModelRunner):
     """The V1 model runner for Ascend (see the module docstring)."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
-        get_device_adaptor().install_runtime_shims()
+        adaptor = get_device_adaptor()
+        adaptor.install_runtime_shims()
+        self.pins_host_memory = adaptor.pin_memory_available()
         proposer_cls = get_spec_decode_method(vllm_config)
-        with ascend_components(), vllm_builds_our_drafter(vllm_config, proposer_cls) as cpu_drafter:
+        with (
+            ascend_components(),
+            without_host_pinning(self.pins_host_memory),
+            vllm_builds_our_drafter(vllm_config, proposer_cls) as cpu_drafter,
+        ):
             super().__init__(vllm_config, device)
         if cpu_drafter is not None and hasattr(self, "drafter"):  # built on the last PP stage only
             self.drafter = cpu_drafter
-        self.drafts_with_model = drafts_with_model(proposer_cls)
+        self.vllm_drives_drafter = vllm_drives(proposer_cls)
         self.dynamic_spec = dynamic_spec_scheduler(vllm_config)
         self.kernel_warmup_results: dict[str, bool] = {}  # item -> compiled cleanly, after warm_up()
 
@@ -219,6 +281,10 @@ class NPUModelRunner(GPUModelRunner):
                 kv_cache_config, is_profiling, kv_cache_allocation_context=kv_cache_allocation_context
             )
 
+    def _update_states(self, scheduler_output: SchedulerOutput) -> Any:
+        with without_host_pinning(self.pins_host_memory):
+            return super()._update_states(scheduler_output)
+
     def propose_draft_token_ids(
         self,
         scheduler_output: SchedulerOutput,
@@ -231,9 +297,9 @@ class NPUModelRunner(GPUModelRunner):
         common_attn_metadata: CommonAttentionMetadata,
         slot_mappings: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]] | None,
     ) -> list[list[int]] | torch.Tensor:
-        """Model-based proposers run vLLM's drafting path (our proposer class, built by vLLM's runner);
-        CPU drafters are called as vLLM calls its n-gram drafter."""
-        if self.drafts_with_model:
+        """Proposers vLLM's runner drives run its drafting path (our proposer class, built by vLLM's
+        runner); CPU drafters are called as vLLM calls its n-gram drafter."""
+        if self.vllm_drives_drafter:
             return super().propose_draft_token_ids(
                 scheduler_output,
                 sampled_token_ids,
@@ -312,7 +378,7 @@ class NPUModelRunner(GPUModelRunner):
                 self.device,
                 self.model_config.get_vocab_size(),
                 (torch.float32,),  # the sampler works on float32 logits
-                exclude=() if self.speculative_config is not None else ("rejection",),
+                exclude=_unused_warmup_items(self.speculative_config),
             )
         num_reqs = min(self.scheduler_config.max_num_seqs, self.scheduler_config.max_num_batched_tokens)
         _, last_hidden_states = self._dummy_run(

@@ -14,12 +14,13 @@ def register() -> None:
 
     SPEC_DECODE_METHODS.register("ngram", "vllm_ascend.specdecode.ngram:NgramProposer")
     SPEC_DECODE_METHODS.register("suffix", "vllm_ascend.specdecode.suffix:SuffixDecodingProposer")
-    if find_spec("vllm") is not None:  # model-based proposers extend vLLM's drafter classes
+    if find_spec("vllm") is not None:  # model-based and on-device proposers extend vLLM's drafter classes
         SPEC_DECODE_METHODS.register(
             "draft_model", "vllm_ascend.specdecode.proposer:AscendDraftModelProposer"
         )
         for method in ("eagle", "eagle3", "mtp"):
             SPEC_DECODE_METHODS.register(method, "vllm_ascend.specdecode.proposer:AscendEagleProposer")
+        SPEC_DECODE_METHODS.register("ngram_gpu", "vllm_ascend.specdecode.ngram_device:NgramDeviceProposer")
     CONFIG_SECTIONS.register(
         "dynamic_spec_config", "vllm_ascend.specdecode.dynamic:validate_dynamic_spec_config"
     )

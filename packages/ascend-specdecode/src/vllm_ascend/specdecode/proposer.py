@@ -38,9 +38,8 @@ _SEED_BOUND = 1 << 62
 class AscendSpecDecodeBaseProposer(SpecDecodeBaseProposer):
     """vLLM's model-based drafting loop with draft sampling on ascend-kernels."""
 
-    #: The runner builds this class in place of vLLM's drafter and lets vLLM's runner drive it.
-    drafts_with_model: ClassVar[bool] = True
-    #: The vLLM class this one replaces in vLLM's runner (the runner swaps the name while it builds).
+    #: The vLLM class this one replaces in vLLM's runner (the runner swaps the name while it builds and
+    #: lets vLLM's runner drive it).
     replaces: ClassVar[str] = "EagleProposer"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _gdn_gating_kernel(
     a_log_ptr,
     a_ptr,

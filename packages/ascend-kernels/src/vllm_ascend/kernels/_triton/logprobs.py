@@ -252,7 +252,7 @@ def _store_ranked(buf_v_ptr, buf_i_ptr, c_gt, n, lse, ids_ptr, lp_ptr, NPAD: tl.
     tl.store(lp_ptr + c_gt + gi, ve - lse, mask=take)
 
 
-@triton.jit(do_not_specialize=["n"])
+@triton.jit(do_not_specialize=["n", "n_chunks"])
 def _topk_logprobs_kernel(
     logits_ptr,
     row_stride,
@@ -372,7 +372,7 @@ def compute_topk_logprobs(
     if rows == 0:
         return ids, lps, ranks
     sm = tkp.summarize(logits, need_sum=True, chosen=chosen)
-    warps, search = tkp.search_settings(rows, vocab, sm.chunks)
+    warps, search = tkp.search_settings(rows, vocab, sm, dev)
     npad = max(MIN_PAD, triton.next_power_of_2(num_logprobs))
     _topk_logprobs_kernel[(rows,)](
         logits,

@@ -105,7 +105,7 @@ def _min_p_kernel(
     _mask_pass(row_ptr, row_smax, 0, limit, threshold, A, NG, V)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])
 def _chunk_max_kernel(
     logits_ptr, row_stride, minp_ptr, smax_ptr, n_slots, part_ptr, vocab, chunk, num_chunks,
     A: tl.constexpr, NG: tl.constexpr, V: tl.constexpr,
@@ -119,7 +119,7 @@ def _chunk_max_kernel(
     tl.store(part_ptr + row * num_chunks + part, m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])
 def _chunk_mask_kernel(
     logits_ptr, row_stride, minp_ptr, smax_ptr, n_slots, part_ptr, vocab, chunk, num_chunks,
     A: tl.constexpr, NG: tl.constexpr, V: tl.constexpr, CB: tl.constexpr,

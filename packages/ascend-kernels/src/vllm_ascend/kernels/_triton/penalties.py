@@ -46,7 +46,7 @@ def _history_entry(
     return tok, valid, in_output
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["prompt_len", "output_len"])
 def _penalties_kernel(
     logits_ptr,
     row_stride,

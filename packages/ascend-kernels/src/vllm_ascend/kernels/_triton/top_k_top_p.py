@@ -553,7 +553,7 @@ def _bracket(
     return lo, hi, count_hi, mass_hi
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "n_chunks"])
 def _top_p_round_kernel(
     logits_ptr,
     row_stride,
@@ -597,7 +597,7 @@ def _top_p_round_kernel(
         tl.store(out + 1, mass)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "n_chunks"])
 def _top_p_bucket_kernel(
     logits_ptr,
     row_stride,
@@ -639,7 +639,7 @@ def _top_p_bucket_kernel(
             tl.store(cand_ptr + pos, x, mask=keep & (pos < cap))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "n_chunks"])
 def _top_p_threshold_kernel(
     logits_ptr,
     row_stride,
@@ -937,7 +937,7 @@ def _top_k_threshold(
     return threshold, count, n_ready
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_chunks"])
 def _threshold_kernel(
     logits_ptr,
     row_stride,
@@ -1173,11 +1173,15 @@ def summarize(logits: torch.Tensor, need_sum: bool, chosen: torch.Tensor | None 
     return Summary(block, chunks, chunk, n_sub, maxima, group, n_grp, groups, stats, counter, above)
 
 
-def search_settings(rows: int, vocab: int, chunks: int) -> tuple[int, dict[str, int]]:
+def search_settings(rows: int, vocab: int, sm: Summary, device: torch.device) -> tuple[int, dict[str, int]]:
     """``(num_warps, constexprs)`` of the per-row search programs.
 
     H200: the per-row search is latency-bound; few rows want wide programs, many rows narrow ones
-    (more of them resident per multiprocessor)."""
+    (more of them resident per multiprocessor). ``CHUNKS`` (chunk statistics a row program reads at
+    once) is 1 for unsplit rows and otherwise the most chunks any batch splits a row into, so that one
+    compiled variant serves every split batch size (and the warm-up covers it) instead of one per
+    power of two."""
+    chunks = 1 if sm.chunks == 1 else row_split(1, vocab, sm.block, device)[0]
     search_block, warps = SMALL_BATCH_SEARCH if rows <= SMALL_BATCH_ROWS else LARGE_BATCH_SEARCH
     search_block = max(SUB, min(triton.next_power_of_2(vocab), 128 if IS_INTERPRETED else search_block))
     return warps, dict(
@@ -1211,7 +1215,7 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     thresholds = scratch("top_k_top_p.threshold", rows, torch.float32, dev)
     cand = scratch("top_k_top_p.candidates", rows * CAP, logits.dtype, dev)
     p32 = p.to(torch.float32) if p is not None else logits
-    warps, exact = search_settings(rows, vocab, chunks)
+    warps, exact = search_settings(rows, vocab, sm, dev)
     if k is None:  # top-p alone: split rounds narrow the threshold over the whole device
         partials = scratch(
             "top_k_top_p.partials", TOP_P_ROUNDS * rows * chunks * ROUND_PIVOTS * 2, torch.float32, dev
