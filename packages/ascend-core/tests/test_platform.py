@@ -278,3 +278,57 @@ def test_speculative_method_must_be_registered(spec_methods):
         NPUPlatform._check_speculative_method(vllm_config)
     NPUPlatform._check_speculative_method(SimpleNamespace(speculative_config=SimpleNamespace(method="ngram")))
     NPUPlatform._check_speculative_method(SimpleNamespace(speculative_config=None))
+
+
+def _hybrid_config(arch, hybrid=True, inner_state=True, spec=None, tp=1, prefix_caching=True):
+    return SimpleNamespace(
+        model_config=SimpleNamespace(
+            architecture=arch, is_hybrid=hybrid, has_inner_state=inner_state, max_model_len=256
+        ),
+        speculative_config=spec,
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp),
+        cache_config=SimpleNamespace(
+            enable_prefix_caching=prefix_caching, mamba_cache_mode="align", mamba_block_size=16
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("arch", "hybrid"),
+    [("MambaForCausalLM", False), ("NemotronHForCausalLM", True), ("KimiLinearForCausalLM", True)],
+)
+def test_models_with_mamba_style_state_outside_the_served_set_are_refused(arch, hybrid):
+    with pytest.raises(ConfigError) as info:
+        ReferencePlatform._check_hybrid_model(_hybrid_config(arch, hybrid=hybrid))
+    message = str(info.value)
+    assert message.startswith(f"architecture {arch} is not supported yet by vllm-ascend ")
+    assert "out of scope of this release except Qwen3NextForCausalLM" in message
+    assert "(vllm_ascend.kernels.causal_conv1d_fn, causal_conv1d_update, fused_gdn_gating)" in message
+
+
+def test_qwen3_next_is_served_without_prefix_caching_spec_decode_or_tp():
+    config = _hybrid_config("Qwen3NextForCausalLM")
+    NPUPlatform._check_hybrid_model(config)
+    assert config.cache_config.enable_prefix_caching is False
+    assert config.cache_config.mamba_cache_mode == "none"
+    assert config.cache_config.mamba_block_size == 256  # one state per sequence, as without prefix caching
+    with pytest.raises(
+        ConfigError, match=r"speculative decoding with Qwen3NextForCausalLM .*not supported yet"
+    ):
+        NPUPlatform._check_hybrid_model(
+            _hybrid_config("Qwen3NextForCausalLM", spec=SimpleNamespace(method="mtp"))
+        )
+    with pytest.raises(
+        ConfigError, match=r"tensor_parallel_size=2 with Qwen3NextForCausalLM .*supported: 1$"
+    ):
+        NPUPlatform._check_hybrid_model(_hybrid_config("Qwen3NextForCausalLM", tp=2))
+
+
+def test_models_without_mamba_style_state_are_left_alone():
+    config = _hybrid_config("Qwen3ForCausalLM", hybrid=False, inner_state=False, spec=object(), tp=2)
+    ReferencePlatform._check_hybrid_model(config)
+    assert (
+        config.cache_config.enable_prefix_caching is True and config.cache_config.mamba_cache_mode == "align"
+    )
+    ReferencePlatform._check_hybrid_model(SimpleNamespace(model_config=None))
+    assert ReferencePlatform.support_hybrid_kv_cache() and NPUPlatform.support_hybrid_kv_cache()

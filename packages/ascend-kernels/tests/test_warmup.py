@@ -69,7 +69,7 @@ def test_unknown_items_are_rejected():
         warmup.kernel_warmup("cpu", 32, include=("nope",))
     with pytest.raises(
         ValueError,
-        match=r"unknown warm-up items \['qk_rms'\].*known: \['penalties', 'rejection', 'sampling'\]",
+        match=r"unknown warm-up items \['qk_rms'\].*known: \['ngram', 'penalties', 'rejection', 'sampling'\]",
     ):
         warmup.kernel_warmup("cpu", 32, exclude=("qk_rms",))  # only an item with head_dims given
 

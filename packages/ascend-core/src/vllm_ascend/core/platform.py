@@ -31,6 +31,10 @@ logger = init_logger(__name__)
 
 RUNNER_DIST = "vllm-ascend-runner"
 _GiB = 1 << 30
+#: Models with mamba-style state (hybrid linear-attention / state-space layers) the runner serves: Qwen3-Next,
+#: whose Gated DeltaNet layer runs on ``vllm_ascend.kernels``. vLLM's kernels for every other such layer are
+#: CUDA Triton, so other architectures are refused at config time.
+HYBRID_ARCHITECTURES = ("Qwen3NextForCausalLM",)
 
 
 class RunnerNotInstalledError(RuntimeError):
@@ -119,7 +123,8 @@ class AscendPlatform(Platform):
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
-        return False
+        # One KV cache group per layer kind (attention pages, mamba-style state); the runner serves both.
+        return True
 
     @classmethod
     def opaque_attention_op(cls) -> bool:
@@ -261,6 +266,7 @@ class AscendPlatform(Platform):
         detect_modelslim_checkpoint(vllm_config)
         cls._check_speculative_method(vllm_config)
         cls._check_parallelism(vllm_config)
+        cls._check_hybrid_model(vllm_config)
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":
             worker = _workers().entry("default").value
@@ -331,6 +337,48 @@ class AscendPlatform(Platform):
                     f"{option}={size} is not supported yet by vllm-ascend {__version__}; supported: 1 "
                     "(tensor_parallel_size, pipeline_parallel_size and data_parallel_size are)"
                 )
+
+    @classmethod
+    def _check_hybrid_model(cls, vllm_config: VllmConfig) -> None:
+        """Refuse models with mamba-style state outside :data:`HYBRID_ARCHITECTURES`, and what the served
+        ones do not support (speculative decoding, tensor parallelism); turn prefix caching off for them:
+        its ``align`` state copies are vLLM Triton kernels without an Ascend implementation."""
+        model_config = vllm_config.model_config
+        if model_config is None or not (model_config.is_hybrid or model_config.has_inner_state):
+            return
+        from vllm_ascend.core._version import __version__
+        from vllm_ascend.core.config import ConfigError
+
+        arch = model_config.architecture
+        if arch not in HYBRID_ARCHITECTURES:
+            raise ConfigError(
+                f"architecture {arch} is not supported yet by vllm-ascend {__version__}: models with mamba-style "
+                "state (hybrid Gated DeltaNet / linear-attention / Mamba / SSM layers) are out of scope of this "
+                f"release except {', '.join(HYBRID_ARCHITECTURES)}; the conv1d and GDN gating kernels are "
+                "available as functions (vllm_ascend.kernels.causal_conv1d_fn, causal_conv1d_update, "
+                "fused_gdn_gating)"
+            )
+        if vllm_config.speculative_config is not None:
+            raise ConfigError(
+                f"speculative decoding with {arch} (Gated DeltaNet layers) is not supported yet by "
+                f"vllm-ascend {__version__}; supported: speculative_config=None"
+            )
+        tp = vllm_config.parallel_config.tensor_parallel_size
+        if tp != 1:
+            raise ConfigError(
+                f"tensor_parallel_size={tp} with {arch} (Gated DeltaNet layers) is not supported yet by "
+                f"vllm-ascend {__version__}; supported: 1"
+            )
+        cache_config = vllm_config.cache_config
+        if cache_config.enable_prefix_caching:
+            logger.warning(
+                "Prefix caching is not supported for %s on Ascend (its mamba state copies are CUDA Triton "
+                "kernels); disabled.",
+                arch,
+            )
+            cache_config.enable_prefix_caching = False
+            cache_config.mamba_cache_mode = "none"
+            cache_config.mamba_block_size = model_config.max_model_len
 
     @classmethod
     def _hand_fusion_to_ascend_passes(cls, vllm_config: VllmConfig) -> None:

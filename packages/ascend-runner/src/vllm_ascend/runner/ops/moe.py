@@ -60,12 +60,15 @@ def _placement_schedule(vllm_config: Any, ep_size: int) -> Any:
 
 
 def _forward_metadata() -> Any:
-    """The current forward's attention metadata (``None`` outside a forward and in dummy/profile runs)."""
+    """The current forward's attention metadata (``None`` outside a forward and in dummy/profile runs).
+
+    In a hybrid model the first attention layer's: mamba-style layers' metadata has no ``max_query_len``.
+    """
     if not is_forward_context_available():
         return None
     metadata = get_forward_context().attn_metadata
     if isinstance(metadata, dict):
-        return next(iter(metadata.values()), None)
+        return next((m for m in metadata.values() if hasattr(m, "max_query_len")), None)
     return metadata
 
 

@@ -8,6 +8,7 @@ from vllm.model_executor.custom_op import CustomOp, PluggableLayer, op_registry_
 
 from vllm_ascend.core.device.torch_ops import register_device_ops
 from vllm_ascend.runner.ops.activation import AscendSiluAndMul
+from vllm_ascend.runner.ops.gdn import AscendQwenGatedDeltaNetAttention
 from vllm_ascend.runner.ops.layernorm import AscendRMSNorm
 from vllm_ascend.runner.ops.linear import (
     AscendColumnParallelLinear,
@@ -37,6 +38,7 @@ PLUGGABLE_LAYERS: dict[str, type] = {
     "QKVParallelLinear": AscendQKVParallelLinear,
     "RowParallelLinear": AscendRowParallelLinear,
     "MoERunner": AscendMoERunner,
+    "QwenGatedDeltaNetAttention": AscendQwenGatedDeltaNetAttention,
 }
 
 _lock = threading.Lock()

@@ -188,11 +188,52 @@ def _glm4_moe_weights(spec: TinyModelSpec, model: Any) -> None:
                 bias.copy_(torch.randn(bias.shape, generator=gen) * GLM4_MOE_BIAS_STD)
 
 
+def _qwen3_next_config(spec: TinyModelSpec, vocab_size: int) -> Any:
+    """Qwen3-Next: Gated DeltaNet (linear attention) and gated full-attention layers alternating, the first
+    half of the layers with a dense MLP, the rest MoE (vLLM's model needs at least one MoE layer)."""
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(
+        **_common_config(spec, vocab_size),
+        layer_types=["linear_attention", "full_attention"] * (spec.num_layers // 2),
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=spec.head_dim,
+        linear_value_head_dim=spec.head_dim,
+        linear_num_key_heads=spec.num_kv_heads,
+        linear_num_value_heads=spec.num_heads,
+        partial_rotary_factor=0.5,
+        mlp_only_layers=list(range(spec.num_layers // 2)),
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=spec.intermediate_size // 2,
+        shared_expert_intermediate_size=spec.intermediate_size // 2,
+        tie_word_embeddings=False,
+        **spec.extra,
+    )
+
+
+def _mamba_config(spec: TinyModelSpec, vocab_size: int) -> Any:
+    """Mamba (attention-free state-space layers only)."""
+    from transformers import MambaConfig
+
+    return MambaConfig(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_layers,
+        state_size=16,
+        initializer_range=spec.init_std,
+        tie_word_embeddings=True,
+        **spec.extra,
+    )
+
+
 register_model_builder("qwen3", _qwen3_config)
 register_model_builder("llama", _llama_config)
 register_model_builder("qwen3_moe", _qwen3_moe_config)
 register_model_builder("qwen2_moe", _qwen2_moe_config)
 register_model_builder("glm4_moe", _glm4_moe_config, _glm4_moe_weights)
+register_model_builder("qwen3_next", _qwen3_next_config)
+register_model_builder("mamba", _mamba_config)
 
 
 def corpus(num_lines: int = 2000, seed: int = 0) -> list[str]:
@@ -296,3 +337,26 @@ def qwen2_moe_spec(**overrides: Any) -> TinyModelSpec:
 def glm4_moe_spec(**overrides: Any) -> TinyModelSpec:
     """GLM-4.5: 3 layers (dense, then 2 MoE), 16 experts in 4 groups, 2 groups kept, top-3, random score bias."""
     return replace(TinyModelSpec(kind="glm4_moe", seed=4, num_layers=3), **overrides)
+
+
+def qwen3_next_spec(**overrides: Any) -> TinyModelSpec:
+    """Qwen3-Next: 4 layers (GDN, attention, GDN, attention; dense MLPs then 4-expert top-2 MoE), hidden 64,
+    4 heads / 2 KV heads of 16; GDN with 2 key / 4 value heads of 16 and a width-4 conv."""
+    return replace(
+        TinyModelSpec(
+            kind="qwen3_next",
+            seed=5,
+            hidden_size=64,
+            intermediate_size=128,
+            num_layers=4,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=16,
+        ),
+        **overrides,
+    )
+
+
+def mamba_spec(**overrides: Any) -> TinyModelSpec:
+    """Mamba: 2 attention-free state-space layers, hidden 64."""
+    return replace(TinyModelSpec(kind="mamba", seed=6, hidden_size=64, num_layers=2), **overrides)
