@@ -20,11 +20,11 @@ if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names loa
     from vllm_ascend.kernels.bad_words import apply_bad_words as apply_bad_words
     from vllm_ascend.kernels.conv1d import causal_conv1d_fn as causal_conv1d_fn
     from vllm_ascend.kernels.conv1d import causal_conv1d_update as causal_conv1d_update
+    from vllm_ascend.kernels.gated_delta_rule import chunk_gated_delta_rule as chunk_gated_delta_rule
+    from vllm_ascend.kernels.gated_delta_rule import recurrent_gated_delta_rule as recurrent_gated_delta_rule
     from vllm_ascend.kernels.gdn_gating import fused_gdn_gating as fused_gdn_gating
     from vllm_ascend.kernels.gumbel import gumbel_sample as gumbel_sample
     from vllm_ascend.kernels.kv_zero import zero_kv_blocks as zero_kv_blocks
-    from vllm_ascend.kernels.gated_delta_rule import chunk_gated_delta_rule as chunk_gated_delta_rule
-    from vllm_ascend.kernels.gated_delta_rule import recurrent_gated_delta_rule as recurrent_gated_delta_rule
     from vllm_ascend.kernels.logprobs import compute_token_logprobs as compute_token_logprobs
     from vllm_ascend.kernels.logprobs import compute_topk_logprobs as compute_topk_logprobs
     from vllm_ascend.kernels.min_p import apply_min_p as apply_min_p
