@@ -25,7 +25,7 @@ def oracle(ctx: list[int], min_n: int, max_n: int, k: int, limit: int | None) ->
     return []
 
 
-def _check_all(token_ids, num_tokens, min_n, max_n, k, limit):
+def _assert_all_agree(token_ids, num_tokens, min_n, max_n, k, limit):
     """Kernel, reference and oracle agree on every row (drafts padded with -1, counts)."""
     cols = token_ids.shape[1]
     want = [
@@ -75,7 +75,7 @@ def test_random_contexts_match_the_oracle(gen, min_n, max_n, k, limit):
     tokens = torch.randint(0, vocab, (rows, cols), generator=gen, dtype=torch.int32)
     lengths = torch.randint(0, cols + 1, (rows,), generator=gen)
     lengths[0] = cols
-    want = _check_all(tokens, lengths, min_n, max_n, k, limit)
+    want = _assert_all_agree(tokens, lengths, min_n, max_n, k, limit)
     if limit is None and max_n <= 3:
         assert any(want), "a small vocabulary must give some draft"
 
@@ -108,18 +108,18 @@ def test_adversarial_contexts(gen):
     ]
     lengths = torch.tensor([70, 70, 70, 70, 70, 0, 4])
     tokens = torch.tensor([r + [0] * (cols - len(r)) for r in rows], dtype=torch.int64)
-    want = _check_all(tokens, lengths, 1, 4, 5, None)
+    want = _assert_all_agree(tokens, lengths, 1, 4, 5, None)
     assert want[0] == [7] and want[1] == [] and want[5] == [] and want[6] == []
     assert want[2] == [9, 8, 200, 201, 202]  # the longest match (far back) beats a shorter recent one
     assert want[3] == [6, 1, 4, 5] and want[4] == [3, 1, 2]  # the most recent occurrence
-    assert _check_all(tokens, lengths, 1, 2, 5, None)[2] == [7, 6, 300, 301, 302]
+    assert _assert_all_agree(tokens, lengths, 1, 2, 5, None)[2] == [7, 6, 300, 301, 302]
 
 
 def test_max_model_len_cuts_and_stops_the_drafts():
     tokens = torch.tensor([[1, 2, 3, 4, 5, 1, 2, 3]] * 4, dtype=torch.int32)
     lengths = torch.tensor([8, 8, 8, 7])
     for limit, want in ((100, [4, 5, 1, 2]), (10, [4, 5]), (9, [4]), (8, [])):
-        drafts = _check_all(tokens, lengths, 2, 3, 4, limit)
+        drafts = _assert_all_agree(tokens, lengths, 2, 3, 4, limit)
         assert drafts[0] == want, limit
 
 
@@ -131,14 +131,14 @@ def test_lengths_outside_the_row_are_clamped():
 
 def test_k_above_one_compiled_variant_and_empty_batches():
     tokens = torch.tensor([[1, 2] * 20], dtype=torch.int32)
-    _check_all(tokens, torch.tensor([40]), 1, 2, 33, None)  # draft block 64, not 16
+    _assert_all_agree(tokens, torch.tensor([40]), 1, 2, 33, None)  # draft block 64, not 16
     drafts, counts = K.ngram_propose(tokens[:0], torch.zeros(0, dtype=torch.int64), 1, 2, 3)
     assert drafts.shape == (0, 3) and counts.shape == (0,)
 
 
 def test_a_non_contiguous_token_view():
     base = torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2]] * 3, dtype=torch.int64).t().contiguous()
-    _check_all(base.t(), torch.tensor([8, 5, 3]), 1, 3, 3, None)
+    _assert_all_agree(base.t(), torch.tensor([8, 5, 3]), 1, 3, 3, None)
 
 
 def test_the_torch_backend_gives_the_same_drafts(monkeypatch, gen):
