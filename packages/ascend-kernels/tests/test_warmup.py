@@ -76,7 +76,7 @@ def test_unknown_items_are_rejected():
 
 def test_excluded_items_do_not_run(monkeypatch):
     monkeypatch.setattr(warmup, "_REGISTERED", {})
-    assert warmup.kernel_warmup("cpu", 32, exclude=("rejection", "sampling")) == {"penalties": True}
+    assert warmup.kernel_warmup("cpu", 32, exclude=("rejection", "sampling", "ngram")) == {"penalties": True}
 
 
 def test_compiled_triton_warms_every_tile_and_split_variant(monkeypatch):
