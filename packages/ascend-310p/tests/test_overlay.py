@@ -48,12 +48,19 @@ def test_extension_registers_the_overlay_for_310p():
 def test_profile_claims_only_what_is_served():
     p = PROFILE_310P
     assert p.name == "Atlas 310P" and p.device_type is AscendDeviceType._310P
-    assert not p.supports("bf16") and p.supported_dtypes == ("float16", "float32")
-    assert p.capabilities == frozenset()
-    assert not p.supports(HardwareCapability.GRAPH_CAPTURE) and not p.supports("sparse_weight")
+    assert not p.supports("bf16") and p.supported_dtypes == ("float16",)
+    assert p.capabilities == frozenset({HardwareCapability.SPARSE_WEIGHT})
+    assert not p.supports(HardwareCapability.GRAPH_CAPTURE) and not p.supports("triton")
+    assert p.eager_only and p.quant_weight_format == "NZ" and p.worker == "310p"
+    base = BUILTIN_PROFILES[AscendDeviceType._310P]
     assert (
-        p.with_changes(name=BUILTIN_PROFILES[AscendDeviceType._310P].name)
-        == BUILTIN_PROFILES[AscendDeviceType._310P]
+        p.with_changes(
+            name=base.name,
+            capabilities=base.capabilities,
+            supported_dtypes=base.supported_dtypes,
+            worker="default",
+        )
+        == base
     )
 
 

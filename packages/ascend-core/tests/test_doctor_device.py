@@ -67,12 +67,15 @@ def test_table_shows_profile_and_adaptor_lines(reference_report):
     lines = doctor.render(reference_report).splitlines()
     profile = next(line for line in lines if line.startswith("profile "))
     assert profile == (
-        "profile           reference (torch cpu): cpu-binding=average, dist=gloo, "
+        "profile           reference (torch cpu) (VLLM_ASCEND_REFERENCE_FAMILY: emulating A2): "
+        "cpu-binding=average, dist=gloo, "
         "dtypes=float16/bfloat16/float32, block=128, eager unless compilation/graphs are asked for"
     )
     assert "capabilities      bf16, graph_capture, int4, mc2" in lines
     assert f"adaptor           {REFERENCE_ADAPTOR} (reference)" in lines
     assert "platform          vllm_ascend.core.platform.ReferencePlatform" in lines
+    assert "worker            default" in lines
+    assert "kernels           Triton where it can run, else the torch references" in lines
 
 
 def test_extension_detail_shows_reachability():

@@ -9,6 +9,7 @@ from vllm_ascend.core.envs import EnvError, EnvVar
 
 EXPECTED = {
     "VLLM_ASCEND_DEVICE": "auto",
+    "VLLM_ASCEND_REFERENCE_FAMILY": "a2",
     "VLLM_ASCEND_DISABLED_EXTENSIONS": (),
     "VLLM_ASCEND_LOG_LEVEL": "info",
     "VLLM_ASCEND_LOG_COLOR": "auto",

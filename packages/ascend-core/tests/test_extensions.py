@@ -337,7 +337,7 @@ EXTENSION = ExtensionDescriptor(
             "SPEC_DECODE_METHODS",
             "typo",
             "collections:OrderedDcit",
-            "AttributeError: module 'collections' has no attribute 'OrderedDcit'",
+            "AttributeError: module 'collections' has no top-level name 'OrderedDcit'",
         ),
         (
             "SPEC_DECODE_METHODS",
@@ -346,20 +346,13 @@ EXTENSION = ExtensionDescriptor(
             "ModuleNotFoundError: No module named 'no_such_module_xyz'",
         ),
         (
-            "SPEC_DECODE_METHODS",
-            "notclass",
-            "collections:namedtuple",
-            "RegistryError: speculative decoding method 'notclass': 'collections:namedtuple' resolved to "
-            "<function namedtuple",
-        ),
-        (
             "WORKERS",
             "fakeworker",
             "json:NoSuchWorker",
             "AttributeError: module 'json' has no top-level name 'NoSuchWorker'",
         ),
     ],
-    ids=["attr", "module", "wrong-type", "deferred-registry"],
+    ids=["attr", "module", "deferred-registry"],
 )
 def test_broken_lazy_path_fails_the_extension_and_rolls_back(fake_dists, registry, entry, path, detail):
     fake_dists.add(
@@ -382,6 +375,39 @@ def test_broken_lazy_path_fails_the_extension_and_rolls_back(fake_dists, registr
     assert status == "failed"
     assert reason.startswith(f"registered path does not resolve: {kind} '{entry}' -> '{path}': {detail}")
     assert (kept_first, kept_broken) == (False, False)
+
+
+def test_a_deferred_path_of_the_wrong_type_fails_in_the_doctor(fake_dists):
+    """Proposers are heavy (they subclass vLLM's): loading checks their paths statically; the doctor imports
+    them and reports one that is not a class."""
+    fake_dists.add(
+        "vllm-ascend-fakenotclass",
+        "fakenotclass",
+        BROKEN_PATHS.format(
+            name="fakenotclass",
+            registry="SPEC_DECODE_METHODS",
+            entry="notclass",
+            path="collections:namedtuple",
+        ),
+    )
+    proc = fake_dists.run(
+        """
+        import json
+        from vllm_ascend.core.extensions import load_extensions
+        from vllm_ascend.core.doctor import collect
+        rec = load_extensions()["fakenotclass"]
+        row = next(e for e in collect()["extensions"] if e["name"] == "fakenotclass")
+        print(json.dumps([rec.status.value, row["status"], row["reason"]]))
+        """,
+        VLLM_ASCEND_DEVICE="off",
+    )
+    assert proc.returncode == 0, proc.stderr
+    status, doctor_status, doctor_reason = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (status, doctor_status) == ("loaded", "failed")
+    assert doctor_reason.startswith(
+        "registered path does not resolve: speculative decoding method 'notclass' -> 'collections:namedtuple': "
+        "RegistryError: speculative decoding method 'notclass': 'collections:namedtuple' resolved to <function namedtuple"
+    )
 
 
 def test_deferred_registry_paths_are_checked_without_importing(fake_dists):

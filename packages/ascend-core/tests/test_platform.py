@@ -90,7 +90,7 @@ def test_dtype_check_follows_the_active_profile(monkeypatch):
             cls.check_if_supports_dtype(torch.bfloat16)
         assert str(info.value) == (
             "model dtype torch.bfloat16 is not supported on reference without bf16; "
-            "allowed: torch.float16, torch.float32"
+            "allowed: torch.float16, torch.float32 (pass dtype=... to convert the checkpoint)"
         )
         cls.check_if_supports_dtype(torch.float16)
     use_profile(monkeypatch, REFERENCE_PROFILE)

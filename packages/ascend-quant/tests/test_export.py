@@ -11,10 +11,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from vllm_ascend.quant.description import QuantDescription
+from vllm_ascend.quant.description import QuantDescription, QuantDescriptionError
 from vllm_ascend.quant.export import (
     DEFAULT_CALIBRATION_PROMPTS,
     SCHEMES,
+    SPARSE_SCHEMES,
     ExportError,
     calibrate,
     export_modelslim,
@@ -381,10 +382,11 @@ def test_cli_reports_export_errors(hf_qwen3, tmp_path, capsys):
     from vllm_ascend.core.cli import main
     from vllm_ascend.quant import cli
 
-    assert cli._SCHEMES == ", ".join(SCHEMES)
+    assert cli._SCHEMES == ", ".join(SCHEMES + SPARSE_SCHEMES)
     assert main(["quantize", "--scheme", "W2A2", str(hf_qwen3), str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err.strip() == (
-        "quantize: cannot export: unknown scheme 'W2A2'; allowed: W8A8, W8A8_DYNAMIC, W8A16, W4A16, W4A8_DYNAMIC"
+        "quantize: cannot export: unknown scheme 'W2A2'; allowed: W8A8, W8A8_DYNAMIC, W8A16, W4A16, W4A8_DYNAMIC, "
+        "W8A8S, W8A8SC"
     )
     assert not (tmp_path / "x").exists()
 
@@ -543,7 +545,10 @@ def test_destination_problems_and_overwrite(tmp_path):
 
 
 def test_calibration_problems(hf_qwen3, tmp_path):
-    with pytest.raises(ExportError, match=r"calibration prompts are used by static W8A8 only, not W8A16"):
+    with pytest.raises(
+        ExportError,
+        match=r"calibration prompts are used by the static schemes \(W8A8, W8A8S, W8A8SC\) only, not W8A16",
+    ):
         export_modelslim(hf_qwen3, tmp_path / "d", "W8A16", calibration_prompts=["red"])
     with pytest.raises(ExportError, match=r"static W8A8 needs at least one calibration prompt"):
         export_modelslim(hf_qwen3, tmp_path / "d", "W8A8", calibration_prompts=[])
@@ -600,3 +605,50 @@ def test_quantize_linear_direct_refusals():
         ExportError, match=r"unknown scheme 'W2A2'; allowed: W8A8, W8A8_DYNAMIC, W8A16, W4A16"
     ):
         quantize_linear("x.weight", torch.ones(2, 8), "W2A2", 0)
+
+
+# -- the Atlas 310P sparse schemes --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", SPARSE_SCHEMES)
+def test_sparse_exports_prune_fold_and_compress(exported, hf_qwen3, scheme):
+    from vllm_ascend.quant.compress import decompress_weight
+
+    dst, report = exported("qwen3", scheme)
+    source, out, static = _load(hf_qwen3), _load(dst), _load(exported("qwen3", "W8A8")[0])
+    d = QuantDescription(dst, family="310P")
+    assert d.model_quant_type == scheme and report.calibration_prompts == len(DEFAULT_CALIBRATION_PROMPTS)
+    linears = [n for n, t in source.items() if _is_linear(n, t, scheme)]
+    for name in linears:
+        prefix = name.removesuffix(".weight")
+        assert f"{prefix}.weight_scale" not in out and f"{prefix}.weight_offset" not in out, name
+        if scheme == "W8A8SC":
+            q = decompress_weight(*(out[f"{prefix}.{s}"] for s in ("weight", "index", "info")))
+            assert out[f"{prefix}.weight"].numel() < q.numel(), name  # half the weights are 0: it compresses
+            assert d.tensor_type(f"{prefix}.index") == d.tensor_type(f"{prefix}.info") == scheme
+        else:
+            q = out[name]
+        assert q.shape == source[name].shape and q.dtype == torch.int8, name
+        # half of every row pruned (the smallest |w|), the rest quantized as static W8A8 quantizes them
+        in_features = q.shape[1]
+        assert torch.all((q == 0).sum(dim=1) >= round(0.5 * in_features)), name
+        kept = q != 0
+        assert torch.equal(q[kept], static[name][kept]), name
+        assert torch.equal(out[f"{prefix}.input_scale"], static[f"{prefix}.input_scale"]), name
+        assert torch.equal(out[f"{prefix}.deq_scale"], static[f"{prefix}.deq_scale"]), name
+        expected_bias = -out[f"{prefix}.input_offset"].long() * q.long().sum(dim=1)
+        assert torch.equal(out[f"{prefix}.quant_bias"], expected_bias.to(torch.int32)), name
+        assert d.tensor_type(name) == scheme
+    with pytest.raises(QuantDescriptionError, match=f"{scheme} is only supported on the 310P family"):
+        QuantDescription(dst, family="A2")
+
+
+def test_sparse_export_refusals(hf_qwen3, tmp_path):
+    with pytest.raises(
+        ExportError, match=r"sparsity is used by the sparse schemes \(W8A8S, W8A8SC\) only, not W8A8"
+    ):
+        export_modelslim(hf_qwen3, tmp_path / "d", "W8A8", sparsity=0.5)
+    for bad in (1.0, -0.1, True, "half"):
+        with pytest.raises(ExportError, match=r"sparsity must be a number in \[0, 1\)"):
+            export_modelslim(hf_qwen3, tmp_path / "d", "W8A8SC", sparsity=bad)
+    assert not (tmp_path / "d").exists()

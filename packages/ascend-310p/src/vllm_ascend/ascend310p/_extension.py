@@ -8,16 +8,20 @@ from vllm_ascend.core.extensions import ExtensionDescriptor
 
 def register() -> None:
     """Fill core's registries with lazy paths (nothing heavy is imported here)."""
-    from vllm_ascend.core.registry import DEVICE_OVERLAYS
+    from vllm_ascend.core.registry import DEVICE_OVERLAYS, WORKERS
 
     DEVICE_OVERLAYS.register("310p", "vllm_ascend.ascend310p.overlay:OVERLAY")
+    WORKERS.register("310p", "vllm_ascend.ascend310p.worker:NPUWorker310")
 
 
 EXTENSION = ExtensionDescriptor(
     name="ascend310p",
     version=__version__,
     core_requires=">=0.1,<0.2",
-    provides=("device_overlays",),
+    provides=("device_overlays", "workers"),
     register=register,
-    description="Atlas 310P device overlay (profile and adaptor)",
+    description=(
+        "Atlas 310P: profile, NPU and reference adaptors, and the 310P worker (attention backend, "
+        "host-RNG samplers, numpy block tables, KV zeroing without Triton)"
+    ),
 )

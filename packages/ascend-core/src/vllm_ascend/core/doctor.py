@@ -45,11 +45,13 @@ def _device_details(mode: DeviceMode) -> tuple[dict[str, Any], str]:
     except Exception as exc:
         return {
             "soc": None,
+            "emulates": None,
             "profile": None,
             "adaptor": None,
         }, f"device {mode.value}: {type(exc).__name__}: {exc}"
     details = {
         "soc": config.soc_name,
+        "emulates": config.emulates.value if config.emulates is not None else None,
         "profile": config.profile.as_dict(),
         "adaptor": {"class": f"{adaptor.__module__}.{adaptor.__qualname__}", "family": adaptor.family},
     }
@@ -84,7 +86,7 @@ def collect() -> dict[str, Any]:
         }
     problem = ""
     active = bool(detection is not None and detection.active)
-    device.update({"soc": None, "profile": None, "adaptor": None})
+    device.update({"soc": None, "emulates": None, "profile": None, "adaptor": None})
     if detection is None:
         problem = device["reason"]
     elif detection.active:
@@ -216,6 +218,8 @@ def _profile_lines(device: dict[str, Any]) -> list[str]:
     if profile is None or adaptor is None:
         return []
     soc = f" on {device['soc']}" if device["soc"] else ""
+    if device.get("emulates"):
+        soc = f" (VLLM_ASCEND_REFERENCE_FAMILY: emulating {device['emulates']})"
     traits = [
         f"cpu-binding={profile['cpu_binding']}",
         f"dist={profile['dist_backend']}",
@@ -230,6 +234,28 @@ def _profile_lines(device: dict[str, Any]) -> list[str]:
         f"profile           {profile['name']}{soc}: {', '.join(traits)}",
         f"capabilities      {', '.join(profile['capabilities']) or 'none'}",
         f"adaptor           {adaptor['class']} ({adaptor['family']})",
+        *_serving_lines(profile),
+    ]
+
+
+def _serving_lines(profile: dict[str, Any]) -> list[str]:
+    """What serving on this profile does, read from the same fields the platform and runner read."""
+    caps = set(profile["capabilities"])
+    if "graph_capture" in caps:
+        graphs = "ACL graph capture"
+    else:
+        graphs = "none: eager only (cudagraph_mode / compilation other than NONE are refused)"
+    kernels = (
+        "Triton where it can run, else the torch references"
+        if "triton" in caps or profile["device_type"] is None
+        else "torch implementations only (no Triton on this family)"
+    )
+    return [
+        f"worker            {profile['worker']}",
+        f"graphs            {graphs}",
+        f"kernels           {kernels}",
+        f"quant weights     {profile['quant_weight_format']} layout"
+        + (", sparse/compressed int8 (W8A8S/W8A8SC)" if "sparse_weight" in caps else ""),
     ]
 
 

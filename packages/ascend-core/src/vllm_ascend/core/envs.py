@@ -82,6 +82,7 @@ def _text(raw: str) -> str:
 
 
 DEVICE_MODES = ("auto", "npu", "reference", "off")
+REFERENCE_FAMILIES = ("a2", "a3", "a5", "310p")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_COLOR_MODES = ("auto", "always", "never")
 
@@ -94,6 +95,14 @@ _VARS: dict[str, EnvVar] = {
             _choice("VLLM_ASCEND_DEVICE", DEVICE_MODES),
             "auto: activate on a usable Ascend NPU; npu: require one; reference: run on torch's cpu "
             "device through the reference adaptor; off: never activate the platform.",
+        ),
+        EnvVar(
+            "VLLM_ASCEND_REFERENCE_FAMILY",
+            "a2",
+            _choice("VLLM_ASCEND_REFERENCE_FAMILY", REFERENCE_FAMILIES),
+            "The family the reference device emulates (case-insensitive): its profile (dtypes, capabilities, "
+            "weight layout, worker) and, where an overlay provides one, its reference adaptor. 310p needs "
+            "vllm-ascend[310p].",
         ),
         EnvVar(
             "VLLM_ASCEND_DISABLED_EXTENSIONS",

@@ -42,18 +42,34 @@ class RunnerNotInstalledError(RuntimeError):
 
 
 def _workers() -> Registry[Any]:
-    """Core's WORKERS registry with the runner's ``"default"`` worker in it (loads extensions)."""
+    """Core's WORKERS registry with the current profile's worker in it (loads extensions).
+
+    The profile names its worker (``"default"``: the runner's; 310P's overlay names ``"310p"``, registered
+    by vllm-ascend-310p).
+    """
     from vllm_ascend.core.extensions import load_extensions
     from vllm_ascend.core.registry import WORKERS
 
     load_extensions()
-    if "default" not in WORKERS:
+    name = _worker_name()
+    if name not in WORKERS:
+        if name == "default":
+            raise RunnerNotInstalledError(
+                "vLLM Ascend needs a worker but WORKERS has no 'default' entry: the distribution "
+                f"`{RUNNER_DIST}` is not installed or failed to load (see the log above). Install it with "
+                f"`pip install {RUNNER_DIST}` (or `pip install vllm-ascend`)."
+            )
+        profile = get_current_hardware_profile()
         raise RunnerNotInstalledError(
-            "vLLM Ascend needs a worker but WORKERS has no 'default' entry: the distribution "
-            f"`{RUNNER_DIST}` is not installed or failed to load (see the log above). Install it with "
-            f"`pip install {RUNNER_DIST}` (or `pip install vllm-ascend`)."
+            f"{profile.name} is served by the worker {name!r}, which WORKERS does not hold (registered: "
+            f"{', '.join(WORKERS.names()) or 'none'}): the distribution that provides it is not installed or "
+            "failed to load (see the log above)"
         )
     return WORKERS
+
+
+def _worker_name() -> str:
+    return get_current_hardware_profile().worker
 
 
 class AscendPlatform(Platform):
@@ -114,7 +130,7 @@ class AscendPlatform(Platform):
         if dtype not in allowed:
             raise ValueError(
                 f"model dtype {dtype} is not supported on {profile.name}; "
-                f"allowed: {', '.join(str(d) for d in allowed)}"
+                f"allowed: {', '.join(str(d) for d in allowed)} (pass dtype=... to convert the checkpoint)"
             )
 
     @classmethod
@@ -160,7 +176,7 @@ class AscendPlatform(Platform):
         for problem in problems:
             logger.warning(problem)
 
-    # -- the runner's pieces (WORKERS["default"]) -----------------------------------------
+    # -- the runner's pieces (WORKERS[profile.worker]) -----------------------------------------
     @classmethod
     def get_attn_backend_cls(
         cls,
@@ -180,17 +196,17 @@ class AscendPlatform(Platform):
                     f"attention with {flag}=True is not supported by the Ascend attention backend; "
                     "supported: dense decoder attention (MHA/GQA/MQA)"
                 )
-        return str(_workers().get("default").attention_backend_qualname())
+        return str(_workers().get(_worker_name()).attention_backend_qualname())
 
     @classmethod
     def get_static_graph_wrapper_cls(cls) -> str:
         """Captures and replays graphs through the device adaptor (vLLM wraps compiled pieces in it)."""
-        return str(_workers().get("default").graph_wrapper_qualname())
+        return str(_workers().get(_worker_name()).graph_wrapper_qualname())
 
     @classmethod
     def get_pass_manager_cls(cls) -> str:
         """The post-grad pass manager with the Ascend fusion passes (``ascend_compilation_config``)."""
-        return str(_workers().get("default").pass_manager_qualname())
+        return str(_workers().get(_worker_name()).pass_manager_qualname())
 
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
@@ -199,7 +215,7 @@ class AscendPlatform(Platform):
             return
         from vllm.triton_utils.dispatcher import register_kernels
 
-        register_kernels(_workers().get("default").triton_kernel_overrides())
+        register_kernels(_workers().get(_worker_name()).triton_kernel_overrides())
         AscendPlatform._triton_overrides_registered = True
 
     # -- configuration --------------------------------------------------------------------
@@ -264,12 +280,14 @@ class AscendPlatform(Platform):
 
         init_ascend_config(vllm_config)
         detect_modelslim_checkpoint(vllm_config)
+        if vllm_config.model_config is not None:
+            cls.check_if_supports_dtype(vllm_config.model_config.dtype)
         cls._check_speculative_method(vllm_config)
         cls._check_parallelism(vllm_config)
         cls._check_hybrid_model(vllm_config)
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":
-            worker = _workers().entry("default").value
+            worker = _workers().entry(_worker_name()).value
             parallel_config.worker_cls = (
                 worker if isinstance(worker, str) else f"{worker.__module__}.{worker.__qualname__}"
             ).replace(":", ".")
@@ -431,7 +449,7 @@ class NPUPlatform(AscendPlatform):
     def get_compile_backend(cls) -> str:
         """vLLM's default ``compilation_config.backend`` here, and the compiler it builds for it: the runner's
         AscendCompiler (Inductor generates no NPU code; AscendCompiler runs the fusion passes without it)."""
-        return str(_workers().get("default").compiler_qualname())
+        return str(_workers().get(_worker_name()).compiler_qualname())
 
     @classmethod
     def get_punica_wrapper(cls) -> str:

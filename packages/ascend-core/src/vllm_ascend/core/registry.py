@@ -231,7 +231,9 @@ QUANT_METHODS: Registry[type] = Registry(
 )
 #: ``speculative_config.method`` -> a proposer class with ``from_vllm_config(vllm_config)`` and vLLM's
 #: CPU-drafter ``propose(...)`` signature; the platform refuses other methods, the runner drafts with it.
-SPEC_DECODE_METHODS: Registry[type] = Registry("speculative decoding method", _is_class, "a proposer class")
+SPEC_DECODE_METHODS: Registry[type] = Registry(
+    "speculative decoding method", _is_class, "a proposer class", import_at_load=False
+)
 #: vLLM ``load_format`` -> a vLLM model loader class (registered with vLLM).
 MODEL_LOADERS: Registry[type] = Registry(
     "model loader", _is_class, "a model loader class", import_at_load=False

@@ -112,7 +112,13 @@ def _reached(registry: str, name: str) -> tuple[bool, str]:
             f"vLLM quantization {name!r}"
         )
     if registry == "workers":
-        return name == "default", "vLLM parallel_config.worker_cls"
+        from vllm_ascend.core.device.config import get_hardware_profile
+        from vllm_ascend.core.device.family import AscendDeviceType
+
+        families = [f.value for f in AscendDeviceType if get_hardware_profile(f).worker == name]
+        if name == "default":
+            families.append("reference")
+        return bool(families), f"vLLM parallel_config.worker_cls on {', '.join(families) or 'no family'}"
     if registry == "spec_decode_methods":
         return "default" in WORKERS, f"speculative_config.method {name!r} (the runner's drafter)"
     if registry == "moe_placements":

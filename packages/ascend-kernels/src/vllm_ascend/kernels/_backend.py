@@ -6,7 +6,8 @@
 - ``triton``: Triton or a clear :class:`KernelBackendError` naming the reason.
 - ``torch``: always the reference.
 
-Triton can run on a device when ``import triton`` works and: the device is ``cuda`` (upstream
+Triton can run on a device when the active device family has Triton (not 310P), ``import triton`` works
+and: the device is ``cuda`` (upstream
 Triton); the device is ``npu`` and the installed Triton has an Ascend backend (triton-ascend);
 or the device is ``cpu`` and the kernels were compiled by Triton's interpreter
 (``TRITON_INTERPRET=1`` set before the kernel modules were imported).
@@ -64,8 +65,28 @@ def _has_ascend_backend(triton: Any) -> bool:
     return any(name in backends for name in ("ascend", "npu"))
 
 
+def _family_without_triton() -> str | None:
+    """The active device family's profile name when it has no Triton (310P: triton-ascend does not target
+    it), else None; None too when the platform is not active (kernels used on their own)."""
+    from vllm_ascend.core.device.config import DeviceConfigError, get_current_hardware_profile
+    from vllm_ascend.core.device.detection import detect
+
+    try:
+        if not detect().active:
+            return None
+        profile = get_current_hardware_profile()
+    except DeviceConfigError:
+        return None
+    if profile.device_type is None or profile.supports("triton"):
+        return None
+    return profile.name
+
+
 def triton_unusable_reason(device: torch.device) -> str | None:
     """``None`` when Triton kernels can run on ``device``, else why not."""
+    family = _family_without_triton()
+    if family is not None:
+        return f"{family} has no Triton (the torch references serve every kernel there)"
     triton = _triton_module()
     if isinstance(triton, BaseException):
         return f"triton is not importable ({type(triton).__name__}: {triton})"

@@ -7,7 +7,7 @@ import sys
 
 from vllm_ascend.core.registry import CliCommand
 
-_SCHEMES = "W8A8, W8A8_DYNAMIC, W8A16, W4A16, W4A8_DYNAMIC"  # export.SCHEMES, without importing torch here
+_SCHEMES = "W8A8, W8A8_DYNAMIC, W8A16, W4A16, W4A8_DYNAMIC, W8A8S, W8A8SC"  # export.SCHEMES + SPARSE_SCHEMES, no torch
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +23,13 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="TEXT",
-        help="a calibration prompt for static W8A8 (repeatable; default: a few built-in prompts)",
+        help="a calibration prompt for static W8A8/W8A8S/W8A8SC (repeatable; default: a few built-in prompts)",
+    )
+    parser.add_argument(
+        "--sparsity",
+        type=float,
+        default=None,
+        help="W8A8S/W8A8SC (Atlas 310P): pruned fraction of each weight row, in [0, 1) (default 0.5)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
@@ -43,6 +49,7 @@ def _run(args: argparse.Namespace) -> int:
             calibration_prompts=args.calib_prompt,
             progress=not args.no_progress,
             overwrite=args.overwrite,
+            sparsity=args.sparsity,
         )
     except ExportError as exc:
         print(f"quantize: {exc}", file=sys.stderr, flush=True)

@@ -9,6 +9,12 @@ routers (``mlp.gate``), ``lm_head`` and biases stay ``FLOAT``. MoE experts are q
 the schemes with a MoE variant (W8A8_DYNAMIC, W4A8_DYNAMIC) and stay ``FLOAT`` otherwise. Static
 W8A8 runs the float model on a few calibration prompts to fix each layer's activation scale.
 
+The Atlas 310P's sparse schemes (:data:`SPARSE_SCHEMES`) are static W8A8 with magnitude-pruned weights
+(``sparsity``: the fraction of each output row's smallest-|w| weights set to 0 before quantization) and no
+weight scale/offset tensors, as ModelSlim's sparse quantization writes them; W8A8SC also compresses each weight
+(:mod:`vllm_ascend.quant.compress`) into ``weight``/``index``/``info``. Such checkpoints load only where the
+device profile has the ``SPARSE_WEIGHT`` capability (310P).
+
 The output is written to a temporary sibling of ``dst`` and renamed into place, so a failed export
 leaves no partial directory behind.
 """
@@ -33,6 +39,12 @@ SCHEMES: tuple[str, ...] = ("W8A8", "W8A8_DYNAMIC", "W8A16", "W4A16", "W4A8_DYNA
 """Schemes the exporter writes (``--scheme``)."""
 MOE_SCHEMES: tuple[str, ...] = ("W8A8_DYNAMIC", "W4A8_DYNAMIC")
 """Schemes with a MoE variant: experts are quantized; for the other schemes they stay FLOAT."""
+SPARSE_SCHEMES: tuple[str, ...] = ("W8A8S", "W8A8SC")
+"""The 310P-only sparse static schemes the exporter also writes (``--scheme``)."""
+STATIC_SCHEMES: tuple[str, ...] = ("W8A8", *SPARSE_SCHEMES)
+"""Schemes with calibrated static activation quantization."""
+DEFAULT_SPARSITY = 0.5
+"""Fraction of each output row's weights the sparse schemes prune when no ``sparsity`` is given."""
 GROUPED_SCHEMES: tuple[str, ...] = ("W8A16", "W4A16")
 """Schemes that accept a per-group ``group_size`` (> 0); the others are per channel only."""
 DEFAULT_GROUP_SIZE: dict[str, int] = {"W4A16": 32}
@@ -146,19 +158,38 @@ def activation_qparams(observed_min: float, observed_max: float) -> tuple[torch.
     return scale, offset
 
 
+def prune_rows(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """Magnitude pruning: the ``round(sparsity * in)`` smallest-|w| weights of every row set to 0."""
+    count = round(sparsity * weight.shape[1])
+    if count == 0:
+        return weight
+    drop = weight.abs().argsort(dim=1, stable=True)[:, :count]
+    return weight.scatter(1, drop, 0.0)
+
+
 def quantize_linear(
     name: str,
     weight: torch.Tensor,
     scheme: str,
     group_size: int,
     activation_range: tuple[float, float] | None = None,
+    sparsity: float = 0.0,
 ) -> dict[str, torch.Tensor]:
     """The ModelSlim tensors of one linear weight, keyed by suffix (``weight``, ``weight_scale``, ...).
 
     ``name`` is the weight's tensor name (for errors); ``activation_range`` the calibrated input range
-    (static W8A8 only).
+    (static schemes only); ``sparsity`` the pruned fraction of each row (sparse schemes only).
     """
     w = weight.detach().to(torch.float32)
+    if scheme in SPARSE_SCHEMES:
+        dense = quantize_linear(name, prune_rows(w, sparsity), "W8A8", group_size, activation_range)
+        del dense["weight_scale"], dense["weight_offset"]
+        if scheme == "W8A8SC":
+            from vllm_ascend.quant.compress import compress_weight
+
+            packed = compress_weight(dense["weight"])
+            dense.update(weight=packed.weight, index=packed.index, info=packed.info)
+        return dense
     if scheme in ("W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC"):
         q, scale = quantize_symmetric(w, 4 if scheme == "W4A8_DYNAMIC" else 8)
         out = {"weight": q, "weight_scale": scale, "weight_offset": torch.zeros_like(scale)}
@@ -179,7 +210,7 @@ def quantize_linear(
     if scheme in ("W8A16", "W4A16"):
         q, scale, offset = quantize_asymmetric(w, 4 if scheme == "W4A16" else 8, group_size)
         return {"weight": q, "weight_scale": scale, "weight_offset": offset}
-    raise ExportError([f"unknown scheme {scheme!r}; allowed: {', '.join(SCHEMES)}"])
+    raise ExportError([f"unknown scheme {scheme!r}; allowed: {', '.join(SCHEMES + SPARSE_SCHEMES)}"])
 
 
 # -- planning (headers only: every problem is found before anything is written) ----------------
@@ -226,6 +257,22 @@ def _resolve_group_size(scheme: str, group_size: int | None) -> int:
             ]
         )
     return group_size
+
+
+def _resolve_sparsity(scheme: str, sparsity: float | None) -> float:
+    if scheme not in SPARSE_SCHEMES:
+        if sparsity is not None:
+            raise ExportError(
+                [f"sparsity is used by the sparse schemes ({', '.join(SPARSE_SCHEMES)}) only, not {scheme}"]
+            )
+        return 0.0
+    if sparsity is None:
+        return DEFAULT_SPARSITY
+    if isinstance(sparsity, bool) or not isinstance(sparsity, int | float) or not 0 <= sparsity < 1:
+        raise ExportError(
+            [f"sparsity must be a number in [0, 1) (the pruned fraction of each row), got {sparsity!r}"]
+        )
+    return float(sparsity)
 
 
 def _source_files(src: Path) -> tuple[list[Path], str | None]:
@@ -415,12 +462,14 @@ def export_modelslim(
     calibration_prompts: Sequence[str] | None = None,
     progress: bool = True,
     overwrite: bool = False,
+    sparsity: float | None = None,
 ) -> ExportReport:
     """Export the HF checkpoint ``src`` as a ModelSlim ``scheme`` checkpoint in ``dst``.
 
     ``group_size``: None = the scheme's default (W4A16: 32, others per channel), 0 = per channel,
     > 0 = per group (W8A16 and W4A16 only). ``calibration_prompts``: static W8A8 only (default: a few
-    built-in prompts). ``overwrite`` replaces a non-empty ``dst``. Raises :class:`ExportError`.
+    built-in prompts). ``overwrite`` replaces a non-empty ``dst``. ``sparsity``: the sparse schemes only, the
+    pruned fraction of each row in [0, 1) (default :data:`DEFAULT_SPARSITY`). Raises :class:`ExportError`.
     """
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -428,19 +477,24 @@ def export_modelslim(
 
     start = time.perf_counter()
     src, dst = Path(src), Path(dst)
-    if scheme not in SCHEMES:
-        raise ExportError([f"unknown scheme {scheme!r}; allowed: {', '.join(SCHEMES)}"])
+    if scheme not in SCHEMES + SPARSE_SCHEMES:
+        raise ExportError([f"unknown scheme {scheme!r}; allowed: {', '.join(SCHEMES + SPARSE_SCHEMES)}"])
     size = _resolve_group_size(scheme, group_size)
-    if calibration_prompts is not None and scheme != "W8A8":
-        raise ExportError([f"calibration prompts are used by static W8A8 only, not {scheme}"])
+    prune = _resolve_sparsity(scheme, sparsity)
+    if calibration_prompts is not None and scheme not in STATIC_SCHEMES:
+        raise ExportError(
+            [
+                f"calibration prompts are used by the static schemes ({', '.join(STATIC_SCHEMES)}) only, not {scheme}"
+            ]
+        )
     prompts = tuple(DEFAULT_CALIBRATION_PROMPTS if calibration_prompts is None else calibration_prompts)
-    if scheme == "W8A8" and not prompts:
-        raise ExportError(["static W8A8 needs at least one calibration prompt"])
+    if scheme in STATIC_SCHEMES and not prompts:
+        raise ExportError([f"static {scheme} needs at least one calibration prompt"])
     _check_source(src)
     _check_destination(src, dst, overwrite)
     plan = _plan(src, scheme, size)
     ranges: dict[str, tuple[float, float]] = {}
-    if scheme == "W8A8":
+    if scheme in STATIC_SCHEMES:
         ranges = calibrate(src, [n for n, t in plan.tensors.items() if t.quantize], prompts, progress)
 
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
@@ -461,7 +515,7 @@ def export_modelslim(
                         bytes_in += tensor.numel() * tensor.element_size()
                         if plan.tensors[name].quantize:
                             prefix = name[: -len(".weight")]
-                            parts = quantize_linear(name, tensor, scheme, size, ranges.get(name))
+                            parts = quantize_linear(name, tensor, scheme, size, ranges.get(name), prune)
                             for suffix, value in parts.items():
                                 written[f"{prefix}.{suffix}"] = value.contiguous()
                                 description[f"{prefix}.{suffix}"] = scheme
@@ -500,5 +554,5 @@ def export_modelslim(
         bytes_in=bytes_in,
         bytes_out=bytes_out,
         seconds=time.perf_counter() - start,
-        calibration_prompts=len(prompts) if scheme == "W8A8" else 0,
+        calibration_prompts=len(prompts) if scheme in STATIC_SCHEMES else 0,
     )

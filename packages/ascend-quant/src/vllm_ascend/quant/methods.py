@@ -23,6 +23,7 @@ from vllm.model_executor.layers.linear import (
     register_weight_loader_v2_supported_method,
 )
 from vllm.model_executor.parameter import (
+    BasevLLMParameter,
     ChannelQuantScaleParameter,
     GroupQuantScaleParameter,
     ModelWeightParameter,
@@ -33,11 +34,6 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm_ascend.quant.errors import QuantLoadError
 from vllm_ascend.quant.schemes.base import AscendLinearScheme, AscendMoEScheme, TensorSpec
 from vllm_ascend.quant.schemes.w8a8 import deq_scale_fp32
-
-#: Schemes whose checkpoint tensors cannot be split over the input channels of a row-parallel layer.
-_ROW_PARALLEL_UNSUPPORTED = {
-    "W8A8": "its int32 quant_bias folds the activation offset over all input channels, so each rank would add it",
-}
 
 
 def _dtype_problem(spec: TensorSpec, loaded: torch.Tensor) -> str | None:
@@ -55,6 +51,12 @@ def _shape_problem(spec: TensorSpec, loaded: torch.Tensor, *, expert: bool) -> s
     shape = spec.shape[1:] if expert else spec.shape
     if spec.kind == "tensor":
         return None if loaded.numel() == 1 else f"expected one value (shape [1]), got {list(loaded.shape)}"
+    if spec.kind == "blob":
+        return (
+            None
+            if loaded.dim() == 1 and loaded.numel()
+            else f"expected a non-empty 1-D tensor, got {list(loaded.shape)}"
+        )
     if loaded.dim() != len(shape):
         return f"expected {len(shape)} dimensions like {list(shape)}, got shape {list(loaded.shape)}"
     if spec.kind in ("channel", "expert_channel") and loaded.dim() == 2 and loaded.shape[1] != shape[1]:
@@ -124,6 +126,38 @@ def _checked(
     return load
 
 
+class _BlobLoader:
+    """Loads a ``blob`` tensor (1-D, sized by the checkpoint, never split over ranks): each fused shard's piece
+    is kept whole and the pieces are concatenated in shard order once loading is done."""
+
+    def __init__(self, shard_order: list[Any]) -> None:
+        self.shard_order = shard_order
+        self.pieces: dict[Any, torch.Tensor] = {}
+
+    def __call__(self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: Any = None) -> None:
+        if shard_id not in self.shard_order:
+            raise QuantLoadError(
+                f"shard id {shard_id!r} is not one of this layer's shards ({', '.join(map(repr, self.shard_order))})"
+            )
+        self.pieces[shard_id] = loaded_weight.detach().clone()
+
+    def assemble(self, layer: torch.nn.Module, name: str) -> None:
+        pieces = [self.pieces[s] for s in self.shard_order if s in self.pieces]
+        if pieces:
+            data = torch.cat(pieces)
+            layer.register_parameter(name, BasevLLMParameter(data=data, weight_loader=self))
+        self.pieces.clear()
+
+
+def _shard_order(layer: torch.nn.Module, shards: int) -> list[Any]:
+    """The shard ids vLLM's loaders pass for each fused shard, in output order (None for an unfused layer)."""
+    if shards == 1:
+        return [None]
+    from vllm.model_executor.layers.linear import QKVParallelLinear
+
+    return ["q", "k", "v"] if isinstance(layer, QKVParallelLinear) else list(range(shards))
+
+
 @register_weight_loader_v2_supported_method
 class AscendLinearMethod(LinearMethodBase):
     """vLLM ``LinearMethodBase`` over an :class:`AscendLinearScheme` (vLLM's parameter classes load it)."""
@@ -141,20 +175,31 @@ class AscendLinearMethod(LinearMethodBase):
         params_dtype: torch.dtype,
         **extra_weight_attrs: Any,
     ) -> None:
-        reason = _ROW_PARALLEL_UNSUPPORTED.get(self.scheme.quant_type)
-        if reason and isinstance(layer, RowParallelLinear) and layer.tp_size > 1:
+        tp_size = getattr(layer, "tp_size", 1)
+        reason = self.scheme.TENSOR_PARALLEL_UNSUPPORTED
+        kind = "layers"
+        if reason is None and isinstance(layer, RowParallelLinear):
+            reason, kind = self.scheme.ROW_PARALLEL_UNSUPPORTED, "row-parallel layers"
+        if reason and tp_size > 1:
             raise QuantLoadError(
-                f"{self.scheme.prefix}: {self.scheme.quant_type} row-parallel layers with tensor_parallel_size="
-                f"{layer.tp_size} are not supported yet ({reason}); serve this checkpoint with "
+                f"{self.scheme.prefix}: {self.scheme.quant_type} {kind} with tensor_parallel_size="
+                f"{tp_size} are not supported yet ({reason}); serve this checkpoint with "
                 "tensor_parallel_size=1"
             )
         loader = extra_weight_attrs["weight_loader"]
         specs = self.scheme.weight_specs(sum(output_partition_sizes), input_size_per_partition)
         self.ledger = _LoadLedger(self.scheme.prefix, {name: len(output_partition_sizes) for name in specs})
+        self.blobs: dict[str, _BlobLoader] = {}
         for name, spec in specs.items():
             dtype = spec.dtype or params_dtype
-            wl = _checked(self.ledger, name, spec, loader, expert=False)
             param: torch.nn.Parameter
+            if spec.kind == "blob":
+                self.blobs[name] = _BlobLoader(_shard_order(layer, len(output_partition_sizes)))
+                wl = _checked(self.ledger, name, spec, self.blobs[name], expert=False)
+                param = BasevLLMParameter(data=torch.empty(0, dtype=dtype), weight_loader=wl)
+                layer.register_parameter(name, param)
+                continue
+            wl = _checked(self.ledger, name, spec, loader, expert=False)
             if spec.kind == "weight":
                 param = ModelWeightParameter(
                     data=torch.empty(spec.shape, dtype=dtype), input_dim=1, output_dim=0, weight_loader=wl
@@ -176,6 +221,8 @@ class AscendLinearMethod(LinearMethodBase):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         self.ledger.check()
+        for name, blob in getattr(self, "blobs", {}).items():
+            blob.assemble(layer, name)
         self.scheme.process_weights(layer)
 
     def apply(

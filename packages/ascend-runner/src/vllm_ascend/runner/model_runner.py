@@ -40,7 +40,7 @@ import time
 import types
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -83,9 +83,10 @@ ASCEND_COMPONENTS = {
 
 
 @contextmanager
-def ascend_components() -> Iterator[None]:
-    """Inherited runner code builds the Ascend components and uses the target's streams/events."""
-    with device_context.torch_device_wrapper(), replaced_names(gpu_model_runner, ASCEND_COMPONENTS):
+def ascend_components(components: dict[str, Any] = ASCEND_COMPONENTS) -> Iterator[None]:
+    """Inherited runner code builds ``components`` (the Ascend ones by default; a family's runner passes its
+    own) and uses the target's streams/events."""
+    with device_context.torch_device_wrapper(), replaced_names(gpu_model_runner, components):
         yield
 
 
@@ -219,13 +220,16 @@ def generators_held_back(generators: dict[int, torch.Generator], rows: Iterable[
 class NPUModelRunner(GPUModelRunner):
     """The V1 model runner for Ascend (see the module docstring)."""
 
+    #: The vLLM names bound while inherited code builds collaborators (a family's runner overrides it).
+    components: ClassVar[dict[str, Any]] = ASCEND_COMPONENTS
+
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         adaptor = get_device_adaptor()
         adaptor.install_runtime_shims()
         self.pins_host_memory = adaptor.pin_memory_available()
         proposer_cls = get_spec_decode_method(vllm_config)
         with (
-            ascend_components(),
+            ascend_components(self.components),
             without_host_pinning(self.pins_host_memory),
             vllm_builds_our_drafter(vllm_config, proposer_cls) as cpu_drafter,
         ):
@@ -237,7 +241,7 @@ class NPUModelRunner(GPUModelRunner):
         self.kernel_warmup_results: dict[str, bool] = {}  # item -> compiled cleanly, after warm_up()
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        with ascend_components():
+        with ascend_components(self.components):
             super().load_model(*args, **kwargs)
 
     def capture_model(self) -> int:
@@ -263,11 +267,11 @@ class NPUModelRunner(GPUModelRunner):
         return taken
 
     def may_reinitialize_input_batch(self, kv_cache_config: KVCacheConfig) -> None:
-        with ascend_components():
+        with ascend_components(self.components):
             super().may_reinitialize_input_batch(kv_cache_config)
 
     def _init_kv_zero_meta(self) -> None:
-        with ascend_components():
+        with ascend_components(self.components):
             super()._init_kv_zero_meta()
 
     def initialize_kv_cache(
@@ -276,7 +280,7 @@ class NPUModelRunner(GPUModelRunner):
         is_profiling: bool = False,
         kv_cache_allocation_context: AbstractContextManager | None = None,
     ) -> None:
-        with ascend_components():
+        with ascend_components(self.components):
             super().initialize_kv_cache(
                 kv_cache_config, is_profiling, kv_cache_allocation_context=kv_cache_allocation_context
             )

@@ -18,7 +18,17 @@ from vllm_ascend.core.device.profile import (
     REFERENCE_PROFILE,
     DeviceAdaptorFamily,
     HardwareProfile,
+    emulating_profile,
 )
+
+#: ``VLLM_ASCEND_REFERENCE_FAMILY`` values and the family each names.
+REFERENCE_FAMILIES: dict[str, AscendDeviceType] = {
+    "a2": AscendDeviceType.A2,
+    "a3": AscendDeviceType.A3,
+    "a5": AscendDeviceType.A5,
+    "310p": AscendDeviceType._310P,
+}
+_OVERLAY_DISTS = {AscendDeviceType._310P: "vllm-ascend[310p]"}
 
 
 class DeviceConfigError(RuntimeError):
@@ -27,21 +37,26 @@ class DeviceConfigError(RuntimeError):
 
 @dataclass(frozen=True)
 class DeviceConfig:
-    """The resolved device: mode, family (None on the reference device), runtime SOC name and profile."""
+    """The resolved device: mode, family (None on the reference device), runtime SOC name and profile.
+
+    ``emulates``: the family the reference device emulates (``VLLM_ASCEND_REFERENCE_FAMILY``); None on an NPU.
+    """
 
     mode: DeviceMode
     device_type: AscendDeviceType | None
     soc_name: str | None
     profile: HardwareProfile
+    emulates: AscendDeviceType | None = None
 
     @property
     def torch_device(self) -> str:
         return self.profile.torch_device
 
     def describe(self) -> str:
-        """``"the reference device"`` or ``"A3 (Ascend910_9392)"``."""
+        """``"the reference device (emulating 310P)"`` or ``"A3 (Ascend910_9392)"``."""
         if self.device_type is None:
-            return "the reference device"
+            family = self.emulates.value if self.emulates is not None else AscendDeviceType.A2.value
+            return f"the reference device (emulating {family})"
         return f"{self.device_type.value} ({self.soc_name})"
 
 
@@ -53,10 +68,32 @@ def runtime_soc_name() -> str:
     return str(torch.npu.get_device_name(0))
 
 
+def reference_family() -> AscendDeviceType:
+    """The family named by ``VLLM_ASCEND_REFERENCE_FAMILY`` (``a2`` by default)."""
+    from vllm_ascend.core import envs
+
+    return REFERENCE_FAMILIES[envs.VLLM_ASCEND_REFERENCE_FAMILY]
+
+
+def reference_profile(family: AscendDeviceType) -> HardwareProfile:
+    """The reference device's profile when it emulates ``family``: A2 is the reference profile itself;
+    another family's is :func:`emulating_profile` of that family's (overlay's) profile. A family whose
+    profile comes from an overlay that is not installed is refused naming the distribution."""
+    if family is AscendDeviceType.A2:
+        return REFERENCE_PROFILE
+    if family in _OVERLAY_DISTS and family not in active_overlays():
+        raise DeviceConfigError(
+            f"VLLM_ASCEND_REFERENCE_FAMILY={family.value.lower()} needs the {family.value} overlay: install "
+            f"{_OVERLAY_DISTS[family]} (pip install '{_OVERLAY_DISTS[family]}')"
+        )
+    return emulating_profile(get_hardware_profile(family))
+
+
 def resolve_device_config(mode: DeviceMode, soc_name: str | None = None) -> DeviceConfig:
     """Build the config for ``mode``; on NPU ``soc_name`` defaults to :func:`runtime_soc_name`."""
     if mode is DeviceMode.REFERENCE:
-        return DeviceConfig(mode, None, None, REFERENCE_PROFILE)
+        family = reference_family()
+        return DeviceConfig(mode, None, None, reference_profile(family), emulates=family)
     if mode is DeviceMode.NPU:
         name = soc_name if soc_name is not None else runtime_soc_name()
         family = device_type_from_runtime_soc(name)
@@ -137,12 +174,17 @@ def adaptor_class_for(family: DeviceAdaptorFamily) -> type[BaseDeviceAdaptor]:
 def get_device_adaptor() -> BaseDeviceAdaptor:
     """The adaptor of the current device (an overlay's when one covers the family), one per process."""
     config = get_device_config()
+    if config.emulates is not None:  # the reference device: the emulated family's overlay may bring its own
+        overlay = active_overlays().get(config.emulates)
+        cls = overlay.reference_adaptor if overlay is not None else None
+        return (cls or adaptor_class_for(DeviceAdaptorFamily.REFERENCE))()
     overlay = active_overlays().get(config.device_type) if config.device_type is not None else None
     cls = overlay.adaptor if overlay is not None else adaptor_class_for(config.profile.adaptor_family)
     return cls()
 
 
 def clear_device_caches() -> None:
-    """Forget the cached device config and adaptor (tests, or after changing VLLM_ASCEND_DEVICE)."""
+    """Forget the cached device config and adaptor (tests, or after changing VLLM_ASCEND_DEVICE or
+    VLLM_ASCEND_REFERENCE_FAMILY)."""
     get_device_config.cache_clear()
     get_device_adaptor.cache_clear()

@@ -26,6 +26,9 @@ class DeviceOverlay:
     profile: HardwareProfile
     adaptor: type[BaseDeviceAdaptor]
     description: str = ""
+    #: The adaptor of the reference device emulating this family (``VLLM_ASCEND_REFERENCE_FAMILY``): torch
+    #: on the cpu with the family's op semantics and limits; None keeps core's reference adaptor.
+    reference_adaptor: type[BaseDeviceAdaptor] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.family, AscendDeviceType):
@@ -39,10 +42,14 @@ class DeviceOverlay:
             raise OverlayError(
                 f"DeviceOverlay for {self.family.value} carries a profile for {self.profile.device_type!r}"
             )
-        if not (isinstance(self.adaptor, type) and issubclass(self.adaptor, BaseDeviceAdaptor)):
-            raise OverlayError(
-                f"DeviceOverlay.adaptor must be a BaseDeviceAdaptor subclass, got {self.adaptor!r}"
-            )
+        for attr in ("adaptor", "reference_adaptor"):
+            value = getattr(self, attr)
+            if attr == "reference_adaptor" and value is None:
+                continue
+            if not (isinstance(value, type) and issubclass(value, BaseDeviceAdaptor)):
+                raise OverlayError(
+                    f"DeviceOverlay.{attr} must be a BaseDeviceAdaptor subclass, got {value!r}"
+                )
 
 
 def active_overlays() -> dict[AscendDeviceType, DeviceOverlay]:

@@ -84,6 +84,8 @@ class HardwareProfile:
     cube_cores: int | None = None
     vector_cores: int | None = None
     ub_bytes: int | None = None
+    #: The ``WORKERS`` entry that serves this family (a sibling may register its own, e.g. ``"310p"``).
+    worker: str = "default"
 
     def __post_init__(self) -> None:
         for attr, enum_cls in _DIMENSIONS.items():
@@ -110,6 +112,8 @@ class HardwareProfile:
             value = getattr(self, attr)
             if value is not None and (type(value) is not int or value <= 0):
                 raise ProfileError(f"HardwareProfile.{attr}={value!r} must be a positive int or None")
+        if not isinstance(self.worker, str) or not self.worker.strip():
+            raise ProfileError(f"HardwareProfile.worker={self.worker!r} must be a non-empty WORKERS name")
         bf16 = HardwareCapability.BF16 in self.capabilities
         if bf16 != ("bfloat16" in self.supported_dtypes):
             raise ProfileError(f"profile {self.name!r}: the BF16 capability and supported_dtypes disagree")
@@ -145,6 +149,7 @@ class HardwareProfile:
             "supported_dtypes": list(self.supported_dtypes),
             "quant_weight_format": self.quant_weight_format,
             **{attr: getattr(self, attr) for attr in _HARDWARE_COUNTS},
+            "worker": self.worker,
         }
 
 
@@ -238,6 +243,29 @@ REFERENCE_PROFILE = HardwareProfile(
     async_scheduling=False,
     preferred_block_size=128,
 )
+
+#: What the reference device honours of a family's capabilities: what it implements in torch (sparse int8
+#: weights decompress in torch) and Triton (interpreted where ``TRITON_INTERPRET=1``, else the kernels' torch
+#: references); not the fused NPU-only ops.
+EMULATED_CAPABILITIES = REFERENCE_PROFILE.capabilities | {C.TRITON, C.SPARSE_WEIGHT}
+
+
+def emulating_profile(family_profile: HardwareProfile) -> HardwareProfile:
+    """The reference device emulating ``family_profile``'s family: torch's cpu device and gloo, with the
+    family's dtypes, eager-only rule, block sizes, weight layout, worker and the capabilities the
+    reference implements (``VLLM_ASCEND_REFERENCE_FAMILY``)."""
+    return REFERENCE_PROFILE.with_changes(
+        name=f"{REFERENCE_PROFILE.name} as {family_profile.name}",
+        device_type=family_profile.device_type,
+        capabilities=family_profile.capabilities & EMULATED_CAPABILITIES,
+        eager_only=family_profile.eager_only,
+        preferred_block_size=family_profile.preferred_block_size,
+        block_size_multiple=family_profile.block_size_multiple,
+        supported_dtypes=family_profile.supported_dtypes,
+        quant_weight_format=family_profile.quant_weight_format,
+        worker=family_profile.worker,
+    )
+
 
 BUILTIN_PROFILES: dict[AscendDeviceType, HardwareProfile] = {
     AscendDeviceType.A2: A2_PROFILE,

@@ -19,7 +19,15 @@ from vllm_ascend.core.device.adaptor.reference import pack_int4
 from vllm_ascend.core.device.config import get_current_hardware_profile, get_device_adaptor
 from vllm_ascend.quant.errors import QuantLoadError
 
-TENSOR_KINDS: tuple[str, ...] = ("weight", "channel", "group", "tensor", "expert_weight", "expert_channel")
+TENSOR_KINDS: tuple[str, ...] = (
+    "weight",
+    "channel",
+    "group",
+    "tensor",
+    "blob",
+    "expert_weight",
+    "expert_channel",
+)
 INT8_RANGE = (-128, 127)
 INT4_RANGE = (-8, 7)
 INT4_PER_INT32 = 8
@@ -31,7 +39,9 @@ class TensorSpec:
 
     Kinds: ``"weight"`` ``[out, in]``; ``"channel"`` ``[out, ...]`` (sharded on dim 0 with the output);
     ``"group"`` ``[out, G]`` (per-group scale/offset, ``G = in / group_size``); ``"tensor"`` ``[1]`` (one
-    value per fused shard); ``"expert_weight"`` ``[E, out, in]``; ``"expert_channel"`` ``[E, out, 1]``.
+    value per fused shard); ``"blob"`` a 1-D tensor per fused shard whose size only the checkpoint knows
+    (compressed weights: never split by tensor parallelism, the shards' blobs concatenated in shard order,
+    ``shape`` is ``(0,)``); ``"expert_weight"`` ``[E, out, in]``; ``"expert_channel"`` ``[E, out, 1]``.
     """
 
     shape: tuple[int, ...]
@@ -105,6 +115,9 @@ class _Scheme(abc.ABC):
             if spec.kind == "tensor":
                 if t.numel() < 1 or t.dim() > 2:
                     raise self.error(name, "one value per fused shard (shape [1] or [shards])", _describe(t))
+            elif spec.kind == "blob":
+                if t.dim() != 1 or t.numel() < 1:
+                    raise self.error(name, "a non-empty 1-D tensor", _describe(t))
             elif tuple(t.shape) != spec.shape:
                 raise self.error(name, f"shape {spec.shape} ({spec.kind})", _describe(t))
             tensors[name] = t
@@ -206,6 +219,10 @@ class AscendLinearScheme(_Scheme):
     """
 
     layer_type: ClassVar[str] = "linear"
+    #: Why a row-parallel layer of this scheme cannot be split over tensor-parallel ranks (None: it can).
+    ROW_PARALLEL_UNSUPPORTED: ClassVar[str | None] = None
+    #: Why no layer of this scheme can be split over tensor-parallel ranks (None: it can).
+    TENSOR_PARALLEL_UNSUPPORTED: ClassVar[str | None] = None
 
     @abc.abstractmethod
     def weight_specs(self, output_size: int, input_size: int) -> dict[str, TensorSpec]:
@@ -225,12 +242,16 @@ class AscendLinearScheme(_Scheme):
     ) -> torch.Tensor:
         """``x [..., in]`` (float) → ``[..., out]`` in ``x.dtype``, only through the device adaptor's ops."""
 
-    def process_weights(self, layer: torch.nn.Module) -> None:
-        """Validate the loaded tensors, then replace them with the runtime layout (called once after loading)."""
+    def layer_sizes(self, layer: torch.nn.Module) -> tuple[int, int]:
+        """``(out, in)`` of the loaded layer, read from its 2-D ``weight``."""
         weight = self.loaded(layer, "weight")
         if weight.dim() != 2:
             raise self.error("weight", "a 2-D [out, in] tensor", _describe(weight))
-        specs = self.weight_specs(weight.shape[0], weight.shape[1])
+        return weight.shape[0], weight.shape[1]
+
+    def process_weights(self, layer: torch.nn.Module) -> None:
+        """Validate the loaded tensors, then replace them with the runtime layout (called once after loading)."""
+        specs = self.weight_specs(*self.layer_sizes(layer))
         tensors = self.check_specs(layer, specs)
         self.validate(layer, tensors)
         runtime = self.runtime(tensors)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm_ascend.core.device.config import get_current_hardware_profile
 from vllm_ascend.core.device.torch_ops import device_ops
 from vllm_ascend.quant.schemes.base import INT8_RANGE, AscendLinearScheme, TensorSpec, weight_format
 from vllm_ascend.quant.schemes.registry import register_scheme
@@ -30,6 +31,10 @@ def deq_scale_fp32(deq_scale: torch.Tensor) -> torch.Tensor:
 class W8A8Linear(AscendLinearScheme):
     """Static activation quantization (calibrated), per-channel symmetric int8 weights."""
 
+    ROW_PARALLEL_UNSUPPORTED = (
+        "its int32 quant_bias folds the activation offset over all input channels, so each rank would add it"
+    )
+
     def weight_specs(self, output_size: int, input_size: int) -> dict[str, TensorSpec]:
         """ModelSlim's W8A8 tensors: weight, input scale/offset ([1] each), weight scale/offset, deq_scale, quant_bias."""
         self.check_sizes(output_size=output_size, input_size=input_size)
@@ -49,7 +54,12 @@ class W8A8Linear(AscendLinearScheme):
         return (name == "deq_scale" and t.dtype == torch.int64) or super().dtype_ok(name, t, spec)
 
     def validate(self, layer: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-        """Shared, positive input scale; shared integer input offset in int8 range; symmetric weights; finite deq_scale.
+        """The activation checks of :meth:`validate_activation`, and symmetric weights (offsets all 0)."""
+        self.validate_activation(layer, tensors)
+        self.check_zero("weight_offset", tensors["weight_offset"])
+
+    def validate_activation(self, layer: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+        """Shared, positive input scale; shared integer input offset in int8 range; finite deq_scale.
 
         Leaves ``tensors`` normalised: input scale/offset as one fp32 value, ``deq_scale`` as fp32.
         """
@@ -59,7 +69,6 @@ class W8A8Linear(AscendLinearScheme):
             raise self.error("input_scale", "a positive scale", f"{float(scale)}")
         offset = self.check_shared(layer, "input_offset", tensors["input_offset"])
         self.check_integral("input_offset", offset, *INT8_RANGE)
-        self.check_zero("weight_offset", tensors["weight_offset"])
         tensors["input_scale"], tensors["input_offset"] = scale, offset
         tensors["deq_scale"] = deq_scale_fp32(tensors["deq_scale"])
         self.check_finite("deq_scale", tensors["deq_scale"])
@@ -77,12 +86,17 @@ class W8A8Linear(AscendLinearScheme):
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Static int8 activations, int32 matmul with ``quant_bias`` in the accumulator, then ``deq_scale``."""
+        """Static int8 activations, int32 matmul with ``quant_bias`` in the accumulator, then ``deq_scale``.
+
+        A float ``bias`` is added in fp32 where the device computes in fp32, else (310P: fp16 only, its
+        quant matmul writes fp16) after the matmul in ``x``'s dtype.
+        """
         ops = device_ops()
         out_features = layer.deq_scale.numel()
         xq = ops.quantize(x.reshape(-1, x.shape[-1]), layer.input_scale, layer.input_offset)
-        out_dtype = x.dtype if bias is None else torch.float32
+        fp32 = "float32" in get_current_hardware_profile().supported_dtypes
+        out_dtype = torch.float32 if bias is not None and fp32 else x.dtype
         y = ops.quant_matmul(xq, layer.weight, layer.deq_scale, bias=layer.quant_bias, output_dtype=out_dtype)
         if bias is not None:
-            y = (y + bias.float()).to(x.dtype)
+            y = (y + bias.to(y.dtype)).to(x.dtype)
         return y.reshape(*x.shape[:-1], out_features)

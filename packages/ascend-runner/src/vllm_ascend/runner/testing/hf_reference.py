@@ -17,11 +17,14 @@ class GreedyResult:
 
 
 @torch.inference_mode()
-def hf_greedy(model_dir: Path | str, prompts: list[list[int]], max_new_tokens: int) -> GreedyResult:
-    """Greedy decoding with full re-computation each step (no cache, ignores EOS), one prompt at a time."""
+def hf_greedy(
+    model_dir: Path | str, prompts: list[list[int]], max_new_tokens: int, dtype: torch.dtype = torch.float32
+) -> GreedyResult:
+    """Greedy decoding with full re-computation each step (no cache, ignores EOS), one prompt at a time,
+    with the weights and activations in ``dtype`` (float16 for the 310P family)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     model.eval()
     all_ids: list[list[int]] = []
     all_logits: list[torch.Tensor] = []
