@@ -42,6 +42,46 @@ def _assert_diverse(token_ids: list[list[int]]) -> None:
         assert len(set(ids)) >= MAX_NEW_TOKENS // 3, ids
 
 
+def test_ngram_drafts_are_verified_by_the_310p_rejection_sampler(tiny_qwen3, monkeypatch):
+    """N-gram speculative decoding: drafts verified on the host RNG path, tokens equal plain greedy."""
+    from vllm import LLM
+
+    from vllm_ascend.ascend310p.sample import rejection_sampler as rs310
+    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+
+    accepted: list[int] = []
+    real = rs310.rejection_sample_310p
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        accepted.append(int((out[:, 1:] >= 0).sum()))
+        return out
+
+    monkeypatch.setattr(rs310, "rejection_sample_310p", spy)
+    prompts = [list(range(10, 30)) * 3, [40, 41, 42, 43, 44, 40, 41, 42] * 4]
+    llm = LLM(
+        model=str(tiny_qwen3),
+        dtype="float16",
+        block_size=16,
+        max_model_len=256,
+        kv_cache_memory_bytes=32 << 20,
+        seed=0,
+        speculative_config={
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_max": 3,
+            "prompt_lookup_min": 2,
+        },
+    )
+    try:
+        assert isinstance(_runner(llm).rejection_sampler, rs310.AscendRejectionSampler310)
+        got = _generate(llm, prompts, temperature=0.0)
+        assert got == hf_greedy(tiny_qwen3, prompts, MAX_NEW_TOKENS, dtype=torch.float16).token_ids
+        assert accepted and sum(accepted) > 0, accepted
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
 # Runs before the shared dense engine exists: vLLM's process-wide parallel groups belong to one engine at a time.
 def test_qwen3_moe_fp16_matches_hf_fp16(tiny_qwen3_moe, qwen3_moe_prompts):
     from vllm import LLM

@@ -1,9 +1,11 @@
-"""The Atlas 310P overlay: core's 310P profile refined, and the 310P device adaptor.
+"""The Atlas 310P overlay: core's 310P profile refined, the 310P NPU adaptor, and the reference adaptor
+of the reference device emulating 310P (``VLLM_ASCEND_REFERENCE_FAMILY=310p``).
 
 310P cards compute in float16 only and lack the fused MoE and KV-scatter ops of A2/A3
 (``torch_npu``'s docs list those ops for A2/A3 only), and their quantized matmuls take no per-token
-scales: those ops run the reference torch code on the NPU tensors instead. The profile claims only
-what is served: no graph capture (so the platform turns it off) and no sparse int8 weights.
+scales: those ops run the reference torch code on the NPU tensors instead. The profile claims what is
+served: float16, sparse/compressed int8 weights (W8A8S/W8A8SC), no graph capture (the platform refuses
+graph modes), no Triton (the kernels run their torch implementations), and the 310P worker.
 """
 
 from __future__ import annotations

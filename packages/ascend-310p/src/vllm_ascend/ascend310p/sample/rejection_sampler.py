@@ -3,7 +3,7 @@
 The runner's :class:`AscendRejectionSampler` keeps vLLM's order of steps and verifies on
 ``vllm_ascend.kernels`` dispatchers, which would pick Triton kernels wherever triton-ascend is
 installed, and draws its uniforms and exponentials on the device. Neither works on Atlas 310P, so
-its verification step is replaced, for the duration of a call, by :func:`rejection_sample_310p`:
+its verification step (``verify``) is :func:`rejection_sample_310p`:
 the same contract and verification methods, the kernels' torch references called directly, the
 per-draft uniforms and the recovered-token exponentials drawn on the host from the same CPU
 generators as :class:`~vllm_ascend.ascend310p.sample.sampler.AscendSampler310`.
@@ -21,10 +21,8 @@ import functools
 import torch
 from vllm.config import SpeculativeConfig
 from vllm.utils.platform_utils import is_pin_memory_available
-from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
-from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 from vllm_ascend.ascend310p.sample.sampler import (
     _generate_request_uniforms_310p,
@@ -32,8 +30,6 @@ from vllm_ascend.ascend310p.sample.sampler import (
     fill_exponential_310p,
 )
 from vllm_ascend.kernels import rejection as ref
-from vllm_ascend.runner.patching import replaced_names
-from vllm_ascend.runner.sample import rejection_sampler as runner_rejection
 from vllm_ascend.runner.sample.rejection_sampler import STRICT, AscendRejectionSampler, Verification
 
 
@@ -164,14 +160,4 @@ class AscendRejectionSampler310(AscendRejectionSampler):
     ) -> None:
         super().__init__(sampler, spec_config, device)
         self.pin_memory = bool(getattr(sampler, "pin_memory", False))
-
-    def forward(
-        self,
-        metadata: SpecDecodeMetadata,
-        draft_probs: torch.Tensor | None,
-        logits: torch.Tensor,
-        sampling_metadata: SamplingMetadata,
-    ) -> SamplerOutput:
-        verify = functools.partial(rejection_sample_310p, pin_memory=self.pin_memory)
-        with replaced_names(runner_rejection, {"rejection_sample": verify}):
-            return super().forward(metadata, draft_probs, logits, sampling_metadata)
+        self.verify = functools.partial(rejection_sample_310p, pin_memory=self.pin_memory)

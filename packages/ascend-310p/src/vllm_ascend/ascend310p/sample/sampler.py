@@ -18,16 +18,9 @@ import weakref
 from collections.abc import Mapping
 
 import torch
-import torch.nn as nn
-from vllm.config.model import LogprobsMode
-from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
 from vllm.v1.sample.metadata import SamplingMetadata
 
-import vllm_ascend.kernels as kernels
 from vllm_ascend.runner.sample.sampler import AscendSampler
-
-# vLLM's threshold below which a temperature means greedy.
-_SAMPLING_EPS = 1e-5
 
 _CPU_GENERATORS: weakref.WeakKeyDictionary[torch.Generator, torch.Generator] = weakref.WeakKeyDictionary()
 
@@ -106,68 +99,19 @@ def _sample_from_cdf_310p(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.
     return torch.minimum(index, last_positive)
 
 
-class AscendTopKTopPSampler310(nn.Module):
-    """Top-k / top-p on the kernels, then one CDF draw per row from host uniforms."""
+class AscendSampler310(AscendSampler):
+    """The runner's sampler (greedy, penalties, bad words, min-p, top-k/top-p on the kernels' torch
+    implementations, logprobs) whose random rows are drawn by CDF inversion of host uniforms
+    instead of device Gumbel noise."""
 
-    def __init__(self, pin_memory: bool = False) -> None:
-        super().__init__()
-        self.pin_memory = pin_memory
-
-    def forward(
-        self,
-        logits: torch.Tensor,
-        generators: Mapping[int, torch.Generator],
-        top_k: torch.Tensor | None,
-        top_p: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(tokens [B] int64, logits with the tokens outside top-k/top-p at -inf)``; ``logits``
-        is masked in place."""
-        if top_k is not None or top_p is not None:
-            k = top_k.to(torch.int64) if top_k is not None else None
-            p = top_p.to(torch.float32) if top_p is not None else None
-            logits = kernels.apply_top_k_top_p(logits, k, p)
+    def draw(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> torch.Tensor:
+        """One CDF draw per row of the processed logits, from a host uniform (the row's request
+        generator's CPU stream, else the global CPU RNG)."""
         num_rows = logits.shape[0]
         uniforms = _generate_request_uniforms_310p(
             [1] * num_rows,
-            _prepare_cpu_generators_310p(generators, num_rows),
+            _prepare_cpu_generators_310p(sampling_metadata.generators, num_rows),
             logits.device,
             self.pin_memory,
         )
-        probs = logits.softmax(dim=-1, dtype=torch.float32)
-        return _sample_from_cdf_310p(probs, uniforms), logits
-
-
-class AscendSampler310(AscendSampler):
-    """The runner's sampler (greedy, penalties, bad words, min-p, top-k/top-p, logprobs) whose random
-    rows are drawn by :class:`AscendTopKTopPSampler310` instead of device Gumbel noise."""
-
-    def __init__(self, logprobs_mode: LogprobsMode = "raw_logprobs", use_fp64_gumbel: bool = False) -> None:
-        super().__init__(logprobs_mode, use_fp64_gumbel)
-        self.topk_topp_sampler = AscendTopKTopPSampler310(self.pin_memory)
-
-    def sample(
-        self,
-        logits: torch.Tensor,
-        sampling_metadata: SamplingMetadata,
-        logprobs_mode_override: LogprobsMode | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        md = sampling_metadata
-        if md.all_greedy:
-            return super().sample(logits, md, logprobs_mode_override)
-        if md.temperature is None:
-            raise ValueError("random sampling needs SamplingMetadata.temperature; got None")
-        mode = logprobs_mode_override or self.logprobs_mode
-        wants_logprobs = md.max_num_logprobs is not None or bool(md.logprob_token_ids)
-        greedy = None if md.all_random else self.greedy_sample(logits)
-        logits = self.apply_temperature(logits, md.temperature, md.all_random)
-        for processor in md.logitsprocs.argmax_invariant:
-            if isinstance(processor, MinPLogitsProcessor):
-                if processor.min_p_count:
-                    kernels.apply_min_p(logits, processor.min_p.reshape(-1)[: logits.shape[0]])
-            else:
-                logits = processor.apply(logits)
-        sampled, logits = self.topk_topp_sampler(logits, md.generators, md.top_k, md.top_p)
-        processed = self._processed_logprobs(logits, mode, wants_logprobs)
-        if greedy is not None:
-            sampled = torch.where(md.temperature < _SAMPLING_EPS, greedy, sampled)
-        return sampled, processed
+        return _sample_from_cdf_310p(logits.softmax(dim=-1, dtype=torch.float32), uniforms)

@@ -12,6 +12,7 @@ block verification or by entropy (typical acceptance, not distribution-preservin
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -235,6 +236,9 @@ class AscendRejectionSampler(RejectionSampler):
     ``rejection_sampler_config.verify_method`` (``strict``, ``block`` or ``entropy``) or vLLM's
     ``rejection_sample_method`` (``block``, or ``synthetic`` acceptance for benchmarking)."""
 
+    #: The verification step, with :func:`rejection_sample`'s contract (a family's sampler sets its own).
+    verify: Callable[..., torch.Tensor] = staticmethod(rejection_sample)
+
     def __init__(
         self,
         sampler: Sampler,
@@ -254,7 +258,7 @@ class AscendRejectionSampler(RejectionSampler):
         with replaced_names(
             vllm_rejection,
             {
-                "rejection_sample": functools.partial(rejection_sample, verification=self.verification),
+                "rejection_sample": functools.partial(self.verify, verification=self.verification),
                 "expand_batch_to_tokens": kernels.expand_batch_to_tokens,
                 "apply_top_k_top_p": kernels.apply_top_k_top_p,
             },

@@ -164,16 +164,22 @@ class AscendSampler(Sampler):
             top_p = md.top_p.to(torch.float32) if md.top_p is not None else None
             logits = kernels.apply_top_k_top_p(logits, top_k, top_p)
         processed = self._processed_logprobs(logits, mode, wants_logprobs)
-
-        seeds = sampling_seeds(logits.shape[0], md.generators, logits.device)
-        # Temperature was applied above; gumbel_sample only reads it to tell greedy rows (T <= 0).
-        temperature = torch.where(md.temperature < _SAMPLING_EPS, 0.0, md.temperature.to(torch.float32))
-        sampled = kernels.gumbel_sample(
-            logits, temperature, seeds, torch.zeros_like(seeds), apply_temperature=False
-        )
+        sampled = self.draw(logits, md)
         if greedy is not None:
             sampled = torch.where(md.temperature < _SAMPLING_EPS, greedy, sampled)
         return sampled, processed
+
+    def draw(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> torch.Tensor:
+        """One token per row from the processed logits (temperature, min-p, top-k/top-p applied):
+        Gumbel-max with one seed per row; greedy rows' draws are replaced by their argmax afterwards."""
+        md = sampling_metadata
+        assert md.temperature is not None  # checked by sample()
+        seeds = sampling_seeds(logits.shape[0], md.generators, logits.device)
+        # Temperature was applied already; gumbel_sample only reads it to tell greedy rows (T <= 0).
+        temperature = torch.where(md.temperature < _SAMPLING_EPS, 0.0, md.temperature.to(torch.float32))
+        return kernels.gumbel_sample(
+            logits, temperature, seeds, torch.zeros_like(seeds), apply_temperature=False
+        )
 
     def _processed_logprobs(self, logits: torch.Tensor, mode: str, wanted: bool) -> torch.Tensor | None:
         if not wanted:
