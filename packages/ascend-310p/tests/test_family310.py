@@ -70,10 +70,14 @@ def test_doctor_shows_what_serving_on_310p_does():
     ) in lines
     assert "capabilities      sparse_weight" in lines
     assert (
-        "adaptor           vllm_ascend.ascend310p.overlay.Ascend310PReferenceAdaptor (310P-reference)" in lines
+        "adaptor           vllm_ascend.ascend310p.overlay.Ascend310PReferenceAdaptor (310P-reference)"
+        in lines
     )
     assert "worker            310p" in lines
-    assert "graphs            none: eager only (cudagraph_mode / compilation other than NONE are refused)" in lines
+    assert (
+        "graphs            none: eager only (cudagraph_mode / compilation other than NONE are refused)"
+        in lines
+    )
     assert "kernels           torch implementations only (no Triton on this family)" in lines
     assert "quant weights     NZ layout, sparse/compressed int8 (W8A8S/W8A8SC)" in lines
     row = next(line for line in lines if line.startswith("ascend310p "))

@@ -45,6 +45,36 @@ def recovery_noise(
     return q.reciprocal_()
 
 
+class VerificationRandomness:
+    """Where verification's random draws come from: one uniform per draft token and the recovered-token
+    exponentials. Here the device RNG (a seeded request's own generator); a family without a device random
+    path (310P) draws on the host instead."""
+
+    def uniforms(
+        self,
+        num_tokens: int,
+        num_draft_tokens: list[int],
+        generators: dict[int, torch.Generator],
+        device: torch.device,
+    ) -> torch.Tensor:
+        """``[num_tokens]`` float64 uniforms, a seeded request's from its generator."""
+        return generate_uniform_probs(num_tokens, num_draft_tokens, generators, device)
+
+    def recovery_noise(
+        self,
+        batch_size: int,
+        vocab_size: int,
+        num_draft_tokens: list[int],
+        generators: dict[int, torch.Generator],
+        device: torch.device,
+    ) -> torch.Tensor:
+        """``[B, V]`` reciprocals of exponential draws (see :func:`recovery_noise`)."""
+        return recovery_noise(batch_size, vocab_size, num_draft_tokens, generators, device)
+
+
+DEVICE_RANDOMNESS = VerificationRandomness()
+
+
 @dataclass(frozen=True)
 class Verification:
     """How random requests' drafts are verified: ``strict`` (token-wise), ``block`` or ``entropy``
@@ -71,6 +101,7 @@ def rejection_sample(
     synthetic_conditional_rates: torch.Tensor | None = None,
     use_fp64_gumbel: bool = False,
     verification: Verification = STRICT,
+    randomness: VerificationRandomness = DEVICE_RANDOMNESS,
 ) -> torch.Tensor:
     """``[B, max_spec_len + 1]`` int32 output tokens (vLLM's ``rejection_sample`` contract):
     accepted drafts, then the replacement of the first rejected draft or the bonus token, then
@@ -78,7 +109,7 @@ def rejection_sample(
     verification; random ones follow ``verification``. ``synthetic_mode`` (vLLM's
     ``rejection_sample_method="synthetic"``) accepts every request's drafts with the per-position
     ``synthetic_conditional_rates`` instead, for benchmarking. Exponential draws are float32
-    (``use_fp64_gumbel`` is not honoured)."""
+    (``use_fp64_gumbel`` is not honoured); every random draw comes from ``randomness``."""
     batch_size = len(num_draft_tokens)
     device = target_logits.device
     output = torch.full(
@@ -86,7 +117,8 @@ def rejection_sample(
     )
     is_greedy = None if sampling_metadata.all_greedy else sampling_metadata.temperature == 0
     if synthetic_mode:
-        assert synthetic_conditional_rates is not None
+        if synthetic_conditional_rates is None:
+            raise ValueError("synthetic_mode needs synthetic_conditional_rates; got None")
         return _synthetic_sample(
             output,
             draft_token_ids,
@@ -98,6 +130,7 @@ def rejection_sample(
             bonus_token_ids,
             sampling_metadata,
             synthetic_conditional_rates,
+            randomness,
         )
     if not sampling_metadata.all_random:
         kernels.rejection_greedy_sample(
@@ -112,7 +145,7 @@ def rejection_sample(
             return output
     assert is_greedy is not None
     target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
-    inv_q = recovery_noise(
+    inv_q = randomness.recovery_noise(
         batch_size, target_probs.shape[-1], num_draft_tokens, sampling_metadata.generators, device
     )
     if verification.method == "entropy":
@@ -127,7 +160,7 @@ def rejection_sample(
             verification.epsilon,
             verification.alpha,
         )
-    uniform = generate_uniform_probs(
+    uniform = randomness.uniforms(
         draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, device
     )
     if verification.method == "block":
@@ -170,17 +203,18 @@ def _synthetic_sample(
     bonus_token_ids: torch.Tensor,
     sampling_metadata: SamplingMetadata,
     conditional_rates: torch.Tensor,
+    randomness: VerificationRandomness,
 ) -> torch.Tensor:
     """vLLM's synthetic acceptance on the kernels: position ``j`` accepted while ``u < rate[j]``;
     the first rejection writes the target argmax (greedy requests) or the recovered token (random)."""
     device = target_logits.device
-    uniform = generate_uniform_probs(
+    uniform = randomness.uniforms(
         draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, device
     )
     replacement = target_logits.argmax(dim=-1)
     if not sampling_metadata.all_greedy:
         target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
-        inv_q = recovery_noise(
+        inv_q = randomness.recovery_noise(
             len(num_draft_tokens),
             target_probs.shape[-1],
             num_draft_tokens,
