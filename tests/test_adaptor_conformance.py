@@ -338,19 +338,32 @@ def test_npu_adaptors_map_every_op_or_say_it_runs_torch(cls):
     assert torch_only == set(cls.TORCH_OPS)
 
 
-def _calls_reached_by(cls: type, op: str) -> list[NpuCall]:
+def _calls_reached_by(cls: type, op: str, seen: set[str] | None = None) -> list[NpuCall]:
+    """The torch_npu calls in ``op``'s code and in the methods of ``cls`` it calls on ``self``."""
+    seen = set() if seen is None else seen
+    seen.add(op)
     fn = getattr(cls, op)
     fn = getattr(fn, "__wrapped__", fn)
     source = textwrap.dedent(inspect.getsource(fn))
-    return npu_calls(source, f"{fn.__module__}.{fn.__qualname__}")
+    calls = npu_calls(source, f"{fn.__module__}.{fn.__qualname__}")
+    for name in dict.fromkeys(re.findall(r"\bself\.(\w+)\(", source)):
+        if name not in seen and callable(getattr(cls, name, None)):
+            calls += _calls_reached_by(cls, name, seen)
+    return calls
 
 
 def test_310p_adaptor_reaches_only_ops_documented_for_310p(npu_ops):
     """Where an op's doc lists its supported products, it must list the Atlas inference series (310P)."""
     from vllm_ascend.ascend310p.overlay import Ascend310PDeviceAdaptor as cls
 
-    reached = [call for op in OPS for call in _calls_reached_by(cls, op)]
-    assert {c.op for c in reached} >= {"npu_prompt_flash_attention", "npu_grouped_matmul"}
+    from vllm_ascend.ascend310p.attention.impl import OPS_310P
+
+    reached = [call for op in (*OPS, *OPS_310P) for call in _calls_reached_by(cls, op)]
+    assert {c.op for c in reached} >= {
+        "npu_prompt_flash_attention",
+        "npu_incre_flash_attention",
+        "npu_grouped_matmul",
+    }
     unsupported = [
         f"{c.where}: torch_npu.{c.op} (supported: {' '.join(npu_ops[c.op].supported_products.split())})"
         for c in reached

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 import torch.nn.functional as F
 
-from vllm_ascend.ascend310p.attention.mask import MASK_VALUE, expand_compressed_mask
+from vllm_ascend.ascend310p.attention.mask import MASK_VALUE, AttentionMaskBuilder310, expand_compressed_mask
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
 from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor, torch_npu_module
 from vllm_ascend.core.device.adaptor.reference import (
@@ -233,44 +233,17 @@ class Ascend310PDeviceAdaptor(_Attention310Ops, A2A3DeviceAdaptor):
         causal=True,
         output=None,
     ):
-        if query.dtype != torch.float16:
-            raise DeviceOpError(f"Atlas 310P attention runs in float16 only, got query dtype {query.dtype}")
-        torch_npu = torch_npu_module()
-        num_tokens, num_heads, _ = query.shape
-        group = num_heads // key_cache.shape[2]
-        starts = [int(v) for v in query_start_loc.tolist()]
-        lens = [int(v) for v in seq_lens.tolist()]
-        if output is None:
-            output = query.new_zeros(num_tokens, num_heads, value_cache.shape[3])
-        for b, seq_len in enumerate(lens):
-            q_start, q_end = starts[b], starts[b + 1]
-            q_len = q_end - q_start
-            if q_len == 0:
-                continue
-            # 310P's prompt flash attention takes no num_key_value_heads: expand KV heads (MHA).
-            key, value = self.kv_load(key_cache, value_cache, block_table[b : b + 1], seq_lens[b : b + 1])
-            key = key.repeat_interleave(group, dim=1).unsqueeze(0).contiguous()
-            value = value.repeat_interleave(group, dim=1).unsqueeze(0).contiguous()
-            mask = None
-            if causal:
-                rows = torch.arange(q_len, device=query.device).unsqueeze(1) + (seq_len - q_len)
-                mask = (torch.arange(seq_len, device=query.device).unsqueeze(0) > rows).view(
-                    1, 1, q_len, seq_len
-                )
-            out = torch_npu.npu_prompt_flash_attention(
-                query[q_start:q_end].unsqueeze(0).contiguous(),
-                key,
-                value,
-                atten_mask=mask,
-                num_heads=num_heads,
-                scale_value=scale,
-                pre_tokens=_INT_MAX,
-                next_tokens=_INT_MAX,
-                input_layout="BSND",
-                sparse_mode=0,
-            )
-            output[q_start:q_end] = out.view(q_len, num_heads, -1)
-        return output[:num_tokens]
+        """The dense backend's op on 310P: split-fuse attention over each request's paged KV with the causal
+        mask (``causal=False``: an all-zero mask, every cached key visible)."""
+        require_float16(query=query)
+        q_lens = query_start_loc[1:] - query_start_loc[:-1]
+        if causal:
+            mask = AttentionMaskBuilder310().gen_splitfuse_mask(q_lens, seq_lens, query.dtype, query.device)
+        else:
+            mask = query.new_zeros(int(q_lens.sum()), int(seq_lens.max()))
+        return self.splitfuse_attention_310p(
+            query, key_cache, value_cache, block_table, query_start_loc, seq_lens, mask, scale, output=output
+        )
 
     # -- the 310P attention paths (AscendAttentionBackendImpl310) --------------------------------
     @_counted_310p
