@@ -354,9 +354,8 @@ def _calls_reached_by(cls: type, op: str, seen: set[str] | None = None) -> list[
 
 def test_310p_adaptor_reaches_only_ops_documented_for_310p(npu_ops):
     """Where an op's doc lists its supported products, it must list the Atlas inference series (310P)."""
-    from vllm_ascend.ascend310p.overlay import Ascend310PDeviceAdaptor as cls
-
     from vllm_ascend.ascend310p.attention.impl import OPS_310P
+    from vllm_ascend.ascend310p.overlay import Ascend310PDeviceAdaptor as cls
 
     reached = [call for op in (*OPS, *OPS_310P) for call in _calls_reached_by(cls, op)]
     assert {c.op for c in reached} >= {
