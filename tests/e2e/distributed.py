@@ -20,8 +20,8 @@ import asyncio, json, sys
 
 spec = json.loads(sys.argv[1])
 model, prompts, options = spec["model"], spec["prompts"], spec["options"]
-common = dict(model=model, dtype="float32", block_size=16, max_model_len=256, kv_cache_memory_bytes=64 << 20,
-              seed=0, distributed_executor_backend="mp", **options)
+common = {**dict(model=model, dtype="float32", block_size=16, max_model_len=256, kv_cache_memory_bytes=64 << 20,
+                seed=0, distributed_executor_backend="mp"), **options}
 
 from vllm import SamplingParams
 

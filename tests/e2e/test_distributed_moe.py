@@ -62,3 +62,21 @@ def test_moe_over_two_ranks_matches_hf(tiny_qwen3_moe, moe_case, case, method):
         assert used == {method}, output[-6000:]
     else:
         assert "mc2" in used  # the reference device follows A3: decode-sized steps use MC2
+
+
+def test_moe_on_310p_over_two_ranks_uses_all_gather(tiny_qwen3_moe, moe_case):
+    """The reference device emulating 310P (float16, the 310P worker): expert parallel over two ranks routes by
+    all-gather (no all-to-all or MC2 there) and greedy tokens equal HF's float16 ones."""
+    import torch
+
+    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+
+    prompts, _ = moe_case
+    expected = hf_greedy(tiny_qwen3_moe, prompts, MAX_NEW_TOKENS, dtype=torch.float16).token_ids
+    env = {"VLLM_ASCEND_REFERENCE_FAMILY": "310p"}
+    options = {**CASES["tp2-ep"], "dtype": "float16"}
+    result, output = run_case(tiny_qwen3_moe, prompts, env=env, **options)
+    assert result["tokens"] == expected
+    assert {worker[0] for worker in result["workers"]} == {"NPUWorker310"}, result["workers"]
+    assert "Traceback" not in output, output[-6000:]
+    assert {m for m in METHODS if f"MoE communication {m} first used" in output} == {"allgather"}
