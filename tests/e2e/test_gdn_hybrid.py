@@ -67,6 +67,39 @@ def _greedy(llm, prompts: list[list[int]]) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
+# Runs before the module's engine exists: vLLM's process-wide parallel groups belong to one engine at a time.
+def test_qwen3_next_on_the_310p_family_matches_hf_float16(tiny_qwen3_next, next_prompts, monkeypatch):
+    """310P has no Triton: the GDN layers' conv1d, gating and delta rule run their torch implementations,
+    in float16, beside the 310P attention backend; greedy tokens equal HF's float16 ones."""
+    import torch
+    from vllm import LLM, SamplingParams
+
+    from vllm_ascend.core.device.config import clear_device_caches
+    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+
+    monkeypatch.setenv("VLLM_ASCEND_REFERENCE_FAMILY", "310p")
+    clear_device_caches()
+    llm = LLM(
+        model=str(tiny_qwen3_next),
+        dtype="float16",
+        block_size=16,
+        max_model_len=256,
+        kv_cache_memory_bytes=32 << 20,
+        seed=0,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+    )
+    try:
+        params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in next_prompts], params, use_tqdm=False)
+        expected = hf_greedy(tiny_qwen3_next, next_prompts, MAX_NEW_TOKENS, dtype=torch.float16).token_ids
+        assert [list(o.outputs[0].token_ids) for o in outputs] == expected
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        monkeypatch.undo()
+        clear_device_caches()
+
+
 def test_qwen3_next_batch_with_chunked_prefill_matches_hf(next_llm, next_prompts, next_hf):
     lengths = [len(p) for p in next_prompts]
     assert max(lengths) > 16 > min(lengths), lengths  # some prompts need several prefill steps
