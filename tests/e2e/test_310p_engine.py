@@ -82,6 +82,35 @@ def test_ngram_drafts_are_verified_by_the_310p_rejection_sampler(tiny_qwen3, mon
         llm.llm_engine.engine_core.shutdown()
 
 
+def test_draft_model_drafting_for_itself_is_always_accepted(tiny_qwen3, qwen3_prompts):
+    """A model-based drafter (vLLM's drafting loop over the 310P attention backend), verified by the 310P
+    rejection sampler: drafting for itself, every draft is accepted and the tokens equal HF float16's."""
+    from vllm import LLM
+
+    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+
+    spec = {"method": "draft_model", "model": str(tiny_qwen3), "num_speculative_tokens": 3}
+    llm = LLM(
+        model=str(tiny_qwen3),
+        dtype="float16",
+        block_size=16,
+        max_model_len=256,
+        kv_cache_memory_bytes=32 << 20,
+        seed=0,
+        speculative_config=spec,
+        disable_log_stats=False,
+        max_num_batched_tokens=16,
+    )
+    try:
+        got = _generate(llm, qwen3_prompts, temperature=0.0)
+        assert got == hf_greedy(tiny_qwen3, qwen3_prompts, MAX_NEW_TOKENS, dtype=torch.float16).token_ids
+        metrics = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
+        drafted = metrics["vllm:spec_decode_num_draft_tokens"]
+        assert drafted > 0 and metrics["vllm:spec_decode_num_accepted_tokens"] == drafted, metrics
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
 # Runs before the shared dense engine exists: vLLM's process-wide parallel groups belong to one engine at a time.
 def test_qwen3_moe_fp16_matches_hf_fp16(tiny_qwen3_moe, qwen3_moe_prompts):
     from vllm import LLM
