@@ -24,6 +24,21 @@ def family_310p():
     clear_device_caches()
 
 
+def _llm(model, **overrides):
+    """``vllm.LLM`` on a tiny model in float16 (block size 16, 32 MiB KV cache, seed 0)."""
+    from vllm import LLM
+
+    kwargs = dict(
+        model=str(model),
+        dtype="float16",
+        block_size=16,
+        max_model_len=256,
+        kv_cache_memory_bytes=32 << 20,
+        seed=0,
+    )
+    return LLM(**{**kwargs, **overrides})
+
+
 def _runner(llm):
     return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
 
@@ -44,7 +59,6 @@ def _assert_diverse(token_ids: list[list[int]]) -> None:
 
 def test_ngram_drafts_are_verified_by_the_310p_rejection_sampler(tiny_qwen3, monkeypatch):
     """N-gram speculative decoding: drafts verified on the host RNG path, tokens equal plain greedy."""
-    from vllm import LLM
 
     from vllm_ascend.ascend310p.sample import rejection_sampler as rs310
     from vllm_ascend.runner.testing.hf_reference import hf_greedy
@@ -59,13 +73,8 @@ def test_ngram_drafts_are_verified_by_the_310p_rejection_sampler(tiny_qwen3, mon
 
     monkeypatch.setattr(rs310, "rejection_sample_310p", spy)
     prompts = [list(range(10, 30)) * 3, [40, 41, 42, 43, 44, 40, 41, 42] * 4]
-    llm = LLM(
-        model=str(tiny_qwen3),
-        dtype="float16",
-        block_size=16,
-        max_model_len=256,
-        kv_cache_memory_bytes=32 << 20,
-        seed=0,
+    llm = _llm(
+        tiny_qwen3,
         speculative_config={
             "method": "ngram",
             "num_speculative_tokens": 3,
@@ -85,18 +94,12 @@ def test_ngram_drafts_are_verified_by_the_310p_rejection_sampler(tiny_qwen3, mon
 def test_draft_model_drafting_for_itself_is_always_accepted(tiny_qwen3, qwen3_prompts):
     """A model-based drafter (vLLM's drafting loop over the 310P attention backend), verified by the 310P
     rejection sampler: drafting for itself, every draft is accepted and the tokens equal HF float16's."""
-    from vllm import LLM
 
     from vllm_ascend.runner.testing.hf_reference import hf_greedy
 
     spec = {"method": "draft_model", "model": str(tiny_qwen3), "num_speculative_tokens": 3}
-    llm = LLM(
-        model=str(tiny_qwen3),
-        dtype="float16",
-        block_size=16,
-        max_model_len=256,
-        kv_cache_memory_bytes=32 << 20,
-        seed=0,
+    llm = _llm(
+        tiny_qwen3,
         speculative_config=spec,
         disable_log_stats=False,
         max_num_batched_tokens=16,
@@ -113,19 +116,11 @@ def test_draft_model_drafting_for_itself_is_always_accepted(tiny_qwen3, qwen3_pr
 
 # Runs before the shared dense engine exists: vLLM's process-wide parallel groups belong to one engine at a time.
 def test_qwen3_moe_fp16_matches_hf_fp16(tiny_qwen3_moe, qwen3_moe_prompts):
-    from vllm import LLM
 
     from vllm_ascend.runner.ops.moe_comm import MoECommType
     from vllm_ascend.runner.testing.hf_reference import hf_greedy
 
-    llm = LLM(
-        model=str(tiny_qwen3_moe),
-        dtype="float16",
-        block_size=16,
-        max_model_len=256,
-        kv_cache_memory_bytes=32 << 20,
-        seed=0,
-    )
+    llm = _llm(tiny_qwen3_moe)
     try:
         hf = hf_greedy(tiny_qwen3_moe, qwen3_moe_prompts, MAX_NEW_TOKENS, dtype=torch.float16)
         _assert_diverse(hf.token_ids)
@@ -141,15 +136,9 @@ def test_qwen3_moe_fp16_matches_hf_fp16(tiny_qwen3_moe, qwen3_moe_prompts):
 @pytest.fixture(scope="module")
 def qwen3_310p(tiny_qwen3):
     """One fp16 engine for the dense tests: chunked prefill in 16-token steps, prefix caching on."""
-    from vllm import LLM
 
-    llm = LLM(
-        model=str(tiny_qwen3),
-        dtype="float16",
-        block_size=16,
-        max_model_len=256,
-        kv_cache_memory_bytes=32 << 20,
-        seed=0,
+    llm = _llm(
+        tiny_qwen3,
         enable_prefix_caching=True,
         max_num_batched_tokens=16,
         max_num_seqs=4,
@@ -194,22 +183,14 @@ def test_seeded_sampling_on_the_host_rng_is_reproducible(qwen3_310p, qwen3_promp
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_other_dtypes_are_refused_naming_the_family(tiny_qwen3, dtype):
-    from vllm import LLM
 
     with pytest.raises(
         Exception, match=rf"model dtype torch\.{dtype} is not supported on .*Atlas 310P.*float16"
     ):
-        LLM(model=str(tiny_qwen3), dtype=dtype, max_model_len=256, kv_cache_memory_bytes=32 << 20)
+        _llm(tiny_qwen3, dtype=dtype)
 
 
 def test_graph_capture_is_refused(tiny_qwen3):
-    from vllm import LLM
 
     with pytest.raises(Exception, match=r"cudagraph_mode"):
-        LLM(
-            model=str(tiny_qwen3),
-            dtype="float16",
-            max_model_len=256,
-            kv_cache_memory_bytes=32 << 20,
-            compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY"},
-        )
+        _llm(tiny_qwen3, compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY"})
