@@ -35,6 +35,7 @@ CORE_ADAPTOR_DIR = (
 NPU_ADAPTOR_FILES = [
     CORE_ADAPTOR_DIR / "npu.py",
     CORE_ADAPTOR_DIR / "a5.py",
+    CORE_ADAPTOR_DIR / "mla.py",
     REPO_ROOT / "packages" / "ascend-310p" / "src" / "vllm_ascend" / "ascend310p" / "overlay.py",
 ]
 

@@ -83,3 +83,17 @@ def test_doctor_shows_what_serving_on_310p_does():
     row = next(line for line in lines if line.startswith("ascend310p "))
     assert "workers:310p -> vLLM parallel_config.worker_cls on 310P (reached)" in row
     assert "device_overlays:310p" in row
+
+
+def test_platform_names_the_310p_backend_and_refuses_mla(family_310p):
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    from vllm_ascend.core.platform import ReferencePlatform
+    from vllm_ascend.runner.attention.support import AttentionConfigError
+
+    selector = AttentionSelectorConfig(head_size=64, dtype=torch.float16, kv_cache_dtype=None, block_size=16)
+    assert ReferencePlatform.get_attn_backend_cls(None, selector) == (
+        "vllm_ascend.ascend310p.attention.backend.AscendAttentionBackend310"
+    )
+    with pytest.raises(AttentionConfigError, match=r"use_mla=True .* is not supported on Atlas 310P"):
+        ReferencePlatform.get_attn_backend_cls(None, selector._replace(use_mla=True))

@@ -152,8 +152,8 @@ def test_unsupported_configurations_name_field_and_allowed_values(args, message)
 
 
 def test_unsupported_attention_features_are_refused():
-    with pytest.raises(AttentionConfigError, match=r"sliding_window is not supported.*allowed: None"):
-        AscendAttentionImpl(HQ, D, 0.1, HKV, sliding_window=128)
+    with pytest.raises(AttentionConfigError, match=r"alibi_slopes is not supported.*allowed: None"):
+        AscendAttentionImpl(HQ, D, 0.1, HKV, alibi_slopes=[1.0] * HQ)
     with pytest.raises(AttentionConfigError, match="attn_type='encoder_only'"):
         AscendAttentionImpl(HQ, D, 0.1, HKV, attn_type="encoder_only")
 

@@ -31,8 +31,11 @@ def test_attention_backend_and_kernel_overrides_come_from_the_worker():
 
     selector = AttentionSelectorConfig(head_size=64, dtype=None, kv_cache_dtype=None, block_size=16)
     assert ReferencePlatform.get_attn_backend_cls(None, selector).endswith("AscendAttentionBackend")
-    with pytest.raises(ValueError, match="use_mla=True is not supported"):
-        ReferencePlatform.get_attn_backend_cls(None, selector._replace(use_mla=True))
+    assert ReferencePlatform.get_attn_backend_cls(None, selector._replace(use_mla=True)).endswith(
+        "AscendMLABackend"
+    )
+    with pytest.raises(ValueError, match="use_sparse=True is not supported"):
+        ReferencePlatform.get_attn_backend_cls(None, selector._replace(use_sparse=True))
 
 
 def test_block_size_must_be_a_multiple_of_16():

@@ -67,6 +67,13 @@ def require_float16(**tensors: torch.Tensor) -> None:
             raise DeviceOpError(f"Atlas 310P attention runs in float16 only, got {name} dtype {tensor.dtype}")
 
 
+def refuse_window_sinks_310p(sliding_window: int | None, sinks: torch.Tensor | None) -> None:
+    """The 310P attention kernels have no sliding window and no sink logits: either is refused."""
+    for field, value in (("sliding_window", sliding_window), ("sinks", sinks)):
+        if value is not None:
+            raise DeviceOpError(f"{field} is not supported by Atlas 310P attention; allowed: None")
+
+
 def _check_dense_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, atten_mask) -> None:
     _require(
         query.dim() == 3 and key.dim() == 3 and value.dim() == 3,
@@ -232,9 +239,12 @@ class Ascend310PDeviceAdaptor(_Attention310Ops, A2A3DeviceAdaptor):
         *,
         causal=True,
         output=None,
+        sliding_window=None,
+        sinks=None,
     ):
         """The dense backend's op on 310P: split-fuse attention over each request's paged KV with the causal
-        mask (``causal=False``: an all-zero mask, every cached key visible)."""
+        mask (``causal=False``: an all-zero mask, every cached key visible). No window, no sinks."""
+        refuse_window_sinks_310p(sliding_window, sinks)
         require_float16(query=query)
         q_lens = query_start_loc[1:] - query_start_loc[:-1]
         if causal:
@@ -357,7 +367,8 @@ class Ascend310PReferenceAdaptor(_Attention310Ops, ReferenceDeviceAdaptor):
 
     family = "310P-reference"
 
-    def fused_infer_attention(self, query, *args, **kwargs):
+    def fused_infer_attention(self, query, *args, sliding_window=None, sinks=None, **kwargs):
+        refuse_window_sinks_310p(sliding_window, sinks)
         require_float16(query=query)
         return super().fused_infer_attention(query, *args, **kwargs)
 

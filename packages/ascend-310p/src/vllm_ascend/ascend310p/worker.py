@@ -9,6 +9,7 @@ runs: the 310P profile is eager-only, so the platform refuses graph modes at con
 from __future__ import annotations
 
 from vllm_ascend.ascend310p.model_runner import NPUModelRunner310
+from vllm_ascend.runner.attention.support import AttentionConfigError
 from vllm_ascend.runner.worker import NPUWorker
 
 ATTENTION_BACKEND_310P = "vllm_ascend.ascend310p.attention.backend.AscendAttentionBackend310"
@@ -20,6 +21,15 @@ class NPUWorker310(NPUWorker):
     @classmethod
     def attention_backend_qualname(cls) -> str:
         return ATTENTION_BACKEND_310P
+
+    @classmethod
+    def mla_attention_backend_qualname(cls) -> str:
+        """MLA models are refused: the MLA ops (fused infer attention's latent mode) are not documented for
+        the Atlas inference series."""
+        raise AttentionConfigError(
+            "attention with use_mla=True (MLA, DeepSeek-V2/V3-class models) is not supported on Atlas 310P; "
+            "supported there: dense decoder attention (MHA/GQA/MQA)"
+        )
 
     def _make_model_runner(self) -> NPUModelRunner310:
         return NPUModelRunner310(self.vllm_config, self.device)

@@ -184,19 +184,28 @@ class AscendPlatform(Platform):
         attn_selector_config: AttentionSelectorConfig,
         num_heads: int | None = None,
     ) -> str:
-        """The runner's attention backend; MLA, sparse and sink attention are not provided."""
+        """The runner's attention backend (its MLA backend for MLA layers); sparse attention is not provided."""
         if selected_backend is not None and selected_backend.name != "CUSTOM":
             raise ValueError(
                 f"attention backend {selected_backend.name!r} is not available on {cls.get_device_name()}; "
                 "allowed: CUSTOM (the Ascend attention backend)"
             )
-        for flag in ("use_mla", "use_sparse", "has_sink"):
-            if getattr(attn_selector_config, flag, False):
-                raise ValueError(
-                    f"attention with {flag}=True is not supported by the Ascend attention backend; "
-                    "supported: dense decoder attention (MHA/GQA/MQA)"
-                )
-        return str(_workers().get(_worker_name()).attention_backend_qualname())
+        if getattr(attn_selector_config, "use_sparse", False):
+            raise ValueError(
+                "attention with use_sparse=True is not supported by the Ascend attention backend; "
+                "supported: dense decoder attention (MHA/GQA/MQA, sliding window, sinks) and MLA"
+            )
+        worker = _workers().get(_worker_name())
+        if getattr(attn_selector_config, "use_mla", False):
+            return str(worker.mla_attention_backend_qualname())
+        return str(worker.attention_backend_qualname())
+
+    @classmethod
+    def get_mla_prefill_backend_cls(cls, mla_selector_config: Any) -> Any:
+        """The MLA prefill-backend class the runner's worker names (vLLM's MLA layer builds one)."""
+        from vllm.utils.import_utils import resolve_obj_by_qualname
+
+        return resolve_obj_by_qualname(str(_workers().get(_worker_name()).mla_prefill_backend_qualname()))
 
     @classmethod
     def get_static_graph_wrapper_cls(cls) -> str:

@@ -35,6 +35,11 @@ from vllm_ascend.runner.spec_decode_kernels import SPEC_DECODE_KERNEL_OVERRIDES
 logger = init_logger(__name__)
 
 ATTENTION_BACKEND = "vllm_ascend.runner.attention.backend.AscendAttentionBackend"
+MLA_ATTENTION_BACKEND = "vllm_ascend.runner.attention.mla.backend.AscendMLABackend"
+#: vLLM's MLA layer builds a prefill-backend object and asks it about fused output quantization; the Ascend
+#: MLA impl computes prefill itself (``forward_mha`` on the adaptor's MLA ops) and never runs it, so vLLM's
+#: plain-torch one is named (no CUDA import).
+MLA_PREFILL_BACKEND = "vllm.v1.attention.backends.mla.prefill.cpu_sdpa.CPUSDPAMLAPrefillBackend"
 GRAPH_WRAPPER = "vllm_ascend.runner.graph_wrapper.ACLGraphWrapper"
 PASS_MANAGER = "vllm_ascend.runner.compilation.pass_manager.GraphFusionPassManager"
 COMPILER = "vllm_ascend.runner.compilation.compiler.AscendCompiler"
@@ -75,6 +80,14 @@ class NPUWorker(Worker):
     @classmethod
     def attention_backend_qualname(cls) -> str:
         return ATTENTION_BACKEND
+
+    @classmethod
+    def mla_attention_backend_qualname(cls) -> str:
+        return MLA_ATTENTION_BACKEND
+
+    @classmethod
+    def mla_prefill_backend_qualname(cls) -> str:
+        return MLA_PREFILL_BACKEND
 
     @classmethod
     def graph_wrapper_qualname(cls) -> str:

@@ -26,3 +26,13 @@ class AscendAttentionBackend310(AscendAttentionBackend):
         from vllm_ascend.ascend310p.attention.metadata import AscendAttentionMetadataBuilder310
 
         return AscendAttentionMetadataBuilder310
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        """310P's attention ops take no sink logits (the impl refuses them too)."""
+        return False
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        """310P's prompt attention takes full masks only; sliding windows are not served there."""
+        return False

@@ -46,6 +46,16 @@ class AscendAttentionBackend(AttentionBackend):
         return [MultipleOf(get_current_hardware_profile().block_size_multiple)]
 
     @classmethod
+    def supports_sink(cls) -> bool:
+        """Per-head sink logits are applied by the impl (``fused_infer_attention``'s ``sinks``)."""
+        return True
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        """Sliding-window layers are served (``fused_infer_attention``'s ``sliding_window``)."""
+        return True
+
+    @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
         return list(range(HEAD_SIZE_MULTIPLE, MAX_HEAD_SIZE + 1, HEAD_SIZE_MULTIPLE))
 

@@ -23,7 +23,8 @@ def split_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor
 
 
 class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
-    """Decoder self-attention (MHA/GQA/MQA) for prefill, chunked prefill and decode."""
+    """Decoder self-attention (MHA/GQA/MQA) for prefill, chunked prefill and decode, optionally with a
+    sliding window (vLLM's int: the last ``W`` keys, the query's own included) and per-head sinks."""
 
     def __init__(
         self,
@@ -44,9 +45,28 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
         check_supported(
             head_size, model_config.dtype if model_config else torch.get_default_dtype(), kv_cache_dtype
         )
+        sinks = kwargs.pop("sinks", None)
+        if (sliding_window is not None or sinks is not None) and type(
+            self
+        ).forward is not AscendAttentionImpl.forward:
+            # The window and sinks are applied by this class's forward; a subclass with its own forward
+            # (e.g. a family's attention paths) would silently drop them.
+            field = "sliding_window" if sliding_window is not None else "sinks"
+            raise AttentionConfigError(f"{field} is not supported by {type(self).__name__}; allowed: None")
+        if sliding_window is not None and (
+            isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1
+        ):
+            raise AttentionConfigError(
+                f"sliding_window={sliding_window!r} is not supported by the Ascend attention backend; "
+                "allowed: None or an int >= 1"
+            )
+        if sinks is not None and (sinks.dim() != 1 or sinks.shape[0] != num_heads):
+            raise AttentionConfigError(
+                f"sinks must have shape [num_heads={num_heads}] (this rank's query heads), "
+                f"got {tuple(sinks.shape)}"
+            )
         unsupported = {
             "alibi_slopes": alibi_slopes is not None,
-            "sliding_window": sliding_window is not None,
             "logits_soft_cap": bool(logits_soft_cap),
             "kv_sharing_target_layer_name": kv_sharing_target_layer_name is not None,
         }
@@ -70,6 +90,10 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
             )
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
+        #: Keys a query sees: its last ``sliding_window`` positions, itself included (None: all before it).
+        self.sliding_window = sliding_window
+        #: The model's per-head sink logits ``[Hq]`` (a parameter, read at each forward: weights load later).
+        self.sinks = sinks
 
     def do_kv_cache_update(
         self,
@@ -113,5 +137,7 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
             self.scale,
             causal=attn_metadata.causal,
             output=output[:n],
+            sliding_window=self.sliding_window,
+            sinks=self.sinks,
         )
         return output

@@ -6,7 +6,6 @@ import torch
 
 from vllm_ascend.core.device.adaptor.npu import (
     A2A3DeviceAdaptor,
-    require_contiguous,
     torch_npu_module,
     valid_rows,
 )
@@ -17,44 +16,38 @@ class A5DeviceAdaptor(A2A3DeviceAdaptor):
 
     family = "A5"
 
-    def fused_infer_attention(
+    def _fia_plain(
         self,
         query,
-        key_cache,
-        value_cache,
-        block_table,
-        query_start_loc,
-        seq_lens,
-        scale,
+        key,
+        value,
         *,
-        causal=True,
-        output=None,
+        atten_mask,
+        q_ends,
+        kv_lens,
+        block_table,
+        num_kv_heads,
+        scale,
+        sparse_mode,
+        block_size,
     ):
-        torch_npu = torch_npu_module()
-        require_contiguous(key_cache=key_cache, value_cache=value_cache)
-        num_blocks, block_size, num_kv_heads, _ = key_cache.shape
-        ends = [int(v) for v in query_start_loc[1:].tolist()]
-        num_tokens, num_heads = query.shape[0], query.shape[1]
-        used = ends[-1] if ends else 0
-        out, _ = torch_npu.npu_fused_infer_attention_score_v2(
-            query[:used],
-            key_cache.view(num_blocks, block_size, -1),
-            value_cache.view(num_blocks, block_size, -1),
-            atten_mask=self._causal_mask(query.device) if causal else None,
-            actual_seq_qlen=ends,
-            actual_seq_kvlen=[int(v) for v in seq_lens.tolist()],
+        """A5's TND ``npu_fused_infer_attention_score_v2`` without window or sinks."""
+        out, _ = torch_npu_module().npu_fused_infer_attention_score_v2(
+            query,
+            key,
+            value,
+            atten_mask=atten_mask,
+            actual_seq_qlen=q_ends,
+            actual_seq_kvlen=kv_lens,
             block_table=block_table,
-            num_query_heads=num_heads,
+            num_query_heads=query.shape[1],
             num_key_value_heads=num_kv_heads,
             softmax_scale=scale,
             input_layout="TND",
-            sparse_mode=3 if causal else 0,
+            sparse_mode=sparse_mode,
             block_size=block_size,
         )
-        if output is None:
-            output = query.new_zeros(num_tokens, num_heads, value_cache.shape[3])
-        output[:used] = out.view(used, num_heads, -1)
-        return output[:num_tokens]
+        return out
 
     def grouped_matmul_swiglu_quant(
         self, x, weight, group_list, weight_scale, x_scale, *, group_list_type="cumsum"

@@ -208,6 +208,8 @@ class BaseDeviceAdaptor(abc.ABC):
         *,
         causal: bool = True,
         output: torch.Tensor | None = None,
+        sliding_window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Paged attention for prefill, decode and chunked prefill; returns ``[T, Hq, Dv]``.
 
@@ -216,6 +218,13 @@ class BaseDeviceAdaptor(abc.ABC):
         keys ``0..ctx+j`` (all ``seq_len`` keys when ``causal`` is False). Query head ``h`` reads KV head
         ``h // (Hq // Hkv)``. Computed in fp32, returned in the query dtype; written into ``output[:T]``
         when ``output`` is given (rows past ``query_start_loc[-1]`` are left untouched).
+
+        ``sliding_window = W`` (causal only, ``W >= 1``): query ``j`` (position ``p = ctx + j``) attends to
+        keys ``max(0, p - W + 1)..p`` only, i.e. its last ``W`` keys, itself included (vLLM's and HF's
+        window). Keys before ``ctx - W + 1`` are never read, so their block-table entries may be vLLM's null
+        block (whatever it holds cannot reach the output). ``sinks [Hq]``: one learned logit per query head
+        added to the softmax denominator, ``out = sum_k exp(s_k - m) v_k / (sum_k exp(s_k - m) +
+        exp(sink_h - m))`` with ``m = max(max_k s_k, sink_h)``; the sink has no value.
         """
 
     @abc.abstractmethod
@@ -581,3 +590,24 @@ def check_moe_gating(
         f"k={k} must be within [1, {eligible}] (the experts of topk_groups={topk_groups} groups "
         f"of {per_group})",
     )
+
+
+def check_window_sinks(
+    sliding_window: int | None, sinks: torch.Tensor | None, num_heads: int, causal: bool
+) -> None:
+    """Raise :class:`DeviceOpError` unless ``fused_infer_attention``'s window and sinks are valid: a window
+    is an int ``>= 1`` on causal attention; sinks are a floating ``[Hq]`` tensor."""
+    if sliding_window is not None:
+        if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
+            raise DeviceOpError(f"sliding_window={sliding_window!r} is invalid; allowed: None or an int >= 1")
+        if not causal:
+            raise DeviceOpError(
+                "sliding_window is only defined for causal attention; got causal=False (allowed: True)"
+            )
+    if sinks is not None and (
+        not sinks.is_floating_point() or sinks.dim() != 1 or sinks.shape[0] != num_heads
+    ):
+        raise DeviceOpError(
+            f"sinks must be a floating tensor of shape [num_heads={num_heads}], got "
+            f"{sinks.dtype} of shape {tuple(sinks.shape)}"
+        )

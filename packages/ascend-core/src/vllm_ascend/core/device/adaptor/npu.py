@@ -9,6 +9,7 @@ carrier) weights for ``npu_weight_quant_batchmatmul`` only, with float activatio
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar
@@ -24,8 +25,10 @@ from vllm_ascend.core.device.adaptor.base import (
     MoeDispatch,
     check_choice,
     check_moe_gating,
+    check_window_sinks,
 )
 from vllm_ascend.core.device.adaptor.graph import NPUGraph
+from vllm_ascend.core.device.adaptor.mla import MLANPUOps
 from vllm_ascend.core.device.adaptor.reference import gather_paged_kv, grouped_top_k, int8_weight
 
 #: Size of the compressed causal mask the fused attention ops take with ``sparse_mode=3``.
@@ -52,6 +55,36 @@ def require_contiguous(**tensors: torch.Tensor) -> None:
             raise DeviceOpError(
                 f"{name} must be contiguous for the NPU kernel (got strides {tensor.stride()})"
             )
+
+
+def check_sink_inputs(query: torch.Tensor, value_cache: torch.Tensor) -> None:
+    """The v2 op's ``learnable_sink`` constraints (torch-npu 2.13.0): bfloat16, value head size <= 128."""
+    if query.dtype != torch.bfloat16:
+        raise DeviceOpError(
+            f"attention sinks on the NPU need bfloat16 attention (learnable_sink is bfloat16 only); got "
+            f"query dtype {query.dtype}"
+        )
+    if value_cache.shape[-1] > 128:
+        raise DeviceOpError(
+            f"attention sinks on the NPU need a value head size <= 128; got {value_cache.shape[-1]}"
+        )
+
+
+def window_block_table(
+    block_table: torch.Tensor, lens: list[int], q_lens: list[int], window: int, block_size: int
+) -> tuple[torch.Tensor, list[int]]:
+    """Each request's block-table row shifted past the whole blocks before ``ctx - W + 1`` (its first
+    query's window start: vLLM may have replaced them with the null block), and its KV length shortened to
+    match. Queries stay right-down aligned with the last key, so the band mask is unchanged."""
+    skips = [
+        max(0, seq_len - q_len - window + 1) // block_size
+        for seq_len, q_len in zip(lens, q_lens, strict=True)
+    ]
+    cols = block_table.shape[1]
+    shift = torch.tensor(skips[: block_table.shape[0]] + [0] * (block_table.shape[0] - len(skips)))
+    idx = (torch.arange(cols).unsqueeze(0) + shift.unsqueeze(1)).clamp_max(cols - 1)
+    table = block_table.gather(1, idx.to(block_table.device))
+    return table, [seq_len - skip * block_size for seq_len, skip in zip(lens, skips, strict=True)]
 
 
 def hccl_group(group: Any) -> tuple[int, int, str]:
@@ -97,7 +130,7 @@ def torch_npu_runtime() -> Any:
     return torch.npu  # type: ignore[attr-defined]
 
 
-class A2A3DeviceAdaptor(BaseDeviceAdaptor):
+class A2A3DeviceAdaptor(MLANPUOps, BaseDeviceAdaptor):
     """Atlas A2 and A3 (Ascend910B / Ascend910_93): ``torch_npu`` fused ops and the ``torch.npu`` runtime."""
 
     family = "A2/A3"
@@ -206,32 +239,198 @@ class A2A3DeviceAdaptor(BaseDeviceAdaptor):
         *,
         causal=True,
         output=None,
+        sliding_window=None,
+        sinks=None,
     ):
-        torch_npu = torch_npu_module()
+        """Paged TND attention in one fused call; a window is the band mode (``sparse_mode=4``,
+        ``pre_tokens=W-1``, ``next_tokens=0``, right-down aligned) over a block table shifted past the blocks
+        that left every query's window, and decode rows (one query, where the op ignores ``pre_tokens``) are
+        recomputed over their gathered last ``W`` keys. Sinks go to the v2 op's ``learnable_sink``."""
+        num_heads = query.shape[1]
+        check_window_sinks(sliding_window, sinks, num_heads, causal)
         require_contiguous(key_cache=key_cache, value_cache=value_cache)
+        if sinks is not None:
+            check_sink_inputs(query, value_cache)
         num_blocks, block_size, num_kv_heads, _ = key_cache.shape
-        ends = [int(v) for v in query_start_loc[1:].tolist()]
+        starts = [int(v) for v in query_start_loc.tolist()]
+        lens = [int(v) for v in seq_lens.tolist()]
         num_tokens = query.shape[0]
-        used = ends[-1] if ends else 0
-        out, _ = torch_npu.npu_fused_infer_attention_score(
+        used = starts[-1] if len(starts) > 1 else 0
+        if output is None:
+            output = query.new_zeros(num_tokens, num_heads, value_cache.shape[3])
+        q_lens = [end - start for start, end in itertools.pairwise(starts)]
+        decodes = [b for b, q_len in enumerate(q_lens) if q_len == 1]
+        if sliding_window is not None and len(decodes) == len(q_lens):
+            self._window_decode_rows(
+                query,
+                key_cache,
+                value_cache,
+                block_table,
+                starts,
+                lens,
+                decodes,
+                scale,
+                sliding_window,
+                sinks,
+                output,
+            )
+            return output[:num_tokens]
+        kv_lens, table = lens, block_table
+        if sliding_window is not None:
+            table, kv_lens = window_block_table(block_table, lens, q_lens, sliding_window, block_size)
+        band = sliding_window is not None
+        out = self._fia(
             query[:used],
             key_cache.view(num_blocks, block_size, -1),
             value_cache.view(num_blocks, block_size, -1),
             atten_mask=self._causal_mask(query.device) if causal else None,
-            actual_seq_lengths=ends,
-            actual_seq_lengths_kv=[int(v) for v in seq_lens.tolist()],
+            q_ends=starts[1:],
+            kv_lens=kv_lens,
+            block_table=table,
+            num_kv_heads=num_kv_heads,
+            scale=scale,
+            sparse_mode=4 if band else (3 if causal else 0),
+            pre_tokens=sliding_window - 1 if band else 2147483647,
+            next_tokens=0 if band else 2147483647,
+            block_size=block_size,
+            sinks=sinks,
+        )
+        output[:used] = out.view(used, num_heads, -1)
+        if sliding_window is not None and decodes:
+            self._window_decode_rows(
+                query,
+                key_cache,
+                value_cache,
+                block_table,
+                starts,
+                lens,
+                decodes,
+                scale,
+                sliding_window,
+                sinks,
+                output,
+            )
+        return output[:num_tokens]
+
+    def _window_decode_rows(
+        self, query, key_cache, value_cache, block_table, starts, lens, decodes, scale, window, sinks, output
+    ):
+        """Decode rows under a window: each request's last ``min(W, seq_len)`` keys, gathered by indexing
+        (blocks before them are never read), attended without a mask in one unpaged TND call."""
+        keys, values, kv_ends, total = [], [], [], 0
+        for b in decodes:
+            lo = max(0, lens[b] - window)
+            positions = torch.arange(lo, lens[b], device=key_cache.device)
+            blocks = block_table[b].long()[torch.div(positions, key_cache.shape[1], rounding_mode="floor")]
+            keys.append(key_cache[blocks, positions % key_cache.shape[1]])
+            values.append(value_cache[blocks, positions % key_cache.shape[1]])
+            total += lens[b] - lo
+            kv_ends.append(total)
+        rows = torch.tensor([starts[b] for b in decodes], device=query.device)
+        out = self._fia(
+            query[rows].contiguous(),
+            torch.cat(keys).contiguous(),
+            torch.cat(values).contiguous(),
+            atten_mask=None,
+            q_ends=list(range(1, len(decodes) + 1)),
+            kv_lens=kv_ends,
+            block_table=None,
+            num_kv_heads=key_cache.shape[2],
+            scale=scale,
+            sparse_mode=0,
+            pre_tokens=2147483647,
+            next_tokens=2147483647,
+            block_size=0,
+            sinks=sinks,
+        )
+        output[rows] = out.view(len(decodes), query.shape[1], -1).to(output.dtype)
+
+    def _fia(
+        self,
+        query,
+        key,
+        value,
+        *,
+        atten_mask,
+        q_ends,
+        kv_lens,
+        block_table,
+        num_kv_heads,
+        scale,
+        sparse_mode,
+        pre_tokens,
+        next_tokens,
+        block_size,
+        sinks,
+    ):
+        """One TND fused-infer-attention call: the family's plain call, or the v2 op (documented for A2/A3
+        and A5) where a band window or sinks (its ``learnable_sink``) are needed."""
+        if sparse_mode != 4 and sinks is None:
+            return self._fia_plain(
+                query,
+                key,
+                value,
+                atten_mask=atten_mask,
+                q_ends=q_ends,
+                kv_lens=kv_lens,
+                block_table=block_table,
+                num_kv_heads=num_kv_heads,
+                scale=scale,
+                sparse_mode=sparse_mode,
+                block_size=block_size,
+            )
+        out, _ = torch_npu_module().npu_fused_infer_attention_score_v2(
+            query,
+            key,
+            value,
+            atten_mask=atten_mask,
+            actual_seq_qlen=q_ends,
+            actual_seq_kvlen=kv_lens,
+            block_table=block_table,
+            learnable_sink=sinks.to(torch.bfloat16) if sinks is not None else None,
+            num_query_heads=query.shape[1],
+            num_key_value_heads=num_kv_heads,
+            softmax_scale=scale,
+            pre_tokens=pre_tokens,
+            next_tokens=next_tokens,
+            input_layout="TND",
+            sparse_mode=sparse_mode,
+            block_size=block_size,
+        )
+        return out
+
+    def _fia_plain(
+        self,
+        query,
+        key,
+        value,
+        *,
+        atten_mask,
+        q_ends,
+        kv_lens,
+        block_table,
+        num_kv_heads,
+        scale,
+        sparse_mode,
+        block_size,
+    ):
+        """A2/A3's TND ``npu_fused_infer_attention_score`` without window or sinks."""
+        out, _ = torch_npu_module().npu_fused_infer_attention_score(
+            query,
+            key,
+            value,
+            atten_mask=atten_mask,
+            actual_seq_lengths=q_ends,
+            actual_seq_lengths_kv=kv_lens,
             block_table=block_table,
             num_heads=query.shape[1],
             num_key_value_heads=num_kv_heads,
             scale=scale,
             input_layout="TND",
-            sparse_mode=3 if causal else 0,
+            sparse_mode=sparse_mode,
             block_size=block_size,
         )
-        if output is None:
-            output = query.new_zeros(num_tokens, query.shape[1], value_cache.shape[3])
-        output[:used] = out.view(used, query.shape[1], -1)
-        return output[:num_tokens]
+        return out
 
     def rms_norm(self, x, weight, eps):
         return torch_npu_module().npu_rms_norm(x, weight, epsilon=eps)[0]

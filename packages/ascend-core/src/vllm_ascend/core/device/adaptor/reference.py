@@ -31,9 +31,11 @@ from vllm_ascend.core.device.adaptor.base import (
     GroupListType,
     check_choice,
     check_moe_gating,
+    check_window_sinks,
 )
 from vllm_ascend.core.device.adaptor.graph import ReferenceGraph
 from vllm_ascend.core.device.adaptor.mc2_reference import mc2_combine, mc2_dispatch
+from vllm_ascend.core.device.adaptor.mla import MLAReferenceOps
 
 __all__ = [
     "ReferenceDeviceAdaptor",
@@ -336,6 +338,66 @@ def _attend_group(
     output[q_idx[keep]] = out[keep].to(output.dtype)
 
 
+def _attend_group_window_sinks(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    starts: list[int],
+    q_lens: list[int],
+    lens: list[int],
+    reqs: list[int],
+    scale: float,
+    causal: bool,
+    window: int | None,
+    sinks: torch.Tensor | None,
+    output: torch.Tensor,
+) -> None:
+    """Attention of requests ``reqs`` with a sliding window and/or sinks, written from the equations in fp32.
+
+    Request ``b`` reads only keys ``lo_b..seq_len-1`` with ``lo_b = max(0, ctx_b - W + 1)`` (the window of
+    its first query; later queries' windows start later): blocks before it may be vLLM's null block and
+    are never gathered, so nothing they hold (NaN included) reaches a product. Padded key slots repeat key
+    ``lo_b`` and padded query rows repeat the last query; both are masked / dropped. The sink is one more
+    softmax column with logit ``sinks[h]`` and no value.
+    """
+    device = query.device
+    num_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
+    block_size = key_cache.shape[1]
+    q_lens_t = torch.tensor([q_lens[b] for b in reqs], device=device)
+    lens_t = torch.tensor([lens[b] for b in reqs], device=device)
+    ctx_t = lens_t - q_lens_t
+    lo_t = (ctx_t - window + 1).clamp_min(0) if window is not None else torch.zeros_like(ctx_t)
+    max_s = int((lens_t - lo_t).max())
+    pos = lo_t.unsqueeze(1) + torch.arange(max_s, device=device)  # [B, S] absolute key positions
+    valid = pos < lens_t.unsqueeze(1)
+    tok = torch.where(valid, pos, lo_t.unsqueeze(1))
+    blk = block_table[reqs].long().gather(1, torch.div(tok, block_size, rounding_mode="floor"))
+    group = num_heads // num_kv_heads
+    k = key_cache[blk, tok % block_size].float().repeat_interleave(group, dim=2)  # [B, S, Hq, D]
+    v = value_cache[blk, tok % block_size].float().repeat_interleave(group, dim=2)
+    max_q = max(q_lens[b] for b in reqs)
+    j = torch.arange(max_q, device=device)
+    keep = j < q_lens_t.unsqueeze(1)  # [B, Q]: real query rows
+    jq = torch.minimum(j, q_lens_t.unsqueeze(1) - 1)
+    q_idx = torch.tensor([starts[b] for b in reqs], device=device).unsqueeze(1) + jq  # [B, Q]
+    q_pos = ctx_t.unsqueeze(1) + jq  # [B, Q] absolute query positions
+    mask = valid.unsqueeze(1).expand(-1, max_q, -1)  # [B, Q, S]
+    if causal:
+        mask = mask & (pos.unsqueeze(1) <= q_pos.unsqueeze(2))
+    if window is not None:
+        mask = mask & (pos.unsqueeze(1) > q_pos.unsqueeze(2) - window)
+    scores = torch.einsum("bqhd,bshd->bhqs", query[q_idx].float(), k) * scale
+    scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))
+    if sinks is not None:
+        sink_col = sinks.float().view(1, num_heads, 1, 1).expand(len(reqs), -1, max_q, 1)
+        probs = torch.softmax(torch.cat([scores, sink_col], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhqs,bshd->bqhd", probs, v)  # [B, Q, Hq, Dv]
+    output[q_idx[keep]] = out[keep].to(output.dtype)
+
+
 def grouped_top_k(
     router_logits: torch.Tensor,
     k: int,
@@ -438,7 +500,7 @@ def _no_op_host_cache(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
+class ReferenceDeviceAdaptor(MLAReferenceOps, BaseDeviceAdaptor):
     """Plain-PyTorch implementation of every op on torch's cpu device; host memory is device memory."""
 
     family = "reference"
@@ -551,8 +613,11 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
         *,
         causal=True,
         output=None,
+        sliding_window=None,
+        sinks=None,
     ):
         _require(query.dim() == 3, f"query must be [T, Hq, D], got shape {tuple(query.shape)}")
+        check_window_sinks(sliding_window, sinks, query.shape[1], causal)
         _check_paged_cache("key_cache", key_cache)
         _check_paged_cache("value_cache", value_cache, key_cache.shape[2])
         num_tokens, num_heads, head_size = query.shape
@@ -617,9 +682,36 @@ class ReferenceDeviceAdaptor(BaseDeviceAdaptor):
             else:
                 groups.extend([b] for b in prefills)
         for reqs in groups:
-            _attend_group(
-                query, key_cache, value_cache, block_table, starts, q_lens, lens, reqs, scale, causal, output
-            )
+            if sliding_window is None and sinks is None:
+                _attend_group(
+                    query,
+                    key_cache,
+                    value_cache,
+                    block_table,
+                    starts,
+                    q_lens,
+                    lens,
+                    reqs,
+                    scale,
+                    causal,
+                    output,
+                )
+            else:
+                _attend_group_window_sinks(
+                    query,
+                    key_cache,
+                    value_cache,
+                    block_table,
+                    starts,
+                    q_lens,
+                    lens,
+                    reqs,
+                    scale,
+                    causal,
+                    sliding_window,
+                    sinks,
+                    output,
+                )
         return output[:num_tokens]
 
     def kv_load(self, key_cache, value_cache, block_table, seq_lens):

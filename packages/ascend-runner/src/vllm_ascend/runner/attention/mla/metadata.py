@@ -1,0 +1,110 @@
+"""Per-step MLA metadata: the batch split into decodes (first) and prefills, each with its own view."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
+from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+
+
+@dataclass
+class AscendMLADecodeMetadata:
+    """The decode requests (one query token each): attended on the latent cache with absorbed weights.
+
+    ``query_start_loc_cpu [D+1]`` and ``seq_lens_cpu [D]`` are host tensors, ``block_table [D, blocks]`` is
+    on the device."""
+
+    block_table: torch.Tensor
+    query_start_loc_cpu: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+
+
+@dataclass
+class AscendMLAPrefillMetadata:
+    """The prefill requests (after the decodes): attended with K/V decompressed from the latent cache.
+
+    ``query_start_loc_cpu [P+1]`` starts at 0 at the first prefill token; ``seq_lens_cpu [P]`` counts each
+    request's cached context plus its new tokens (all of them in the cache when attention runs)."""
+
+    block_table: torch.Tensor
+    query_start_loc_cpu: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    max_query_len: int
+
+
+@dataclass
+class AscendMLAMetadata:
+    """What vLLM's ``MLAAttention.forward_impl`` reads (token counts and the decode/prefill split: the
+    first ``num_decode_tokens`` rows are decodes) plus each part's own metadata."""
+
+    num_reqs: int
+    num_actual_tokens: int
+    num_decodes: int
+    num_decode_tokens: int
+    num_prefills: int
+    slot_mapping: torch.Tensor
+    decode: AscendMLADecodeMetadata | None = None
+    prefill: AscendMLAPrefillMetadata | None = None
+    causal: bool = True
+
+
+class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
+    """Builds :class:`AscendMLAMetadata`; asks vLLM's runner to put single-token requests first."""
+
+    _cudagraph_support = AttentionCGSupport.NEVER
+    reorder_batch_threshold: int = 1
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.exact_host_seq_lens = vllm_config.speculative_config is None
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> AscendMLAMetadata:
+        common = common_attn_metadata
+        if not (common.causal if isinstance(common.causal, bool) else bool(common.causal.all())):
+            raise ValueError(
+                "non-causal attention is not supported by the Ascend MLA backend; allowed: causal"
+            )
+        num_reqs = common.num_reqs
+        query_start_loc_cpu = common.query_start_loc_cpu[: num_reqs + 1].to(torch.int64)
+        num_actual_tokens = int(query_start_loc_cpu[-1])
+        if self.exact_host_seq_lens and common.seq_lens_cpu_upper_bound is not None:
+            seq_lens_cpu = common.seq_lens_cpu_upper_bound[:num_reqs].to(torch.int64)
+        else:
+            seq_lens_cpu = common.seq_lens[:num_reqs].to("cpu", torch.int64)
+        num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
+            common, decode_threshold=self.reorder_batch_threshold
+        )
+        block_table = common.block_table_tensor[:num_reqs]
+        decode = None
+        if num_decodes:
+            decode = AscendMLADecodeMetadata(
+                block_table=block_table[:num_decodes],
+                query_start_loc_cpu=query_start_loc_cpu[: num_decodes + 1],
+                seq_lens_cpu=seq_lens_cpu[:num_decodes],
+            )
+        prefill = None
+        if num_prefills:
+            starts = query_start_loc_cpu[num_decodes:] - query_start_loc_cpu[num_decodes]
+            prefill = AscendMLAPrefillMetadata(
+                block_table=block_table[num_decodes:],
+                query_start_loc_cpu=starts,
+                seq_lens_cpu=seq_lens_cpu[num_decodes:],
+                max_query_len=int((starts[1:] - starts[:-1]).max()),
+            )
+        return AscendMLAMetadata(
+            num_reqs=num_reqs,
+            num_actual_tokens=num_actual_tokens,
+            num_decodes=num_decodes,
+            num_decode_tokens=num_decode_tokens,
+            num_prefills=num_prefills,
+            slot_mapping=common.slot_mapping[:num_actual_tokens],
+            decode=decode,
+            prefill=prefill,
+        )
