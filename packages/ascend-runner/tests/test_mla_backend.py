@@ -186,6 +186,73 @@ def test_absorbed_decode_over_the_paged_latent_cache_equals_the_equations(kv_lor
     torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5)
 
 
+def _builder_config(num_speculative_tokens: int | None):
+    """The fields of a ``VllmConfig`` the metadata builder reads to set its decode threshold."""
+    from types import SimpleNamespace
+
+    spec = None
+    if num_speculative_tokens is not None:
+        spec = SimpleNamespace(num_speculative_tokens=num_speculative_tokens, parallel_drafting=False)
+    return SimpleNamespace(
+        speculative_config=spec,
+        use_v2_model_runner=False,
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+    )
+
+
+@pytest.mark.parametrize(("num_speculative_tokens", "threshold"), [(None, 1), (1, 2), (3, 4)])
+def test_the_decode_threshold_follows_the_speculative_tokens(num_speculative_tokens, threshold):
+    from vllm_ascend.runner.attention.mla.metadata import AscendMLAMetadataBuilder
+
+    builder = AscendMLAMetadataBuilder(None, ["layer"], _builder_config(num_speculative_tokens), "cpu")
+    assert builder.reorder_batch_threshold == threshold
+
+
+@pytest.mark.parametrize(("kv_lora", "rope"), LATENTS, ids=lambda v: str(v))
+def test_speculative_verification_batch_decodes_on_the_latent_cache_equals_the_equations(kv_lora, rope):
+    """A verification batch (1 + k query tokens per request, k = 2; one request with a shorter query) and
+    a prefill after it, built by the metadata builder: the verification rows take the absorbed latent path
+    (causal within each request's new tokens, over its paged context, prefix blocks shared), the prefill
+    the decompressed one; every row equals the equations."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    from vllm_ascend.runner.attention.mla.metadata import AscendMLAMetadataBuilder
+
+    scale = (NOPE + rope) ** -0.5
+    ctx_lens, q_lens = [9, 14, 10, 5], [3, 3, 2, 7]
+    table, seq_lens, kv_c, k_pe, q, weight, cache = _case(
+        kv_lora, rope, torch.float32, q_lens, ctx_lens, 2, 3
+    )
+    impl = _impl(kv_lora, rope, weight, scale)
+    _write(impl, cache, table, kv_c, k_pe, seq_lens, ctx_lens)
+    starts = _starts(q_lens).to(torch.int32)
+    common = CommonAttentionMetadata(
+        query_start_loc=starts,
+        query_start_loc_cpu=starts,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        num_reqs=4,
+        num_actual_tokens=sum(q_lens),
+        max_query_len=max(q_lens),
+        max_seq_len=max(seq_lens),
+        block_table_tensor=table.to(torch.int32),
+        slot_mapping=torch.zeros(sum(q_lens), dtype=torch.int64),
+    )
+    builder = AscendMLAMetadataBuilder(None, ["layer"], _builder_config(2), "cpu")
+    meta = builder.build(0, common)
+    assert (meta.num_decodes, meta.num_decode_tokens, meta.num_prefills) == (3, 8, 1)
+    assert meta.decode is not None and meta.decode.query_start_loc_cpu.tolist() == [0, 3, 6, 8]
+    num_decode_tokens = meta.num_decode_tokens
+    queries = torch.cat(q)
+    got_d = _absorbed_decode(impl, queries[:num_decode_tokens], cache, weight, meta, kv_lora)
+    out_p = torch.zeros(sum(q_lens) - num_decode_tokens, HEADS * V)
+    impl.forward_mha(queries[num_decode_tokens:], None, None, cache, meta, torch.tensor(1.0), out_p)
+    got = torch.cat([got_d, out_p.view(-1, HEADS, V)])
+    expected = torch.cat(
+        [_equations(q[b], kv_c[b], k_pe[b], weight, scale, q_lens[b]) for b in range(len(q_lens))]
+    )
+    torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5)
+
+
 def test_mixed_batch_in_bfloat16_stays_close_to_the_equations():
     kv_lora, rope = 32, 16
     scale = (NOPE + rope) ** -0.5

@@ -11,7 +11,8 @@ from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 @dataclass
 class AscendMLADecodeMetadata:
-    """The decode requests (one query token each): attended on the latent cache with absorbed weights.
+    """The decode requests (up to ``reorder_batch_threshold`` query tokens each: one, or a speculative
+    verification's 1 + k): attended causally on the latent cache with absorbed weights.
 
     ``query_start_loc_cpu [D+1]`` and ``seq_lens_cpu [D]`` are host tensors, ``block_table [D, blocks]`` is
     on the device."""
@@ -51,13 +52,19 @@ class AscendMLAMetadata:
 
 
 class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
-    """Builds :class:`AscendMLAMetadata`; asks vLLM's runner to put single-token requests first."""
+    """Builds :class:`AscendMLAMetadata`; asks vLLM's runner to put decode requests first.
+
+    A decode is a request of at most ``reorder_batch_threshold`` query tokens: 1, or 1 + the speculative
+    tokens when speculative decoding is on, so verification batches (and the drafter's own MLA layers)
+    take the latent path instead of decompressing the whole context per step; the latent op attends any
+    number of query rows per request (causal, aligned to the end of the keys)."""
 
     _cudagraph_support = AttentionCGSupport.NEVER
     reorder_batch_threshold: int = 1
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
         self.exact_host_seq_lens = vllm_config.speculative_config is None
 
     def build(
