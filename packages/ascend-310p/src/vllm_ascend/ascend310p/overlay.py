@@ -184,6 +184,7 @@ class Ascend310PDeviceAdaptor(_Attention310Ops, A2A3DeviceAdaptor):
             "reshape_and_cache",
             "rotary_embedding",
             "swiglu",
+            "clipped_swiglu",
             "moe_gating_top_k",
             "moe_init_routing",
             "moe_finalize_routing",
@@ -198,6 +199,8 @@ class Ascend310PDeviceAdaptor(_Attention310Ops, A2A3DeviceAdaptor):
     reshape_and_cache = ReferenceDeviceAdaptor.reshape_and_cache
     rotary_embedding = ReferenceDeviceAdaptor.rotary_embedding
     swiglu = ReferenceDeviceAdaptor.swiglu
+    # npu_clipped_swiglu is documented for Atlas A2/A3 only.
+    clipped_swiglu = ReferenceDeviceAdaptor.clipped_swiglu
     moe_gating_top_k = ReferenceDeviceAdaptor.moe_gating_top_k
     moe_init_routing = ReferenceDeviceAdaptor.moe_init_routing
     moe_finalize_routing = ReferenceDeviceAdaptor.moe_finalize_routing

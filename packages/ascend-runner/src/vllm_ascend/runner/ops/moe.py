@@ -4,7 +4,9 @@ vLLM's runner keeps what it does around the experts (the gate, shared experts, t
 all-reduce); this class replaces the routed-expert step: top-k routing (``moe_routing``: softmax or
 sigmoid, grouped and score-bias top-k) → the communication method of the step (``moe_comm``: all-gather,
 all-to-all or MC2) → this rank's experts, unquantized (``grouped_matmul`` → ``swiglu`` →
-``grouped_matmul``) or a quant scheme's (``apply_experts``), all through the device adaptor.
+``grouped_matmul``) or a quant scheme's (``apply_experts``), all through the device adaptor. gpt-oss's
+experts (unquantized) take the same path with their ``[E, 2I]`` / ``[E, H]`` biases in the grouped matmuls
+and vLLM's ``swigluoai`` activation (``clipped_swiglu`` over the interleaved gate/up columns of w13).
 
 Parallelism: with tensor parallel each rank holds every expert's slice of the intermediate size (the
 all-gather method; vLLM's all-reduce sums the slices); with expert parallel (``enable_expert_parallel``)
@@ -50,6 +52,15 @@ logger = init_logger(__name__)
 
 #: Communication methods this process has announced in its log (once each).
 _ANNOUNCED: set[MoECommType] = set()
+
+#: vLLM 0.32's ``swigluoai`` constants (its ``SwigluOAIAndMul`` defaults and fused kernels): gpt-oss's
+#: sigmoid scale and clamp limit, and the +1 on ``up``. A model's ``swiglu_alpha``/``swiglu_limit`` in its
+#: MoE config override the first two.
+SWIGLUOAI_ALPHA = 1.702
+SWIGLUOAI_LIMIT = 7.0
+SWIGLUOAI_UP_BIAS = 1.0
+#: Expert activations this runner computes.
+SUPPORTED_ACTIVATIONS = (MoEActivation.SILU, MoEActivation.SWIGLUOAI)
 
 
 def _placement_schedule(vllm_config: Any, ep_size: int) -> Any:
@@ -116,7 +127,8 @@ def comm_config(vllm_config: Any, moe_config: Any, decode_query_len: int) -> MoE
 
 
 class AscendMoERunner(MoERunner):
-    """Top-k routing over SiLU-gated experts through the device adaptor, on one rank or many.
+    """Top-k routing over gated experts (SiLU, or gpt-oss's biased ``swigluoai``) through the device adaptor,
+    on one rank or many.
 
     With a placement schedule (set on the first forward): ``expert_map [ranks, n]`` (local slot or -1),
     ``log2phy [ranks, n]`` (the physical slot each rank routes each logical expert to) and ``moe_load``
@@ -144,19 +156,45 @@ class AscendMoERunner(MoERunner):
 
     def _check_supported(self) -> None:
         check_router(self.router, self.layer_name)
+        activation = self.routed_experts.activation
         unsupported = {
             "routed_input_transform": self.routed_input_transform is not None,
             "routed_output_transform": self.routed_output_transform is not None,
-            "activation": self.routed_experts.activation is not MoEActivation.SILU,
-            "has_bias": self.moe_config.has_bias,
+            "activation": activation not in SUPPORTED_ACTIVATIONS,
         }
         bad = [name for name, flag in unsupported.items() if flag]
         if bad:
+            allowed = ", ".join(a.value for a in SUPPORTED_ACTIVATIONS)
             raise NotImplementedError(
-                f"{self.layer_name}: the Ascend MoE runner supports SiLU-gated experts without bias or "
-                f"routed input/output transforms; unsupported here: {bad} (activation "
-                f"{self.routed_experts.activation})"
+                f"{self.layer_name}: the Ascend MoE runner supports gated experts with activation {allowed} "
+                f"and no routed input/output transforms; unsupported here: {bad} (activation {activation})"
             )
+        quant_method = self.routed_experts.quant_method
+        gpt_oss_style = activation is not MoEActivation.SILU or self.moe_config.has_bias
+        if gpt_oss_style and not isinstance(quant_method, UnquantizedFusedMoEMethod):
+            raise NotImplementedError(
+                f"{self.layer_name}: quantized experts with activation {activation.value} or expert biases "
+                f"(gpt-oss style) are not supported by the Ascend MoE runner (quant method "
+                f"{type(quant_method).__name__}); serve the unquantized (bf16/fp32) checkpoint"
+            )
+
+    def _activation(self, x: torch.Tensor) -> torch.Tensor:
+        """The experts' gated activation on the first grouped matmul's ``[rows, 2I]`` output."""
+        ad = get_device_adaptor()
+        if self.routed_experts.activation is MoEActivation.SILU:
+            return ad.swiglu(x)
+        alpha, limit = self.moe_config.swiglu_alpha, self.moe_config.swiglu_limit
+        return ad.clipped_swiglu(
+            x,
+            alpha=SWIGLUOAI_ALPHA if alpha is None else alpha,
+            limit=SWIGLUOAI_LIMIT if limit is None else limit,
+            bias=SWIGLUOAI_UP_BIAS,
+            interleaved=True,
+        )
+
+    def _expert_bias(self, name: str) -> torch.Tensor | None:
+        """The experts' ``w13_bias``/``w2_bias`` (``[E, N]``, in the placement's slot order), or None."""
+        return getattr(self.routed_experts, name, None) if self.moe_config.has_bias else None
 
     @property
     def is_monolithic(self) -> bool:
@@ -290,7 +328,8 @@ class AscendMoERunner(MoERunner):
         ad = get_device_adaptor()
         w13 = self.routed_experts.w13_weight.transpose(1, 2)
         w2 = self.routed_experts.w2_weight.transpose(1, 2)
-        return ad.grouped_matmul(ad.swiglu(ad.grouped_matmul(rows, w13, counts)), w2, counts)
+        hidden = ad.grouped_matmul(rows, w13, counts, bias=self._expert_bias("w13_bias"))
+        return ad.grouped_matmul(self._activation(hidden), w2, counts, bias=self._expert_bias("w2_bias"))
 
     def _local_ids(self, logical: torch.Tensor, num_tokens: int) -> torch.Tensor:
         """Local slot of each token copy (-1 where another rank computes it): the placement's physical

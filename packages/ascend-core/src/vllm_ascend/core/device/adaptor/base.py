@@ -31,6 +31,7 @@ OPS: tuple[str, ...] = (
     "rms_norm",
     "add_rms_norm",
     "swiglu",
+    "clipped_swiglu",
     "rotary_embedding",
     "moe_gating_top_k",
     "moe_init_routing",
@@ -253,6 +254,24 @@ class BaseDeviceAdaptor(abc.ABC):
         """``silu(x[..., :d]) * x[..., d:]`` with ``d = x.shape[-1] // 2``."""
 
     @abc.abstractmethod
+    def clipped_swiglu(
+        self,
+        x: torch.Tensor,
+        *,
+        alpha: float = 1.702,
+        limit: float = 7.0,
+        bias: float = 1.0,
+        interleaved: bool = True,
+    ) -> torch.Tensor:
+        """The clamped SwiGLU of gpt-oss's experts (vLLM's ``swigluoai``), ``[..., 2d] -> [..., d]``.
+
+        ``gate, up = x[..., 0::2], x[..., 1::2]`` (``interleaved``, gpt-oss's w13 layout) or the two halves;
+        ``gate = gate.clamp(max=limit)``, ``up = up.clamp(-limit, limit)``, out
+        ``gate * sigmoid(alpha * gate) * (up + bias)``, computed in fp32, returned in ``x``'s dtype. An odd
+        last dim or ``limit <= 0`` raises :class:`DeviceOpError`.
+        """
+
+    @abc.abstractmethod
     def rotary_embedding(
         self,
         positions: torch.Tensor,
@@ -362,11 +381,14 @@ class BaseDeviceAdaptor(abc.ABC):
         group_list: torch.Tensor,
         *,
         group_list_type: GroupListType = "count",
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Per-group matmul: rows of group ``g`` of ``x [M, K]`` times ``weight[g] [K, N]`` → ``[M, N]``.
 
         ``group_list [G]`` holds row counts (``"count"``) or running ends (``"cumsum"``); rows past the last
-        group are zero in the output.
+        group are zero in the output. ``bias [G, N]`` (optional, e.g. gpt-oss's expert biases) adds
+        ``bias[g]`` to every row of group ``g`` (in fp32 before the cast to ``x``'s dtype); a bias of
+        another shape raises :class:`DeviceOpError`.
         """
 
     @abc.abstractmethod
@@ -548,6 +570,26 @@ def check_choice(field: str, value: Any, allowed: Sequence[str]) -> None:
     """Raise :class:`DeviceOpError` naming ``field`` and the allowed values."""
     if value not in allowed:
         raise DeviceOpError(f"{field}={value!r} is invalid; allowed values: {', '.join(allowed)}")
+
+
+def check_group_bias(bias: torch.Tensor | None, weight: torch.Tensor) -> None:
+    """Raise :class:`DeviceOpError` unless ``bias`` is ``None`` or ``[G, N]`` for ``weight [G, K, N]``."""
+    if bias is None:
+        return
+    expected = (weight.shape[0], weight.shape[-1])
+    if tuple(bias.shape) != expected:
+        raise DeviceOpError(
+            f"grouped_matmul bias must be [G, N] = {expected} for weight {tuple(weight.shape)}, "
+            f"got {tuple(bias.shape)}"
+        )
+
+
+def check_clipped_swiglu(x: torch.Tensor, limit: float) -> None:
+    """Raise :class:`DeviceOpError` unless ``clipped_swiglu`` can split ``x`` and ``limit`` is positive."""
+    if x.shape[-1] % 2:
+        raise DeviceOpError(f"clipped_swiglu needs an even last dim, got {x.shape[-1]}")
+    if not limit > 0:
+        raise DeviceOpError(f"clipped_swiglu limit must be > 0, got {limit}")
 
 
 def check_moe_gating(

@@ -24,6 +24,8 @@ from vllm_ascend.core.device.adaptor.base import (
     DeviceOpError,
     MoeDispatch,
     check_choice,
+    check_clipped_swiglu,
+    check_group_bias,
     check_moe_gating,
     check_window_sinks,
 )
@@ -104,6 +106,19 @@ def valid_rows(
     check_choice("group_list_type", group_list_type, GROUP_LIST_TYPES)
     end = group_list.sum() if group_list_type == "count" else group_list[-1]
     return (torch.arange(num_rows, device=device) < end).unsqueeze(1)
+
+
+def row_group_bias(
+    bias: torch.Tensor, group_list: torch.Tensor, group_list_type: str, num_rows: int
+) -> torch.Tensor:
+    """``[M, N]`` fp32: each row's group's ``bias`` row, zero past the last group (no host sync)."""
+    ends = group_list.to(torch.int64)
+    if group_list_type == "count":
+        ends = ends.cumsum(0)
+    rows = torch.arange(num_rows, device=bias.device)
+    group = torch.searchsorted(ends.to(bias.device), rows, right=True)  # G for rows past the groups
+    padded = torch.cat((bias.float(), bias.new_zeros(1, bias.shape[1], dtype=torch.float32)))
+    return padded[group]
 
 
 #: ``npu_moe_gating_top_k``'s documented limits: experts per row, experts per group (more than this), and
@@ -443,6 +458,12 @@ class A2A3DeviceAdaptor(MLANPUOps, BaseDeviceAdaptor):
     def swiglu(self, x):
         return torch_npu_module().npu_swiglu(x, dim=-1)
 
+    def clipped_swiglu(self, x, *, alpha=1.702, limit=7.0, bias=1.0, interleaved=True):
+        check_clipped_swiglu(x, limit)
+        return torch_npu_module().npu_clipped_swiglu(
+            x.contiguous(), dim=-1, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved
+        )
+
     def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
         torch_npu = torch_npu_module()
         rot_dim = cos_sin_cache.shape[-1]
@@ -579,8 +600,11 @@ class A2A3DeviceAdaptor(MLANPUOps, BaseDeviceAdaptor):
             global_bs=global_bs,
         )
 
-    def grouped_matmul(self, x, weight, group_list, *, group_list_type="count"):
+    def grouped_matmul(self, x, weight, group_list, *, group_list_type="count", bias=None):
+        """``bias [G, N]`` is added in torch after the op: its docs give a 1-D bias per weight tensor, not a
+        per-group bias for one ``[G, K, N]`` weight (and no bfloat16 bias)."""
         check_choice("group_list_type", group_list_type, GROUP_LIST_TYPES)
+        check_group_bias(bias, weight)
         (out,) = torch_npu_module().npu_grouped_matmul(
             [x],
             [weight],
@@ -589,6 +613,8 @@ class A2A3DeviceAdaptor(MLANPUOps, BaseDeviceAdaptor):
             group_type=0,
             group_list_type=1 if group_list_type == "count" else 0,  # the op: 0 = cumsum, 1 = count
         )
+        if bias is not None:
+            out = (out.float() + row_group_bias(bias, group_list, group_list_type, x.shape[0])).to(out.dtype)
         return out.masked_fill(~valid_rows(group_list, group_list_type, x.shape[0], x.device), 0)
 
     def grouped_matmul_swiglu_quant(

@@ -30,6 +30,8 @@ from vllm_ascend.core.device.adaptor.base import (
     DeviceOpError,
     GroupListType,
     check_choice,
+    check_clipped_swiglu,
+    check_group_bias,
     check_moe_gating,
     check_window_sinks,
 )
@@ -214,6 +216,20 @@ def _per_token_int8(xf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _silu_mul(xf: torch.Tensor) -> torch.Tensor:
     d = xf.shape[-1] // 2
     return F.silu(xf[..., :d]).mul_(xf[..., d:])
+
+
+def clipped_swiglu_torch(
+    x: torch.Tensor, *, alpha: float, limit: float, bias: float, interleaved: bool
+) -> torch.Tensor:
+    """``clipped_swiglu``'s semantics in plain PyTorch (fp32 math), on arguments already checked."""
+    xf = x.float()
+    if interleaved:
+        gate, up = xf[..., 0::2], xf[..., 1::2]
+    else:
+        gate, up = xf.chunk(2, dim=-1)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return ((up + bias) * (gate * torch.sigmoid(gate * alpha))).to(x.dtype)
 
 
 def _check_paged_cache(name: str, cache: torch.Tensor, num_kv_heads: int | None = None) -> None:
@@ -743,6 +759,10 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, BaseDeviceAdaptor):
         _require(x.shape[-1] % 2 == 0, f"swiglu needs an even last dim, got {x.shape[-1]}")
         return _silu_mul(x.float()).to(x.dtype)
 
+    def clipped_swiglu(self, x, *, alpha=1.702, limit=7.0, bias=1.0, interleaved=True):
+        check_clipped_swiglu(x, limit)
+        return clipped_swiglu_torch(x, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved)
+
     def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
         rot_dim = cos_sin_cache.shape[-1]
         _require(
@@ -852,7 +872,7 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, BaseDeviceAdaptor):
             active_mask=active_mask,
         )
 
-    def grouped_matmul(self, x, weight, group_list, *, group_list_type: GroupListType = "count"):
+    def grouped_matmul(self, x, weight, group_list, *, group_list_type: GroupListType = "count", bias=None):
         _require(
             weight.dim() == 3 and x.dim() == 2 and weight.shape[1] == x.shape[1],
             f"x must be [M, K] and weight [G, K, N]; got {tuple(x.shape)} and {tuple(weight.shape)}",
@@ -861,10 +881,14 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, BaseDeviceAdaptor):
             group_list.numel() == weight.shape[0],
             f"group_list has {group_list.numel()} groups but weight has {weight.shape[0]}",
         )
+        check_group_bias(bias, weight)
         out = x.new_zeros(x.shape[0], weight.shape[2])
         for g, (start, end) in enumerate(group_bounds(group_list, group_list_type, x.shape[0])):
             if end > start:
-                out[start:end] = (x[start:end].float() @ weight[g].float()).to(x.dtype)
+                acc = x[start:end].float() @ weight[g].float()
+                if bias is not None:
+                    acc = acc + bias[g].float()
+                out[start:end] = acc.to(x.dtype)
         return out
 
     def grouped_matmul_swiglu_quant(
