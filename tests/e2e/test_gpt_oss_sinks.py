@@ -20,6 +20,7 @@ import torch
 from vllm_ascend.runner.testing.tiny_models import (
     TinyModelSpec,
     build_tiny_model,
+    common_config,
     register_model_builder,
 )
 
@@ -36,20 +37,14 @@ YARN_FACTOR = 4
 def _gpt_oss_config(spec: TinyModelSpec, vocab_size: int) -> Any:
     from transformers import GptOssConfig
 
+    common = common_config(spec, vocab_size)
+    common.pop("rope_theta")  # in rope_parameters (YaRN)
     return GptOssConfig(
-        vocab_size=vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim,
+        **common,
         num_local_experts=EXPERTS,
         num_experts_per_tok=TOP_K,
         sliding_window=WINDOW,
         layer_types=["sliding_attention", "full_attention"] * (spec.num_layers // 2),
-        max_position_embeddings=spec.max_position_embeddings,
-        initializer_range=spec.init_std,
         tie_word_embeddings=False,
         rope_parameters={
             "rope_type": "yarn",

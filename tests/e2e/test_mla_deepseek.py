@@ -16,8 +16,8 @@ import pytest
 from vllm_ascend.runner.testing.tiny_models import (
     MODEL_BUILDERS,
     TinyModelSpec,
-    _common_config,
     build_tiny_model,
+    common_config,
     register_model_builder,
 )
 
@@ -35,7 +35,7 @@ def _deepseek_v3_config(spec: TinyModelSpec, vocab_size: int):
     """DeepSeek-V3 with MLA; ``extra`` sets the latent geometry and whether layers are MoE."""
     from transformers import DeepseekV3Config
 
-    common = _common_config(spec, vocab_size)
+    common = common_config(spec, vocab_size)
     common.pop("head_dim")
     return DeepseekV3Config(
         **common,

@@ -16,6 +16,7 @@ import pytest
 from vllm_ascend.runner.testing.tiny_models import (
     TinyModelSpec,
     build_tiny_model,
+    common_config,
     register_model_builder,
 )
 
@@ -27,20 +28,7 @@ WINDOW = 8
 def _mistral_config(spec: TinyModelSpec, vocab_size: int) -> Any:
     from transformers import MistralConfig
 
-    return MistralConfig(
-        vocab_size=vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim,
-        max_position_embeddings=spec.max_position_embeddings,
-        initializer_range=spec.init_std,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-        **spec.extra,
-    )
+    return MistralConfig(**common_config(spec, vocab_size), tie_word_embeddings=False, **spec.extra)
 
 
 register_model_builder("mistral", _mistral_config)

@@ -79,8 +79,8 @@ def register_model_builder(
         WEIGHT_HOOKS[kind] = weights_hook
 
 
-def _common_config(spec: TinyModelSpec, vocab_size: int) -> dict[str, Any]:
-    """The config fields every family takes from the spec."""
+def common_config(spec: TinyModelSpec, vocab_size: int) -> dict[str, Any]:
+    """The config fields every family takes from the spec (tests building other families start from it)."""
     return dict(
         vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
@@ -98,13 +98,13 @@ def _common_config(spec: TinyModelSpec, vocab_size: int) -> dict[str, Any]:
 def _qwen3_config(spec: TinyModelSpec, vocab_size: int) -> Any:
     from transformers import Qwen3Config
 
-    return Qwen3Config(**_common_config(spec, vocab_size), tie_word_embeddings=True, **spec.extra)
+    return Qwen3Config(**common_config(spec, vocab_size), tie_word_embeddings=True, **spec.extra)
 
 
 def _llama_config(spec: TinyModelSpec, vocab_size: int) -> Any:
     from transformers import LlamaConfig
 
-    return LlamaConfig(**_common_config(spec, vocab_size), tie_word_embeddings=False, **spec.extra)
+    return LlamaConfig(**common_config(spec, vocab_size), tie_word_embeddings=False, **spec.extra)
 
 
 #: Routed experts and experts per token of the tiny MoE model.
@@ -116,7 +116,7 @@ def _qwen3_moe_config(spec: TinyModelSpec, vocab_size: int) -> Any:
     from transformers import Qwen3MoeConfig
 
     return Qwen3MoeConfig(
-        **_common_config(spec, vocab_size),
+        **common_config(spec, vocab_size),
         moe_intermediate_size=spec.intermediate_size // 2,
         num_experts=MOE_NUM_EXPERTS,
         num_experts_per_tok=MOE_TOP_K,
@@ -133,7 +133,7 @@ def _qwen2_moe_config(spec: TinyModelSpec, vocab_size: int) -> Any:
     from transformers import Qwen2MoeConfig
 
     return Qwen2MoeConfig(
-        **_common_config(spec, vocab_size),
+        **common_config(spec, vocab_size),
         moe_intermediate_size=spec.intermediate_size // 2,
         shared_expert_intermediate_size=spec.intermediate_size,
         num_experts=MOE_NUM_EXPERTS,
@@ -162,7 +162,7 @@ def _glm4_moe_config(spec: TinyModelSpec, vocab_size: int) -> Any:
     from transformers import Glm4MoeConfig
 
     return Glm4MoeConfig(
-        **_common_config(spec, vocab_size),
+        **common_config(spec, vocab_size),
         moe_intermediate_size=spec.intermediate_size // 2,
         n_routed_experts=GLM4_MOE_NUM_EXPERTS,
         n_shared_experts=1,
@@ -194,7 +194,7 @@ def _qwen3_next_config(spec: TinyModelSpec, vocab_size: int) -> Any:
     from transformers import Qwen3NextConfig
 
     return Qwen3NextConfig(
-        **_common_config(spec, vocab_size),
+        **common_config(spec, vocab_size),
         layer_types=["linear_attention", "full_attention"] * (spec.num_layers // 2),
         linear_conv_kernel_dim=4,
         linear_key_head_dim=spec.head_dim,

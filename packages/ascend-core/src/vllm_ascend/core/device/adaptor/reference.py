@@ -256,6 +256,19 @@ def _blocks_for(block_table: torch.Tensor, b: int, seq_len: int, block_size: int
     return block_table[b, : _check_blocks(block_table, b, seq_len, block_size)].long()
 
 
+def _padded_query_rows(
+    reqs: list[int], starts: list[int], q_lens: list[int], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The query rows of requests ``reqs`` padded to the longest: ``q_lens [B]``, ``keep [B, Q]`` (real rows),
+    ``jq [B, Q]`` (row within the request; padding repeats the last) and ``q_idx [B, Q]`` (row in ``query``)."""
+    q_lens_t = torch.tensor([q_lens[b] for b in reqs], device=device)
+    j = torch.arange(max(q_lens[b] for b in reqs), device=device)
+    keep = j < q_lens_t.unsqueeze(1)
+    jq = torch.minimum(j, q_lens_t.unsqueeze(1) - 1)
+    q_idx = torch.tensor([starts[b] for b in reqs], device=device).unsqueeze(1) + jq
+    return q_lens_t, keep, jq, q_idx
+
+
 def _attend_group(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -333,11 +346,7 @@ def _attend_group(
         else:
             output[q_idx] = out.to(output.dtype)
         return
-    q_lens_t = torch.tensor([q_lens[b] for b in reqs], device=device)
-    j = torch.arange(max_q, device=device)
-    keep = j < q_lens_t.unsqueeze(1)  # [B, Q]: real query rows
-    jq = torch.minimum(j, q_lens_t.unsqueeze(1) - 1)
-    q_idx = torch.tensor([starts[b] for b in reqs], device=device).unsqueeze(1) + jq
+    q_lens_t, keep, jq, q_idx = _padded_query_rows(reqs, starts, q_lens, device)
     if causal:
         last = (lens_t - q_lens_t).unsqueeze(1) + jq  # query j sees keys 0..ctx+j (all < seq_len)
         mask = pos <= last.unsqueeze(2)  # [B, Q, S]
@@ -380,7 +389,7 @@ def _attend_group_window_sinks(
     device = query.device
     num_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
     block_size = key_cache.shape[1]
-    q_lens_t = torch.tensor([q_lens[b] for b in reqs], device=device)
+    q_lens_t, keep, jq, q_idx = _padded_query_rows(reqs, starts, q_lens, device)
     lens_t = torch.tensor([lens[b] for b in reqs], device=device)
     ctx_t = lens_t - q_lens_t
     lo_t = (ctx_t - window + 1).clamp_min(0) if window is not None else torch.zeros_like(ctx_t)
@@ -392,11 +401,7 @@ def _attend_group_window_sinks(
     group = num_heads // num_kv_heads
     k = key_cache[blk, tok % block_size].float().repeat_interleave(group, dim=2)  # [B, S, Hq, D]
     v = value_cache[blk, tok % block_size].float().repeat_interleave(group, dim=2)
-    max_q = max(q_lens[b] for b in reqs)
-    j = torch.arange(max_q, device=device)
-    keep = j < q_lens_t.unsqueeze(1)  # [B, Q]: real query rows
-    jq = torch.minimum(j, q_lens_t.unsqueeze(1) - 1)
-    q_idx = torch.tensor([starts[b] for b in reqs], device=device).unsqueeze(1) + jq  # [B, Q]
+    max_q = jq.shape[1]
     q_pos = ctx_t.unsqueeze(1) + jq  # [B, Q] absolute query positions
     mask = valid.unsqueeze(1).expand(-1, max_q, -1)  # [B, Q, S]
     if causal:
