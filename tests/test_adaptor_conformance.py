@@ -36,6 +36,7 @@ NPU_ADAPTOR_FILES = [
     CORE_ADAPTOR_DIR / "npu.py",
     CORE_ADAPTOR_DIR / "a5.py",
     CORE_ADAPTOR_DIR / "mla.py",
+    CORE_ADAPTOR_DIR / "sparse.py",
     REPO_ROOT / "packages" / "ascend-310p" / "src" / "vllm_ascend" / "ascend310p" / "overlay.py",
 ]
 
@@ -125,9 +126,10 @@ def parse_op_docs(source: str) -> dict[str, OpSignature]:
 
 
 def parse_op_schemas(yaml_text: str) -> dict[str, OpSignature]:
-    """``- func: name(Type arg, ..., *, Type kw=default) -> ...`` lines of the wheel's op schema file."""
+    """``- func: name(Type arg, ..., *, Type kw=default) -> ...`` lines of the wheel's op schema file (also
+    entries whose ``func:`` follows another key, as the ``exposed: true`` ones do)."""
     ops: dict[str, OpSignature] = {}
-    for match in re.finditer(r"^- func: (\w+)\((.*)\) ->", yaml_text, re.M):
+    for match in re.finditer(r"^[- ] func: (\w+)\((.*)\) ->", yaml_text, re.M):
         sig = OpSignature(match.group(1))
         keyword = False
         for token in _split_top_level(match.group(2)):
@@ -284,6 +286,12 @@ def test_the_wheel_documents_the_ops_we_rely_on(npu_ops):
         "moe_expert_num",
     ]
     assert {"x_active_mask", "global_bs", "expert_token_nums_type"} <= set(dispatch.keyword_only)
+    indexer = npu_ops["npu_lightning_indexer"]  # an ``exposed: true`` schema entry; its doc says ``custom.``
+    assert indexer.positional == ["query", "key", "weights"]
+    assert {"block_table", "layout_key", "sparse_count", "sparse_mode"} <= set(indexer.keyword_only)
+    sfa = npu_ops["npu_sparse_flash_attention"]
+    assert sfa.required == {"query", "key", "value", "sparse_indices", "scale_value"}
+    assert {"query_rope", "key_rope", "sparse_block_size", "layout_kv"} <= set(sfa.keyword_only)
     combine = npu_ops["npu_moe_distribute_combine"]
     assert combine.required == {
         "expand_x",

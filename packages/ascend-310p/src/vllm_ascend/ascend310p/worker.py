@@ -31,5 +31,14 @@ class NPUWorker310(NPUWorker):
             "supported there: dense decoder attention (MHA/GQA/MQA)"
         )
 
+    @classmethod
+    def sparse_mla_attention_backend_qualname(cls) -> str:
+        """DeepSeek sparse attention is refused: the lightning indexer and sparse flash attention ops are not
+        documented for the Atlas inference series."""
+        raise AttentionConfigError(
+            "attention with use_sparse=True (DeepSeek sparse attention, DeepSeek-V3.2-class models) is not "
+            "supported on Atlas 310P; supported there: dense decoder attention (MHA/GQA/MQA)"
+        )
+
     def _make_model_runner(self) -> NPUModelRunner310:
         return NPUModelRunner310(self.vllm_config, self.device)

@@ -184,18 +184,23 @@ class AscendPlatform(Platform):
         attn_selector_config: AttentionSelectorConfig,
         num_heads: int | None = None,
     ) -> str:
-        """The runner's attention backend (its MLA backend for MLA layers); sparse attention is not provided."""
+        """The runner's attention backend: its MLA backend for MLA layers, its sparse MLA backend for DeepSeek
+        sparse attention (``use_sparse``, DSA/SFA), the dense one otherwise."""
         if selected_backend is not None and selected_backend.name != "CUSTOM":
             raise ValueError(
                 f"attention backend {selected_backend.name!r} is not available on {cls.get_device_name()}; "
                 "allowed: CUSTOM (the Ascend attention backend)"
             )
-        if getattr(attn_selector_config, "use_sparse", False):
-            raise ValueError(
-                "attention with use_sparse=True is not supported by the Ascend attention backend; "
-                "supported: dense decoder attention (MHA/GQA/MQA, sliding window, sinks) and MLA"
-            )
         worker = _workers().get(_worker_name())
+        if getattr(attn_selector_config, "use_sparse", False):
+            sparse = getattr(worker, "sparse_mla_attention_backend_qualname", None)
+            if sparse is None or not getattr(attn_selector_config, "use_mla", False):
+                raise ValueError(
+                    "attention with use_sparse=True is not supported by this Ascend worker; supported: DeepSeek "
+                    "sparse attention (use_mla=True with use_sparse=True) through a worker that names a sparse "
+                    "MLA backend"
+                )
+            return str(sparse())
         if getattr(attn_selector_config, "use_mla", False):
             return str(worker.mla_attention_backend_qualname())
         return str(worker.attention_backend_qualname())
@@ -244,6 +249,21 @@ class AscendPlatform(Platform):
             compilation_config.custom_ops.append("all")
         profile = cls.profile()
         enforce_eager = vllm_config.model_config is not None and vllm_config.model_config.enforce_eager
+        # vLLM switches its breakable CUDA graphs on for some architectures (DeepSeek-V3.2) and then keeps
+        # piecewise graphs without compilation; they capture through CUDA's graph pool, which Ascend lacks (its
+        # graphs are the runner's ACL graph wrapper), so they are switched off and the graph mode follows.
+        breakable = os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH") == "1"
+        if breakable:
+            os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "0"
+            logger.info("breakable CUDA graphs are not available on %s; switched off", profile.name)
+            if profile.eager_by_default:
+                compilation_config.mode = CompilationMode.NONE
+                compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+            elif (
+                compilation_config.mode == CompilationMode.NONE
+                and compilation_config.cudagraph_mode.requires_piecewise_compilation()
+            ):
+                compilation_config.cudagraph_mode = compilation_config.cudagraph_mode.without_piecewise()
         graphs = compilation_config.cudagraph_mode
         if not profile.supports(HardwareCapability.GRAPH_CAPTURE) and graphs not in (
             None,

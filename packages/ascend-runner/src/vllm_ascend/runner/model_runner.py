@@ -66,6 +66,7 @@ from vllm_ascend.runner import device_context
 from vllm_ascend.runner.graph_wrapper import ACLGraphWrapper
 from vllm_ascend.runner.input_batch import NPUInputBatch
 from vllm_ascend.runner.kv_zeroer import AscendKVBlockZeroer
+from vllm_ascend.runner.model_patches import model_patches
 from vllm_ascend.runner.patching import replaced_names
 from vllm_ascend.runner.sample.rejection_sampler import AscendRejectionSampler
 from vllm_ascend.runner.sample.sampler import AscendSampler
@@ -241,7 +242,7 @@ class NPUModelRunner(GPUModelRunner):
         self.kernel_warmup_results: dict[str, bool] = {}  # item -> compiled cleanly, after warm_up()
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        with ascend_components(self.components):
+        with ascend_components(self.components), model_patches(self.model_config.hf_text_config):
             super().load_model(*args, **kwargs)
 
     def capture_model(self) -> int:

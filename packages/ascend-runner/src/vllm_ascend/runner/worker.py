@@ -36,6 +36,7 @@ logger = init_logger(__name__)
 
 ATTENTION_BACKEND = "vllm_ascend.runner.attention.backend.AscendAttentionBackend"
 MLA_ATTENTION_BACKEND = "vllm_ascend.runner.attention.mla.backend.AscendMLABackend"
+SPARSE_MLA_ATTENTION_BACKEND = "vllm_ascend.runner.attention.mla.sparse.AscendSFABackend"
 #: vLLM's MLA layer builds a prefill-backend object and asks it about fused output quantization; the Ascend
 #: MLA impl computes prefill itself (``forward_mha`` on the adaptor's MLA ops) and never runs it, so vLLM's
 #: plain-torch one is named (no CUDA import).
@@ -84,6 +85,11 @@ class NPUWorker(Worker):
     @classmethod
     def mla_attention_backend_qualname(cls) -> str:
         return MLA_ATTENTION_BACKEND
+
+    @classmethod
+    def sparse_mla_attention_backend_qualname(cls) -> str:
+        """DeepSeek sparse attention (DSA/SFA) layers: MLA restricted to the lightning indexer's positions."""
+        return SPARSE_MLA_ATTENTION_BACKEND
 
     @classmethod
     def mla_prefill_backend_qualname(cls) -> str:

@@ -32,6 +32,7 @@ from vllm_ascend.core.device.adaptor.base import (
 from vllm_ascend.core.device.adaptor.graph import NPUGraph
 from vllm_ascend.core.device.adaptor.mla import MLANPUOps
 from vllm_ascend.core.device.adaptor.reference import gather_paged_kv, grouped_top_k, int8_weight
+from vllm_ascend.core.device.adaptor.sparse import SparseAttentionNPUOps
 
 #: Size of the compressed causal mask the fused attention ops take with ``sparse_mode=3``.
 CAUSAL_MASK_SIZE = 2048
@@ -145,7 +146,7 @@ def torch_npu_runtime() -> Any:
     return torch.npu  # type: ignore[attr-defined]
 
 
-class A2A3DeviceAdaptor(MLANPUOps, BaseDeviceAdaptor):
+class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
     """Atlas A2 and A3 (Ascend910B / Ascend910_93): ``torch_npu`` fused ops and the ``torch.npu`` runtime."""
 
     family = "A2/A3"

@@ -38,6 +38,7 @@ from vllm_ascend.core.device.adaptor.base import (
 from vllm_ascend.core.device.adaptor.graph import ReferenceGraph
 from vllm_ascend.core.device.adaptor.mc2_reference import mc2_combine, mc2_dispatch
 from vllm_ascend.core.device.adaptor.mla import MLAReferenceOps
+from vllm_ascend.core.device.adaptor.sparse import SparseAttentionReferenceOps
 
 __all__ = [
     "ReferenceDeviceAdaptor",
@@ -521,7 +522,7 @@ def _no_op_host_cache(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-class ReferenceDeviceAdaptor(MLAReferenceOps, BaseDeviceAdaptor):
+class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseDeviceAdaptor):
     """Plain-PyTorch implementation of every op on torch's cpu device; host memory is device memory."""
 
     family = "reference"

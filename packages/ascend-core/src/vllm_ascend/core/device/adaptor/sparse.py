@@ -1,0 +1,315 @@
+"""DeepSeek sparse attention (DSA / SFA, DeepSeek-V3.2) device ops: declarations, reference, NPU mapping.
+
+DSA adds a *lightning indexer* to MLA: a small multi-head scorer whose keys live in their own paged cache
+``[num_blocks, block_size, D]``. For each query token it scores every visible key and keeps the ``topk``
+best positions; the MLA attention then attends only those positions of the latent cache. Three ops serve it:
+
+- :meth:`SparseAttentionDeviceOps.indexer_cache_write`: scatter the indexer's key rows into their slots;
+- :meth:`SparseAttentionDeviceOps.lightning_indexer`: ``score[t, s] = sum_h weights[t, h] * relu(q[t, h] . k[s])``
+  over the visible (causal) keys, the top-k positions per query (what ``npu_lightning_indexer`` returns);
+- :meth:`SparseAttentionDeviceOps.sparse_flash_attention`: the absorbed MLA attention restricted to each
+  query's selected positions (what ``npu_sparse_flash_attention`` computes with ``query_rope``/``key_rope``).
+
+:class:`SparseAttentionReferenceOps` is the executable spec in plain PyTorch (fp32 accumulation);
+:class:`SparseAttentionNPUOps` maps the ops onto torch_npu. Both are mixins of the family adaptors, counted
+in ``adaptor.call_counts`` like the base ops.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import torch
+
+from vllm_ascend.core.device.adaptor.base import DeviceOpError, _counted
+from vllm_ascend.core.device.adaptor.mla import _check_latent_cache, _lengths, _require, torch_npu_module
+
+#: The sparse-attention ops every adaptor mixing in :class:`SparseAttentionDeviceOps` implements.
+SPARSE_OPS: tuple[str, ...] = ("indexer_cache_write", "lightning_indexer", "sparse_flash_attention")
+#: ``npu_lightning_indexer``'s documented ``sparse_count`` values: 1..2048 and these.
+NPU_INDEXER_LARGE_TOPK = (3072, 4096, 5120, 6144, 7168, 8192)
+#: The dtypes the NPU sparse-attention ops take.
+NPU_SPARSE_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _gather_rows(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int, what: str) -> torch.Tensor:
+    """The first ``seq_len`` rows of one request's paged cache, ``[seq_len, *row]``."""
+    block_size = cache.shape[1]
+    num_blocks = -(-seq_len // block_size)
+    _require(
+        num_blocks <= block_table_row.shape[0],
+        f"{what}: seq_len={seq_len} needs {num_blocks} blocks of {block_size} but block_table has "
+        f"{block_table_row.shape[0]} columns",
+    )
+    return cache[block_table_row[:num_blocks].long()].flatten(0, 1)[:seq_len]
+
+
+def _visible(q_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
+    """``[q_len, seq_len]``: query ``j`` sees keys ``0 .. seq_len - q_len + j`` (causal, right-aligned)."""
+    last = torch.arange(q_len, device=device).unsqueeze(1) + (seq_len - q_len)
+    return torch.arange(seq_len, device=device).unsqueeze(0) <= last
+
+
+class SparseAttentionDeviceOps(abc.ABC):
+    """The sparse-attention op interface; subclasses' overrides are counted in ``call_counts``."""
+
+    call_counts: Any
+    _active_ops: set[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in SPARSE_OPS:
+            fn = cls.__dict__.get(name)
+            if fn is not None and not getattr(fn, "__counted__", False):
+                setattr(cls, name, _counted(name, fn))
+
+    @abc.abstractmethod
+    def indexer_cache_write(
+        self, key: torch.Tensor, key_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        """Write ``key [T, D]`` into ``key_cache [blocks, block_size, D]`` in place.
+
+        Slot ``s`` is block ``s // block_size``, offset ``s % block_size``; only the first
+        ``len(slot_mapping)`` tokens are written and slots ``< 0`` (padding) are skipped.
+        """
+
+    @abc.abstractmethod
+    def lightning_indexer(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        weights: torch.Tensor,
+        block_table: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        topk: int,
+    ) -> torch.Tensor:
+        """The top-``topk`` key positions per query token; returns ``[T, topk]`` int32.
+
+        ``query [T, H, D]`` and ``weights [T, H]`` (the per-head weights, scales folded in); request ``b`` owns
+        query rows ``query_start_loc[b]:query_start_loc[b+1]`` and its first ``seq_lens[b]`` keys in
+        ``key_cache`` (through ``block_table[b]``). Query ``j`` of ``q_len`` sees keys
+        ``0 .. seq_len - q_len + j``; ``score[s] = sum_h weights[h] * relu(q[h] . k[s])`` (fp32). Row ``t``
+        holds the positions (within the request's sequence) of its ``min(topk, visible)`` highest scores, in
+        descending score order (ties in unspecified order), then ``-1`` padding.
+        """
+
+    @abc.abstractmethod
+    def sparse_flash_attention(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        topk_indices: torch.Tensor,
+        block_table: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+        *,
+        output: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Absorbed MLA attention over each query's selected positions of the latent cache; ``[T, N, L]``.
+
+        As :meth:`MLADeviceOps.mla_latent_attention` (``q_nope [T, N, L]`` in latent space, ``q_pe [T, N, R]``,
+        key ``[c_kv | k_pe]``, value ``c_kv``, one latent head), but query ``t`` attends only the positions
+        ``topk_indices[t] >= 0`` that are also causally visible to it; a row with none is zero. Computed in
+        fp32, returned in the query dtype; written into ``output[:T]`` when given.
+        """
+
+
+class SparseAttentionReferenceOps(SparseAttentionDeviceOps):
+    """The sparse-attention ops in plain PyTorch: the semantics the NPU mapping is held to."""
+
+    def indexer_cache_write(self, key, key_cache, slot_mapping):
+        _require(key.dim() == 2, f"key must be [T, D], got shape {tuple(key.shape)}")
+        _require(
+            key_cache.dim() == 3 and key_cache.shape[2] == key.shape[1],
+            f"key_cache must be [num_blocks, block_size, {key.shape[1]}], got shape {tuple(key_cache.shape)}",
+        )
+        _require(slot_mapping.dim() == 1, f"slot_mapping must be 1-D, got shape {tuple(slot_mapping.shape)}")
+        n = slot_mapping.shape[0]
+        _require(n <= key.shape[0], f"{n} slots but {key.shape[0]} tokens")
+        slots = slot_mapping.long()
+        keep = slots >= 0
+        slots = slots[keep]
+        if slots.numel() == 0:
+            return
+        num_blocks, block_size = key_cache.shape[:2]
+        _require(
+            int(slots.max()) < num_blocks * block_size,
+            f"slot {int(slots.max())} is out of range for a cache of {num_blocks} blocks x {block_size}",
+        )
+        key_cache[slots // block_size, slots % block_size] = key[:n][keep].to(key_cache.dtype)
+
+    def lightning_indexer(self, query, key_cache, weights, block_table, query_start_loc, seq_lens, topk):
+        _require(query.dim() == 3, f"query must be [T, H, D], got shape {tuple(query.shape)}")
+        _require(
+            tuple(weights.shape) == tuple(query.shape[:2]),
+            f"weights must be [T, H] = {tuple(query.shape[:2])}, got {tuple(weights.shape)}",
+        )
+        _require(
+            key_cache.dim() == 3 and key_cache.shape[2] == query.shape[2],
+            f"key_cache must be [num_blocks, block_size, {query.shape[2]}], got shape {tuple(key_cache.shape)}",
+        )
+        _require(topk >= 1, f"topk must be >= 1, got {topk}")
+        starts, lens = _lengths(query_start_loc, seq_lens)
+        out = torch.full((query.shape[0], topk), -1, dtype=torch.int32, device=query.device)
+        for b, seq_len in enumerate(lens):
+            start, end = starts[b], starts[b + 1]
+            if end == start:
+                continue
+            keys = _gather_rows(key_cache, block_table[b], seq_len, f"request {b}").float()
+            per_head = torch.relu(torch.einsum("qhd,sd->qhs", query[start:end].float(), keys))
+            scores = torch.einsum("qh,qhs->qs", weights[start:end].float(), per_head)
+            scores = scores.masked_fill(~_visible(end - start, seq_len, query.device), float("-inf"))
+            values, positions = scores.topk(min(topk, seq_len), dim=-1)
+            positions = positions.masked_fill(values == float("-inf"), -1)
+            out[start:end, : positions.shape[1]] = positions.to(torch.int32)
+        return out
+
+    def sparse_flash_attention(
+        self,
+        q_nope,
+        q_pe,
+        kv_cache,
+        topk_indices,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        scale,
+        *,
+        output=None,
+    ):
+        _require(
+            q_nope.dim() == 3 and q_pe.dim() == 3 and q_nope.shape[:2] == q_pe.shape[:2],
+            f"q_nope [T, N, L] and q_pe [T, N, R] must agree, got {tuple(q_nope.shape)} and {tuple(q_pe.shape)}",
+        )
+        kv_lora_rank = q_nope.shape[2]
+        _check_latent_cache(kv_cache, kv_lora_rank)
+        _require(
+            kv_lora_rank + q_pe.shape[2] == kv_cache.shape[2],
+            f"q_nope ({kv_lora_rank}) + q_pe ({q_pe.shape[2]}) dims != cache row {kv_cache.shape[2]}",
+        )
+        num_tokens, num_heads = q_nope.shape[:2]
+        _require(
+            topk_indices.dim() == 2 and topk_indices.shape[0] >= num_tokens,
+            f"topk_indices must be [>= {num_tokens}, topk], got {tuple(topk_indices.shape)}",
+        )
+        starts, lens = _lengths(query_start_loc, seq_lens)
+        if output is None:
+            output = q_nope.new_zeros(num_tokens, num_heads, kv_lora_rank)
+        _require(
+            output.shape[0] >= num_tokens and tuple(output.shape[1:]) == (num_heads, kv_lora_rank),
+            f"output must be [>= {num_tokens}, {num_heads}, {kv_lora_rank}], got {tuple(output.shape)}",
+        )
+        query = torch.cat([q_nope, q_pe], dim=-1).float()
+        for b, seq_len in enumerate(lens):
+            start, end = starts[b], starts[b + 1]
+            if end == start:
+                continue
+            rows = _gather_rows(kv_cache, block_table[b], seq_len, f"request {b}").float()
+            selected = topk_indices[start:end].long()
+            _require(
+                int(selected.max()) < seq_len,
+                f"request {b}: topk index {int(selected.max())} is beyond its {seq_len} keys",
+            )
+            last = torch.arange(end - start, device=rows.device).unsqueeze(1) + (seq_len - (end - start))
+            keep = (selected >= 0) & (selected <= last)
+            keys = rows[selected.clamp(min=0)]  # [q, K, L + R]
+            scores = torch.einsum("qnd,qkd->qnk", query[start:end], keys) * scale
+            scores = scores.masked_fill(~keep.unsqueeze(1), float("-inf"))
+            probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+            out = torch.einsum("qnk,qkl->qnl", probs, keys[..., :kv_lora_rank])
+            output[start:end] = out.to(output.dtype)
+        return output[:num_tokens]
+
+
+def _require_npu_dtype(op: str, *tensors: torch.Tensor) -> None:
+    for tensor in tensors:
+        if tensor.dtype not in NPU_SPARSE_DTYPES:
+            raise DeviceOpError(
+                f"dtype={tensor.dtype} is not supported by {op}; allowed: "
+                + ", ".join(str(d).removeprefix("torch.") for d in NPU_SPARSE_DTYPES)
+            )
+
+
+class SparseAttentionNPUOps(SparseAttentionDeviceOps):
+    """The sparse-attention ops on torch_npu (Atlas A2/A3): ``npu_scatter_nd_update_`` writes indexer keys,
+    ``npu_lightning_indexer`` selects (TND query, ``PA_BSND`` paged keys, ``sparse_mode=3``) and
+    ``npu_sparse_flash_attention`` attends the latent cache at the selected positions (one per block:
+    ``sparse_block_size=1``)."""
+
+    def indexer_cache_write(self, key, key_cache, slot_mapping):
+        n = slot_mapping.shape[0]
+        keep = slot_mapping >= 0
+        torch_npu_module().npu_scatter_nd_update_(
+            key_cache.view(-1, key_cache.shape[-1]),
+            slot_mapping[keep].view(-1, 1).long(),
+            key[:n][keep].to(key_cache.dtype),
+        )
+
+    def lightning_indexer(self, query, key_cache, weights, block_table, query_start_loc, seq_lens, topk):
+        if not (1 <= topk <= 2048 or topk in NPU_INDEXER_LARGE_TOPK):
+            raise DeviceOpError(
+                f"topk={topk} is not supported by npu_lightning_indexer; allowed: 1..2048, "
+                + ", ".join(str(v) for v in NPU_INDEXER_LARGE_TOPK)
+            )
+        _require_npu_dtype("npu_lightning_indexer", query, key_cache, weights)
+        ends = query_start_loc[1:].to(device=query.device, dtype=torch.int32)
+        used = int(query_start_loc[-1])
+        indices, _ = torch_npu_module().npu_lightning_indexer(
+            query[:used].contiguous(),
+            key_cache.unsqueeze(2),
+            weights[:used].to(query.dtype).contiguous(),
+            actual_seq_lengths_query=ends,
+            actual_seq_lengths_key=seq_lens.to(device=query.device, dtype=torch.int32),
+            block_table=block_table.to(torch.int32),
+            layout_query="TND",
+            layout_key="PA_BSND",
+            sparse_count=topk,
+            sparse_mode=3,
+        )
+        out = torch.full((query.shape[0], topk), -1, dtype=torch.int32, device=query.device)
+        out[:used] = indices.view(used, topk)
+        return out
+
+    def sparse_flash_attention(
+        self,
+        q_nope,
+        q_pe,
+        kv_cache,
+        topk_indices,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        scale,
+        *,
+        output=None,
+    ):
+        _require_npu_dtype("npu_sparse_flash_attention", q_nope, q_pe, kv_cache)
+        kv_lora_rank = q_nope.shape[2]
+        used = int(query_start_loc[-1])
+        # The kernel takes the latent and rope parts as separate contiguous paged caches.
+        c_kv = kv_cache[..., :kv_lora_rank].unsqueeze(2).contiguous()
+        k_pe = kv_cache[..., kv_lora_rank:].unsqueeze(2).contiguous()
+        out, _, _ = torch_npu_module().npu_sparse_flash_attention(
+            q_nope[:used].contiguous(),
+            c_kv,
+            c_kv,
+            topk_indices[:used].unsqueeze(1).to(torch.int32).contiguous(),
+            scale,
+            block_table=block_table.to(torch.int32),
+            actual_seq_lengths_query=query_start_loc[1:].to(device=q_nope.device, dtype=torch.int32),
+            actual_seq_lengths_kv=seq_lens.to(device=q_nope.device, dtype=torch.int32),
+            query_rope=q_pe[:used].contiguous(),
+            key_rope=k_pe,
+            sparse_block_size=1,
+            layout_query="TND",
+            layout_kv="PA_BSND",
+            sparse_mode=3,
+        )
+        if output is None:
+            output = q_nope.new_zeros(q_nope.shape[0], q_nope.shape[1], kv_lora_rank)
+        output[:used] = out.view(used, q_nope.shape[1], kv_lora_rank)
+        return output[: q_nope.shape[0]]
