@@ -93,6 +93,10 @@ def test_model_type_packed_modules_check_the_shards_types():
     [
         ({"kv_cache_type": "C8"}, r"kv_cache_type='C8' \(an INT8 \(C8\) KV cache\) is not supported yet"),
         ({"fa_quant_type": "FAKQuant"}, r"fa_quant_type='FAKQuant' .*not supported yet"),
+        (
+            {"indexer_quant_type": "INT8_DYNAMIC"},
+            r"indexer_quant_type='INT8_DYNAMIC' \(a quantized sparse-attention indexer\) is not supported yet",
+        ),
     ],
 )
 def test_quantized_attention_is_refused(extra, match):

@@ -97,3 +97,5 @@ def test_platform_names_the_310p_backend_and_refuses_mla(family_310p):
     )
     with pytest.raises(AttentionConfigError, match=r"use_mla=True .* is not supported on Atlas 310P"):
         ReferencePlatform.get_attn_backend_cls(None, selector._replace(use_mla=True))
+    with pytest.raises(AttentionConfigError, match=r"use_sparse=True .* is not supported on Atlas 310P"):
+        ReferencePlatform.get_attn_backend_cls(None, selector._replace(use_mla=True, use_sparse=True))

@@ -325,7 +325,7 @@ def test_unsupported_options_are_refused_by_name():
         )  # fmt: skip
 
 
-def test_the_platform_names_the_mla_backend_from_the_worker_and_still_refuses_sparse_mla():
+def test_the_platform_names_the_mla_and_sparse_mla_backends_from_the_worker():
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
     from vllm_ascend.core.platform import ReferencePlatform
@@ -339,7 +339,12 @@ def test_the_platform_names_the_mla_backend_from_the_worker_and_still_refuses_sp
         == f"{AscendMLABackend.__module__}.AscendMLABackend"
     )
     assert AscendMLABackend.is_mla() and AscendMLABackend.supports_head_size(48)
-    with pytest.raises(ValueError, match="use_sparse=True is not supported"):
-        ReferencePlatform.get_attn_backend_cls(None, selector._replace(use_sparse=True))
+    assert ReferencePlatform.get_attn_backend_cls(None, selector._replace(use_sparse=True)) == (
+        "vllm_ascend.runner.attention.mla.sparse.AscendSFABackend"
+    )
+    with pytest.raises(
+        ValueError, match=r"use_sparse=True is not supported .* \(use_mla=True with use_sparse"
+    ):
+        ReferencePlatform.get_attn_backend_cls(None, selector._replace(use_mla=False, use_sparse=True))
     prefill_cls = ReferencePlatform.get_mla_prefill_backend_cls(None)
     assert prefill_cls.__name__ == "CPUSDPAMLAPrefillBackend"

@@ -34,7 +34,10 @@ def test_attention_backend_and_kernel_overrides_come_from_the_worker():
     assert ReferencePlatform.get_attn_backend_cls(None, selector._replace(use_mla=True)).endswith(
         "AscendMLABackend"
     )
-    with pytest.raises(ValueError, match="use_sparse=True is not supported"):
+    assert ReferencePlatform.get_attn_backend_cls(
+        None, selector._replace(use_mla=True, use_sparse=True)
+    ).endswith("AscendSFABackend")
+    with pytest.raises(ValueError, match="use_sparse=True is not supported by this Ascend worker"):
         ReferencePlatform.get_attn_backend_cls(None, selector._replace(use_sparse=True))
 
 

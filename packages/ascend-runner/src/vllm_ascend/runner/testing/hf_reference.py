@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -16,15 +18,27 @@ class GreedyResult:
     logits: list[torch.Tensor]
 
 
+def hf_model_class(model_dir: Path | str) -> Any:
+    """The transformers class the checkpoint's ``architectures`` names (``AutoModelForCausalLM`` otherwise).
+
+    Not the auto classes: vLLM registers its own config classes with ``AutoConfig`` for some model types
+    while it loads a model (``deepseek_v32`` -> ``DeepseekV3Config``), after which ``AutoModelForCausalLM``
+    in the same process silently builds a DeepSeek-V3 (no indexer) from a DeepSeek-V3.2 checkpoint."""
+    import transformers
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    architectures = config.get("architectures") or []
+    cls = getattr(transformers, architectures[0], None) if architectures else None
+    return cls if cls is not None else transformers.AutoModelForCausalLM
+
+
 @torch.inference_mode()
 def hf_greedy(
     model_dir: Path | str, prompts: list[list[int]], max_new_tokens: int, dtype: torch.dtype = torch.float32
 ) -> GreedyResult:
     """Greedy decoding with full re-computation each step (no cache, ignores EOS), one prompt at a time,
     with the weights and activations in ``dtype`` (float16 for the 310P family)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model = hf_model_class(model_dir).from_pretrained(model_dir, dtype=dtype)
     model.eval()
     all_ids: list[list[int]] = []
     all_logits: list[torch.Tensor] = []

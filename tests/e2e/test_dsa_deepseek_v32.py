@@ -1,0 +1,117 @@
+"""Tiny DeepSeek-V3.2 models (MLA + the DSA lightning indexer) served on the reference device = HF fp32.
+
+Each case builds its model in the test (transformers ``DeepseekV32Config``, ``index_topk`` far below the
+prompt lengths so the indexer really drops keys) and runs one engine in float32 with chunked prefill and
+prefix caching: every row — prefill chunks with cached context, prefix-cache hits, decodes — is scored by
+the indexer against its key cache and attended at the selected positions only. HF's tokens change when the
+indexer keeps every key, so the comparison can fail if the selection is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from vllm_ascend.runner.testing.tiny_models import (
+    MODEL_BUILDERS,
+    TinyModelSpec,
+    build_tiny_model,
+    common_config,
+    register_model_builder,
+)
+
+from .test_mla_deepseek import PROMPTS, _deepseek_v3_weights, _greedy
+
+MAX_NEW_TOKENS = 8
+
+
+def _deepseek_v32_config(spec: TinyModelSpec, vocab_size: int):
+    """DeepSeek-V3.2: DeepSeek-V3's MLA and MoE plus the indexer (``index_*`` in ``extra``)."""
+    from transformers import DeepseekV32Config
+
+    common = common_config(spec, vocab_size)
+    common.pop("head_dim")
+    return DeepseekV32Config(
+        **common,
+        moe_intermediate_size=spec.intermediate_size // 4,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        topk_method="noaux_tc",
+        scoring_func="sigmoid",
+        routed_scaling_factor=1.5,
+        norm_topk_prob=True,
+        rope_interleave=True,
+        tie_word_embeddings=False,
+        **spec.extra,
+    )
+
+
+if "deepseek_v32" not in MODEL_BUILDERS:
+    register_model_builder("deepseek_v32", _deepseek_v32_config, _deepseek_v3_weights)
+
+
+def deepseek_v32_spec(**extra) -> TinyModelSpec:
+    base = dict(
+        q_lora_rank=64,
+        kv_lora_rank=32,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=32,
+        first_k_dense_replace=2,  # both layers dense
+        index_topk=4,
+        index_n_heads=8,
+        index_head_dim=32,
+    )
+    base.update(extra)
+    return replace(TinyModelSpec(kind="deepseek_v32", seed=7, num_kv_heads=4), extra=base)
+
+
+CASES = {
+    "dense-kv32-rope16-top4": deepseek_v32_spec(),
+    "moe-kv512-rope64-top8": deepseek_v32_spec(
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=32,
+        first_k_dense_replace=1,
+        index_topk=8,
+        index_head_dim=96,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_deepseek_v32_sparse_attention_greedy_matches_hf(make_llm, tiny_models_root: Path, case: str):
+    from transformers import AutoTokenizer
+
+    from vllm_ascend.core.device.config import get_device_adaptor
+    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+
+    spec = CASES[case]
+    model_dir = build_tiny_model(spec, tiny_models_root)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]
+    topk = spec.extra["index_topk"]
+    assert topk < 32 < min(len(p) for p in prompts[1:])
+    expected = hf_greedy(model_dir, prompts, MAX_NEW_TOKENS).token_ids
+    assert len({tuple(t) for t in expected}) == len(expected), expected
+    dense_dir = build_tiny_model(replace(spec, extra={**spec.extra, "index_topk": 2048}), tiny_models_root)
+    dense = hf_greedy(dense_dir, prompts[1:], MAX_NEW_TOKENS).token_ids
+    assert dense != expected[1:], "the indexer's selection does not change HF's tokens: the test cannot fail"
+
+    adaptor = get_device_adaptor()
+    adaptor.reset_counts()
+    # 16 tokens per step: the long prompts are prefilled over several steps (cached context), mixed with
+    # decodes; the warm-up prompt leaves its first blocks in the prefix cache for the third prompt.
+    llm = make_llm(model_dir, enable_prefix_caching=True, max_num_batched_tokens=16, max_num_seqs=4)
+    assert _greedy(llm, prompts[1:2]) == expected[1:2]
+    assert _greedy(llm, prompts) == expected
+    counts = adaptor.call_counts
+    assert counts["lightning_indexer"] > 0 and counts["indexer_cache_write"] > 0, counts
+    assert counts["sparse_flash_attention"] > 0 and counts["mla_cache_write"] > 0, counts
+    assert counts["mla_prefill_attention"] == 0 and counts["mla_latent_attention"] == 0, counts
+    assert counts["fused_infer_attention"] == 0, counts
