@@ -23,6 +23,8 @@ from vllm_ascend.runner.testing.tiny_models import (
 )
 
 from .test_mla_deepseek import PROMPTS, _deepseek_v3_weights, _greedy
+from .test_mla_mtp import _counters, add_deepseek_mtp_layer
+from .test_mla_mtp import _greedy as _greedy_n
 
 MAX_NEW_TOKENS = 8
 
@@ -115,3 +117,35 @@ def test_deepseek_v32_sparse_attention_greedy_matches_hf(make_llm, tiny_models_r
     assert counts["sparse_flash_attention"] > 0 and counts["mla_cache_write"] > 0, counts
     assert counts["mla_prefill_attention"] == 0 and counts["mla_latent_attention"] == 0, counts
     assert counts["fused_infer_attention"] == 0, counts
+
+
+def test_deepseek_v32_mtp_greedy_equals_hf(make_llm, tiny_models_root: Path):
+    """MTP (one draft token per step) on a DeepSeek-V3.2 with an MTP layer (its own indexer, built full as
+    vLLM builds MTP layers): speculative greedy = HF fp32, drafts accepted and rejected, the
+    target's verification rows and the drafter's rows both through the indexer and sparse attention."""
+    from transformers import AutoTokenizer
+
+    from vllm_ascend.core.device.config import get_device_adaptor
+    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.specdecode.proposer import AscendEagleProposer
+
+    target_dir = build_tiny_model(CASES["dense-kv32-rope16-top4"], tiny_models_root)
+    model_dir = add_deepseek_mtp_layer(target_dir, tiny_models_root)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]
+    expected = hf_greedy(model_dir, prompts, 16).token_ids
+    assert len({tuple(t) for t in expected}) == len(expected), expected
+    spec = {"method": "mtp", "num_speculative_tokens": 1}
+    llm = make_llm(model_dir, speculative_config=spec, max_num_batched_tokens=32, max_num_seqs=4,
+                   enable_prefix_caching=True, disable_log_stats=False)  # fmt: skip
+    runner = llm.collective_rpc(lambda wrapper: wrapper.worker)[0].model_runner
+    assert type(runner.drafter) is AscendEagleProposer
+    assert type(runner.drafter.model).__name__ == "DeepSeekMTP"
+    adaptor = get_device_adaptor()
+    adaptor.reset_counts()
+    assert _greedy_n(llm, prompts, 16) == expected
+    drafted, accepted = _counters(llm)
+    assert drafted >= len(prompts) * 8 and 0 < accepted < drafted, (drafted, accepted)
+    counts = adaptor.call_counts
+    assert counts["lightning_indexer"] > 0 and counts["sparse_flash_attention"] > 0, counts
+    assert counts["mla_prefill_attention"] == 0 and counts["mla_latent_attention"] == 0, counts

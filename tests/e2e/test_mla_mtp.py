@@ -46,9 +46,10 @@ def add_deepseek_mtp_layer(
     from safetensors.torch import load_file, save_file
 
     target = json.loads((target_dir / "config.json").read_text())
-    if target.get("model_type") != "deepseek_v3":
+    if target.get("model_type") not in ("deepseek_v3", "deepseek_v32"):
         raise ValueError(
-            f"add_deepseek_mtp_layer needs a deepseek_v3 checkpoint; got {target.get('model_type')!r}"
+            "add_deepseek_mtp_layer needs a deepseek_v3 or deepseek_v32 checkpoint; "
+            f"got {target.get('model_type')!r}"
         )
     out = root / f"{target_dir.name}-mtp-n{noise}-f{first_layer_scale}-s{seed}"
     if (out / "complete").exists():
