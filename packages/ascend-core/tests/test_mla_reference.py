@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vllm_ascend.core.device.adaptor import DeviceOpError
-from vllm_ascend.core.device.adaptor.mla import MLA_OPS, MLADeviceOps
+from vllm_ascend.core.device.adaptor.mla import MLA_OPS, MLADeviceOps, latent_cache_parts
 from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
 from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
 
@@ -22,10 +22,16 @@ def test_cache_write_scatters_rows_skips_padding_and_counts():
     cache = torch.zeros(3, 4, 6)
     kv_c, k_pe = torch.arange(12.0).view(3, 4), -torch.arange(6.0).view(3, 2) - 1
     adaptor.mla_cache_write(kv_c, k_pe, cache, torch.tensor([9, -1, 2]))
-    rows = cache.view(-1, 6)
-    assert torch.equal(rows[9], torch.cat([kv_c[0], k_pe[0]]))
-    assert torch.equal(rows[2], torch.cat([kv_c[2], k_pe[2]]))
-    assert int((rows.abs().sum(-1) > 0).sum()) == 2
+    # Two regions: every slot's c_kv (12 slots x 4), then every slot's k_pe (12 slots x 2).
+    c_rows, pe_rows = cache.view(-1)[:48].view(12, 4), cache.view(-1)[48:].view(12, 2)
+    assert torch.equal(c_rows[9], kv_c[0]) and torch.equal(pe_rows[9], k_pe[0])
+    assert torch.equal(c_rows[2], kv_c[2]) and torch.equal(pe_rows[2], k_pe[2])
+    assert int((c_rows.abs().sum(-1) > 0).sum()) == 2 and int((pe_rows.abs().sum(-1) > 0).sum()) == 2
+    parts = latent_cache_parts(cache, 4)
+    assert [p.shape for p in parts] == [(3, 4, 4), (3, 4, 2)] and all(p.is_contiguous() for p in parts)
+    assert parts[0].data_ptr() == cache.data_ptr()
+    with pytest.raises(DeviceOpError, match="the latent cache must be one contiguous allocation"):
+        latent_cache_parts(cache.transpose(0, 1), 4)
     assert adaptor.call_counts["mla_cache_write"] == 1
     with pytest.raises(DeviceOpError, match="slot 12 is out of range for a cache of 3 blocks x 4"):
         adaptor.mla_cache_write(kv_c[:1], k_pe[:1], cache, torch.tensor([12]))
@@ -54,8 +60,10 @@ def test_latent_attention_equals_the_equations(lora, rope):
     starts = torch.tensor([0, 1, 4, 4])
     out = adaptor.mla_latent_attention(q_nope, q_pe, cache, table, starts, torch.tensor(seq_lens), 0.3)
     assert out.shape == (4, heads, lora)
+    c_kv, k_pe = latent_cache_parts(cache, lora)
+    combined = torch.cat([c_kv, k_pe], dim=-1)  # block-major rows of the two regions
     for b in range(2):
-        rows = cache[table[b]].flatten(0, 1)[: seq_lens[b]]
+        rows = combined[table[b]].flatten(0, 1)[: seq_lens[b]]
         sl = slice(int(starts[b]), int(starts[b + 1]))
         expected = torch.stack(
             [_latent_equations(q_nope[sl, h], q_pe[sl, h], rows, 0.3, q_lens[b], lora) for h in range(heads)],

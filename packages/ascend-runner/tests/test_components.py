@@ -53,6 +53,29 @@ def test_kv_zeroer_zeroes_only_the_given_blocks_of_every_layer():
     assert block_major_view(layers[0]).shape == (6, 4, 2, 16)
 
 
+def test_kv_zeroer_zeroes_both_regions_of_an_mla_latent_cache():
+    """An MLA layer's blocks live in two regions (c_kv, then k_pe): zeroing a block clears its rows in both
+    and nothing of the neighbouring blocks."""
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    from vllm_ascend.core.device.adaptor.mla import latent_cache_parts
+    from vllm_ascend.runner.attention.mla.impl import AscendMLAImpl
+
+    spec = MLAAttentionSpec(block_size=4, num_kv_heads=1, head_size=12, dtype=torch.float32)
+    cache = torch.ones(6, 4, 12)
+    impl = AscendMLAImpl.__new__(AscendMLAImpl)
+    impl.kv_lora_rank = 8
+    ctx = {"mla": SimpleNamespace(kv_cache=cache, impl=impl)}
+    group = SimpleNamespace(
+        kv_cache_spec=spec, kv_cache_group_id=0, layer_names=["mla"], kernel_block_stride=0
+    )
+    zeroer = AscendKVBlockZeroer(torch.device("cpu"), [group], [4], ctx, num_blocks=6)
+    assert [tuple(c.shape) for c in zeroer.caches] == [(6, 4, 8), (6, 4, 4)]
+    zeroer.zero_block_ids([2])
+    for part in latent_cache_parts(cache, 8):
+        assert (part[2] == 0).all() and (part[[0, 1, 3, 4, 5]] == 1).all()
+
+
 def test_replaced_names_restores_and_rejects_unknown_names():
     module = types.ModuleType("m")
     module.Thing = int

@@ -51,7 +51,8 @@ class AscendKVBlockZeroer:
             for layer_name in group.layer_names:
                 if layer_name in skip:
                     continue
-                kv = static_forward_context[layer_name].kv_cache
+                layer = static_forward_context[layer_name]
+                kv = layer.kv_cache
                 if not isinstance(kv, torch.Tensor) or kv.device.type != device.type:
                     continue
                 if getattr(group, "kernel_block_stride", 0):
@@ -59,12 +60,17 @@ class AscendKVBlockZeroer:
                 if kv.data_ptr() in seen:
                     continue
                 seen.add(kv.data_ptr())
-                if kv.shape[0] % num_blocks:
-                    raise ValueError(
-                        f"{layer_name}: {kv.shape[0]} cache blocks is not a multiple of {num_blocks} allocation blocks"
-                    )
-                self.caches.append(block_major_view(kv))
-                self.ratios.append(kv.shape[0] // num_blocks)
+                # A layer whose blocks live in several regions of its allocation (the MLA latent cache's
+                # c_kv and k_pe regions) names them; each region is block-major.
+                split = getattr(getattr(layer, "impl", None), "cache_block_views", None)
+                for part in split(kv) if split is not None else [kv]:
+                    if part.shape[0] % num_blocks:
+                        raise ValueError(
+                            f"{layer_name}: {part.shape[0]} cache blocks is not a multiple of "
+                            f"{num_blocks} allocation blocks"
+                        )
+                    self.caches.append(block_major_view(part))
+                    self.ratios.append(part.shape[0] // num_blocks)
 
     def zero_block_ids(self, block_ids: list[int]) -> None:
         """Zero allocation blocks ``block_ids`` (each possibly several kernel blocks) in every layer."""

@@ -1,7 +1,10 @@
 """The MLA (multi-head latent attention, DeepSeek-V2/V3) device ops: declarations, reference, NPU mapping.
 
-An MLA layer caches one latent row per token: ``[c_kv (kv_lora_rank L) | k_pe (rope dim R)]`` in a paged
-cache ``[num_blocks, block_size, L + R]``. Three ops serve it:
+An MLA layer caches one latent row per token: ``c_kv`` (kv_lora_rank L) and ``k_pe`` (rope dim R), in the
+layer's paged allocation ``[num_blocks, block_size, L + R]`` laid out as two contiguous regions (see
+:func:`latent_cache_parts`): all blocks' ``c_kv`` rows ``[num_blocks, block_size, L]``, then all blocks' ``k_pe``
+rows ``[num_blocks, block_size, R]`` — the separate paged caches the NPU kernels take, without a copy per
+call. Three ops serve it:
 
 - :meth:`MLADeviceOps.mla_cache_write`: scatter ``[c_kv | k_pe]`` rows into their slots;
 - :meth:`MLADeviceOps.mla_latent_attention`: the absorbed (decode) attention on the latent cache, one KV
@@ -47,6 +50,45 @@ def _check_latent_cache(kv_cache: torch.Tensor, kv_lora_rank: int) -> None:
         0 < kv_lora_rank < kv_cache.shape[2],
         f"kv_lora_rank={kv_lora_rank} must be within (0, {kv_cache.shape[2]}) for a cache row of {kv_cache.shape[2]}",
     )
+
+
+def latent_cache_parts(kv_cache: torch.Tensor, kv_lora_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``c_kv [num_blocks, block_size, L]`` and ``k_pe [num_blocks, block_size, R]`` caches inside a layer's
+    contiguous latent allocation ``[num_blocks, block_size, L + R]``: its first ``num_blocks * block_size * L``
+    elements and the rest, each a contiguous view (writes through either land in the allocation)."""
+    _check_latent_cache(kv_cache, kv_lora_rank)
+    _require(
+        kv_cache.is_contiguous(),
+        f"the latent cache must be one contiguous allocation, got strides {tuple(kv_cache.stride())}",
+    )
+    num_blocks, block_size, width = kv_cache.shape
+    flat = kv_cache.view(-1)
+    split = num_blocks * block_size * kv_lora_rank
+    return (
+        flat[:split].view(num_blocks, block_size, kv_lora_rank),
+        flat[split:].view(num_blocks, block_size, width - kv_lora_rank),
+    )
+
+
+def latent_rows(
+    kv_cache: torch.Tensor,
+    kv_lora_rank: int,
+    block_table_row: torch.Tensor,
+    seq_len: int,
+    what: str = "seq_len",
+) -> torch.Tensor:
+    """One request's first ``seq_len`` latent rows ``[seq_len, L + R]`` (``[c_kv | k_pe]``) through its block
+    table (``what`` names the length in errors)."""
+    c_kv, k_pe = latent_cache_parts(kv_cache, kv_lora_rank)
+    block_size = kv_cache.shape[1]
+    num_blocks = -(-seq_len // block_size)
+    _require(
+        num_blocks <= block_table_row.shape[0],
+        f"{what}={seq_len} needs {num_blocks} blocks of {block_size} but block_table has "
+        f"{block_table_row.shape[0]} columns",
+    )
+    blocks = block_table_row[:num_blocks].long()
+    return torch.cat([c_kv[blocks], k_pe[blocks]], dim=-1).flatten(0, 1)[:seq_len]
 
 
 def _lengths(query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -171,8 +213,9 @@ class MLAReferenceOps(MLADeviceOps):
             int(slots.max()) < num_blocks * block_size,
             f"slot {int(slots.max())} is out of range for a cache of {num_blocks} blocks x {block_size}",
         )
-        rows = torch.cat([kv_c[:n][keep], k_pe[:n][keep]], dim=-1).to(kv_cache.dtype)
-        kv_cache[slots // block_size, slots % block_size] = rows
+        c_cache, pe_cache = latent_cache_parts(kv_cache, kv_c.shape[1])
+        c_cache[slots // block_size, slots % block_size] = kv_c[:n][keep].to(kv_cache.dtype)
+        pe_cache[slots // block_size, slots % block_size] = k_pe[:n][keep].to(kv_cache.dtype)
 
     def mla_latent_attention(
         self,
@@ -205,19 +248,12 @@ class MLAReferenceOps(MLADeviceOps):
             output.shape[0] >= num_tokens and tuple(output.shape[1:]) == (num_heads, kv_lora_rank),
             f"output must be [>= {num_tokens}, {num_heads}, {kv_lora_rank}], got {tuple(output.shape)}",
         )
-        block_size = kv_cache.shape[1]
         query = torch.cat([q_nope, q_pe], dim=-1)
         for b, seq_len in enumerate(lens):
             start, end = starts[b], starts[b + 1]
             if end == start:
                 continue
-            num_blocks = -(-seq_len // block_size)
-            _require(
-                num_blocks <= block_table.shape[1],
-                f"seq_lens[{b}]={seq_len} needs {num_blocks} blocks of {block_size} but block_table has "
-                f"{block_table.shape[1]} columns",
-            )
-            rows = kv_cache[block_table[b, :num_blocks].long()].flatten(0, 1)[:seq_len].unsqueeze(1)
+            rows = latent_rows(kv_cache, kv_lora_rank, block_table[b], seq_len, f"seq_lens[{b}]").unsqueeze(1)
             out = _attend(query[start:end], rows, rows[..., :kv_lora_rank], scale, causal)
             output[start:end] = out.to(output.dtype)
         return output[:num_tokens]
@@ -286,9 +322,14 @@ class MLANPUOps(MLADeviceOps):
     def mla_cache_write(self, kv_c, k_pe, kv_cache, slot_mapping):
         n = slot_mapping.shape[0]
         keep = slot_mapping >= 0
-        rows = torch.cat([kv_c[:n][keep], k_pe[:n][keep]], dim=-1).to(kv_cache.dtype)
-        torch_npu_module().npu_scatter_nd_update_(
-            kv_cache.view(-1, kv_cache.shape[-1]), slot_mapping[keep].view(-1, 1).long(), rows
+        slots = slot_mapping[keep].view(-1, 1).long()
+        c_cache, pe_cache = latent_cache_parts(kv_cache, kv_c.shape[1])
+        npu = torch_npu_module()
+        npu.npu_scatter_nd_update_(
+            c_cache.view(-1, c_cache.shape[-1]), slots, kv_c[:n][keep].to(kv_cache.dtype)
+        )
+        npu.npu_scatter_nd_update_(
+            pe_cache.view(-1, pe_cache.shape[-1]), slots, k_pe[:n][keep].to(kv_cache.dtype)
         )
 
     def mla_latent_attention(
@@ -313,9 +354,7 @@ class MLANPUOps(MLADeviceOps):
         block_size = kv_cache.shape[1]
         ends = [int(v) for v in query_start_loc[1:].tolist()]
         used = ends[-1] if ends else 0
-        # The kernel takes the latent and rope parts as separate contiguous caches.
-        c_kv = kv_cache[..., :kv_lora_rank].contiguous()
-        k_pe = kv_cache[..., kv_lora_rank:].contiguous()
+        c_kv, k_pe = latent_cache_parts(kv_cache, kv_lora_rank)
         out, _ = torch_npu_module().npu_fused_infer_attention_score(
             q_nope[:used].contiguous(),
             c_kv,

@@ -23,12 +23,23 @@ from typing import Any
 import torch
 
 from vllm_ascend.core.device.adaptor.base import DeviceOpError, _counted
-from vllm_ascend.core.device.adaptor.mla import _check_latent_cache, _lengths, _require, torch_npu_module
+from vllm_ascend.core.device.adaptor.mla import (
+    NPU_MLA_KV_LORA_RANK,
+    NPU_MLA_ROPE_DIM,
+    _check_latent_cache,
+    _lengths,
+    _require,
+    latent_cache_parts,
+    latent_rows,
+    torch_npu_module,
+)
 
 #: The sparse-attention ops every adaptor mixing in :class:`SparseAttentionDeviceOps` implements.
 SPARSE_OPS: tuple[str, ...] = ("indexer_cache_write", "lightning_indexer", "sparse_flash_attention")
 #: ``npu_lightning_indexer``'s documented ``sparse_count`` values: 1..2048 and these.
 NPU_INDEXER_LARGE_TOPK = (3072, 4096, 5120, 6144, 7168, 8192)
+#: The index head dim ``npu_lightning_indexer`` takes.
+NPU_INDEXER_HEAD_DIM = 128
 #: The dtypes the NPU sparse-attention ops take.
 NPU_SPARSE_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -113,7 +124,9 @@ class SparseAttentionDeviceOps(abc.ABC):
 
         As :meth:`MLADeviceOps.mla_latent_attention` (``q_nope [T, N, L]`` in latent space, ``q_pe [T, N, R]``,
         key ``[c_kv | k_pe]``, value ``c_kv``, one latent head), but query ``t`` attends only the positions
-        ``topk_indices[t] >= 0`` that are also causally visible to it; a row with none is zero. Computed in
+        ``topk_indices[t] >= 0`` that are also causally visible to it; a row with none is zero. Rows hold their
+        valid positions first and ``-1`` after (as :meth:`lightning_indexer` writes them; the NPU kernel
+        requires it). Computed in
         fp32, returned in the query dtype; written into ``output[:T]`` when given.
         """
 
@@ -208,7 +221,9 @@ class SparseAttentionReferenceOps(SparseAttentionDeviceOps):
             start, end = starts[b], starts[b + 1]
             if end == start:
                 continue
-            rows = _gather_rows(kv_cache, block_table[b], seq_len, f"request {b}").float()
+            rows = latent_rows(
+                kv_cache, kv_lora_rank, block_table[b], seq_len, f"request {b}: seq_len"
+            ).float()
             selected = topk_indices[start:end].long()
             _require(
                 int(selected.max()) < seq_len,
@@ -255,9 +270,16 @@ class SparseAttentionNPUOps(SparseAttentionDeviceOps):
                 f"topk={topk} is not supported by npu_lightning_indexer; allowed: 1..2048, "
                 + ", ".join(str(v) for v in NPU_INDEXER_LARGE_TOPK)
             )
-        _require_npu_dtype("npu_lightning_indexer", query, key_cache, weights)
-        ends = query_start_loc[1:].to(device=query.device, dtype=torch.int32)
+        _require_npu_dtype("npu_lightning_indexer", query, key_cache)  # weights are cast to the query dtype
+        if query.shape[-1] != NPU_INDEXER_HEAD_DIM:
+            raise DeviceOpError(
+                f"head_dim={query.shape[-1]} is not supported by npu_lightning_indexer; allowed: {NPU_INDEXER_HEAD_DIM}"
+            )
+        out = torch.full((query.shape[0], topk), -1, dtype=torch.int32, device=query.device)
         used = int(query_start_loc[-1])
+        if used == 0:
+            return out
+        ends = query_start_loc[1:].to(device=query.device, dtype=torch.int32)
         indices, _ = torch_npu_module().npu_lightning_indexer(
             query[:used].contiguous(),
             key_cache.unsqueeze(2),
@@ -270,7 +292,6 @@ class SparseAttentionNPUOps(SparseAttentionDeviceOps):
             sparse_count=topk,
             sparse_mode=3,
         )
-        out = torch.full((query.shape[0], topk), -1, dtype=torch.int32, device=query.device)
         out[:used] = indices.view(used, topk)
         return out
 
@@ -289,10 +310,18 @@ class SparseAttentionNPUOps(SparseAttentionDeviceOps):
     ):
         _require_npu_dtype("npu_sparse_flash_attention", q_nope, q_pe, kv_cache)
         kv_lora_rank = q_nope.shape[2]
+        if (kv_lora_rank, q_pe.shape[2]) != (NPU_MLA_KV_LORA_RANK, NPU_MLA_ROPE_DIM):
+            raise DeviceOpError(
+                f"kv_lora_rank={kv_lora_rank}, rope_dim={q_pe.shape[2]} is not supported by "
+                f"npu_sparse_flash_attention; allowed: kv_lora_rank={NPU_MLA_KV_LORA_RANK}, "
+                f"rope_dim={NPU_MLA_ROPE_DIM}"
+            )
+        if output is None:
+            output = q_nope.new_zeros(q_nope.shape[0], q_nope.shape[1], kv_lora_rank)
         used = int(query_start_loc[-1])
-        # The kernel takes the latent and rope parts as separate contiguous paged caches.
-        c_kv = kv_cache[..., :kv_lora_rank].unsqueeze(2).contiguous()
-        k_pe = kv_cache[..., kv_lora_rank:].unsqueeze(2).contiguous()
+        if used == 0:
+            return output[: q_nope.shape[0]]
+        c_kv, k_pe = (part.unsqueeze(2) for part in latent_cache_parts(kv_cache, kv_lora_rank))
         out, _, _ = torch_npu_module().npu_sparse_flash_attention(
             q_nope[:used].contiguous(),
             c_kv,
@@ -308,8 +337,7 @@ class SparseAttentionNPUOps(SparseAttentionDeviceOps):
             layout_query="TND",
             layout_kv="PA_BSND",
             sparse_mode=3,
+            attention_mode=2,  # MLA-absorb: the kernel's only mode with query_rope/key_rope
         )
-        if output is None:
-            output = q_nope.new_zeros(q_nope.shape[0], q_nope.shape[1], kv_lora_rank)
         output[:used] = out.view(used, q_nope.shape[1], kv_lora_rank)
         return output[: q_nope.shape[0]]

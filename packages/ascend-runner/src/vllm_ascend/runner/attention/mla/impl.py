@@ -11,7 +11,7 @@ import torch
 from vllm.config import get_current_vllm_config_or_none
 from vllm.v1.attention.backend import AttentionLayer, AttentionType, MLAAttentionImpl
 
-from vllm_ascend.core.device.adaptor.mla import MLADeviceOps
+from vllm_ascend.core.device.adaptor.mla import MLADeviceOps, latent_cache_parts
 from vllm_ascend.core.device.config import get_device_adaptor
 from vllm_ascend.runner.attention.mla import MLA_KV_CACHE_DTYPES
 from vllm_ascend.runner.attention.mla.metadata import AscendMLAMetadata
@@ -30,9 +30,10 @@ def mla_device_ops() -> MLADeviceOps:
 
 
 def latent_cache_views(kv_cache: torch.Tensor, kv_lora_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[blocks, block_size, 1, L]`` / ``[.., R]`` views of a ``[blocks, block_size, L + R]`` latent cache
-    (the paged-cache form ``kv_load`` gathers from)."""
-    return kv_cache[..., :kv_lora_rank].unsqueeze(2), kv_cache[..., kv_lora_rank:].unsqueeze(2)
+    """``[blocks, block_size, 1, L]`` / ``[.., R]`` views of the two regions of a layer's latent cache
+    (:func:`latent_cache_parts`: the paged-cache form ``kv_load`` gathers from)."""
+    c_kv, k_pe = latent_cache_parts(kv_cache, kv_lora_rank)
+    return c_kv.unsqueeze(2), k_pe.unsqueeze(2)
 
 
 class AscendMLAImpl(MLAAttentionImpl[AscendMLAMetadata]):
@@ -112,6 +113,11 @@ class AscendMLAImpl(MLAAttentionImpl[AscendMLAMetadata]):
         self.v_head_dim = v_head_dim
         self.kv_b_proj = kv_b_proj
         self.q_pad_num_heads = None
+
+    def cache_block_views(self, kv_cache: torch.Tensor) -> list[torch.Tensor]:
+        """The block-major regions a block of this layer's latent cache occupies (its ``c_kv`` and its
+        ``k_pe``), for code that handles whole blocks (the KV block zeroer)."""
+        return list(latent_cache_parts(kv_cache, self.kv_lora_rank))
 
     def do_kv_cache_update(
         self,
