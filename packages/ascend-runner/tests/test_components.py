@@ -76,6 +76,23 @@ def test_kv_zeroer_zeroes_both_regions_of_an_mla_latent_cache():
         assert (part[2] == 0).all() and (part[[0, 1, 3, 4, 5]] == 1).all()
 
 
+def test_region_split_caches_may_not_share_bytes_with_other_layers():
+    """vLLM overlays the cache groups of hybrid models in one allocation; an MLA latent cache (two regions)
+    there would write across other groups' blocks, so it is refused; side by side it is accepted."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheTensor
+
+    from vllm_ascend.runner.model_runner import check_region_split_caches
+
+    mla = SimpleNamespace(impl=SimpleNamespace(cache_block_views=lambda kv: [kv]))
+    ctx = {"mla.0": mla, "mla.1": mla, "mamba.0": SimpleNamespace(impl=None)}
+    side_by_side = KVCacheTensor(size=4096, layers=["mla.0", "mla.1"], layer_stride=1024, block_stride=256)
+    check_region_split_caches(KVCacheConfig(num_blocks=4, kv_cache_tensors=[side_by_side], kv_cache_groups=[]), ctx)
+    overlay = KVCacheTensor(size=4096, layers=["mamba.0"], layer_stride=1024, block_stride=256, offset=1024)
+    config = KVCacheConfig(num_blocks=4, kv_cache_tensors=[side_by_side, overlay], kv_cache_groups=[])
+    with pytest.raises(ValueError, match=r"mla.1: the MLA latent cache .* cannot share memory with mamba.0"):
+        check_region_split_caches(config, ctx)
+
+
 def test_replaced_names_restores_and_rejects_unknown_names():
     module = types.ModuleType("m")
     module.Thing = int

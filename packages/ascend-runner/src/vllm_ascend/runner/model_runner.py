@@ -83,6 +83,28 @@ ASCEND_COMPONENTS = {
 }
 
 
+def check_region_split_caches(kv_cache_config: KVCacheConfig, static_forward_context: dict[str, Any]) -> None:
+    """Refuse layouts where a layer whose blocks live in regions of its allocation (the MLA latent cache:
+    ``cache_block_views``) shares bytes with another layer: vLLM overlays cache groups of hybrid models in one
+    allocation, block by block, and a region split would write across other groups' blocks."""
+    ranges: list[tuple[int, int, str]] = []
+    for tensor in kv_cache_config.kv_cache_tensors:
+        size = kv_cache_config.num_blocks_of(tensor) * tensor.block_stride
+        for index, name in enumerate(tensor.layers):
+            start = tensor.offset + index * tensor.layer_stride
+            ranges.append((start, start + size, name))
+    for start, end, name in ranges:
+        if getattr(getattr(static_forward_context.get(name), "impl", None), "cache_block_views", None) is None:
+            continue
+        shared = [other for s, e, other in ranges if other != name and s < end and start < e]
+        if shared:
+            raise ValueError(
+                f"{name}: the MLA latent cache keeps its c_kv and k_pe in two regions of its allocation and "
+                f"cannot share memory with {', '.join(sorted(shared)[:3])} (hybrid models whose cache groups "
+                "overlay each other are not supported with MLA by vllm-ascend)"
+            )
+
+
 @contextmanager
 def ascend_components(components: dict[str, Any] = ASCEND_COMPONENTS) -> Iterator[None]:
     """Inherited runner code builds ``components`` (the Ascend ones by default; a family's runner passes its
@@ -281,6 +303,7 @@ class NPUModelRunner(GPUModelRunner):
         is_profiling: bool = False,
         kv_cache_allocation_context: AbstractContextManager | None = None,
     ) -> None:
+        check_region_split_caches(kv_cache_config, self.compilation_config.static_forward_context)
         with ascend_components(self.components):
             super().initialize_kv_cache(
                 kv_cache_config, is_profiling, kv_cache_allocation_context=kv_cache_allocation_context
