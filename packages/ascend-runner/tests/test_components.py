@@ -86,7 +86,9 @@ def test_region_split_caches_may_not_share_bytes_with_other_layers():
     mla = SimpleNamespace(impl=SimpleNamespace(cache_block_views=lambda kv: [kv]))
     ctx = {"mla.0": mla, "mla.1": mla, "mamba.0": SimpleNamespace(impl=None)}
     side_by_side = KVCacheTensor(size=4096, layers=["mla.0", "mla.1"], layer_stride=1024, block_stride=256)
-    check_region_split_caches(KVCacheConfig(num_blocks=4, kv_cache_tensors=[side_by_side], kv_cache_groups=[]), ctx)
+    check_region_split_caches(
+        KVCacheConfig(num_blocks=4, kv_cache_tensors=[side_by_side], kv_cache_groups=[]), ctx
+    )
     overlay = KVCacheTensor(size=4096, layers=["mamba.0"], layer_stride=1024, block_stride=256, offset=1024)
     config = KVCacheConfig(num_blocks=4, kv_cache_tensors=[side_by_side, overlay], kv_cache_groups=[])
     with pytest.raises(ValueError, match=r"mla.1: the MLA latent cache .* cannot share memory with mamba.0"):

@@ -52,7 +52,7 @@ def test_sparse_impl_equals_mla_restricted_to_the_selected_keys():
         slots = table[b, torch.arange(s) // BLOCK] * BLOCK + torch.arange(s) % BLOCK
         impl.do_kv_cache_update(kv_c[b], k_pe[b].unsqueeze(1), cache, slots, "auto", torch.tensor(1.0))
     selected = []
-    for b, (q_len, s) in enumerate(zip(q_lens, seq_lens, strict=True)):
+    for q_len, s in zip(q_lens, seq_lens, strict=True):
         for j in range(q_len):
             picks = torch.randperm(s, generator=gen)[:topk].int()
             if j == 0:
@@ -95,7 +95,9 @@ def test_sparse_impl_guards():
         _impl(weight, None)
     impl = _impl(weight, torch.zeros(4, 2, dtype=torch.int32))
     assert impl.is_sparse and not impl.supports_dense_mha_prefill
-    with pytest.raises(AttentionConfigError, match="ran before any indexer wrote this step's top-k positions"):
+    with pytest.raises(
+        AttentionConfigError, match="ran before any indexer wrote this step's top-k positions"
+    ):
         impl.forward_mqa((torch.zeros(1, HEADS, LORA), torch.zeros(1, HEADS, ROPE)), None, None, None)
     with pytest.raises(AttentionConfigError, match="forward_mha was called for a sparse layer"):
         impl.forward_mha()

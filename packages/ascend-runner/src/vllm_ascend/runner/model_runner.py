@@ -94,7 +94,8 @@ def check_region_split_caches(kv_cache_config: KVCacheConfig, static_forward_con
             start = tensor.offset + index * tensor.layer_stride
             ranges.append((start, start + size, name))
     for start, end, name in ranges:
-        if getattr(getattr(static_forward_context.get(name), "impl", None), "cache_block_views", None) is None:
+        impl = getattr(static_forward_context.get(name), "impl", None)
+        if getattr(impl, "cache_block_views", None) is None:
             continue
         shared = [other for s, e, other in ranges if other != name and s < end and start < e]
         if shared:
