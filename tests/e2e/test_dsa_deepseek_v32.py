@@ -149,3 +149,36 @@ def test_deepseek_v32_mtp_greedy_equals_hf(make_llm, tiny_models_root: Path):
     counts = adaptor.call_counts
     assert counts["lightning_indexer"] > 0 and counts["sparse_flash_attention"] > 0, counts
     assert counts["mla_prefill_attention"] == 0 and counts["mla_latent_attention"] == 0, counts
+
+
+def test_deepseek_v32_compiled_piecewise_graphs_equal_hf(
+    make_llm, tiny_models_root: Path, tmp_path, monkeypatch
+):
+    """Compiled (``mode=3``) with piecewise graphs: the indexer's selection is an opaque op the graphs split
+    around (``vllm::ascend_dsa_indexer``), like attention; tokens still equal HF fp32 and the pieces replay.
+    vLLM turns compilation off for DeepSeek-V3.2 unless ``VLLM_USE_BREAKABLE_CUDAGRAPH=0`` is set."""
+    from transformers import AutoTokenizer
+
+    from vllm_ascend.core.device.config import get_device_adaptor
+    from vllm_ascend.runner.attention.mla.sparse import DSA_INDEXER_OP
+    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+
+    from .test_graph_mode import _replays, _wrappers
+
+    monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "0")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
+    model_dir = build_tiny_model(CASES["dense-kv32-rope16-top4"], tiny_models_root)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]
+    expected = hf_greedy(model_dir, prompts, MAX_NEW_TOKENS).token_ids
+    compiled = {"mode": 3, "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4, 16]}
+    llm = make_llm(model_dir, compilation_config=compiled, max_num_batched_tokens=16, max_num_seqs=4)
+    config = llm.llm_engine.vllm_config.compilation_config
+    assert config.mode == 3 and DSA_INDEXER_OP in config.splitting_ops
+    before = _replays(_wrappers(llm)["PIECEWISE"])
+    adaptor = get_device_adaptor()
+    adaptor.reset_counts()
+    assert _greedy(llm, prompts) == expected
+    assert _replays(_wrappers(llm)["PIECEWISE"]) > before
+    assert adaptor.call_counts["lightning_indexer"] > 0 and adaptor.call_counts["sparse_flash_attention"] > 0

@@ -58,3 +58,26 @@ def test_missing_runner_is_named(monkeypatch):
     finally:
         WORKERS.register("default", entry.value)
     assert platform_module.RUNNER_DIST == "vllm-ascend-runner"
+
+
+def test_breakable_cuda_graphs_are_switched_off_and_the_profile_default_applies(monkeypatch):
+    """vLLM enables its CUDA-only breakable graphs for DeepSeek-V3.2 (and turns compilation off for them): the
+    platform switches them off and the reference device runs eagerly, as it does by default."""
+    import os
+
+    monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
+    config = VllmConfig()
+    assert os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "0"
+    assert config.compilation_config.mode == CompilationMode.NONE
+    assert config.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
+
+
+def test_compiled_graphs_split_around_the_runners_opaque_ops():
+    from vllm.config import CompilationConfig
+
+    from vllm_ascend.runner.attention.mla.sparse import DSA_INDEXER_OP
+
+    compiled = VllmConfig(compilation_config=CompilationConfig(mode=CompilationMode.VLLM_COMPILE))
+    ops = compiled.compilation_config.splitting_ops
+    assert DSA_INDEXER_OP in ops and "vllm::unified_mla_attention_with_output" in ops
+    assert DSA_INDEXER_OP not in (VllmConfig().compilation_config.splitting_ops or [])

@@ -249,21 +249,27 @@ class AscendPlatform(Platform):
             compilation_config.custom_ops.append("all")
         profile = cls.profile()
         enforce_eager = vllm_config.model_config is not None and vllm_config.model_config.enforce_eager
-        # vLLM switches its breakable CUDA graphs on for some architectures (DeepSeek-V3.2) and then keeps
-        # piecewise graphs without compilation; they capture through CUDA's graph pool, which Ascend lacks (its
-        # graphs are the runner's ACL graph wrapper), so they are switched off and the graph mode follows.
-        breakable = os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH") == "1"
-        if breakable:
+        # vLLM switches its breakable CUDA graphs on for some architectures (DeepSeek-V3.2) and then turns
+        # compilation off for them; they capture through CUDA's graph pool, which Ascend lacks (its graphs are
+        # the runner's ACL graph wrapper). They are switched off and the profile's own default applies: eager
+        # where the profile runs eagerly by default, compiled with piecewise graphs otherwise.
+        if os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH") == "1":
             os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "0"
-            logger.info("breakable CUDA graphs are not available on %s; switched off", profile.name)
-            if profile.eager_by_default:
-                compilation_config.mode = CompilationMode.NONE
-                compilation_config.cudagraph_mode = CUDAGraphMode.NONE
-            elif (
-                compilation_config.mode == CompilationMode.NONE
-                and compilation_config.cudagraph_mode.requires_piecewise_compilation()
-            ):
-                compilation_config.cudagraph_mode = compilation_config.cudagraph_mode.without_piecewise()
+            logger.info(
+                "breakable CUDA graphs are not available on %s; switched off (set VLLM_USE_BREAKABLE_CUDAGRAPH=0 "
+                "to keep a compilation mode of your own)",
+                profile.name,
+            )
+            if compilation_config.mode == CompilationMode.NONE:
+                if profile.eager_by_default or profile.eager_only:
+                    compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+                else:
+                    compilation_config.mode = CompilationMode.VLLM_COMPILE
+                    if (
+                        compilation_config.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE
+                        and not cls.adaptor().replays_attention_params
+                    ):
+                        compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE
         graphs = compilation_config.cudagraph_mode
         if not profile.supports(HardwareCapability.GRAPH_CAPTURE) and graphs not in (
             None,
@@ -287,6 +293,23 @@ class AscendPlatform(Platform):
             compilation_config.cudagraph_mode = CUDAGraphMode.NONE
         elif graphs is None and not cls.adaptor().replays_attention_params:
             compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE  # vLLM's default has FULL graphs
+
+    @classmethod
+    def _add_splitting_ops(cls, vllm_config: VllmConfig) -> None:
+        """Compiled graphs also split around the runner's own opaque ops (``graph_splitting_ops``: the DSA
+        indexer's selection reads host metadata and writes the shared top-k buffer, like attention)."""
+        from vllm.config import CompilationConfig, CompilationMode
+
+        compilation_config = vllm_config.compilation_config
+        extra = getattr(_workers().get(_worker_name()), "graph_splitting_ops", None)
+        if compilation_config.mode != CompilationMode.VLLM_COMPILE or extra is None:
+            return
+        ops = list(
+            CompilationConfig._attention_ops
+            if compilation_config.splitting_ops is None
+            else compilation_config.splitting_ops
+        )
+        compilation_config.splitting_ops = ops + [op for op in extra() if op not in ops]
 
     @classmethod
     def _check_full_graphs(cls, graphs: Any) -> None:
@@ -335,6 +358,7 @@ class AscendPlatform(Platform):
                 "(e.g. 16, 64, 128)"
             )
         cls._hand_fusion_to_ascend_passes(vllm_config)
+        cls._add_splitting_ops(vllm_config)
         if not profile.supports(HardwareCapability.GRAPH_CAPTURE):
             cls._disable_graph_capture(vllm_config)
         if profile.eager_only:

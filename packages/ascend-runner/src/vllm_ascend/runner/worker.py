@@ -26,6 +26,7 @@ from vllm.v1.worker.worker_base import CompilationTimes
 from vllm_ascend.core.config import get_ascend_config
 from vllm_ascend.core.device.config import get_current_hardware_profile, get_device_adaptor
 from vllm_ascend.core.logger import init_logger
+from vllm_ascend.runner.attention.mla.sparse import DSA_INDEXER_OP
 from vllm_ascend.runner.block_table import TRITON_KERNEL_OVERRIDES
 from vllm_ascend.runner.cpu_binding import bind_cpus
 from vllm_ascend.runner.model_runner import NPUModelRunner
@@ -94,6 +95,11 @@ class NPUWorker(Worker):
     @classmethod
     def mla_prefill_backend_qualname(cls) -> str:
         return MLA_PREFILL_BACKEND
+
+    @classmethod
+    def graph_splitting_ops(cls) -> tuple[str, ...]:
+        """Opaque ops compiled graphs split around besides vLLM's attention ops: the DSA indexer's selection."""
+        return (DSA_INDEXER_OP,)
 
     @classmethod
     def graph_wrapper_qualname(cls) -> str:

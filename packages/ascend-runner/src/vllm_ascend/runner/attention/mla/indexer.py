@@ -18,8 +18,10 @@ from vllm.model_executor.layers.layernorm import LayerNorm
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear, ReplicatedLinear
 from vllm.model_executor.layers.quantization import QuantizationConfig
 from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
+from vllm.utils.torch_utils import direct_register_custom_op
 
 from vllm_ascend.runner.attention.mla.sparse import (
+    DSA_INDEXER_OP,
     AscendIndexerBackend,
     AscendSparseMetadata,
     sparse_device_ops,
@@ -28,10 +30,74 @@ from vllm_ascend.runner.attention.support import AttentionConfigError
 
 
 class AscendIndexerCache(DeepseekV32IndexerCache):
-    """The indexer's paged key cache ``[blocks, block_size, index_head_dim]`` served by :class:`AscendIndexerBackend`."""
+    """The indexer's paged key cache ``[blocks, block_size, index_head_dim]`` served by :class:`AscendIndexerBackend`,
+    and the selection over it (:meth:`select`)."""
+
+    def __init__(self, *args, topk_tokens: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.topk_tokens = topk_tokens
 
     def get_attn_backend(self) -> type[AscendIndexerBackend]:  # type: ignore[override]
         return AscendIndexerBackend
+
+    def select(
+        self, q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk_indices_buffer: torch.Tensor
+    ) -> None:
+        """Write this step's keys into the cache and the top-k positions of every token into the buffer (``-1``
+        past each row's selections and on padding rows)."""
+        metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, list):
+            raise AttentionConfigError("micro-batched steps are not supported by the Ascend DSA indexer")
+        meta = None if metadata is None else metadata.get(self.prefix)
+        if meta is None:  # the profiling run: no cache, nothing to select
+            return
+        if not isinstance(meta, AscendSparseMetadata):
+            raise AttentionConfigError(
+                f"{self.prefix}: expected the Ascend indexer metadata, got {type(meta).__name__}"
+            )
+        ops = sparse_device_ops()
+        num_tokens = meta.num_actual_tokens
+        ops.indexer_cache_write(k[:num_tokens], self.kv_cache, meta.slot_mapping)
+        selected = ops.lightning_indexer(
+            q[:num_tokens],
+            self.kv_cache,
+            weights[:num_tokens],
+            meta.block_table,
+            meta.query_start_loc_cpu,
+            meta.seq_lens_cpu,
+            self.topk_tokens,
+        )
+        topk_indices_buffer[:num_tokens] = selected
+        topk_indices_buffer[num_tokens : q.shape[0]] = -1
+
+
+def ascend_dsa_indexer(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    topk_indices_buffer: torch.Tensor,
+    layer_name: str,
+) -> None:
+    """The op behind :data:`DSA_INDEXER_OP`: the named indexer cache's :meth:`AscendIndexerCache.select`."""
+    get_forward_context().no_compile_layers[layer_name].select(q, k, weights, topk_indices_buffer)
+
+
+def _ascend_dsa_indexer_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    topk_indices_buffer: torch.Tensor,
+    layer_name: str,
+) -> None:
+    return None
+
+
+direct_register_custom_op(
+    op_name=DSA_INDEXER_OP.split("::")[1],
+    op_func=ascend_dsa_indexer,
+    mutates_args=["topk_indices_buffer"],
+    fake_impl=_ascend_dsa_indexer_fake,
+)
 
 
 class AscendIndexer(nn.Module):
@@ -91,13 +157,14 @@ class AscendIndexer(nn.Module):
             dtype=vllm_config.model_config.dtype,
             prefix=f"{prefix}.k_cache",
             cache_config=cache_config,
+            topk_tokens=self.topk_tokens,
         )
 
     def forward(
         self, hidden_states: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor, rotary_emb
     ) -> torch.Tensor:
-        """Writes this step's keys to the indexer cache and the top-k positions of every token into the shared
-        buffer (``-1`` past each row's selections and on padding rows); returns the buffer."""
+        """Projects, normalises and rotates the indexer's query and key, then selects through
+        :data:`DSA_INDEXER_OP` (cache write + top-k into the shared buffer); returns the buffer."""
         q = self.wq_b(qr)[0].view(-1, self.n_head, self.head_dim)
         kw = self.wk_weights_proj(hidden_states)[0]
         k = self.k_norm(kw[:, : self.head_dim]).to(q.dtype)
@@ -108,28 +175,5 @@ class AscendIndexer(nn.Module):
         q = torch.cat([q_pe.reshape(-1, self.n_head, self.rope_dim), q_nope], dim=-1)
         k = torch.cat([k_pe.reshape(-1, self.rope_dim), k_nope], dim=-1)
 
-        metadata = get_forward_context().attn_metadata
-        if isinstance(metadata, list):
-            raise AttentionConfigError("micro-batched steps are not supported by the Ascend DSA indexer")
-        meta = None if metadata is None else metadata.get(self.k_cache.prefix)
-        if meta is None:  # the profiling run: no cache, nothing to select
-            return self.topk_indices_buffer
-        if not isinstance(meta, AscendSparseMetadata):
-            raise AttentionConfigError(
-                f"{self.k_cache.prefix}: expected the Ascend indexer metadata, got {type(meta).__name__}"
-            )
-        ops = sparse_device_ops()
-        num_tokens = meta.num_actual_tokens
-        ops.indexer_cache_write(k[:num_tokens], self.k_cache.kv_cache, meta.slot_mapping)
-        selected = ops.lightning_indexer(
-            q[:num_tokens],
-            self.k_cache.kv_cache,
-            weights[:num_tokens],
-            meta.block_table,
-            meta.query_start_loc_cpu,
-            meta.seq_lens_cpu,
-            self.topk_tokens,
-        )
-        self.topk_indices_buffer[:num_tokens] = selected
-        self.topk_indices_buffer[num_tokens : q.shape[0]] = -1
+        torch.ops.vllm.ascend_dsa_indexer(q, k, weights, self.topk_indices_buffer, self.k_cache.prefix)
         return self.topk_indices_buffer

@@ -27,6 +27,11 @@ from vllm_ascend.runner.attention.mla.backend import AscendMLABackend
 from vllm_ascend.runner.attention.mla.impl import AscendMLAImpl
 from vllm_ascend.runner.attention.support import AttentionConfigError
 
+#: The indexer's cache write and top-k selection as one opaque op (registered by ``attention/mla/indexer.py``):
+#: it reads the step's host metadata and writes the shared top-k buffer, so compiled graphs split around it
+#: like around attention (the worker's ``graph_splitting_ops``).
+DSA_INDEXER_OP = "vllm::ascend_dsa_indexer"
+
 
 def sparse_device_ops() -> SparseAttentionDeviceOps:
     """The current device adaptor as a sparse-attention op provider."""
