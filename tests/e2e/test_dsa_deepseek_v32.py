@@ -182,3 +182,22 @@ def test_deepseek_v32_compiled_piecewise_graphs_equal_hf(
     assert _greedy(llm, prompts) == expected
     assert _replays(_wrappers(llm)["PIECEWISE"]) > before
     assert adaptor.call_counts["lightning_indexer"] > 0 and adaptor.call_counts["sparse_flash_attention"] > 0
+
+
+def test_deepseek_v32_tensor_parallel_equals_hf(tiny_models_root: Path):
+    """Two tensor-parallel ranks (vLLM's multiprocess executor, gloo): the attention heads are split, each rank
+    runs the replicated indexer over its own key cache; greedy tokens equal HF fp32."""
+    from transformers import AutoTokenizer
+
+    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+
+    from .distributed import run_case
+
+    model_dir = build_tiny_model(CASES["moe-kv512-rope64-top8"], tiny_models_root)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]
+    expected = hf_greedy(model_dir, prompts, MAX_NEW_TOKENS).token_ids
+    result, output = run_case(model_dir, prompts, max_tokens=MAX_NEW_TOKENS, tensor_parallel_size=2)
+    assert sorted(w[3] for w in result["workers"]) == [0, 1], result["workers"]
+    assert result["tokens"] == expected
+    assert "Traceback" not in output, output[-6000:]
