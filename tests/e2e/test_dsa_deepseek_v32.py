@@ -18,11 +18,10 @@ from vllm_ascend.runner.testing.tiny_models import (
     MODEL_BUILDERS,
     TinyModelSpec,
     build_tiny_model,
-    common_config,
     register_model_builder,
 )
 
-from .test_mla_deepseek import PROMPTS, _deepseek_v3_weights, _greedy
+from .test_mla_deepseek import PROMPTS, _deepseek_v3_weights, _greedy, deepseek_config_fields
 from .test_mla_mtp import _counters, add_deepseek_mtp_layer
 from .test_mla_mtp import _greedy as _greedy_n
 
@@ -33,24 +32,7 @@ def _deepseek_v32_config(spec: TinyModelSpec, vocab_size: int):
     """DeepSeek-V3.2: DeepSeek-V3's MLA and MoE plus the indexer (``index_*`` in ``extra``)."""
     from transformers import DeepseekV32Config
 
-    common = common_config(spec, vocab_size)
-    common.pop("head_dim")
-    return DeepseekV32Config(
-        **common,
-        moe_intermediate_size=spec.intermediate_size // 4,
-        n_shared_experts=1,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_group=2,
-        topk_group=1,
-        topk_method="noaux_tc",
-        scoring_func="sigmoid",
-        routed_scaling_factor=1.5,
-        norm_topk_prob=True,
-        rope_interleave=True,
-        tie_word_embeddings=False,
-        **spec.extra,
-    )
+    return DeepseekV32Config(**deepseek_config_fields(spec, vocab_size))
 
 
 if "deepseek_v32" not in MODEL_BUILDERS:

@@ -35,9 +35,15 @@ def _deepseek_v3_config(spec: TinyModelSpec, vocab_size: int):
     """DeepSeek-V3 with MLA; ``extra`` sets the latent geometry and whether layers are MoE."""
     from transformers import DeepseekV3Config
 
+    return DeepseekV3Config(**deepseek_config_fields(spec, vocab_size))
+
+
+def deepseek_config_fields(spec: TinyModelSpec, vocab_size: int) -> dict:
+    """The config fields of a tiny DeepSeek-V3-family model (V3, V3.2): MLA, MoE with shared experts and
+    grouped routing, and ``spec.extra`` (latent geometry, dense layers, the V3.2 indexer)."""
     common = common_config(spec, vocab_size)
     common.pop("head_dim")
-    return DeepseekV3Config(
+    return dict(
         **common,
         moe_intermediate_size=spec.intermediate_size // 4,
         n_shared_experts=1,

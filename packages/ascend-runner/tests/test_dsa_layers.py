@@ -16,6 +16,8 @@ BLOCK, HEADS, NOPE, V, LORA, ROPE = 4, 3, 8, 6, 16, 8
 
 
 class _KvBProj(torch.nn.Module):
+    """``kv_b_proj`` as vLLM's linear layers return it: ``(x @ W.T, bias)``."""
+
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         self.weight = weight

@@ -59,6 +59,22 @@ class AscendAttentionMetadata:
         return int((q_lens == 1).sum())
 
 
+def host_lengths(
+    common: CommonAttentionMetadata, exact_host_seq_lens: bool
+) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """``(query_start_loc_cpu [B+1], num_actual_tokens, seq_lens_cpu [B])`` of a step on the host (int64).
+
+    The host copy of the sequence lengths is exact without speculative decoding (``exact_host_seq_lens``);
+    with it, rejected drafts make the host copy an upper bound and the device lengths are copied instead."""
+    num_reqs = common.num_reqs
+    query_start_loc_cpu = common.query_start_loc_cpu[: num_reqs + 1].to(torch.int64)
+    if exact_host_seq_lens and common.seq_lens_cpu_upper_bound is not None:
+        seq_lens_cpu = common.seq_lens_cpu_upper_bound[:num_reqs].to(torch.int64)
+    else:
+        seq_lens_cpu = common.seq_lens[:num_reqs].to("cpu", torch.int64)
+    return query_start_loc_cpu, int(query_start_loc_cpu[-1]), seq_lens_cpu
+
+
 class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendAttentionMetadata]):
     """Builds :class:`AscendAttentionMetadata` from vLLM's common metadata.
 
@@ -80,13 +96,7 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendAttentionMet
     ) -> AscendAttentionMetadata:
         common = common_attn_metadata
         num_reqs = common.num_reqs
-        query_start_loc_cpu = common.query_start_loc_cpu[: num_reqs + 1].to(torch.int64)
-        num_actual_tokens = int(query_start_loc_cpu[-1])
-        if self.exact_host_seq_lens and common.seq_lens_cpu_upper_bound is not None:
-            # Without speculative decoding the host copy is exact.
-            seq_lens_cpu = common.seq_lens_cpu_upper_bound[:num_reqs].to(torch.int64)
-        else:
-            seq_lens_cpu = common.seq_lens[:num_reqs].to("cpu", torch.int64)
+        query_start_loc_cpu, num_actual_tokens, seq_lens_cpu = host_lengths(common, self.exact_host_seq_lens)
         max_seq_len = int(seq_lens_cpu.max()) if num_reqs else 0
         q_lens = query_start_loc_cpu[1:] - query_start_loc_cpu[:-1]
         causal = common.causal if isinstance(common.causal, bool) else bool(common.causal.all())

@@ -83,6 +83,15 @@ def _counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def count_overrides(cls: type, names: tuple[str, ...]) -> None:
+    """Wrap ``cls``'s own definitions of the ops ``names`` so each call adds one to ``call_counts`` (the op
+    families' ``__init_subclass__``: the base ops here, the MLA and sparse-attention mixins)."""
+    for name in names:
+        fn = cls.__dict__.get(name)
+        if fn is not None and not getattr(fn, "__counted__", False):
+            setattr(cls, name, _counted(name, fn))
+
+
 @dataclass(frozen=True)
 class MoeDispatch:
     """What :meth:`BaseDeviceAdaptor.moe_distribute_dispatch` hands to the experts, and back to the combine.
@@ -115,10 +124,7 @@ class BaseDeviceAdaptor(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for name in OPS + FUSED_OPS:
-            fn = cls.__dict__.get(name)
-            if fn is not None and not getattr(fn, "__counted__", False):
-                setattr(cls, name, _counted(name, fn))
+        count_overrides(cls, OPS + FUSED_OPS)
 
     def reset_counts(self) -> None:
         self.call_counts.clear()

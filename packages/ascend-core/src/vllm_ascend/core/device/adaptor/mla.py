@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from vllm_ascend.core.device.adaptor.base import DeviceOpError, _counted
+from vllm_ascend.core.device.adaptor.base import DeviceOpError, count_overrides
 
 #: The MLA ops every adaptor mixing in :class:`MLADeviceOps` implements (counted like ``OPS``).
 MLA_OPS: tuple[str, ...] = ("mla_cache_write", "mla_latent_attention", "mla_prefill_attention")
@@ -70,6 +70,21 @@ def latent_cache_parts(kv_cache: torch.Tensor, kv_lora_rank: int) -> tuple[torch
     )
 
 
+def paged_rows(
+    cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int, what: str = "seq_len"
+) -> torch.Tensor:
+    """The first ``seq_len`` rows ``[seq_len, *row]`` of one request's paged cache ``[num_blocks, block_size,
+    *row]`` through its block table (``what`` names the length in errors)."""
+    block_size = cache.shape[1]
+    num_blocks = -(-seq_len // block_size)
+    _require(
+        num_blocks <= block_table_row.shape[0],
+        f"{what}={seq_len} needs {num_blocks} blocks of {block_size} but block_table has "
+        f"{block_table_row.shape[0]} columns",
+    )
+    return cache[block_table_row[:num_blocks].long()].flatten(0, 1)[:seq_len]
+
+
 def latent_rows(
     kv_cache: torch.Tensor,
     kv_lora_rank: int,
@@ -77,18 +92,14 @@ def latent_rows(
     seq_len: int,
     what: str = "seq_len",
 ) -> torch.Tensor:
-    """One request's first ``seq_len`` latent rows ``[seq_len, L + R]`` (``[c_kv | k_pe]``) through its block
-    table (``what`` names the length in errors)."""
-    c_kv, k_pe = latent_cache_parts(kv_cache, kv_lora_rank)
-    block_size = kv_cache.shape[1]
-    num_blocks = -(-seq_len // block_size)
-    _require(
-        num_blocks <= block_table_row.shape[0],
-        f"{what}={seq_len} needs {num_blocks} blocks of {block_size} but block_table has "
-        f"{block_table_row.shape[0]} columns",
+    """One request's first ``seq_len`` latent rows ``[seq_len, L + R]`` (``[c_kv | k_pe]``)."""
+    return torch.cat(
+        [
+            paged_rows(part, block_table_row, seq_len, what)
+            for part in latent_cache_parts(kv_cache, kv_lora_rank)
+        ],
+        dim=-1,
     )
-    blocks = block_table_row[:num_blocks].long()
-    return torch.cat([c_kv[blocks], k_pe[blocks]], dim=-1).flatten(0, 1)[:seq_len]
 
 
 def _lengths(query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -130,10 +141,7 @@ class MLADeviceOps(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for name in MLA_OPS:
-            fn = cls.__dict__.get(name)
-            if fn is not None and not getattr(fn, "__counted__", False):
-                setattr(cls, name, _counted(name, fn))
+        count_overrides(cls, MLA_OPS)
 
     @abc.abstractmethod
     def mla_cache_write(

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from vllm_ascend.core.device.adaptor.base import DeviceOpError, _counted
+from vllm_ascend.core.device.adaptor.base import DeviceOpError, count_overrides
 from vllm_ascend.core.device.adaptor.mla import (
     NPU_MLA_KV_LORA_RANK,
     NPU_MLA_ROPE_DIM,
@@ -31,6 +31,7 @@ from vllm_ascend.core.device.adaptor.mla import (
     _require,
     latent_cache_parts,
     latent_rows,
+    paged_rows,
     torch_npu_module,
 )
 
@@ -42,18 +43,6 @@ NPU_INDEXER_LARGE_TOPK = (3072, 4096, 5120, 6144, 7168, 8192)
 NPU_INDEXER_HEAD_DIM = 128
 #: The dtypes the NPU sparse-attention ops take.
 NPU_SPARSE_DTYPES = (torch.bfloat16, torch.float16)
-
-
-def _gather_rows(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int, what: str) -> torch.Tensor:
-    """The first ``seq_len`` rows of one request's paged cache, ``[seq_len, *row]``."""
-    block_size = cache.shape[1]
-    num_blocks = -(-seq_len // block_size)
-    _require(
-        num_blocks <= block_table_row.shape[0],
-        f"{what}: seq_len={seq_len} needs {num_blocks} blocks of {block_size} but block_table has "
-        f"{block_table_row.shape[0]} columns",
-    )
-    return cache[block_table_row[:num_blocks].long()].flatten(0, 1)[:seq_len]
 
 
 def _visible(q_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
@@ -70,10 +59,7 @@ class SparseAttentionDeviceOps(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for name in SPARSE_OPS:
-            fn = cls.__dict__.get(name)
-            if fn is not None and not getattr(fn, "__counted__", False):
-                setattr(cls, name, _counted(name, fn))
+        count_overrides(cls, SPARSE_OPS)
 
     @abc.abstractmethod
     def indexer_cache_write(
@@ -172,7 +158,7 @@ class SparseAttentionReferenceOps(SparseAttentionDeviceOps):
             start, end = starts[b], starts[b + 1]
             if end == start:
                 continue
-            keys = _gather_rows(key_cache, block_table[b], seq_len, f"request {b}").float()
+            keys = paged_rows(key_cache, block_table[b], seq_len, f"request {b}: seq_len").float()
             per_head = torch.relu(torch.einsum("qhd,sd->qhs", query[start:end].float(), keys))
             scores = torch.einsum("qh,qhs->qs", weights[start:end].float(), per_head)
             scores = scores.masked_fill(~_visible(end - start, seq_len, query.device), float("-inf"))

@@ -8,6 +8,8 @@ import torch
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
+from vllm_ascend.runner.attention.metadata import host_lengths
+
 
 @dataclass
 class AscendMLADecodeMetadata:
@@ -79,12 +81,7 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
                 "non-causal attention is not supported by the Ascend MLA backend; allowed: causal"
             )
         num_reqs = common.num_reqs
-        query_start_loc_cpu = common.query_start_loc_cpu[: num_reqs + 1].to(torch.int64)
-        num_actual_tokens = int(query_start_loc_cpu[-1])
-        if self.exact_host_seq_lens and common.seq_lens_cpu_upper_bound is not None:
-            seq_lens_cpu = common.seq_lens_cpu_upper_bound[:num_reqs].to(torch.int64)
-        else:
-            seq_lens_cpu = common.seq_lens[:num_reqs].to("cpu", torch.int64)
+        query_start_loc_cpu, num_actual_tokens, seq_lens_cpu = host_lengths(common, self.exact_host_seq_lens)
         num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
             common, decode_threshold=self.reorder_batch_threshold
         )

@@ -23,6 +23,7 @@ from vllm.v1.attention.backend import (
 
 from vllm_ascend.core.device.adaptor.sparse import SparseAttentionDeviceOps
 from vllm_ascend.core.device.config import get_current_hardware_profile, get_device_adaptor
+from vllm_ascend.runner.attention.metadata import host_lengths
 from vllm_ascend.runner.attention.mla.backend import AscendMLABackend
 from vllm_ascend.runner.attention.mla.impl import AscendMLAImpl
 from vllm_ascend.runner.attention.support import AttentionConfigError
@@ -88,12 +89,7 @@ class AscendSparseMetadataBuilder(AttentionMetadataBuilder[AscendSparseMetadata]
                 "non-causal attention is not supported by the Ascend sparse MLA backend; allowed: causal"
             )
         num_reqs = common.num_reqs
-        query_start_loc_cpu = common.query_start_loc_cpu[: num_reqs + 1].to(torch.int64)
-        num_actual_tokens = int(query_start_loc_cpu[-1])
-        if self.exact_host_seq_lens and common.seq_lens_cpu_upper_bound is not None:
-            seq_lens_cpu = common.seq_lens_cpu_upper_bound[:num_reqs].to(torch.int64)
-        else:
-            seq_lens_cpu = common.seq_lens[:num_reqs].to("cpu", torch.int64)
+        query_start_loc_cpu, num_actual_tokens, seq_lens_cpu = host_lengths(common, self.exact_host_seq_lens)
         return AscendSparseMetadata(
             num_reqs=num_reqs,
             num_actual_tokens=num_actual_tokens,
