@@ -65,6 +65,23 @@ CASES = {
         index_topk=8,
         index_head_dim=96,
     ),
+    # DeepSeek-V3.2's indexer geometry (head dim 128) and YaRN (the indexer's rotary takes it too).
+    "moe-yarn-index128-top6": deepseek_v32_spec(
+        first_k_dense_replace=1,
+        index_topk=6,
+        index_head_dim=128,
+        index_n_heads=16,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    ),
 }
 
 
