@@ -43,13 +43,14 @@ def _dequantized_copy(quantized: Path, out: Path) -> int:
     config = json.loads((quantized / "config.json").read_text())
     config.pop("quantization_config", None)
     (out / "config.json").write_text(json.dumps(config))
+    extra_files = ("special_tokens_map.json", "generation_config.json")
     for path in quantized.iterdir():
-        if path.name.startswith("tokenizer") or path.name in ("special_tokens_map.json", "generation_config.json"):
+        if path.name.startswith("tokenizer") or path.name in extra_files:
             shutil.copy(path, out / path.name)
     return dequantized
 
 
-def test_w8a16_deepseek_v3_on_mla_equals_hf_on_dequantized_weights(make_llm, tiny_models_root: Path, tmp_path):
+def test_w8a16_deepseek_v3_mla_equals_hf_dequantized(make_llm, tiny_models_root: Path, tmp_path):
     from transformers import AutoTokenizer
 
     from vllm_ascend.core.device.config import get_device_adaptor
