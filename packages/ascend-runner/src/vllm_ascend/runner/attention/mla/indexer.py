@@ -107,6 +107,8 @@ class AscendIndexer(nn.Module):
     ``q = wq_b(q_resid)`` and ``k = k_norm(wk(x))`` (rotary on the first ``qk_rope_head_dim`` columns of
     both; half-split unless ``indexer_rope_interleave``) and ``w = weights_proj(x)`` — DeepSeek-V3.2's
     indexer in the activation dtype (the FP8 rounding of the released kernels is not reproduced).
+    ``is_inplace_rope`` (vLLM's hint for its in-place rotary path) is not needed: the rotated values are taken
+    from the rotary embedding's return value.
     """
 
     def __init__(

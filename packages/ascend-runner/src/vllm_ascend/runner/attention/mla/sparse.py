@@ -158,12 +158,12 @@ class AscendSFAImpl(AscendMLAImpl):
             )
         super().__init__(*args, **kwargs)
         self.topk_indices_buffer = topk_indices_buffer
-        self._topk_ready = False
 
     def record_logical_topk_ready(self) -> None:
-        """The layer's indexer (or an earlier layer's, for layers that share it) has written this step's top-k
-        positions; the indexer runs in stream order before the attention, so this only marks the step."""
-        self._topk_ready = True
+        """vLLM's wrapper signals that the layer's indexer (or an earlier layer's, for layers sharing it) has
+        written this step's top-k positions, for backends that read them on another stream. The Ascend indexer
+        op and the attention run in stream order, so there is nothing to record (and no Python state to keep:
+        the call sits inside compiled code)."""
 
     def forward_mha(self, *args, **kwargs) -> None:
         raise AttentionConfigError(
@@ -179,11 +179,6 @@ class AscendSFAImpl(AscendMLAImpl):
         layer: AttentionLayer,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Every row: ``(q_nope @ W_UK, q_pe)`` attend the latent cache at the row's top-k positions."""
-        if not self._topk_ready:
-            raise AttentionConfigError(
-                "the sparse MLA layer ran before any indexer wrote this step's top-k positions"
-            )
-        self._topk_ready = False
         if isinstance(q, tuple):
             q_nope, q_pe = q
         else:
