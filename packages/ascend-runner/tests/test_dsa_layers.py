@@ -101,6 +101,15 @@ def test_sparse_impl_guards():
         impl.forward_mha()
 
 
+def test_sparse_impl_refuses_host_offloaded_sparse_kv():
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    config = VllmConfig()
+    config.attention_config.hisparse_config = object()  # any value: the option is not served
+    with set_current_vllm_config(config), pytest.raises(AttentionConfigError, match="hisparse_config"):
+        _impl(torch.zeros(HEADS * (NOPE + V), LORA), torch.zeros(4, 2, dtype=torch.int32))
+
+
 def test_the_indexer_patch_applies_to_dsa_models_only_and_is_scoped():
     from vllm.model_executor.models import deepseek_v2
 

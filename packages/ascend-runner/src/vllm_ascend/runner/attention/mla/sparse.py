@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from vllm.config import get_current_vllm_config_or_none
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
@@ -151,6 +152,12 @@ class AscendSFAImpl(AscendMLAImpl):
         # vLLM's index groups translate the shared logical top-k buffer into physical cache slots for its CUDA
         # kernels; the Ascend ops take logical positions and the block table, so the buffer is read directly.
         kwargs.pop("index_group_builder", None)
+        config = get_current_vllm_config_or_none()
+        if config is not None and getattr(config.attention_config, "hisparse_config", None) is not None:
+            raise AttentionConfigError(
+                "attention_config.hisparse_config (host-offloaded sparse KV) is not supported by the Ascend "
+                "sparse MLA backend; allowed: None"
+            )
         if not isinstance(topk_indices_buffer, torch.Tensor):
             raise AttentionConfigError(
                 "a sparse MLA layer needs the model's top-k indices buffer (topk_indices_buffer); got "
