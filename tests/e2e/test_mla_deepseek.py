@@ -41,26 +41,26 @@ def _deepseek_v3_config(spec: TinyModelSpec, vocab_size: int):
 def deepseek_config_fields(spec: TinyModelSpec, vocab_size: int) -> dict:
     """The config fields of a tiny DeepSeek-V3-family model (V3, V3.2): MLA, MoE with shared experts and
     grouped routing, and ``spec.extra`` (latent geometry, dense layers, the V3.2 indexer)."""
-    common = common_config(spec, vocab_size)
-    common.pop("head_dim")
-    return dict(
-        **common,
+    fields = common_config(spec, vocab_size)
+    fields.pop("head_dim")
+    fields.update(
         moe_intermediate_size=spec.intermediate_size // 4,
         n_shared_experts=1,
         n_routed_experts=8,
         num_experts_per_tok=2,
         n_group=2,
         topk_group=1,
-        # Fields real DeepSeek-V3 checkpoints carry (HF's config keeps them; vLLM reads them: without
-        # ``noaux_tc`` it builds no e_score_correction_bias, without ``sigmoid`` it scores by softmax).
+        # Fields real DeepSeek-V3 checkpoints carry and vLLM reads (HF's config class has neither: the runner's
+        # CONFIG_DEFAULTS give a config without them HF's routing; the "hf-config" case leaves them out).
         topk_method="noaux_tc",
         scoring_func="sigmoid",
         routed_scaling_factor=1.5,
         norm_topk_prob=True,
         rope_interleave=True,
         tie_word_embeddings=False,
-        **spec.extra,
     )
+    fields.update(spec.extra)
+    return {name: value for name, value in fields.items() if value is not None or name == "q_lora_rank"}
 
 
 def _deepseek_v3_weights(spec: TinyModelSpec, model) -> None:
@@ -96,6 +96,8 @@ CASES = {
     "dense-kv512-rope64": deepseek_v3_spec(),
     "dense-kv32-rope16": deepseek_v3_spec(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16),
     "moe-kv512-rope64": deepseek_v3_spec(first_k_dense_replace=1),
+    # A config as HF's DeepseekV3Config writes it: no topk_method / scoring_func.
+    "moe-hf-config": deepseek_v3_spec(first_k_dense_replace=1, topk_method=None, scoring_func=None),
     "moe-kv32-rope16-no-q-lora": deepseek_v3_spec(
         kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, q_lora_rank=None, first_k_dense_replace=1
     ),

@@ -124,3 +124,17 @@ def test_the_indexer_patch_applies_to_dsa_models_only_and_is_scoped():
     assert deepseek_v2.Indexer is original
     with model_patches(SimpleNamespace()) as applied:
         assert applied == [] and deepseek_v2.Indexer is original
+
+
+def test_config_defaults_fill_only_what_a_deepseek_v3_config_lacks():
+    from vllm_ascend.runner.model_patches import CONFIG_DEFAULTS, apply_config_defaults
+
+    plain = SimpleNamespace(model_type="deepseek_v3")
+    applied = apply_config_defaults(plain)
+    assert (plain.scoring_func, plain.topk_method) == ("sigmoid", "noaux_tc") and len(applied) == 2
+    chosen = SimpleNamespace(model_type="deepseek_v32", scoring_func="softmax", topk_method=None)
+    apply_config_defaults(chosen)
+    assert (chosen.scoring_func, chosen.topk_method) == ("softmax", "noaux_tc")
+    other = SimpleNamespace(model_type="deepseek_v2")
+    assert apply_config_defaults(other) == [] and not hasattr(other, "scoring_func")
+    assert all(default.why for default in CONFIG_DEFAULTS)

@@ -1,7 +1,9 @@
-"""Model patches: names in vLLM's model modules rebound to Ascend classes while the runner builds a model.
+"""Model patches: what the runner changes about vLLM's model code, each with its reason.
 
-Each patch says why vLLM's model code must change on Ascend and applies only to the models that need it
-(decided from the model's HF config), for the duration of ``load_model`` (the drafter is built inside it too).
+- :data:`MODEL_PATCHES`: names in vLLM's model modules rebound to Ascend classes, only for the models that
+  need them (decided from the HF config) and only while ``load_model`` runs (the drafter is built inside it).
+- :data:`CONFIG_DEFAULTS`: HF config fields vLLM's model code reads with a default that contradicts the
+  architecture as HF transformers implements it; a config without the field gets the architecture's value.
 """
 
 from __future__ import annotations
@@ -40,6 +42,52 @@ MODEL_PATCHES: tuple[ModelPatch, ...] = (
         ),
     ),
 )
+
+
+@dataclass(frozen=True)
+class ConfigDefault:
+    """``field = value`` for HF configs of ``model_types`` that lack the field."""
+
+    model_types: tuple[str, ...]
+    field: str
+    value: Any
+    why: str
+
+
+CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (
+    ConfigDefault(
+        model_types=("deepseek_v3", "deepseek_v32"),
+        field="scoring_func",
+        value="sigmoid",
+        why=(
+            "DeepSeek-V3's router scores experts with a sigmoid (HF's DeepseekV3TopkRouter always does; HF's config "
+            "has no such field); vLLM reads the field and falls back to softmax"
+        ),
+    ),
+    ConfigDefault(
+        model_types=("deepseek_v3", "deepseek_v32"),
+        field="topk_method",
+        value="noaux_tc",
+        why=(
+            "DeepSeek-V3's router adds e_score_correction_bias before the group-limited top-k (HF always does and "
+            "saves the bias); vLLM builds the bias only for topk_method='noaux_tc', so a config without the field "
+            "fails to load ('...mlp.gate.e_score_correction_bias') or routes without the bias"
+        ),
+    ),
+)
+
+
+def apply_config_defaults(hf_config: Any) -> list[ConfigDefault]:
+    """Set the :data:`CONFIG_DEFAULTS` a config lacks (in place); returns those applied."""
+    model_type = getattr(hf_config, "model_type", None)
+    applied = [
+        default
+        for default in CONFIG_DEFAULTS
+        if model_type in default.model_types and getattr(hf_config, default.field, None) is None
+    ]
+    for default in applied:
+        setattr(hf_config, default.field, default.value)
+    return applied
 
 
 def applicable_patches(hf_config: Any) -> list[ModelPatch]:

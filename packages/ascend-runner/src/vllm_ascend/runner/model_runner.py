@@ -66,7 +66,7 @@ from vllm_ascend.runner import device_context
 from vllm_ascend.runner.graph_wrapper import ACLGraphWrapper
 from vllm_ascend.runner.input_batch import NPUInputBatch
 from vllm_ascend.runner.kv_zeroer import AscendKVBlockZeroer
-from vllm_ascend.runner.model_patches import model_patches
+from vllm_ascend.runner.model_patches import apply_config_defaults, model_patches
 from vllm_ascend.runner.patching import replaced_names
 from vllm_ascend.runner.sample.rejection_sampler import AscendRejectionSampler
 from vllm_ascend.runner.sample.sampler import AscendSampler
@@ -265,6 +265,12 @@ class NPUModelRunner(GPUModelRunner):
         self.kernel_warmup_results: dict[str, bool] = {}  # item -> compiled cleanly, after warm_up()
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
+        configs = [self.model_config.hf_text_config]
+        if self.speculative_config is not None and self.speculative_config.draft_model_config is not None:
+            configs.append(self.speculative_config.draft_model_config.hf_text_config)
+        for hf_config in configs:
+            for default in apply_config_defaults(hf_config):
+                logger.info("model config: %s=%r (%s)", default.field, default.value, default.why)
         with ascend_components(self.components), model_patches(self.model_config.hf_text_config):
             super().load_model(*args, **kwargs)
 
