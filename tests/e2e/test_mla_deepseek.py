@@ -1,4 +1,4 @@
-"""Tiny DeepSeek-V3 models (MLA) served by vLLM on the reference device: greedy tokens equal HF fp32.
+"""Tiny DeepSeek-V2/V3 models (MLA) served by vLLM on the reference device: greedy tokens equal HF fp32.
 
 Each case builds its model in the test (transformers ``DeepseekV3Config`` + ``save_pretrained`` + the
 locally trained tokenizer) and runs one engine in float32 with chunked prefill and prefix caching, so the
@@ -75,8 +75,27 @@ def _deepseek_v3_weights(spec: TinyModelSpec, model) -> None:
                 bias.copy_(torch.randn(bias.shape, generator=gen) * 0.1)
 
 
+def _deepseek_v2_config(spec: TinyModelSpec, vocab_size: int):
+    """DeepSeek-V2(-Lite) as HF's DeepseekV2Config writes it: MLA without q-LoRA, greedy softmax routing,
+    ``n_group``/``topk_group`` left None."""
+    from transformers import DeepseekV2Config
+
+    fields = common_config(spec, vocab_size)
+    fields.pop("head_dim")
+    fields.update(
+        moe_intermediate_size=spec.intermediate_size // 4,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        tie_word_embeddings=False,
+    )
+    return DeepseekV2Config(**fields, **spec.extra)
+
+
 if "deepseek_v3" not in MODEL_BUILDERS:
     register_model_builder("deepseek_v3", _deepseek_v3_config, _deepseek_v3_weights)
+if "deepseek_v2" not in MODEL_BUILDERS:
+    register_model_builder("deepseek_v2", _deepseek_v2_config)
 
 
 def deepseek_v3_spec(**extra) -> TinyModelSpec:
@@ -96,6 +115,17 @@ CASES = {
     "dense-kv512-rope64": deepseek_v3_spec(),
     "dense-kv32-rope16": deepseek_v3_spec(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16),
     "moe-kv512-rope64": deepseek_v3_spec(first_k_dense_replace=1),
+    "v2-lite-hf-config": replace(
+        TinyModelSpec(kind="deepseek_v2", seed=5, num_kv_heads=4),
+        extra=dict(
+            q_lora_rank=None,
+            kv_lora_rank=32,
+            qk_rope_head_dim=16,
+            qk_nope_head_dim=16,
+            v_head_dim=32,
+            first_k_dense_replace=1,
+        ),
+    ),
     # A config as HF's DeepseekV3Config writes it: no topk_method / scoring_func.
     "moe-hf-config": deepseek_v3_spec(first_k_dense_replace=1, topk_method=None, scoring_func=None),
     "moe-kv32-rope16-no-q-lora": deepseek_v3_spec(
@@ -113,7 +143,7 @@ def _greedy(llm, prompts: list[list[int]]) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_deepseek_v3_mla_greedy_matches_hf(make_llm, tiny_models_root: Path, case: str):
+def test_deepseek_mla_greedy_matches_hf(make_llm, tiny_models_root: Path, case: str):
     from transformers import AutoTokenizer
 
     from vllm_ascend.core.device.config import get_device_adaptor

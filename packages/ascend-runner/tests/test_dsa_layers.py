@@ -135,6 +135,9 @@ def test_config_defaults_fill_only_what_a_deepseek_v3_config_lacks():
     chosen = SimpleNamespace(model_type="deepseek_v32", scoring_func="softmax", topk_method=None)
     apply_config_defaults(chosen)
     assert (chosen.scoring_func, chosen.topk_method) == ("softmax", "noaux_tc")
-    other = SimpleNamespace(model_type="deepseek_v2")
-    assert apply_config_defaults(other) == [] and not hasattr(other, "scoring_func")
+    v2 = SimpleNamespace(model_type="deepseek_v2", n_group=None, topk_group=None)
+    assert [d.field for d in apply_config_defaults(v2)] == ["n_group", "topk_group"]
+    assert (v2.n_group, v2.topk_group) == (1, 1) and not hasattr(v2, "scoring_func")
+    other = SimpleNamespace(model_type="qwen3")
+    assert apply_config_defaults(other) == [] and vars(other) == {"model_type": "qwen3"}
     assert all(default.why for default in CONFIG_DEFAULTS)

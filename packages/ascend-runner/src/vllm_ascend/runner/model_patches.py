@@ -74,6 +74,19 @@ CONFIG_DEFAULTS: tuple[ConfigDefault, ...] = (
             "fails to load ('...mlp.gate.e_score_correction_bias') or routes without the bias"
         ),
     ),
+    *(
+        ConfigDefault(
+            model_types=("deepseek_v2",),
+            field=field,
+            value=1,
+            why=(
+                "DeepSeek-V2's greedy router (HF: plain top-k of the softmax) is vLLM's grouped top-k with one group; "
+                "vLLM always routes DeepSeek-V2 through grouped top-k and refuses n_group/topk_group = None, "
+                "which HF's config writes"
+            ),
+        )
+        for field in ("n_group", "topk_group")
+    ),
 )
 
 
