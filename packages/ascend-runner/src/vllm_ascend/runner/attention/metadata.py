@@ -59,6 +59,14 @@ class AscendAttentionMetadata:
         return int((q_lens == 1).sum())
 
 
+def require_causal(common: CommonAttentionMetadata, backend: str) -> None:
+    """Refuse a non-causal batch for a backend that attends causally only."""
+    if not (common.causal if isinstance(common.causal, bool) else bool(common.causal.all())):
+        raise ValueError(
+            f"non-causal attention is not supported by the Ascend {backend} backend; allowed: causal"
+        )
+
+
 def host_lengths(
     common: CommonAttentionMetadata, exact_host_seq_lens: bool
 ) -> tuple[torch.Tensor, int, torch.Tensor]:

@@ -8,7 +8,7 @@ import torch
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
-from vllm_ascend.runner.attention.metadata import host_lengths
+from vllm_ascend.runner.attention.metadata import host_lengths, require_causal
 
 
 @dataclass
@@ -76,10 +76,7 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
         fast_build: bool = False,
     ) -> AscendMLAMetadata:
         common = common_attn_metadata
-        if not (common.causal if isinstance(common.causal, bool) else bool(common.causal.all())):
-            raise ValueError(
-                "non-causal attention is not supported by the Ascend MLA backend; allowed: causal"
-            )
+        require_causal(common, "MLA")
         num_reqs = common.num_reqs
         query_start_loc_cpu, num_actual_tokens, seq_lens_cpu = host_lengths(common, self.exact_host_seq_lens)
         num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(

@@ -24,7 +24,7 @@ from vllm.v1.attention.backend import (
 
 from vllm_ascend.core.device.adaptor.sparse import SparseAttentionDeviceOps
 from vllm_ascend.core.device.config import get_current_hardware_profile, get_device_adaptor
-from vllm_ascend.runner.attention.metadata import host_lengths
+from vllm_ascend.runner.attention.metadata import host_lengths, require_causal
 from vllm_ascend.runner.attention.mla.backend import AscendMLABackend
 from vllm_ascend.runner.attention.mla.impl import AscendMLAImpl
 from vllm_ascend.runner.attention.support import AttentionConfigError
@@ -85,10 +85,7 @@ class AscendSparseMetadataBuilder(AttentionMetadataBuilder[AscendSparseMetadata]
         fast_build: bool = False,
     ) -> AscendSparseMetadata:
         common = common_attn_metadata
-        if not (common.causal if isinstance(common.causal, bool) else bool(common.causal.all())):
-            raise ValueError(
-                "non-causal attention is not supported by the Ascend sparse MLA backend; allowed: causal"
-            )
+        require_causal(common, "sparse MLA")
         num_reqs = common.num_reqs
         query_start_loc_cpu, num_actual_tokens, seq_lens_cpu = host_lengths(common, self.exact_host_seq_lens)
         return AscendSparseMetadata(
