@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_ascend.runner.testing.draft_reference import DraftReference, _causal, _load
+from vllm_ascend.runner.testing.draft_reference import DeepseekMtpReference, DraftReference
 from vllm_ascend.runner.testing.tiny_models import build_tiny_model, publish_build
 
 from .test_mla_deepseek import PROMPTS, deepseek_v3_spec
@@ -86,54 +86,6 @@ def add_deepseek_mtp_layer(
             shutil.copy(target_dir / name, tmp / name)
     marker = {"target": target_dir.name, "noise": noise, "first_layer_scale": first_layer_scale, "seed": seed}
     return publish_build(tmp, out, json.dumps(marker))
-
-
-class DeepseekMtpReference(DraftReference):
-    """DeepSeek-V3 MTP recomputed with HF transformers (no cache, whole context, eager attention):
-    ``eh_proj([enorm(embed(token)), hnorm(hidden)])`` (embedding zeroed at position 0), HF's DeepSeek-V3
-    decoder layer loaded from index ``num_hidden_layers``; its output normed by ``shared_head.norm`` is
-    both the next step's hidden state and the input of ``shared_head.head``."""
-
-    @torch.inference_mode()
-    def __init__(self, model_dir: Path) -> None:
-        from safetensors.torch import load_file
-        from transformers import AutoConfig, AutoModelForCausalLM
-        from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
-
-        self.target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        config = AutoConfig.from_pretrained(model_dir)
-        config._attn_implementation = "eager"
-        index = config.num_hidden_layers
-        prefix = f"model.layers.{index}."
-        weights = load_file(str(model_dir / "model.safetensors"))
-        hidden = config.hidden_size
-        self.enorm = ds.DeepseekV3RMSNorm(hidden, eps=config.rms_norm_eps)
-        self.hnorm = ds.DeepseekV3RMSNorm(hidden, eps=config.rms_norm_eps)
-        self.shared_norm = ds.DeepseekV3RMSNorm(hidden, eps=config.rms_norm_eps)
-        self.eh_proj = torch.nn.Linear(2 * hidden, hidden, bias=False)
-        self.shared_lm_head = torch.nn.Linear(hidden, config.vocab_size, bias=False)
-        self.embed = torch.nn.Embedding(config.vocab_size, hidden)
-        for name, module in (("enorm.", self.enorm), ("hnorm.", self.hnorm), ("eh_proj.", self.eh_proj),
-                             ("shared_head.norm.", self.shared_norm),
-                             ("shared_head.head.", self.shared_lm_head),
-                             ("embed_tokens.", self.embed)):  # fmt: skip
-            _load(module, weights, prefix + name, model_dir)
-        # HF loads the stored layer (MoE experts converted as for the main layers) as one more decoder layer.
-        config.num_hidden_layers = index + 1
-        extended = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=torch.float32).eval()
-        self.layer = extended.model.layers[index]
-        self.rotary = extended.model.rotary_emb
-
-    def head(self, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(token_ids.shape[0])
-        embeds = torch.where(positions.unsqueeze(-1) == 0, 0.0, self.embed(token_ids))
-        x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1)).unsqueeze(0)
-        out = self.layer(x, attention_mask=_causal(x.shape[1]), position_ids=positions.unsqueeze(0),
-                         position_embeddings=self.rotary(x, positions.unsqueeze(0)))  # fmt: skip
-        return self.shared_norm((out[0] if isinstance(out, tuple) else out)[0])
-
-    def logits(self, out: torch.Tensor) -> torch.Tensor:
-        return self.shared_lm_head(out)
 
 
 def _greedy(llm, prompts: list[list[int]], max_tokens: int = MAX_NEW_TOKENS) -> list[list[int]]:

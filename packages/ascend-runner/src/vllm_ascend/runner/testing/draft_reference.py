@@ -6,9 +6,9 @@ models return it), and a draft step reads the previous draft and the head's own 
 
 - EAGLE-1 (Li et al. 2024): ``fc([embed(token), hidden])``, one Llama decoder layer without input norm
   (residual added back, no final norm); the target's LM head makes the logits.
-- GLM-4.5 MTP (``num_nextn_predict_layers = 1``): ``eh_proj([enorm(embed(token)), hnorm(hidden)])``
-  (the embedding zeroed at position 0), the full decoder layer stored at index ``num_hidden_layers``
-  (a MoE layer), ``shared_head.norm`` and the target's LM head.
+- MTP layers (``num_nextn_predict_layers = 1``; GLM-4.5, DeepSeek-V3): ``eh_proj([enorm(embed(token)),
+  hnorm(hidden)])`` (the embedding zeroed at position 0), the full decoder layer stored at index
+  ``num_hidden_layers``, ``shared_head.norm`` and an LM head (the target's for GLM, the layer's for DeepSeek).
 
 Everything is recomputed without a cache over the whole context from the checkpoint files (HF's
 decoder layers, causal mask): nothing is shared with vLLM's draft models or our proposer.
@@ -93,43 +93,79 @@ class EagleReference(DraftReference):
         return (out[0] if isinstance(out, tuple) else out)[0]
 
 
-class GlmMtpReference(DraftReference):
-    """GLM-4.5 MTP: a checkpoint built by ``add_mtp_layer``."""
+class MtpReference(DraftReference):
+    """A multi-token-prediction layer stored at index ``num_hidden_layers`` of the checkpoint:
+    ``eh_proj([enorm(embed(token)), hnorm(hidden)])`` (the embedding zeroed at position 0), then HF's own decoder
+    layer loaded from that index (HF converts a MoE layer's expert layout as for the main layers), causal over
+    the whole context. Subclasses choose the embedding and what the layer's output feeds (``head``/``logits``)."""
+
+    #: Modules under ``model.layers.{index}.`` loaded besides ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.norm``.
+    extra_modules: tuple[str, ...] = ()
 
     @torch.inference_mode()
     def __init__(self, model_dir: Path) -> None:
         from safetensors.torch import load_file
-        from transformers import AutoConfig, AutoModelForCausalLM
-        from transformers.models.glm4_moe import modeling_glm4_moe as glm
+        from transformers import AutoConfig
 
-        self.target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        from vllm_ascend.runner.testing.hf_reference import hf_model_class
+
+        model_cls = hf_model_class(model_dir)
+        self.target = model_cls.from_pretrained(model_dir, dtype=torch.float32).eval()
         config = AutoConfig.from_pretrained(model_dir)
         config._attn_implementation = "eager"
         index = config.num_hidden_layers
-        prefix = f"model.layers.{index}."
         weights = load_file(str(model_dir / "model.safetensors"))
-        hidden = config.hidden_size
-        self.enorm = glm.Glm4MoeRMSNorm(hidden, eps=config.rms_norm_eps)
-        self.hnorm = glm.Glm4MoeRMSNorm(hidden, eps=config.rms_norm_eps)
-        self.shared_norm = glm.Glm4MoeRMSNorm(hidden, eps=config.rms_norm_eps)
+        hidden, norm_cls = config.hidden_size, type(self.target.model.norm)
+        self.enorm = norm_cls(hidden, eps=config.rms_norm_eps)
+        self.hnorm = norm_cls(hidden, eps=config.rms_norm_eps)
+        self.shared_norm = norm_cls(hidden, eps=config.rms_norm_eps)
         self.eh_proj = torch.nn.Linear(2 * hidden, hidden, bias=False)
-        for name, module in (("enorm.", self.enorm), ("hnorm.", self.hnorm), ("eh_proj.", self.eh_proj),
-                             ("shared_head.norm.", self.shared_norm)):  # fmt: skip
-            _load(module, weights, prefix + name, model_dir)
-        # HF loads the stored layer (and converts its expert layout) as one more decoder layer
+        self.shared_lm_head = torch.nn.Linear(hidden, config.vocab_size, bias=False)
+        self.embed = torch.nn.Embedding(config.vocab_size, hidden)
+        modules = {"enorm.": self.enorm, "hnorm.": self.hnorm, "eh_proj.": self.eh_proj,
+                   "shared_head.norm.": self.shared_norm, "shared_head.head.": self.shared_lm_head,
+                   "embed_tokens.": self.embed}  # fmt: skip
+        for name in ("enorm.", "hnorm.", "eh_proj.", "shared_head.norm.", *self.extra_modules):
+            _load(modules[name], weights, f"model.layers.{index}.{name}", model_dir)
         config.num_hidden_layers = index + 1
-        extended = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=torch.float32).eval()
+        extended = model_cls.from_pretrained(model_dir, config=config, dtype=torch.float32).eval()
         self.layer = extended.model.layers[index]
-        self.rotary = glm.Glm4MoeRotaryEmbedding(config)
+        self.rotary = extended.model.rotary_emb
 
-    def head(self, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def embeddings(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.target.get_input_embeddings()(token_ids)
+
+    def layer_output(self, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(token_ids.shape[0])
-        embeds = self.target.get_input_embeddings()(token_ids)
-        embeds = torch.where(positions.unsqueeze(-1) == 0, 0.0, embeds)
+        embeds = torch.where(positions.unsqueeze(-1) == 0, 0.0, self.embeddings(token_ids))
         x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1)).unsqueeze(0)
         out = self.layer(x, attention_mask=_causal(x.shape[1]), position_ids=positions.unsqueeze(0),
                          position_embeddings=self.rotary(x, positions.unsqueeze(0)))  # fmt: skip
         return (out[0] if isinstance(out, tuple) else out)[0]
 
+
+class GlmMtpReference(MtpReference):
+    """GLM-4.5 MTP (a checkpoint built by ``add_mtp_layer``): the target's embedding; the layer's output is the
+    next step's hidden state, and ``shared_head.norm`` then the target's LM head make the logits."""
+
+    def head(self, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return self.layer_output(token_ids, hidden)
+
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         return self.target.get_output_embeddings()(self.shared_norm(out))
+
+
+class DeepseekMtpReference(MtpReference):
+    """DeepSeek-V3 MTP: the layer's own ``embed_tokens`` and ``shared_head.head``; its output normed by
+    ``shared_head.norm`` is both the next step's hidden state and the input of ``shared_head.head``."""
+
+    extra_modules = ("shared_head.head.", "embed_tokens.")
+
+    def embeddings(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(token_ids)
+
+    def head(self, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return self.shared_norm(self.layer_output(token_ids, hidden))
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        return self.shared_lm_head(out)

@@ -276,43 +276,30 @@ class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
             output = query.new_zeros(num_tokens, num_heads, value_cache.shape[3])
         q_lens = [end - start for start, end in itertools.pairwise(starts)]
         decodes = [b for b, q_len in enumerate(q_lens) if q_len == 1]
-        if sliding_window is not None and len(decodes) == len(q_lens):
-            self._window_decode_rows(
-                query,
-                key_cache,
-                value_cache,
-                block_table,
-                starts,
-                lens,
-                decodes,
-                scale,
-                sliding_window,
-                sinks,
-                output,
+        if sliding_window is None or len(decodes) < len(q_lens):
+            kv_lens, table = lens, block_table
+            if sliding_window is not None:
+                table, kv_lens = window_block_table(block_table, lens, q_lens, sliding_window, block_size)
+            band = sliding_window is not None
+            out = self._fia(
+                query[:used],
+                key_cache.view(num_blocks, block_size, -1),
+                value_cache.view(num_blocks, block_size, -1),
+                atten_mask=self._causal_mask(query.device) if causal else None,
+                q_ends=starts[1:],
+                kv_lens=kv_lens,
+                block_table=table,
+                num_kv_heads=num_kv_heads,
+                scale=scale,
+                sparse_mode=4 if band else (3 if causal else 0),
+                pre_tokens=sliding_window - 1 if band else 2147483647,
+                next_tokens=0 if band else 2147483647,
+                block_size=block_size,
+                sinks=sinks,
             )
-            return output[:num_tokens]
-        kv_lens, table = lens, block_table
-        if sliding_window is not None:
-            table, kv_lens = window_block_table(block_table, lens, q_lens, sliding_window, block_size)
-        band = sliding_window is not None
-        out = self._fia(
-            query[:used],
-            key_cache.view(num_blocks, block_size, -1),
-            value_cache.view(num_blocks, block_size, -1),
-            atten_mask=self._causal_mask(query.device) if causal else None,
-            q_ends=starts[1:],
-            kv_lens=kv_lens,
-            block_table=table,
-            num_kv_heads=num_kv_heads,
-            scale=scale,
-            sparse_mode=4 if band else (3 if causal else 0),
-            pre_tokens=sliding_window - 1 if band else 2147483647,
-            next_tokens=0 if band else 2147483647,
-            block_size=block_size,
-            sinks=sinks,
-        )
-        output[:used] = out.view(used, num_heads, -1)
+            output[:used] = out.view(used, num_heads, -1)
         if sliding_window is not None and decodes:
+            # Windowed decode rows read only their last window (a batch of decodes only skips the fused op).
             self._window_decode_rows(
                 query,
                 key_cache,
