@@ -13,11 +13,11 @@ import os
 
 import pytest
 import torch
-import vllm._C  # noqa: F401  (registers the torch.ops._C CPU kernels)
 import vllm.v1.spec_decode.utils as spec_utils
 from vllm.triton_utils import dispatcher
 from vllm.utils import cpu_triton_utils as cpu_tl
 
+from vllm_ascend.core.device.host import import_host_kernels
 from vllm_ascend.core.platform import AscendPlatform
 from vllm_ascend.runner.spec_decode_kernels import SPEC_DECODE_KERNEL_OVERRIDES
 
@@ -32,8 +32,12 @@ KERNEL_NAMES = (
 
 @pytest.fixture(scope="module", autouse=True)
 def _registered():
-    """What the platform does at worker start (once per process)."""
-    AscendPlatform.register_triton_kernel_overrides()
+    """What the platform does at worker start (once per process), and the torch.ops._C CPU kernels for this
+    host's ISA (the library vLLM's CPU platform picks: ``vllm._C`` itself is the AVX-512 + BF16 build)."""
+    import_host_kernels()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ASCEND_DEVICE", "reference")
+        AscendPlatform.register_triton_kernel_overrides()
 
 
 @pytest.fixture

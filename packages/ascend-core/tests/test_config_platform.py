@@ -121,3 +121,44 @@ def test_platform_refuses_context_parallelism_by_name(tmp_path):
     assert (
         "decode_context_parallel_size=2 is not supported yet by vllm-ascend 0.1.0; supported: 1"
     ) in results["dcp"]
+
+
+V2_SCRIPT = r"""
+import json, os, sys
+from vllm.engine.arg_utils import EngineArgs
+
+results = {}
+for value in json.loads(sys.argv[2]):
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = value
+    try:
+        config = EngineArgs(model=sys.argv[1], skip_tokenizer_init=True).create_engine_config()
+        results[value] = {"error": None, "v2": config.use_v2_model_runner}
+    except Exception as exc:
+        results[value] = {"error": str(exc), "v2": None}
+print("RESULT " + json.dumps(results))
+"""
+
+
+def test_platform_refuses_model_runner_v2_by_name(tmp_path):
+    """``VLLM_USE_V2_MODEL_RUNNER=1`` is refused naming the variable; ``0`` serves through V1."""
+    model = tmp_path / "tiny-llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    env = {
+        **os.environ,
+        "VLLM_ASCEND_DEVICE": "reference",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+    results, output = run_vllm_script(
+        V2_SCRIPT, str(model), json.dumps(["1", "yes", "0"]), env=env, timeout=540
+    )
+    assert results is not None, output[-OUTPUT_TAIL_CHARS:]
+    assert (
+        "`VLLM_USE_V2_MODEL_RUNNER=1` is not supported yet by vllm-ascend 0.1.0 (vLLM's Model Runner V2; this "
+        "version serves through vLLM's V1 model runner); unset it or set it to 0"
+    ) in results["1"]["error"]
+    assert "VLLM_USE_V2_MODEL_RUNNER='yes' is invalid; allowed: 0 or 1" in results["yes"]["error"]
+    error = results["0"]["error"]
+    assert error is None or "vllm-ascend-runner" in error, error
+    assert results["0"]["v2"] in (False, None)

@@ -56,6 +56,27 @@ def test_table_lists_versions_and_extensions():
     lines = proc.stdout.splitlines()
     assert lines[0] == "vllm-ascend-core  0.1.0"
     assert "(supported)" in lines[1]
-    assert lines[3].startswith("device            none (VLLM_ASCEND_DEVICE=off)")
+    assert lines[5].startswith("device            none (VLLM_ASCEND_DEVICE=off)")
     header = next(line for line in lines if line.startswith("extension"))
     assert header.split() == ["extension", "dist", "version", "status", "detail"]
+
+
+def test_host_isa_and_kernel_library_lines():
+    """The doctor names the host ISA and the kernel library the reference device loads (vLLM's CPU platform's
+    choice for this host), without loading it."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    from vllm_ascend.core.device.host import host_isa, kernel_library_file, selected_kernel_library
+
+    expected = selected_kernel_library(CpuPlatform.import_kernels)
+    assert expected is not None and expected.startswith("vllm._C")
+    report = json.loads(doctor("--json", device="reference").stdout)["host"]
+    assert report["isa"] == host_isa().describe()
+    assert report["kernel_library"] == expected
+    assert report["kernel_file"] == kernel_library_file(expected)
+    lines = doctor(device="off").stdout.splitlines()
+    assert f"host ISA          {host_isa().describe()}" in lines
+    assert (
+        f"vLLM kernels      {expected} ({kernel_library_file(expected)}): the reference device's, chosen by vLLM's "
+        "CPU platform"
+    ) in lines

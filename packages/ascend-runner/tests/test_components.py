@@ -18,7 +18,7 @@ from vllm_ascend.runner.ops.registry import (
     register_custom_ops,
 )
 from vllm_ascend.runner.patching import replaced_names
-from vllm_ascend.runner.serve import server_command, server_env, split_device
+from vllm_ascend.runner.serve import server_args, server_env, split_device
 
 
 def test_custom_op_registration_is_idempotent_and_refuses_conflicts(monkeypatch):
@@ -109,8 +109,7 @@ def test_replaced_names_restores_and_rejects_unknown_names():
 def test_serve_command_line():
     device, rest = split_device(None, ["--port", "8001", "--device", "reference", "--dtype", "float32"])
     assert device == "reference" and rest == ["--port", "8001", "--dtype", "float32"]
-    argv = server_command("/m", rest)
-    assert argv[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
+    assert server_args("/m", rest) == ["--model", "/m", "--port", "8001", "--dtype", "float32"]
     env = server_env("reference", {})
     assert env["VLLM_ASCEND_DEVICE"] == "reference" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     with pytest.raises(ValueError, match="--device='gpu' is invalid; allowed values: auto, npu, reference"):

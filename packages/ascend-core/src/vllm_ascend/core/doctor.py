@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from vllm_ascend.core._version import __version__
@@ -33,6 +34,43 @@ def _platform_check(mode: DeviceMode) -> str:
     except Exception as exc:
         return f"cannot load {qualname}: {type(exc).__name__}: {exc}"
     return ""
+
+
+def _host() -> dict[str, Any]:
+    """The host CPU's ISA and the vLLM kernel library the reference device loads on it (found without
+    loading it: a library built for a wider ISA than the host's would kill the doctor with SIGILL)."""
+    from vllm_ascend.core.device.host import (
+        host_isa,
+        kernel_library_file,
+        loaded_kernel_libraries,
+        selected_kernel_library,
+    )
+
+    isa = host_isa()
+    host: dict[str, Any] = {
+        "arch": isa.arch,
+        "isa": isa.describe(),
+        "kernel_library": None,
+        "kernel_file": None,
+    }
+    found = installed_vllm()
+    if found is None or not found.supported:
+        host["kernel_problem"] = "vLLM is not installed" if found is None else "vLLM version not supported"
+        return host
+    try:
+        from vllm_ascend.core.platform import ReferencePlatform
+
+        module = selected_kernel_library(ReferencePlatform.import_kernels)
+    except Exception as exc:
+        host["kernel_problem"] = f"{type(exc).__name__}: {exc}"
+        return host
+    loaded = loaded_kernel_libraries()
+    if module is None and loaded:  # loaded already: Python answered the import from sys.modules
+        module = "vllm." + Path(loaded[0]).name.split(".", 1)[0]
+    host["kernel_library"] = module
+    host["kernel_file"] = kernel_library_file(module) if module else None
+    host["kernel_problem"] = "" if host["kernel_file"] else "vLLM's CPU kernel library was not found"
+    return host
 
 
 def _device_details(mode: DeviceMode) -> tuple[dict[str, Any], str]:
@@ -65,6 +103,7 @@ def collect() -> dict[str, Any]:
         torch_version: str | None = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch_version = None
+    host = _host() if torch_version else None  # before the plugins load (and may load the library)
     device: dict[str, Any]
     detection: Detection | None
     try:
@@ -112,6 +151,7 @@ def collect() -> dict[str, Any]:
             "supported": bool(found and found.supported),
         },
         "torch": torch_version,
+        "host": host,
         "device": device,
         "extensions": [
             _with_reachability(_import_deferred(rec.as_dict()), active) for rec in all_extension_records()
@@ -179,6 +219,7 @@ def render(report: dict[str, Any]) -> str:
             else f"not installed (need {vllm['supported_range']})"
         ),
         f"torch             {report['torch'] or 'not installed'}",
+        *_host_lines(report.get("host")),
         f"device            {device['mode']} (VLLM_ASCEND_DEVICE={device['requested']}): {device['reason']}",
         f"platform          {device['platform'] or 'inactive'}"
         + (f" -- {device['problem']}" if device["problem"] else ""),
@@ -196,6 +237,17 @@ def render(report: dict[str, Any]) -> str:
         if i == 0:
             lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 6)
     return "\n".join(lines)
+
+
+def _host_lines(host: dict[str, Any] | None) -> list[str]:
+    if host is None:
+        return []
+    if host["kernel_file"]:
+        name = host["kernel_library"] or "loaded"
+        kernels = f"{name} ({host['kernel_file']}): the reference device's, chosen by vLLM's CPU platform"
+    else:
+        kernels = f"none ({host['kernel_problem']})"
+    return [f"host ISA          {host['isa']}", f"vLLM kernels      {kernels}"]
 
 
 def _detail(ext: dict[str, Any]) -> str:

