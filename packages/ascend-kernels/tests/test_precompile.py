@@ -77,3 +77,23 @@ def test_stats_report_the_launch_phase():
         "penalties": True
     }
     assert stats["workers"] == 1 and stats["launch_s"] >= 0 and "variants" not in stats
+
+
+def test_a_compile_process_killed_by_a_signal_is_reported_by_name(caplog):
+    """A dead compile process breaks the pool; the warning names the signal, once, and the kernels left over."""
+    import multiprocessing
+    import signal
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with pytest.raises(BrokenProcessPool):
+            pool.submit(os.abort).result(timeout=120)
+        with caplog.at_level("WARNING"):
+            _precompile._report_dead_workers(pool, ["k2", "k1", "k2"])
+    (message,) = [r.getMessage() for r in caplog.records if "ahead-of-time compile process" in r.getMessage()]
+    assert f"was killed by SIGABRT ({signal.strsignal(signal.SIGABRT)})" in message
+    assert "hint: a crash in native code" in message
+    assert message.endswith(
+        "3 specializations (k1, k2) were not compiled ahead of time: the warm-up compiles them"
+    )

@@ -69,20 +69,22 @@ def run_module(
         return 128 - status
 
 
-def death_report(command: str, module: str, signum: int, records: Path | None = None) -> str:
-    """What to tell the user about a child (``python -m module``) killed by ``signum``."""
+def signal_death(subject: str, signum: int, loading: str | None = None) -> str:
+    """``<subject> was killed by SIGNAME (description)[ while loading <library>]`` and a hint line."""
     try:
         name = signal.Signals(signum).name
         what = signal.strsignal(signum) or name
     except ValueError:
         name, what = f"signal {signum}", "unknown signal"
-    lines = [
-        f"vllm-ascend {command}: its child interpreter (python -m {module}) was killed by {name} ({what})"
-    ]
+    where = f" while loading {loading}" if loading is not None else ""
+    return f"{subject} was killed by {name} ({what}){where}\n  hint: {_hint(signum, loading)}"
+
+
+def death_report(command: str, module: str, signum: int, records: Path | None = None) -> str:
+    """What to tell the user about a child (``python -m module``) killed by ``signum``."""
     loading = _library_in_flight(records) if records is not None else None
-    if loading is not None:
-        lines[0] += f" while loading {loading}"
-    lines.append("  hint: " + _hint(signum, loading))
+    subject = f"vllm-ascend {command}: its child interpreter (python -m {module})"
+    lines = [signal_death(subject, signum, loading)]
     fault = _fault_stack(records) if records is not None else []
     if fault:
         lines.append("  Python stack at the crash (innermost last):")

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from vllm_ascend.core.doctor import DOCTOR
 from vllm_ascend.core.extensions import load_extensions
 from vllm_ascend.core.logger import init_logger
-from vllm_ascend.core.registry import CLI_COMMANDS, CliCommand
+from vllm_ascend.core.registry import CLI_COMMANDS, CliCommand, CliError
 
-__all__ = ["CliCommand", "build_parser", "main"]
+__all__ = ["CliCommand", "CliError", "build_parser", "main"]
 
 logger = init_logger(__name__)
 
@@ -40,8 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a subcommand. A user's mistake (:class:`CliError`) or a file/port the system refuses
+    (``OSError``) is one line on stderr naming the command, with status 2; Ctrl-C is status 130."""
     args = build_parser().parse_args(argv)
-    return int(args._run(args))
+    try:
+        return int(args._run(args))
+    except (CliError, OSError) as exc:
+        print(f"vllm-ascend {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"vllm-ascend {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -211,9 +211,15 @@ class Registry(Generic[T]):
         return f"Registry({self.kind!r}, {self.names()})"
 
 
+class CliError(Exception):
+    """A mistake on a ``vllm-ascend`` command line (an option's value, a file): the CLI prints
+    ``vllm-ascend <command>: <message>`` as one line and exits with status 2, without a traceback."""
+
+
 @dataclass(frozen=True)
 class CliCommand:
-    """A ``vllm-ascend`` subcommand: ``configure`` adds its arguments, ``run`` returns the exit status."""
+    """A ``vllm-ascend`` subcommand: ``configure`` adds its arguments, ``run`` returns the exit status
+    (and raises :class:`CliError` for a user's mistake)."""
 
     name: str
     help: str

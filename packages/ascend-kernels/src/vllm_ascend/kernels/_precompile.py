@@ -19,6 +19,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,9 +153,13 @@ def compile_specs(specs: Sequence[str], workers: int) -> dict[str, int]:
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(workers, len(specs)), mp_context=context) as pool:
         futures = [pool.submit(compile_spec, spec) for spec in specs]
+        lost: list[str] = []
         for spec, future in zip(specs, futures, strict=True):
             try:
                 name = future.result()
+            except BrokenProcessPool:
+                lost.append(json.loads(spec)["name"])
+                continue
             except Exception:
                 name = json.loads(spec)["name"]
                 logger.warning(
@@ -162,7 +167,27 @@ def compile_specs(specs: Sequence[str], workers: int) -> dict[str, int]:
                 )
                 continue
             counts[name] = counts.get(name, 0) + 1
+        if lost:
+            _report_dead_workers(pool, lost)
     return counts
+
+
+def _report_dead_workers(pool: ProcessPoolExecutor, lost: list[str]) -> None:
+    """One warning for a pool broken by a dead compile process, naming the signal that killed it."""
+    from vllm_ascend.core.child import signal_death
+
+    processes = getattr(pool, "_processes", None) or {}  # the executor keeps its processes' exit codes
+    deaths = [
+        signal_death(f"ahead-of-time compile process {pid}", -process.exitcode)
+        for pid, process in processes.items()
+        if process.exitcode is not None and process.exitcode < 0
+    ]
+    logger.warning(
+        "%s; %d specializations (%s) were not compiled ahead of time: the warm-up compiles them",
+        "\n".join(deaths) or "a compile process exited abruptly",
+        len(lost),
+        ", ".join(sorted(set(lost))),
+    )
 
 
 @dataclass

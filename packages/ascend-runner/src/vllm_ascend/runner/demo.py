@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 from vllm_ascend.core.child import run_module
-from vllm_ascend.core.registry import CliCommand
+from vllm_ascend.core.registry import CliCommand, CliError
 
 PROMPTS = (
     "the quick ascend kernel",
@@ -49,7 +49,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
 
 def _run(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
-        raise SystemExit(f"--max-tokens={args.max_tokens} is invalid; allowed: a positive integer")
+        raise CliError(f"--max-tokens={args.max_tokens} is invalid; allowed: a positive integer")
     return run_module("demo", "vllm_ascend.runner.demo", _argv(args), env={**os.environ, **DEMO_ENV})
 
 
