@@ -82,9 +82,12 @@ def run_demo(model_kind: str, max_tokens: int, cache_dir: Path | None) -> int:
     from vllm.platforms import current_platform
 
     from vllm_ascend.core.device.config import get_device_adaptor
+    from vllm_ascend.core.device.host import host_isa, loaded_kernel_libraries
 
     worker = llm.collective_rpc(lambda wrapper: wrapper.worker)[0]
     print(f"platform  {type(current_platform).__qualname__} ({current_platform.get_device_name()})")
+    kernels = ", ".join(Path(path).name for path in loaded_kernel_libraries()) or "none mapped"
+    print(f"host      {host_isa().describe()}; vLLM kernels {kernels}")
     print(f"worker    {type(worker).__qualname__} / runner {type(worker.model_runner).__qualname__}")
     counts = get_device_adaptor().call_counts
     print("adaptor   " + ", ".join(f"{op}={n}" for op, n in sorted(counts.items())))
