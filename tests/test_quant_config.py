@@ -25,11 +25,16 @@ def _description(**tensors: str) -> dict:
     return {"model_quant_type": "W8A8_DYNAMIC", "version": "1.0.0", **tensors}
 
 
-def test_vllm_reads_the_modelslim_description_file():
-    assert AscendQuantConfig.get_config_filenames() == ["quant_model_description.json"]
-    config = AscendQuantConfig.from_config(
-        _description(**{"model.layers.0.mlp.down_proj.weight": "W8A8_DYNAMIC"})
-    )
+def test_vllm_lists_no_config_file_and_the_config_reads_the_description(tmp_path):
+    """vLLM's get_quant_config would ``json.load`` a listed file unbounded: none is listed, vLLM builds the
+    config bare and maybe_update_config reads the model's description through the bounded reader."""
+    import json
+
+    assert AscendQuantConfig.get_config_filenames() == []
+    config = AscendQuantConfig()
+    assert repr(config) == "AscendQuantConfig(None)"
+    with pytest.raises(QuantLoadError, match=r"AscendQuantConfig has no quant description: build it with"):
+        config.description  # noqa: B018
     assert config.get_name() == "ascend"
     assert config.get_min_capability() == 0
     assert {str(d) for d in config.get_supported_act_dtypes()} == {
@@ -37,16 +42,63 @@ def test_vllm_reads_the_modelslim_description_file():
         "torch.float16",
         "torch.float32",
     }
+    (tmp_path / "quant_model_description.json").write_text(
+        json.dumps(_description(**{"model.layers.0.mlp.down_proj.weight": "W8A8_DYNAMIC"}))
+    )
+    config.maybe_update_config(str(tmp_path))
+    assert config.description.source == str(tmp_path / "quant_model_description.json")
+    assert config.description.tensor_type("model.layers.0.mlp.down_proj.weight") == "W8A8_DYNAMIC"
+    with pytest.raises(
+        FileNotFoundError, match=r"quant description not found: .*empty/quant_model_description"
+    ):
+        (tmp_path / "empty").mkdir()
+        AscendQuantConfig().maybe_update_config(str(tmp_path / "empty"))
+
+
+def test_a_hub_model_reads_the_description_vllm_cached(tmp_path, monkeypatch):
+    """A model named by Hub id: the description vLLM's get_quant_config fetched into the HF cache."""
+    import json
+
+    import huggingface_hub
+
+    snapshot = tmp_path / "models--org--tiny" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (tmp_path / "models--org--tiny" / "refs").mkdir()
+    (tmp_path / "models--org--tiny" / "refs" / "main").write_text("a" * 40)
+    (snapshot / "quant_model_description.json").write_text("[]")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(QuantDescriptionError) as info:
+        AscendQuantConfig().maybe_update_config("org/tiny")
+    assert info.value.source == str(snapshot / "quant_model_description.json")
+    assert info.value.problems == ["top level must be a JSON object, got an array"]
+    (snapshot / "quant_model_description.json").write_text(json.dumps(_description()))
+    config = AscendQuantConfig()
+    config.maybe_update_config("org/tiny")
+    assert config.description.model_quant_type == "W8A8_DYNAMIC"
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"'org/other' is not a local directory and the Hugging Face cache has no quant_model_description\.json",
+    ):
+        AscendQuantConfig().maybe_update_config("org/other")
+
+
+@pytest.mark.parametrize(
+    ("config", "problem"),
+    [("/models/other/quant_model_description.json", "a string"), ([], "an array"), (None, "null")],
+)
+def test_from_config_refuses_anything_but_an_object(config, problem):
+    """A parsed description that is a string is never followed as a path."""
+    with pytest.raises(QuantDescriptionError) as info:
+        AscendQuantConfig.from_config(config)
+    assert info.value.problems == [f"top level must be a JSON object, got {problem}"]
+    assert str(info.value).startswith("invalid quant description <quantization config>: 1 problem(s)")
 
 
 def test_hf_names_are_mapped_to_vllm_names_but_fused_shards_keep_theirs():
     config = AscendQuantConfig.from_config(
         _description(
-            **{
-                "model.layers.0.self_attn.q_proj.weight": "W8A8_DYNAMIC",
-                "model.layers.0.mlp.down_proj.weight": "FLOAT",
-                "model.visual.proj.weight": "FLOAT",
-            }
+            **{f"model.layers.0.self_attn.{p}_proj.weight": "W8A8_DYNAMIC" for p in "qkv"},
+            **{"model.layers.0.mlp.down_proj.weight": "FLOAT", "model.visual.proj.weight": "FLOAT"},
         )
     )
     mapper = WeightsMapper(
@@ -55,7 +107,7 @@ def test_hf_names_are_mapped_to_vllm_names_but_fused_shards_keep_theirs():
     )
     config.apply_vllm_mapper(mapper)
     assert config.description.tensors == {
-        "language_model.model.layers.0.self_attn.q_proj.weight": "W8A8_DYNAMIC",
+        **{f"language_model.model.layers.0.self_attn.{p}_proj.weight": "W8A8_DYNAMIC" for p in "qkv"},
         "language_model.model.layers.0.mlp.down_proj.weight": "FLOAT",
     }
     assert config._layer_type("language_model.model.layers.0.self_attn.qkv_proj", "linear") == "W8A8_DYNAMIC"
@@ -67,7 +119,9 @@ def test_a_layer_missing_from_the_description_is_named():
         _description(**{"model.layers.0.mlp.down_proj.weight": "W8A8_DYNAMIC"})
     )
     with pytest.raises(
-        QuantLoadError, match=r"layer 'model\.layers\.0\.mlp\.up_proj' \(linear\) has no entry"
+        QuantLoadError,
+        match=r"layer 'model\.layers\.0\.mlp\.up_proj' \(linear\) is not fully described: tensor "
+        r"'model\.layers\.0\.mlp\.up_proj\.weight' is not in the quant description <dict>; ModelSlim lists",
     ):
         config._layer_type("model.layers.0.mlp.up_proj", "linear")
 
@@ -136,3 +190,94 @@ def test_a_quantized_lm_head_is_refused():
     with pytest.raises(QuantLoadError, match=r"lm_head\.weight is W8A8_DYNAMIC .*not supported yet"):
         config.get_quant_method(head, "lm_head")
     assert config.get_quant_method(head, "model.embed_tokens") is None  # absent = FLOAT
+
+
+LINEAR_SUPPORTED = "W4A16, W4A8_DYNAMIC, W8A16, W8A8, W8A8_DYNAMIC"
+EXPERTS = ("gate_proj", "up_proj", "down_proj")
+
+
+def _experts(quant_type: str, layer: int = 1) -> dict[str, str]:
+    return {f"model.layers.{layer}.mlp.experts.{e}.{p}.weight": quant_type for e in range(2) for p in EXPERTS}
+
+
+@pytest.mark.parametrize(
+    ("tensors", "problem"),
+    [
+        (
+            {
+                "model.layers.0.self_attn.o_proj.weight": "W4A4_DYNAMIC",
+                "model.layers.0.self_attn.o_proj.weight_scale": "W4A4_DYNAMIC",
+                "model.layers.1.self_attn.o_proj.weight": "W4A4_DYNAMIC",
+            },
+            "W4A4_DYNAMIC linear layers (2: model.layers.0.self_attn.o_proj, model.layers.1.self_attn.o_proj) are "
+            f"not supported by vllm-ascend-quant; supported for linear layers: {LINEAR_SUPPORTED}",
+        ),
+        (
+            {f"model.layers.{i}.mlp.down_proj.weight": "W8A8_MIX" for i in range(5)},
+            "W8A8_MIX linear layers (5: model.layers.0.mlp.down_proj, model.layers.1.mlp.down_proj, "
+            "model.layers.2.mlp.down_proj, ... (5 in all)) are not supported by vllm-ascend-quant; supported for "
+            f"linear layers: {LINEAR_SUPPORTED}",
+        ),
+        (
+            {"model.layers.0.mlp.down_proj.weight": "W8A8_MXFP8"},
+            "W8A8_MXFP8 linear layers (1: model.layers.0.mlp.down_proj) are not supported",
+        ),
+        (
+            {"model.layers.0.mlp.down_proj.weight": "W8A8FP8_DYNAMIC"},
+            "W8A8FP8_DYNAMIC linear layers (1: model.layers.0.mlp.down_proj) are not supported",
+        ),
+        (
+            _experts("W4A16"),
+            "W4A16 MoE experts (1: model.layers.1.mlp.experts) are not supported by vllm-ascend-quant; supported "
+            "for MoE experts: W4A8_DYNAMIC, W8A8_DYNAMIC",
+        ),
+        (
+            {**_experts("W4A4_MXFP4"), **_experts("W4A4_MXFP4", layer=2)},
+            "W4A4_MXFP4 MoE experts (2: model.layers.1.mlp.experts, model.layers.2.mlp.experts) are not supported",
+        ),
+        (
+            {"model.layers.0.self_attn.fa_k.scale": "FAKQuant"},
+            "FAKQuant tensors (1: model.layers.0.self_attn.fa_k.scale): quantized attention / KV cache is not "
+            "supported yet by vllm-ascend-quant",
+        ),
+    ],
+    ids=["w4a4-linear", "w8a8-mix-many", "mxfp8", "fp8", "w4a16-experts", "mxfp4-experts", "fa-tensor"],
+)
+def test_types_without_a_scheme_are_refused_when_the_config_is_built(tensors, problem):
+    """Refused while vLLM builds its config (from_config / maybe_update_config), before any worker or layer."""
+    with pytest.raises(QuantDescriptionError) as info:
+        AscendQuantConfig.from_config(_description(**tensors))
+    assert len(info.value.problems) == 1 and info.value.problems[0].startswith(problem), info.value.problems
+
+
+def test_w4a8_dynamic_per_group_is_refused_when_the_config_is_built(tmp_path):
+    import json
+
+    raw = {**_description(**_experts("W4A8_DYNAMIC")), "group_size": 256}
+    (tmp_path / "quant_model_description.json").write_text(json.dumps(raw))
+    with pytest.raises(QuantDescriptionError) as info:
+        AscendQuantConfig().maybe_update_config(str(tmp_path))
+    assert info.value.source == str(tmp_path / "quant_model_description.json")
+    assert info.value.problems == [
+        "W4A8_DYNAMIC MoE experts (1: model.layers.1.mlp.experts) with group_size=256 (per-group int4 weights) "
+        "are not supported; supported: per-channel W4A8_DYNAMIC (group_size 0 or absent)"
+    ]
+    raw["group_size"] = 0
+    (tmp_path / "quant_model_description.json").write_text(json.dumps(raw))
+    AscendQuantConfig().maybe_update_config(str(tmp_path))
+
+
+def test_310p_types_are_supported_only_on_310p(monkeypatch):
+    from vllm_ascend.core.device.config import clear_device_caches
+
+    tensors = {"model.layers.0.mlp.down_proj.weight": "W8A8SC"}
+    with pytest.raises(QuantDescriptionError, match=r"W8A8SC is only supported on the 310P family"):
+        AscendQuantConfig.from_config(_description(**tensors))
+    monkeypatch.setenv("VLLM_ASCEND_REFERENCE_FAMILY", "310p")
+    clear_device_caches()
+    assert AscendQuantConfig.from_config(_description(**tensors)).description.family == "310P"
+    with pytest.raises(QuantDescriptionError) as info:
+        AscendQuantConfig.from_config(_description(**{"model.layers.0.mlp.down_proj.weight": "W4A4_DYNAMIC"}))
+    assert info.value.problems[0].endswith(
+        "supported for linear layers: W4A16, W4A8_DYNAMIC, W8A16, W8A8, W8A8S, W8A8SC, W8A8_DYNAMIC"
+    )

@@ -69,8 +69,125 @@ def test_cuda_methods_are_refused_by_name(tiny_qwen3):
 
 
 def test_ascend_on_a_float_checkpoint_is_refused(tiny_qwen3):
-    with pytest.raises(Exception, match=r"quant_model_description\.json|ascend"):
+    with pytest.raises(FileNotFoundError, match=f"quant description not found: {tiny_qwen3}/{DESCRIPTION}"):
         _config(tiny_qwen3, quantization="ascend")
+
+
+def _json(edit: Callable[[dict], None]) -> Callable[[dict], bytes]:
+    def write(good: dict) -> bytes:
+        data = dict(good)
+        edit(data)
+        return json.dumps(data).encode()
+
+    return write
+
+
+def _expert_shards(data: dict) -> None:
+    data.update(
+        {
+            f"model.layers.0.mlp.experts.{e}.{p}.weight": "W8A8_DYNAMIC"
+            for e in (0, 1)
+            for p in ("gate_proj", "down_proj")
+        }
+    )
+    data["model.layers.0.mlp.experts.0.up_proj.weight"] = "W8A8_DYNAMIC"
+
+
+#: (description bytes from the good description, problem); each refused with the file's name at config time.
+MALFORMED: dict[str, tuple[Callable[[dict], bytes], str]] = {
+    "string-naming-a-good-description": (
+        lambda good: json.dumps(DESCRIPTION).encode(),
+        "top level must be a JSON object, got a string",
+    ),
+    "deep-nesting": (lambda good: b"[" * 100_000 + b"]" * 100_000, "nested 100000 levels deep; at most 64"),
+    "empty": (lambda good: b"", "empty: expected a JSON document"),
+    "bom": (
+        lambda good: b"\xef\xbb\xbf" + json.dumps(good).encode(),
+        "not valid JSON: it starts with a UTF-8 byte order mark",
+    ),
+    "latin-1": (
+        lambda good: json.dumps(good).encode()[:-1] + b', "note.weight": "caf\xe9"}',
+        "not UTF-8: byte 0xe9 at offset",
+    ),
+    "top-level-array": (
+        lambda good: json.dumps([good]).encode(),
+        "top level must be a JSON object, got an array",
+    ),
+    "nan": (
+        lambda good: json.dumps(good).encode()[:-1] + b', "group_size": NaN}',
+        "not valid JSON: NaN is not a JSON number",
+    ),
+    "missing-v-shard": (
+        _json(lambda d: [d.pop(k) for k in list(d) if k.startswith("model.layers.1.self_attn.v_proj.")]),
+        "fused layer 'model.layers.1.self_attn.qkv_proj' is missing shard(s) v_proj: "
+        "model.layers.1.self_attn.v_proj.weight not described (described: q_proj, k_proj)",
+    ),
+    "missing-expert-shard": (
+        _json(_expert_shards),
+        "MoE layer 'model.layers.0.mlp.experts' is missing expert shard(s) 1.up_proj",
+    ),
+    "unknown-type": (
+        _json(lambda d: d.update({"model.layers.0.self_attn.o_proj.weight": "W9A9"})),
+        "model.layers.0.self_attn.o_proj.weight = 'W9A9': expected one of FLOAT, W8A8,",
+    ),
+    "unsupported-linear-type": (
+        _json(lambda d: d.update({k: "W4A4_DYNAMIC" for k in d if ".o_proj." in k})),
+        "W4A4_DYNAMIC linear layers (2: model.layers.0.self_attn.o_proj, model.layers.1.self_attn.o_proj) are not "
+        "supported by vllm-ascend-quant; supported for linear layers: W4A16, W4A8_DYNAMIC, W8A16, W8A8, "
+        "W8A8_DYNAMIC",
+    ),
+    "unsupported-expert-type": (
+        _json(
+            lambda d: d.update(
+                {
+                    f"model.layers.1.mlp.experts.0.{p}.weight": "W4A16"
+                    for p in ("gate_proj", "up_proj", "down_proj")
+                }
+            )
+        ),
+        "W4A16 MoE experts (1: model.layers.1.mlp.experts) are not supported by vllm-ascend-quant; supported for "
+        "MoE experts: W4A8_DYNAMIC, W8A8_DYNAMIC",
+    ),
+}
+
+
+@pytest.mark.parametrize("quantization", ["ascend", None], ids=["quantization-ascend", "detected"])
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_descriptions_are_refused_naming_the_file(
+    tmp_path, monkeypatch, w8a8_dynamic, case, quantization
+):
+    """Through vLLM's config (``--quantization ascend``, and core's detection of the file): the bounded reader
+    and the description checks refuse each, naming the file, before any worker starts. The working directory
+    holds a good description, which a string description must not be followed to."""
+    model = tmp_path / "model"
+    shutil.copytree(w8a8_dynamic, model)
+    good = json.loads((w8a8_dynamic / DESCRIPTION).read_text())
+    content, problem = MALFORMED[case]
+    (model / DESCRIPTION).write_bytes(content(good))
+    monkeypatch.chdir(w8a8_dynamic)
+    with pytest.raises(Exception) as info:
+        _config(model, quantization=quantization)
+    message = str(info.value)
+    assert f"invalid quant description {model / DESCRIPTION}: 1 problem(s)" in message, message
+    assert problem in message, message
+
+
+@pytest.mark.parametrize("quantization", ["ascend", None], ids=["quantization-ascend", "detected"])
+def test_oversize_and_unreadable_descriptions_are_refused_naming_the_file(
+    tmp_path, w8a8_dynamic, quantization
+):
+    model = tmp_path / "model"
+    shutil.copytree(w8a8_dynamic, model)
+    with open(model / DESCRIPTION, "wb") as f:
+        f.truncate(64 * 1024 * 1024 + 1)  # sparse: refused from its size, never read
+    with pytest.raises(Exception, match=r"too large: 67108865 bytes; at most 67108864 are allowed") as info:
+        _config(model, quantization=quantization)
+    assert f"invalid quant description {model / DESCRIPTION}" in str(info.value)
+    (model / DESCRIPTION).unlink()
+    (model / DESCRIPTION).mkdir()  # detected all the same: never served as a float model
+    with pytest.raises(Exception, match=r"unreadable: Is a directory") as info:
+        _config(model, quantization=quantization)
+    assert f"invalid quant description {model / DESCRIPTION}" in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -123,10 +240,19 @@ def _set(name: str, value: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[
         (
             None,
             lambda d: [d.pop(k) for k in list(d) if k.startswith("model.layers.1.mlp.down_proj.")],
-            r"layer 'model\.layers\.1\.mlp\.down_proj' \(linear\) has no entry in",
+            r"layer 'model\.layers\.1\.mlp\.down_proj' \(linear\) is not fully described: tensor "
+            r"'model\.layers\.1\.mlp\.down_proj\.weight' is not in the quant description .*damaged/"
+            r"quant_model_description\.json",
+        ),
+        (
+            None,
+            lambda d: [d.pop(k) for k in list(d) if k.startswith("model.layers.0.mlp.up_proj.")],
+            r"layer 'model\.layers\.0\.mlp\.gate_up_proj' \(linear\) is not fully described: fused layer "
+            r"'model\.layers\.0\.mlp\.gate_up_proj' is missing shard\(s\) up_proj: "
+            r"model\.layers\.0\.mlp\.up_proj\.weight not in the quant description .*damaged/",
         ),
     ],
-    ids=["float-weight", "scale-shape", "missing-scale", "layer-not-described"],
+    ids=["float-weight", "scale-shape", "missing-scale", "layer-not-described", "gate-without-up"],
 )
 def test_bad_tensors_are_refused_at_load_time(make_llm, damaged, tensors, description, match):
     with pytest.raises(Exception, match=match):

@@ -200,3 +200,22 @@ def test_read_json_file_errors_name_the_path(tmp_path):
     assert read_json_file(path, max_bytes=9) == [1, 2, 3]
     with pytest.raises(JsonInputError, match=r"is unreadable: No such file or directory"):
         read_json_file(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "empty: expected a JSON document"),
+        (b" \r\n\t ", "empty: expected a JSON document"),
+        (b"\xef\xbb\xbf{}", "not valid JSON: it starts with a UTF-8 byte order mark (save it without a BOM)"),
+        (b'{"a": "caf\xe9"}', "not UTF-8: byte 0xe9 at offset 10 (invalid continuation byte)"),
+    ],
+    ids=["empty", "blank", "bom", "latin-1"],
+)
+def test_read_json_file_names_empty_bom_and_latin1_files(tmp_path, content, problem):
+    path = tmp_path / "doc.json"
+    path.write_bytes(content)
+    with pytest.raises(JsonInputError) as info:
+        read_json_file(path)
+    assert (info.value.source, info.value.problem) == (repr(str(path)), problem)
+    assert str(info.value) == f"{str(path)!r} is {problem}"

@@ -8,6 +8,8 @@ import pytest
 
 from vllm_ascend.quant.description import UNQUANTIZED, QuantDescription, QuantDescriptionError
 
+EXPERT_PROJ = ("gate_proj", "up_proj", "down_proj")
+
 
 def _description(**overrides):
     base = {
@@ -24,9 +26,7 @@ def _description(**overrides):
         "model.layers.0.mlp.gate_proj.weight": "W8A8_DYNAMIC",
         "model.layers.0.mlp.up_proj.weight": "W8A8_DYNAMIC",
         "model.layers.0.mlp.down_proj.weight": "FLOAT",
-        "model.layers.1.mlp.experts.0.gate_proj.weight": "W4A8_DYNAMIC",
-        "model.layers.1.mlp.experts.0.down_proj.weight": "W4A8_DYNAMIC",
-        "model.layers.1.mlp.experts.1.gate_proj.weight": "W4A8_DYNAMIC",
+        **{f"model.layers.1.mlp.experts.{e}.{p}.weight": "W4A8_DYNAMIC" for e in (0, 1) for p in EXPERT_PROJ},
         "model.layers.1.mlp.experts.1.down_proj.weight_scale": "W4A8_DYNAMIC",
         "lm_head.weight": "FLOAT",
     }
@@ -50,7 +50,7 @@ def test_parses_globals_and_tensors():
     assert (d.version, d.group_size, d.max_supported_tp, d.is_rot_used) == ("1.0.0", 0, 8, True)
     assert (d.kv_cache_type, d.fa_quant_type, d.indexer_quant_type) == ("C8", "FAKQuant", None)
     assert d.tensor_type("model.embed_tokens.weight") == "FLOAT"
-    assert len(d.tensors) == 15
+    assert len(d.tensors) == 18
 
 
 def test_scheme_for_linear_fused_moe_and_float():
@@ -84,7 +84,9 @@ def test_unknown_type_for_layer_kind_is_a_clear_error():
         "for linear: W8A8, W8A8_DYNAMIC, W8A16, W4A16, W4A8_DYNAMIC, W4A4_DYNAMIC, W4A4_FLATQUANT_DYNAMIC, W4A4_MXFP4, "
         "W4A4_MXFP4_FLATQUANT, W4A8_MXFP, W8A8_MXFP8, W8A8_MIX, W8A8FP8_DYNAMIC"
     ]
-    experts_w8a8 = QuantDescription(_description(**{f"m.experts.0.{p}.weight": "W8A8" for p in ("w1", "w2")}))
+    experts_w8a8 = QuantDescription(
+        _description(**{f"m.experts.0.{p}.weight": "W8A8" for p in ("w1", "w2", "w3")})
+    )
     with pytest.raises(
         QuantDescriptionError, match=r"layer 'm\.experts' has quant type 'W8A8', which has no moe scheme"
     ):
@@ -120,7 +122,8 @@ def test_fused_shards_must_share_one_type():
         "fused layer 'model.layers.0.self_attn.qkv_proj' mixes quant types across its shards "
         "(q_proj=W8A8, k_proj=W8A8_DYNAMIC, v_proj=W8A8); all shards must share one type",
         "fused layer 'model.layers.1.mlp.experts' mixes quant types across its shards (0.gate_proj=W4A8_DYNAMIC, "
-        "0.down_proj=W4A8_DYNAMIC, 1.gate_proj=W8A8_DYNAMIC); all shards must share one type",
+        "0.up_proj=W4A8_DYNAMIC, 0.down_proj=W4A8_DYNAMIC, 1.gate_proj=W8A8_DYNAMIC, 1.up_proj=W4A8_DYNAMIC, "
+        "1.down_proj=W4A8_DYNAMIC); all shards must share one type",
     ]
 
 
@@ -163,7 +166,7 @@ def test_310p_types_only_for_310p_family():
     assert d.scheme_for("model.layers.0.mlp.down_proj", "linear") == "linear:W8A8S"
     with pytest.raises(QuantDescriptionError, match="has quant type 'W8A8S', which has no moe scheme"):
         QuantDescription(
-            _description(**{f"m.experts.0.{p}.weight": "W8A8S" for p in ("w1", "w2")}), family="310P"
+            _description(**{f"m.experts.0.{p}.weight": "W8A8S" for p in ("w1", "w2", "w3")}), family="310P"
         ).scheme_for("m.experts", "moe")
 
 
@@ -221,7 +224,7 @@ def test_load_from_file_and_model_dir(tmp_path):
     by_file = QuantDescription(str(tmp_path / "quant_model_description.json"))
     assert by_dir.tensors == by_file.tensors
     assert by_dir.source == str(tmp_path / "quant_model_description.json")
-    assert repr(by_dir) == f"QuantDescription(W8A8_DYNAMIC, 15 tensors, family=None, source={by_dir.source})"
+    assert repr(by_dir) == f"QuantDescription(W8A8_DYNAMIC, 18 tensors, family=None, source={by_dir.source})"
 
 
 def test_file_errors_name_the_file(tmp_path):
@@ -236,7 +239,7 @@ def test_file_errors_name_the_file(tmp_path):
     assert info.value.problems == ["not valid JSON: Expecting value at line 2 column 14"]
     assert info.value.source == str(bad)
     bad.write_text("[1, 2]")
-    with pytest.raises(QuantDescriptionError, match="top level must be a JSON object, got list"):
+    with pytest.raises(QuantDescriptionError, match="top level must be a JSON object, got an array"):
         QuantDescription(bad)
     with pytest.raises(TypeError, match="quant description must be a mapping or a path, got int"):
         QuantDescription(3)
@@ -324,9 +327,14 @@ def test_unknown_family_and_tp_limit():
         ({"lm_head": "FLOAT"}, "unknown key 'lm_head': expected a tensor name ('<prefix>.weight', ...)"),
         ({"": "FLOAT"}, "unknown key '': expected a tensor name ('<prefix>.weight', ...)"),
         (
-            {"m.experts.0.gate_proj.weight": "FLOAT", "m.experts.1.gate_proj.weight": "W8A8_DYNAMIC"},
-            "fused layer 'm.experts' mixes quant types across its shards (0.gate_proj=FLOAT, "
-            "1.gate_proj=W8A8_DYNAMIC); all shards must share one type",
+            {
+                "m.experts.0.gate_proj.weight": "FLOAT",
+                "m.experts.0.up_proj.weight": "FLOAT",
+                "m.experts.1.gate_proj.weight": "W8A8_DYNAMIC",
+                "m.experts.1.up_proj.weight": "W8A8_DYNAMIC",
+            },
+            "fused layer 'm.experts' mixes quant types across its shards (0.gate_proj=FLOAT, 0.up_proj=FLOAT, "
+            "1.gate_proj=W8A8_DYNAMIC, 1.up_proj=W8A8_DYNAMIC); all shards must share one type",
         ),
     ],
     ids=[
@@ -368,7 +376,7 @@ def test_mixed_attention_and_unsupported_moe_types_fail_at_selection():
         QuantDescriptionError, match=r"attention layer 'a\.attn' mixes attention quant types C8, FAKQuant"
     ):
         d.scheme_for("a.attn", "attention")
-    d = QuantDescription(_description(**{"m.experts.0.w1.weight": "W8A8_MIX"}))
+    d = QuantDescription(_description(**{f"m.experts.0.{p}.weight": "W8A8_MIX" for p in ("w1", "w2", "w3")}))
     with pytest.raises(
         QuantDescriptionError, match=r"layer 'm\.experts' has quant type 'W8A8_MIX', which has no moe"
     ):
@@ -378,12 +386,120 @@ def test_mixed_attention_and_unsupported_moe_types_fail_at_selection():
 @pytest.mark.parametrize(
     ("content", "problem"),
     [
-        (b"", "not valid JSON: Expecting value at line 1 column 1"),
-        (b'"W8A8_DYNAMIC"', "top level must be a JSON object, got str"),
-        (b"null", "top level must be a JSON object, got NoneType"),
+        (b"", "empty: expected a JSON document"),
+        (b" \n\t", "empty: expected a JSON document"),
+        (b'"W8A8_DYNAMIC"', "top level must be a JSON object, got a string"),
+        (b"null", "top level must be a JSON object, got null"),
+        (b"[]", "top level must be a JSON object, got an array"),
+        (b"8", "top level must be a JSON object, got a number"),
+        (b"true", "top level must be a JSON object, got true/false"),
+        (
+            b'\xef\xbb\xbf{"model_quant_type": "W8A8"}',
+            "not valid JSON: it starts with a UTF-8 byte order mark",
+        ),
+        (
+            b'{"model_quant_type": "W8A8", "x.weight": "FLOAT\xe9"}',
+            "not UTF-8: byte 0xe9 at offset 47 (invalid continuation byte)",
+        ),
     ],
-    ids=["empty-file", "top-level-string", "top-level-null"],
+    ids=[
+        "empty-file",
+        "blank-file",
+        "top-level-string",
+        "top-level-null",
+        "top-level-array",
+        "top-level-number",
+        "top-level-bool",
+        "bom",
+        "latin-1",
+    ],
 )
 def test_malformed_description_files(tmp_path, content, problem):
     (tmp_path / "quant_model_description.json").write_bytes(content)
-    assert _problems(tmp_path) == [problem]
+    problems = _problems(tmp_path)
+    assert len(problems) == 1 and problems[0].startswith(problem), problems
+
+
+def test_a_fused_layer_with_some_shards_described_must_have_all():
+    raw = _description()
+    del raw["model.layers.0.self_attn.v_proj.weight"]
+    assert _problems(raw) == [
+        "fused layer 'model.layers.0.self_attn.qkv_proj' is missing shard(s) v_proj: "
+        "model.layers.0.self_attn.v_proj.weight not described (described: q_proj, k_proj); a fused layer needs "
+        "all of q_proj, k_proj, v_proj"
+    ]
+
+
+def test_a_lone_shard_parses_but_its_fused_layer_needs_every_shard():
+    """A lone ``q_proj`` may be an unfused layer (MLA without q-LoRA); the fused layer needs every shard."""
+    raw = _description()
+    del raw["model.layers.0.mlp.up_proj.weight"]
+    for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight"):
+        del raw[name]
+    d = QuantDescription(raw)
+    assert d.scheme_for("model.layers.0.self_attn.q_proj", "linear") == "linear:W8A8"
+    with pytest.raises(KeyError) as info:
+        d.layer_type("model.layers.0.mlp.gate_up_proj", "linear")
+    assert info.value.args[0] == (
+        "fused layer 'model.layers.0.mlp.gate_up_proj' is missing shard(s) up_proj: "
+        "model.layers.0.mlp.up_proj.weight not in the quant description <dict>"
+    )
+    with pytest.raises(KeyError, match=r"qkv_proj' is missing shard\(s\) k_proj, v_proj: .*k_proj\.weight, "):
+        d.layer_type("model.layers.0.self_attn.qkv_proj", "linear")
+
+
+def _experts(count: int, projections=EXPERT_PROJ, skip=(), quant_type="W8A8_DYNAMIC") -> dict[str, str]:
+    return {
+        f"m.experts.{e}.{p}.weight": quant_type
+        for e in range(count)
+        for p in projections
+        if f"{e}.{p}" not in skip
+    }
+
+
+@pytest.mark.parametrize(
+    ("experts", "problem"),
+    [
+        (
+            _experts(4, skip={"1.down_proj"}),
+            "MoE layer 'm.experts' is missing expert shard(s) 1.down_proj ('m.experts.<expert>.<proj>.weight'); "
+            "experts 0..3 must each describe down_proj, gate_proj, up_proj",
+        ),
+        (
+            _experts(4, skip={"2.gate_proj", "2.up_proj", "2.down_proj"}),
+            "MoE layer 'm.experts' is missing expert shard(s) 2.down_proj, 2.gate_proj, 2.up_proj",
+        ),
+        (
+            _experts(2, projections=("gate_proj", "down_proj")),
+            "MoE layer 'm.experts' is missing expert shard(s) 0.up_proj, 1.up_proj ",
+        ),
+        (
+            _experts(2, projections=("w2", "w3")),
+            "MoE layer 'm.experts' is missing expert shard(s) 0.w1, 1.w1 ",
+        ),
+        (
+            {**_experts(2), "m.experts.999999999.gate_proj.weight": "W8A8_DYNAMIC"},
+            "MoE layer 'm.experts' is missing expert shard(s) 2.down_proj, 2.gate_proj, 2.up_proj, 3.down_proj, "
+            "3.gate_proj, 3.up_proj, 4.down_proj, 4.gate_proj, ... (2999999993 in all) "
+            "('m.experts.<expert>.<proj>.weight'); experts 0..999999999 must each describe",
+        ),
+        (
+            {**_experts(2), f"m.experts.1{'0' * 5000}.gate_proj.weight": "W8A8_DYNAMIC"},
+            f"m.experts.1{'0' * 5000}.gate_proj.weight: expert index out of range (at most 9 digits)",
+        ),
+    ],
+    ids=["one-shard", "whole-expert", "gate-without-up", "w3-without-w1", "huge-index", "absurd-index"],
+)
+def test_incomplete_moe_experts_are_refused(experts, problem):
+    problems = _problems({"model_quant_type": "W8A8_DYNAMIC", **experts})
+    assert len(problems) == 1 and problems[0].startswith(problem), problems
+
+
+def test_many_mixed_expert_types_are_listed_briefly():
+    experts = {**_experts(8), "m.experts.7.down_proj.weight": "W4A8_DYNAMIC"}
+    assert _problems({"model_quant_type": "W8A8_DYNAMIC", **experts}) == [
+        "fused layer 'm.experts' mixes quant types across its shards (0.gate_proj=W8A8_DYNAMIC, "
+        "0.up_proj=W8A8_DYNAMIC, 0.down_proj=W8A8_DYNAMIC, 1.gate_proj=W8A8_DYNAMIC, 1.up_proj=W8A8_DYNAMIC, "
+        "1.down_proj=W8A8_DYNAMIC, 2.gate_proj=W8A8_DYNAMIC, 2.up_proj=W8A8_DYNAMIC, ... (24 in all)); "
+        "all shards must share one type"
+    ]

@@ -391,6 +391,112 @@ def test_cli_reports_export_errors(hf_qwen3, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def _write(name: str, content: bytes):
+    return lambda src, tmp: (src / name).write_bytes(content)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "source", "dst", "edit", "message"),
+    [
+        ("W8A16", "missing", "out", None, "source {tmp}/missing is not a directory"),
+        (
+            "W8A8_MIX",
+            "src",
+            "out",
+            None,
+            "unknown scheme 'W8A8_MIX'; allowed: W8A8, W8A8_DYNAMIC, W8A16, W4A16, W4A8_DYNAMIC, W8A8S, W8A8SC",
+        ),
+        (
+            "W8A16",
+            "src",
+            "file/out",
+            lambda src, tmp: (tmp / "file").write_text("x"),
+            "destination {tmp}/file/out cannot be created: {tmp}/file is not a writable directory",
+        ),
+        ("W8A16", "src", "o" * 250, None, "export to {tmp}/" + "o" * 250 + " failed at {tmp}/." + "o" * 250),
+        (
+            "W8A16",
+            "src",
+            "out",
+            _write("config.json", b"\xef\xbb\xbf{}"),
+            "{src}/config.json is not valid JSON: it starts with a UTF-8 byte order mark (save it without a BOM)",
+        ),
+        (
+            "W8A16",
+            "src",
+            "out",
+            _write("config.json", b""),
+            "{src}/config.json is empty: expected a JSON document",
+        ),
+        (
+            "W8A16",
+            "src",
+            "out",
+            _write("config.json", b'{"a": "\xe9"}'),
+            "{src}/config.json is not UTF-8: byte 0xe9 at offset 7 (invalid continuation byte)",
+        ),
+        (
+            "W8A16",
+            "src",
+            "out",
+            _write("config.json", b"[" * 70 + b"]" * 70),
+            "{src}/config.json is nested 70 levels deep; at most 64 levels are allowed",
+        ),
+        (
+            "W8A16",
+            "src",
+            "out",
+            _write("config.json", b'"../other/config.json"'),
+            "{src}/config.json: expected a JSON object, got a string",
+        ),
+        (
+            "W8A16",
+            "src",
+            "out",
+            _write("model.safetensors.index.json", b'{"weight_map": NaN}'),
+            "{src}/model.safetensors.index.json is not valid JSON: NaN is not a JSON number",
+        ),
+        (
+            "W8A16",
+            "src",
+            "out",
+            _write("model.safetensors", b"garbage"),
+            "{src}/model.safetensors is not a readable safetensors file: ",
+        ),
+    ],
+    ids=[
+        "missing-source",
+        "unknown-scheme",
+        "output-under-a-file",
+        "output-name-too-long",
+        "config-bom",
+        "config-empty",
+        "config-latin-1",
+        "config-deep",
+        "config-string",
+        "index-nan",
+        "corrupt-safetensors",
+    ],
+)
+def test_cli_mistakes_are_one_line_naming_the_file_or_option(
+    tmp_path, capsys, scheme, source, dst, edit, message
+):
+    from vllm_ascend.core.cli import main
+
+    src = _checkpoint(tmp_path / "src", _linear(8, 64))
+    if edit is not None:
+        edit(src, tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert (
+        main(["quantize", "--scheme", scheme, "--no-progress", str(tmp_path / source), str(tmp_path / dst)])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("quantize: cannot export: " + message.format(src=src, tmp=tmp_path)), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, no temporary left
+
+
 # -- refusals -------------------------------------------------------------------------------------
 
 

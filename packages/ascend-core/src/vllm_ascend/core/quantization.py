@@ -8,6 +8,7 @@ names the distribution to install — never float serving of int8 tensors.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,12 +50,15 @@ def verify_quantization(quant: str) -> None:
 
 
 def detect_modelslim_checkpoint(vllm_config: VllmConfig) -> None:
-    """Serve a local checkpoint carrying ``quant_model_description.json`` with ``quantization="ascend"``."""
+    """Serve a local checkpoint carrying ``quant_model_description.json`` with ``quantization="ascend"``.
+
+    Any entry of that name (a directory, a dangling link) counts, so that it fails as a description instead of
+    its int8 tensors loading as a float model; the method reads and validates the file itself."""
     model_config = vllm_config.model_config
     if model_config is None or model_config.quantization is not None:
         return
     description = Path(model_config.model) / DESCRIPTION_FILE
-    if not description.is_file():
+    if not os.path.lexists(description):
         return
     if not quant_method_provided():
         raise ConfigError(

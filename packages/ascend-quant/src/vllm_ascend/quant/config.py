@@ -1,16 +1,20 @@
 """``AscendQuantConfig``: vLLM's ``--quantization ascend`` for ModelSlim checkpoints.
 
-vLLM finds ``quant_model_description.json`` in the model directory (``get_config_filenames``) and
-hands its content to :meth:`AscendQuantConfig.from_config`; the platform also selects this method on
-its own when a checkpoint carries that file. For every layer vLLM asks :meth:`get_quant_method`: the
-description's type for the layer (fused layers through vLLM's packed-module mapping, prefixes through
-the model's HF→vLLM mapper) picks a scheme from the scheme registry, wrapped in the method adapters of
-:mod:`vllm_ascend.quant.methods`; ``FLOAT`` layers stay unquantized.
+vLLM's ``get_quant_config`` would read the file named by ``get_config_filenames`` with a plain
+``json.load`` (no size or depth bound, any top-level value); this config lists none, so vLLM builds it
+bare and :meth:`AscendQuantConfig.maybe_update_config` reads ``quant_model_description.json`` through
+core's bounded reader (:class:`QuantDescription`). Both that and :meth:`from_config` refuse, while vLLM
+builds its config, every type or feature no scheme serves. For every layer vLLM asks
+:meth:`get_quant_method`: the description's type for the layer (fused layers through vLLM's packed-module
+mapping, prefixes through the model's HF→vLLM mapper) picks a scheme from the scheme registry, wrapped in
+the method adapters of :mod:`vllm_ascend.quant.methods`; ``FLOAT`` layers stay unquantized.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,9 +25,17 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
 from vllm_ascend.quant import types as qt
-from vllm_ascend.quant.description import DESCRIPTION_FILE, QuantDescription, QuantDescriptionError
+from vllm_ascend.quant.description import (
+    DEFAULT_PACKED_MODULES,
+    DESCRIPTION_FILE,
+    QuantDescription,
+    QuantDescriptionError,
+    json_type,
+    layer_of,
+    listing,
+)
 from vllm_ascend.quant.errors import QuantLoadError
-from vllm_ascend.quant.schemes import get_scheme_class
+from vllm_ascend.quant.schemes import get_scheme_class, implemented
 
 QUANTIZATION_METHOD = "ascend"
 
@@ -48,26 +60,93 @@ def _current_family() -> str | None:
     return None if device_type is None else device_type.value
 
 
-class AscendQuantConfig(QuantizationConfig):
-    """A validated ModelSlim description, answering vLLM's per-layer quant-method questions."""
+def _description_source(model: str, revision: str | None) -> Path:
+    """A local model directory (holding the description), else the description vLLM fetched into the Hugging
+    Face cache."""
+    if Path(model).is_dir():
+        return Path(model)
+    from vllm.transformers_utils.repo_utils import try_get_local_file
 
-    def __init__(self, description: QuantDescription) -> None:
-        super().__init__()
-        refused = [
-            f"{key}={getattr(description, key)!r} ({what})"
-            for key, what in _UNSUPPORTED_GLOBALS.items()
-            if getattr(description, key) is not None
-        ]
-        if refused:
-            raise QuantDescriptionError(
-                description.source,
-                [f"{item} is not supported yet by vllm-ascend-quant" for item in refused],
+    cached = try_get_local_file(model, DESCRIPTION_FILE, revision)
+    if isinstance(cached, Path):
+        return cached
+    raise FileNotFoundError(
+        f"quant description not found: {model!r} is not a local directory and the Hugging Face cache has no "
+        f"{DESCRIPTION_FILE} for it (revision {revision or 'main'}); quantization='ascend' serves ModelSlim "
+        "checkpoints, which carry that file"
+    )
+
+
+def _config_time_problems(description: QuantDescription) -> list[str]:
+    """What no scheme serves: the quantized-attention globals, per-tensor attention types, layer types without a
+    registered scheme for their kind (linear / MoE experts), and W4A8_DYNAMIC with a ``group_size``."""
+    problems = [
+        f"{key}={getattr(description, key)!r} ({what}) is not supported yet by vllm-ascend-quant"
+        for key, what in _UNSUPPORTED_GLOBALS.items()
+        if getattr(description, key) is not None
+    ]
+    layers: dict[tuple[str, str], dict[str, None]] = {}
+    for name, quant_type in description.tensors.items():
+        if quant_type != qt.FLOAT:
+            layer, kind = layer_of(name)
+            if quant_type in qt.ATTENTION_TYPES + qt.KV_CACHE_TYPES:
+                layer, kind = name, "attention"
+            layers.setdefault((quant_type, kind), {})[layer] = None
+    for (quant_type, kind), names in layers.items():
+        described = f"({len(names)}: {listing(list(names), 3)})"
+        if kind == "attention":
+            problems.append(
+                f"{quant_type} tensors {described}: quantized attention / KV cache is not supported yet by "
+                "vllm-ascend-quant"
             )
-        self.description = description
+            continue
+        supported = [t for t in implemented(kind) if qt.family_requirement(t) in (None, description.family)]
+        what = "linear layers" if kind == "linear" else "MoE experts"
+        if quant_type not in supported:
+            problems.append(
+                f"{quant_type} {what} {described} are not supported by vllm-ascend-quant; supported for "
+                f"{what}: {', '.join(supported)}"
+            )
+        elif quant_type == "W4A8_DYNAMIC" and description.group_size:
+            problems.append(
+                f"W4A8_DYNAMIC {what} {described} with group_size={description.group_size} (per-group int4 "
+                "weights) are not supported; supported: per-channel W4A8_DYNAMIC (group_size 0 or absent)"
+            )
+    return problems
+
+
+class AscendQuantConfig(QuantizationConfig):
+    """A validated ModelSlim description, answering vLLM's per-layer quant-method questions.
+
+    ``description`` None is vLLM's bare construction (``get_quant_config``); :meth:`maybe_update_config`,
+    which vLLM calls next, reads the model's description.
+    """
+
+    def __init__(self, description: QuantDescription | None = None) -> None:
+        super().__init__()
+        self._description: QuantDescription | None = None
         self._tp_checked = False
+        if description is not None:
+            self._adopt(description)
+
+    def _adopt(self, description: QuantDescription) -> None:
+        problems = _config_time_problems(description)
+        if problems:
+            raise QuantDescriptionError(description.source, problems)
+        self._description = description
+
+    @property
+    def description(self) -> QuantDescription:
+        """The validated description (an error when vLLM never called :meth:`maybe_update_config`)."""
+        if self._description is None:
+            raise QuantLoadError(
+                f"AscendQuantConfig has no quant description: build it with from_config, or let vLLM call "
+                f"maybe_update_config, which reads {DESCRIPTION_FILE} from the model"
+            )
+        return self._description
 
     def __repr__(self) -> str:
-        return f"AscendQuantConfig({self.description!r})"
+        return f"AscendQuantConfig({self._description!r})"
 
     # -- vLLM's QuantizationConfig interface ----------------------------------------------------
     def get_name(self) -> str:  # type: ignore[override]
@@ -82,18 +161,31 @@ class AscendQuantConfig(QuantizationConfig):
 
     @staticmethod
     def get_config_filenames() -> list[str]:
-        return [DESCRIPTION_FILE]
+        """None, so that vLLM's unbounded ``json.load`` never reads the description (see the module doc)."""
+        return []
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> AscendQuantConfig:
+        """A config from an already parsed description object (vLLM passes a ``quantization_config`` of the
+        model's ``config.json`` here)."""
+        if not isinstance(config, Mapping):
+            raise QuantDescriptionError(
+                "<quantization config>", [f"top level must be a JSON object, got {json_type(config)}"]
+            )
         return cls(QuantDescription(config, family=_current_family()))
 
     def maybe_update_config(
         self, model_name: str, hf_config: Any = None, revision: str | None = None
     ) -> None:
+        """Read the model's description when vLLM built this config bare; add the model type's fused modules."""
         model_type = getattr(hf_config, "model_type", None)
         extra = MODEL_PACKED_MODULES.get(model_type or "", {})
-        self.description.add_packed_modules(extra)
+        if self._description is None:
+            source = _description_source(model_name, revision)
+            packed = {**DEFAULT_PACKED_MODULES, **extra}
+            self._adopt(QuantDescription(source, family=_current_family(), packed_modules=packed))
+        else:
+            self.description.add_packed_modules(extra)
 
     def apply_vllm_mapper(self, hf_to_vllm_mapper: Any) -> None:
         """Rename the description's HF tensor names to the model's vLLM names (prefix/substring/suffix
@@ -142,7 +234,7 @@ class AscendQuantConfig(QuantizationConfig):
             return self.description.layer_type(prefix, layer_kind)
         except KeyError as exc:
             raise QuantLoadError(
-                f"layer {prefix!r} ({layer_kind}) has no entry in {self.description.source}: {exc.args[0]}; "
+                f"layer {prefix!r} ({layer_kind}) is not fully described: {exc.args[0]}; "
                 'ModelSlim lists every tensor ("FLOAT" for layers left unquantized)'
             ) from None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,29 @@ UNQUANTIZED = "unquantized"
 """Scheme name of a layer whose weights are ``FLOAT``."""
 
 _EXPERT_WEIGHT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<index>\d+)\.(?P<proj>[^.]+)\.weight$")
+_EXPERT_TENSOR = re.compile(r"^(?P<prefix>.+\.experts)\.\d+\.[^.]+\.[^.]+$")
+EXPERT_PAIRS: tuple[tuple[str, str], ...] = (("gate_proj", "up_proj"), ("w1", "w3"))
+"""Expert projections vLLM fuses into one ``w13`` weight: a checkpoint with one of a pair has both."""
+_LISTED = 8
+_INDEX_DIGITS = 9
+"""Names listed in one problem before the rest are only counted."""
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "true/false", type(None): "null"}
+
+
+def listing(names: Sequence[str], limit: int = _LISTED) -> str:
+    """``names`` joined by commas; past ``limit`` the rest are counted ("... (N in all)")."""
+    if len(names) <= limit:
+        return ", ".join(names)
+    return f"{', '.join(names[:limit])}, ... ({len(names)} in all)"
+
+
+def layer_of(tensor: str) -> tuple[str, str]:
+    """The layer a described tensor belongs to and its kind: ``("<prefix>.experts", "moe")`` for an expert's
+    tensor, else ``(<tensor name without its last part>, "linear")``."""
+    expert = _EXPERT_TENSOR.match(tensor)
+    if expert:
+        return expert["prefix"], "moe"
+    return tensor.rpartition(".")[0], "linear"
 
 
 class QuantDescriptionError(ValueError):
@@ -163,14 +187,24 @@ class QuantDescription:
             raise QuantDescriptionError(self.source, problems)
 
     def _check_fused(self) -> list[str]:
+        """Fused layers (packed modules, MoE experts) whose described shards mix types or are incomplete.
+
+        A linear fused layer is incomplete here when at least two of its shards are described but not all
+        (one shard alone may be an unfused layer of that name, e.g. MLA's ``q_proj``; the layer itself needs
+        every shard: :meth:`layer_type`). An MoE layer is incomplete when its experts ``0..max`` do not all
+        carry the same projections, a gate/up pair (:data:`EXPERT_PAIRS`) included.
+        """
         problems: list[str] = []
         shard_of = {shard: fused for fused, shards in self.packed_modules.items() for shard in shards}
         groups: dict[str, dict[str, str]] = {}
+        experts: dict[str, dict[tuple[int, str], str]] = {}
         for key, value in self.tensors.items():
             expert = _EXPERT_WEIGHT.match(key)
             if expert:
-                label = f"{expert['index']}.{expert['proj']}"
-                groups.setdefault(expert["prefix"], {})[label] = value
+                if len(expert["index"]) > _INDEX_DIGITS:
+                    problems.append(f"{key}: expert index out of range (at most {_INDEX_DIGITS} digits)")
+                else:
+                    experts.setdefault(expert["prefix"], {})[int(expert["index"]), expert["proj"]] = value
                 continue
             if not key.endswith(".weight"):
                 continue
@@ -180,11 +214,33 @@ class QuantDescription:
                 fused = f"{parent}.{shard_of[leaf]}" if parent else shard_of[leaf]
                 groups.setdefault(fused, {})[leaf] = value
         for fused, members in groups.items():
-            if len(set(members.values())) > 1:
-                listing = ", ".join(f"{m}={t}" for m, t in members.items())
+            problems.extend(_mixed(fused, [(m, t) for m, t in members.items()]))
+            shards = self.packed_modules[fused.rpartition(".")[2]]
+            missing = [s for s in shards if s not in members]
+            if len(members) > 1 and missing:
+                parent = fused.rpartition(".")[0]
+                names = [f"{parent}.{s}.weight" if parent else f"{s}.weight" for s in missing]
                 problems.append(
-                    f"fused layer {fused!r} mixes quant types across its shards ({listing}); "
-                    "all shards must share one type"
+                    f"fused layer {fused!r} is missing shard(s) {', '.join(missing)}: {listing(names)} not "
+                    f"described (described: {', '.join(s for s in shards if s in members)}); a fused layer "
+                    f"needs all of {', '.join(shards)}"
+                )
+        for prefix, described in experts.items():
+            problems.extend(_mixed(prefix, [(f"{i}.{p}", t) for (i, p), t in described.items()]))
+            projections = {p for _, p in described}
+            projections |= {b for a, b in EXPERT_PAIRS if a in projections} | {
+                a for a, b in EXPERT_PAIRS if b in projections
+            }
+            count = max(i for i, _ in described) + 1
+            absent = count * len(projections) - len(described)
+            if absent:
+                every = ((i, p) for i in range(count) for p in sorted(projections))
+                first = [f"{i}.{p}" for i, p in islice((e for e in every if e not in described), _LISTED)]
+                more = f", ... ({absent} in all)" if absent > len(first) else ""
+                problems.append(
+                    f"MoE layer {prefix!r} is missing expert shard(s) {', '.join(first)}{more} "
+                    f"('{prefix}.<expert>.<proj>.weight'); experts 0..{count - 1} must each describe "
+                    f"{', '.join(sorted(projections))}"
                 )
         return problems
 
@@ -242,6 +298,12 @@ class QuantDescription:
                 f"fused layer {prefix!r}: none of its shards {', '.join(names)} is in the quant "
                 f"description {self.source}"
             )
+        missing = [s for s, n in zip(shards, names, strict=True) if n not in found]
+        if missing:
+            raise KeyError(
+                f"fused layer {prefix!r} is missing shard(s) {', '.join(missing)}: "
+                f"{', '.join(n for n in names if n not in found)} not in the quant description {self.source}"
+            )
         return next(iter(found.values()))  # shards agree: checked at parse time
 
     def _moe_type(self, prefix: str) -> str:
@@ -266,6 +328,16 @@ class QuantDescription:
         if types:
             return types.pop()
         return self.fa_quant_type or self.kv_cache_type or qt.FLOAT
+
+
+def _mixed(layer: str, shards: list[tuple[str, str]]) -> list[str]:
+    """The problem of a fused layer whose ``(shard, type)`` pairs carry more than one type."""
+    if len({t for _, t in shards}) <= 1:
+        return []
+    return [
+        f"fused layer {layer!r} mixes quant types across its shards "
+        f"({listing([f'{m}={t}' for m, t in shards])}); all shards must share one type"
+    ]
 
 
 _GLOBAL_CHECKS: dict[str, Callable[[Any], str | None]] = {
@@ -297,5 +369,10 @@ def _read(source: Mapping[str, Any] | str | os.PathLike[str]) -> tuple[Mapping[s
     except JsonInputError as exc:
         raise QuantDescriptionError(label, [exc.problem]) from None
     if not isinstance(raw, dict):
-        raise QuantDescriptionError(label, [f"top level must be a JSON object, got {type(raw).__name__}"])
+        raise QuantDescriptionError(label, [f"top level must be a JSON object, got {json_type(raw)}"])
     return raw, label
+
+
+def json_type(value: Any) -> str:
+    """What ``value`` is, in JSON's words ("an array", "a string", "null", ...)."""
+    return _JSON_TYPES.get(type(value), "a number")

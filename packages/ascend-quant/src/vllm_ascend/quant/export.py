@@ -32,8 +32,9 @@ from pathlib import Path
 
 import torch
 
+from vllm_ascend.core.config.jsonio import JsonInputError, read_json_file
 from vllm_ascend.quant import types as qt
-from vllm_ascend.quant.description import DESCRIPTION_FILE
+from vllm_ascend.quant.description import DESCRIPTION_FILE, json_type
 
 SCHEMES: tuple[str, ...] = ("W8A8", "W8A8_DYNAMIC", "W8A16", "W4A16", "W4A8_DYNAMIC")
 """Schemes the exporter writes (``--scheme``)."""
@@ -275,15 +276,20 @@ def _resolve_sparsity(scheme: str, sparsity: float | None) -> float:
     return float(sparsity)
 
 
+def _read_json(path: Path) -> object:
+    try:
+        return read_json_file(path)
+    except JsonInputError as exc:
+        raise ExportError([f"{path} is {exc.problem}"]) from None
+
+
 def _source_files(src: Path) -> tuple[list[Path], str | None]:
     indexes = sorted(src.glob(f"*{INDEX_SUFFIX}"))
     if len(indexes) > 1:
         raise ExportError([f"{src} holds several safetensors indexes: {', '.join(p.name for p in indexes)}"])
     if indexes:
-        try:
-            weight_map = json.loads(indexes[0].read_text()).get("weight_map")
-        except (ValueError, UnicodeDecodeError, AttributeError) as exc:
-            raise ExportError([f"{indexes[0]} is not a safetensors index: {exc}"]) from None
+        index = _read_json(indexes[0])
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if (
             not isinstance(weight_map, dict)
             or not weight_map
@@ -311,39 +317,43 @@ def _check_source(src: Path) -> None:
         raise ExportError([f"{src} has no config.json (expected a Hugging Face model directory)"])
     if (src / DESCRIPTION_FILE).exists():
         raise ExportError([f"{src} is already a ModelSlim checkpoint ({DESCRIPTION_FILE} present)"])
-    try:
-        parsed = json.loads(config.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ExportError([f"{config} is not valid JSON: {exc}"]) from None
+    parsed = _read_json(config)
     if not isinstance(parsed, dict):
-        raise ExportError([f"{config}: expected a JSON object"])
+        raise ExportError([f"{config}: expected a JSON object, got {json_type(parsed)}"])
     if "quantization_config" in parsed:
         raise ExportError([f"{config} has a quantization_config: the source is already quantized"])
 
 
-def _plan(src: Path, scheme: str, group_size: int) -> _Plan:
-    from safetensors import safe_open
+def _header(file: Path) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(name, safetensors dtype, shape) of every tensor in ``file``, from its header."""
+    from safetensors import SafetensorError, safe_open
 
+    try:
+        with safe_open(file, framework="pt") as reader:
+            views = ((name, reader.get_slice(name)) for name in reader.keys())
+            return [(name, view.get_dtype(), tuple(view.get_shape())) for name, view in views]
+    except (SafetensorError, OSError) as exc:
+        raise ExportError([f"{file} is not a readable safetensors file: {exc}"]) from None
+
+
+def _plan(src: Path, scheme: str, group_size: int) -> _Plan:
     files, index_name = _source_files(src)
     tensors: dict[str, _Tensor] = {}
     problems: list[str] = []
     for file in files:
-        with safe_open(file, framework="pt") as reader:
-            for name in reader.keys():
-                view = reader.get_slice(name)
-                dtype, shape = view.get_dtype(), tuple(view.get_shape())
-                if name in tensors:
-                    problems.append(f"tensor {name} is in both {tensors[name].file.name} and {file.name}")
-                    continue
-                if not _is_floating(dtype):
-                    problems.append(
-                        f"tensor {name} ({file.name}) has dtype {dtype}: the exporter needs floating-point "
-                        "source tensors (is the checkpoint already quantized?)"
-                    )
-                quantize = is_quantized_tensor(name, shape, scheme)
-                tensors[name] = _Tensor(file, quantize)
-                if quantize:
-                    problems.extend(_shape_problems(name, shape, scheme, group_size))
+        for name, dtype, shape in _header(file):
+            if name in tensors:
+                problems.append(f"tensor {name} is in both {tensors[name].file.name} and {file.name}")
+                continue
+            if not _is_floating(dtype):
+                problems.append(
+                    f"tensor {name} ({file.name}) has dtype {dtype}: the exporter needs floating-point "
+                    "source tensors (is the checkpoint already quantized?)"
+                )
+            quantize = is_quantized_tensor(name, shape, scheme)
+            tensors[name] = _Tensor(file, quantize)
+            if quantize:
+                problems.extend(_shape_problems(name, shape, scheme, group_size))
     if not problems and not any(t.quantize for t in tensors.values()):
         problems.append(
             f"no tensor to quantize in {src}: expected 2-D linear weights named model.layers.<i>.<...>.weight"
@@ -378,6 +388,9 @@ def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
         raise ExportError(
             [f"destination {dst} is not empty; pass overwrite=True (--overwrite) to replace it"]
         )
+    base = next(p for p in (dst.parent.absolute(), *dst.parent.absolute().parents) if p.exists())
+    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+        raise ExportError([f"destination {dst} cannot be created: {base} is not a writable directory"])
 
 
 # -- calibration --------------------------------------------------------------------------------
@@ -471,7 +484,7 @@ def export_modelslim(
     built-in prompts). ``overwrite`` replaces a non-empty ``dst``. ``sparsity``: the sparse schemes only, the
     pruned fraction of each row in [0, 1) (default :data:`DEFAULT_SPARSITY`). Raises :class:`ExportError`.
     """
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
@@ -499,11 +512,11 @@ def export_modelslim(
 
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     description: dict[str, str] = {}
     weight_map: dict[str, str] = {}
     bytes_in = bytes_out = quantized = 0
     try:
+        tmp.mkdir(parents=True)
         with tqdm(
             total=len(plan.tensors), desc=f"quantize {scheme}", unit="tensor", disable=not progress
         ) as bar:
@@ -541,8 +554,13 @@ def export_modelslim(
         if dst.exists():
             shutil.rmtree(dst)
         tmp.rename(dst)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError | SafetensorError):
+            where = getattr(exc, "filename", None) or tmp
+            raise ExportError(
+                [f"export to {dst} failed at {where}: {getattr(exc, 'strerror', None) or exc}"]
+            ) from exc
         raise
     return ExportReport(
         src=src,

@@ -1,8 +1,9 @@
 """Bounded JSON reading shared by every parser of user files (config, expert maps, quant descriptions).
 
-``json.loads`` alone leaks ``RecursionError`` on deep nesting, ``UnicodeDecodeError`` on bad bytes
-and accepts ``NaN``/``Infinity``; these helpers refuse all of that with one :class:`JsonInputError`
-naming the source, so each package can wrap it in its own error type.
+``json.loads`` alone leaks ``RecursionError`` on deep nesting, ``UnicodeDecodeError`` on bad bytes,
+accepts ``NaN``/``Infinity`` and says only "Expecting value" of an empty document; these helpers refuse
+all of that (and a UTF-8 byte order mark) with one :class:`JsonInputError` naming the source, so each
+package can wrap it in its own error type.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 class JsonInputError(ValueError):
-    """JSON input that is unreadable, oversize, too deep, not UTF-8, or not valid JSON.
+    """JSON input that is unreadable, oversize, too deep, not UTF-8, empty, or not valid JSON.
 
     ``source`` names the input and ``problem`` says what is wrong (``str()`` is "<source> is <problem>")."""
 
@@ -45,6 +46,12 @@ def _reject_constant(name: str) -> Any:
 
 def parse_json(text: str, label: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Decode ``text``; ``label`` names the source in errors."""
+    if text.startswith("\ufeff"):
+        raise JsonInputError(
+            label, "not valid JSON: it starts with a UTF-8 byte order mark (save it without a BOM)"
+        )
+    if not text.strip():
+        raise JsonInputError(label, "empty: expected a JSON document")
     depth = json_depth(text)
     if depth > max_depth:
         raise JsonInputError(label, f"nested {depth} levels deep; at most {max_depth} levels are allowed")
