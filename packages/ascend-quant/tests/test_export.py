@@ -385,7 +385,7 @@ def test_cli_reports_export_errors(hf_qwen3, tmp_path, capsys):
     assert cli._SCHEMES == ", ".join(SCHEMES + SPARSE_SCHEMES)
     assert main(["quantize", "--scheme", "W2A2", str(hf_qwen3), str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err.strip() == (
-        "quantize: cannot export: unknown scheme 'W2A2'; allowed: W8A8, W8A8_DYNAMIC, W8A16, W4A16, W4A8_DYNAMIC, "
+        "vllm-ascend quantize: cannot export: unknown scheme 'W2A2'; allowed: W8A8, W8A8_DYNAMIC, W8A16, W4A16, W4A8_DYNAMIC, "
         "W8A8S, W8A8SC"
     )
     assert not (tmp_path / "x").exists()
@@ -493,7 +493,7 @@ def test_cli_mistakes_are_one_line_naming_the_file_or_option(
     )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert err.startswith("quantize: cannot export: " + message.format(src=src, tmp=tmp_path)), err
+    assert err.startswith("vllm-ascend quantize: cannot export: " + message.format(src=src, tmp=tmp_path)), err
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, no temporary left
 
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from vllm_ascend.core.registry import CliCommand
+from vllm_ascend.core.registry import CliCommand, CliError
 
 _SCHEMES = "W8A8, W8A8_DYNAMIC, W8A16, W4A16, W4A8_DYNAMIC, W8A8S, W8A8SC"  # export.SCHEMES + SPARSE_SCHEMES, no torch
 
@@ -52,8 +51,7 @@ def _run(args: argparse.Namespace) -> int:
             sparsity=args.sparsity,
         )
     except ExportError as exc:
-        print(f"quantize: {exc}", file=sys.stderr, flush=True)
-        return 2
+        raise CliError(str(exc)) from None
     print(report.summary(), flush=True)
     return 0
 
