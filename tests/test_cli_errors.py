@@ -32,11 +32,27 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
             ("warmup", "--cache-dir", "/proc/no-such-dir/cache", "--vocab-size", "8", "--device", "cpu"),
             "vllm-ascend warmup: [Errno 2] No such file or directory: '/proc/no-such-dir'",
         ),
+        (
+            ("serve", "/no/such/model", "--device", "reference"),
+            "vllm-ascend serve: model '/no/such/model' does not exist; give a model directory or a Hugging Face "
+            "model id",
+        ),
     ],
-    ids=["demo-max-tokens", "warmup-cache-dir"],
+    ids=["demo-max-tokens", "warmup-cache-dir", "serve-missing-model"],
 )
 def test_mistakes_are_one_line(args, line):
     proc = cli(*args)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == line
+
+
+def test_serve_refuses_a_file_as_the_model(tmp_path):
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"")
+    proc = cli("serve", str(weights))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"vllm-ascend serve: model {str(weights)!r} is not a directory; give a model directory or a Hugging Face "
+        "model id"
+    )

@@ -12,7 +12,7 @@ import argparse
 import os
 
 from vllm_ascend.core.child import run_module
-from vllm_ascend.core.registry import CliCommand
+from vllm_ascend.core.registry import CliCommand, CliError
 
 DEVICES = ("auto", "npu", "reference")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -58,7 +58,18 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="arguments for vLLM's OpenAI server")
 
 
+def check_model(model: str) -> None:
+    """A model given as a local path (absolute, ``./``, ``../`` or ``~``) must be a directory; anything else is
+    a model id for vLLM to resolve."""
+    if model.startswith(("/", "./", "../", "~")) or model in (".", ".."):
+        path = os.path.expanduser(model)
+        if not os.path.isdir(path):
+            what = "is not a directory" if os.path.exists(path) else "does not exist"
+            raise CliError(f"model {model!r} {what}; give a model directory or a Hugging Face model id")
+
+
 def _run(args: argparse.Namespace) -> int:
+    check_model(args.model)
     device, vllm_args = split_device(args.device, list(args.vllm_args))
     return run_module("serve", SERVER_MODULE, server_args(args.model, vllm_args), env=server_env(device))
 
