@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 
 import pytest
@@ -35,11 +36,11 @@ class CuttingStream(TensorStreamServer):
         self.cut_at, self.cuts, self.requests = cut_at, cuts, 0
         self._local = threading.local()
 
-    def _serve(self, conn) -> None:
+    def _serve(self, stream, entries) -> None:
         self.requests += 1
         self._local.sent, self._local.cut = 0, self.cuts > 0
         self.cuts -= 1
-        super()._serve(conn)
+        super()._serve(stream, entries)
 
     def _send(self, conn, part) -> None:
         if self._local.cut and self._local.sent + len(part) > self.cut_at:
@@ -69,3 +70,52 @@ def cutting_stream():
 def seed(state_dict):
     with SeedServer.serving(state_dict, chunk_bytes=CHUNK) as server:
         yield server
+
+
+def _openssl(*args: str, cwd) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_ca_and_cert(root, name: str) -> dict[str, str]:
+    """A CA and a seed certificate for 127.0.0.1/localhost it signed (EC keys: quick to make)."""
+    root.mkdir()
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name}",
+        cwd=root,
+    )
+    _openssl("req", *ec, "-keyout", "seed.key", "-out", "seed.csr", "-subj", "/CN=127.0.0.1", cwd=root)
+    (root / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    _openssl(
+        "x509", "-req", "-in", "seed.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "seed.pem", "-days", "2", "-extfile", "ext.cnf", cwd=root,
+    )  # fmt: skip
+    _openssl(
+        "pkey", "-in", "seed.key", "-aes256", "-passout", "pass:secret", "-out", "encrypted.key", cwd=root
+    )
+    return {
+        "ca": str(root / "ca.pem"),
+        "cert": str(root / "seed.pem"),
+        "key": str(root / "seed.key"),
+        "encrypted_key": str(root / "encrypted.key"),
+    }
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory):
+    return make_ca_and_cert(tmp_path_factory.mktemp("tls") / "good", "netloader-test-ca")
+
+
+@pytest.fixture(scope="session")
+def other_ca(tmp_path_factory):
+    return make_ca_and_cert(tmp_path_factory.mktemp("tls") / "other", "another-ca")

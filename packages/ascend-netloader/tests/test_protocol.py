@@ -117,7 +117,9 @@ def test_truncated_frames():
 
 def test_header_validation():
     assert _error(_raw(3, b"[1]")) == "END frame header must be a JSON object, got list"
-    assert _error(_raw(3, b"{bad")).startswith("END frame header is not valid JSON: ")
+    assert _error(_raw(3, b"{bad")) == (
+        "END frame header is not valid JSON (Expecting property name enclosed in double quotes at offset 1)"
+    )
     assert _error(_raw(3, b'{"tensors":1}')) == "END frame header: missing field 'bytes'"
     assert _error(_raw(3, b'{"tensors":1,"bytes":2,"x":3}')) == (
         "END frame header: unknown field 'x'; allowed: tensors, bytes"
@@ -157,7 +159,9 @@ def test_headers_fail_closed_on_depth_integers_and_constants():
     assert _error(_raw(3, b'{"tensors":NaN,"bytes":0}')) == (
         "END frame header: NaN is not a number this protocol accepts"
     )
-    assert _error(_raw(3, b'{"tensors":1,"bytes":"\xff"}')).startswith("END frame header is not valid JSON")
+    assert _error(_raw(3, b'{"tensors":1,"bytes":"\xff"}')) == (
+        "END frame header is not valid UTF-8 (byte 0xff at offset 22)"
+    )
     assert json_depth(b'["[[[[", {"a": [1]}]') == 3  # brackets inside strings do not count
     assert loads_bounded(b'{"a":[[[]]]}', "x") == {"a": [[[]]]}
     with pytest.raises(ProtocolError, match="manifest of 11 bytes exceeds the limit of 10"):

@@ -90,7 +90,7 @@ def test_malformed_headers_get_error_frames(seed, thread_errors):
 
 
 def test_idle_and_trickling_connections_are_closed_at_the_deadline(state_dict, thread_errors):
-    with SeedServer.serving(state_dict, timeout=0.5) as server:
+    with SeedServer.serving(state_dict, handshake_timeout=0.5) as server:
         port = server.stream.port
         idle = [_connect(port) for _ in range(3)]
         trickle = _connect(port)
@@ -116,33 +116,73 @@ def test_idle_and_trickling_connections_are_closed_at_the_deadline(state_dict, t
             with conn:
                 assert _frames(conn)[1:] == expected
         deadline = time.monotonic() + 10
-        while server.stream.active and time.monotonic() < deadline:
+        while server.stream.pending and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert server.stream.active == 0
+        assert server.stream.pending == 0 and server.stream.active == 0
     assert thread_errors == []
 
 
-def test_connections_over_the_cap_are_refused_at_once(state_dict, thread_errors):
-    with SeedServer.serving(state_dict, max_connections=3, timeout=2) as server:
-        port = server.stream.port
-        baseline = threading.active_count()
-        held = [_connect(port) for _ in range(3)]
-        for conn in held:  # each admitted connection has had its CHALLENGE: its thread is running
-            assert FrameReader(conn.recv_into).next().type is MessageType.CHALLENGE
-        refused = [_connect(port) for _ in range(20)]
-        for conn in refused:
-            with conn:
-                assert _frames(conn) == [
-                    ("ERROR", {"message": "seed busy: 3 connections are being served; retry later"})
-                ]
-        assert threading.active_count() <= baseline + 3
-        assert server.stream.refused == 20
+class HeldStream(TensorStreamServer):
+    """Holds every request it serves until ``release`` is set (the requests occupy serving slots)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = threading.Event()
+
+    def _serve(self, stream, entries) -> None:
+        self.release.wait(10)
+        super()._serve(stream, entries)
+
+
+def test_requests_over_the_cap_are_answered_busy_and_waited_for(state_dict, thread_errors):
+    """The cap counts requests being served; one past it is told ``seed busy``, which clients wait out."""
+    manifest, data = Manifest.from_state_dict(state_dict)
+    stream = HeldStream(manifest, data, max_connections=3)
+    request = encode(MessageType.TENSOR_REQUEST, {"names": ["step"]})
+    with SeedServer(stream) as server:
+        held = [_connect(stream.port) for _ in range(3)]
         for conn in held:
-            conn.close()
-        with SeedClient(server.url, retries=20, backoff=0.05) as client:  # "busy" is retried
+            conn.sendall(request)
+        deadline = time.monotonic() + 10
+        while stream.active < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        baseline = threading.active_count()
+        for _ in range(5):
+            assert _ask(stream.port, request) == [
+                ("ERROR", {"message": "seed busy: 3 requests are being served; retry later"})
+            ]
+        assert stream.refused == 5 and stream.active == 3
+        assert threading.active_count() <= baseline + 1  # the refused ones' threads are gone
+        threading.Timer(0.5, stream.release.set).start()
+        started = time.monotonic()
+        with SeedClient(server.url, retries=0, backoff=0.05) as client:  # busy does not use up retries
             got = dict(client.iter_tensors())
+        assert time.monotonic() - started >= 0.4
+        for conn in held:
+            with conn:
+                assert [kind for kind, _ in _frames(conn)] == ["CHALLENGE", "TENSOR", "END"]
     assert all(_raw(got[n]) == _raw(state_dict[n]) for n in state_dict)
     assert thread_errors == []
+
+
+def test_a_seed_busy_for_too_long_is_unavailable(state_dict):
+    manifest, data = Manifest.from_state_dict(state_dict)
+    stream = HeldStream(manifest, data, max_connections=1)
+    with SeedServer(stream) as server, _connect(stream.port) as held:
+        held.sendall(encode(MessageType.TENSOR_REQUEST, {"names": []}))
+        deadline = time.monotonic() + 10
+        while stream.active < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        started = time.monotonic()
+        with SeedClient(server.url, backoff=0.05, busy_wait=0.6) as client:
+            with pytest.raises(PeerUnavailable) as info:
+                dict(client.iter_tensors())
+        assert 0.6 <= time.monotonic() - started < 3
+        assert str(info.value) == (
+            f"streaming tensors: seed {server.url} stayed busy for 0.6 s; last answer: "
+            "seed busy: 1 requests are being served; retry later"
+        )
+        stream.release.set()
 
 
 def test_a_crashing_handler_answers_with_an_error_frame(state_dict, thread_errors):
@@ -160,13 +200,21 @@ def test_a_crashing_handler_answers_with_an_error_frame(state_dict, thread_error
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        ({"max_connections": 0}, "max_connections must be positive, got 0"),
-        ({"timeout": 0}, "timeout must be a positive number of seconds, got 0"),
+        ({"max_connections": 0}, "max_connections must be a positive integer, got 0"),
+        ({"max_pending": -1}, "max_pending must be a positive integer, got -1"),
+        ({"max_pending_per_peer": 2.5}, "max_pending_per_peer must be a positive integer, got 2.5"),
+        ({"timeout": 0}, "timeout must be a number of seconds in (0, 86400], got 0"),
+        ({"timeout": float("nan")}, "timeout must be a number of seconds in (0, 86400], got nan"),
+        (
+            {"handshake_timeout": float("inf")},
+            "handshake_timeout must be a number of seconds in (0, 86400], got inf",
+        ),
     ],
 )
 def test_bad_limits(kwargs, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError) as info:
         TensorStreamServer(*Manifest.from_state_dict({}), **kwargs)
+    assert str(info.value) == message
 
 
 def test_frame_header_size_is_checked_before_reading(seed):
@@ -177,7 +225,7 @@ def test_frame_header_size_is_checked_before_reading(seed):
 
 
 def test_idle_and_partial_http_connections_are_closed_at_the_deadline(state_dict):
-    with SeedServer.serving(state_dict, timeout=0.5) as server:
+    with SeedServer.serving(state_dict, handshake_timeout=0.5) as server:
         conns = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(10)]
         for i, conn in enumerate(conns):
             if i % 2:

@@ -40,47 +40,6 @@ def _same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> bool:
     return got.keys() == want.keys() and all(_raw(got[n]) == _raw(want[n]) for n in want)
 
 
-def _openssl(*args: str, cwd) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _make_ca_and_cert(root, name: str) -> dict[str, str]:
-    """A CA and a seed certificate for 127.0.0.1/localhost it signed (EC keys: quick to make)."""
-    root.mkdir()
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl(
-        "req",
-        "-x509",
-        *ec,
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        f"/CN={name}",
-        cwd=root,
-    )
-    _openssl("req", *ec, "-keyout", "seed.key", "-out", "seed.csr", "-subj", "/CN=127.0.0.1", cwd=root)
-    (root / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    _openssl(
-        "x509", "-req", "-in", "seed.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-        "-out", "seed.pem", "-days", "2", "-extfile", "ext.cnf", cwd=root,
-    )  # fmt: skip
-    return {"ca": str(root / "ca.pem"), "cert": str(root / "seed.pem"), "key": str(root / "seed.key")}
-
-
-@pytest.fixture(scope="module")
-def tls_files(tmp_path_factory):
-    return _make_ca_and_cert(tmp_path_factory.mktemp("tls") / "good", "netloader-test-ca")
-
-
-@pytest.fixture(scope="module")
-def other_ca(tmp_path_factory):
-    return _make_ca_and_cert(tmp_path_factory.mktemp("tls") / "other", "another-ca")
-
-
 def test_non_loopback_bind_needs_a_token(state_dict):
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("seed.example") and not is_loopback("10.0.0.2")
@@ -112,13 +71,17 @@ def test_token_on_a_public_bind(state_dict):
             client.fetch_manifest()
         assert str(info.value) == (
             f"fetching the manifest: seed {url} answered 401: authentication failed: "
-            "unknown or used nonce, or a wrong MAC"
+            "the MAC does not match this seed's token"
         )
         with httpx.Client(base_url=url) as http:  # a nonce is single-use: a replayed MAC is refused
             nonce = http.get("/auth/nonce").json()["nonce"]
             credentials = {AUTH_HEADER: f"{nonce}:{mac(TOKEN, HTTP_CONTEXT, bytes.fromhex(nonce))}"}
             assert http.get("/manifest", headers=credentials).status_code == 200
-            assert http.get("/manifest", headers=credentials).status_code == 401
+            replayed = http.get("/manifest", headers=credentials)
+            assert (replayed.status_code, replayed.json()) == (
+                401,
+                {"detail": "authentication failed: the nonce was used before"},
+            )
             assert http.get("/health").status_code == 200
         with socket.create_connection(("127.0.0.1", seed.stream.port), timeout=10) as conn:
             conn.sendall(encode(MessageType.TENSOR_REQUEST, {"names": []}))
@@ -231,8 +194,21 @@ def test_tokens_from_files_and_the_environment(tmp_path, monkeypatch):
         read_token(tmp_path / "missing")
     with pytest.raises(SecurityError, match="TLS needs both a certificate and its private key"):
         ServerSecurity(TOKEN, str(tmp_path / "token"), None)
-    with pytest.raises(SecurityError, match=r"TLS certificate file /nonexistent\.pem does not exist"):
+    with pytest.raises(SecurityError) as info:
         ServerSecurity(TOKEN, "/nonexistent.pem", str(tmp_path / "token"))
+    assert (
+        str(info.value) == "cannot read the TLS certificate file /nonexistent.pem: No such file or directory"
+    )
+    (tmp_path / "short").write_bytes(b"abc\n")
+    with pytest.raises(SecurityError) as info:
+        read_token(tmp_path / "short")
+    assert str(info.value) == (
+        f"token file {tmp_path / 'short'}: the netloader token has 3 bytes; at least 16 are required "
+        "(e.g. `openssl rand -hex 32`)"
+    )
+    monkeypatch.setenv("MY_TOKEN", "tiny")
+    with pytest.raises(SecurityError, match=r"^\$MY_TOKEN: the netloader token has 4 bytes"):
+        read_token(None, "MY_TOKEN")
 
 
 def test_seed_command_security_flags(tmp_path, tls_files):

@@ -4,8 +4,10 @@ One ``httpx.Client`` is reused for the HTTP control requests. Tensors are stream
 seed's TCP stream port (:mod:`.transfer`) and received straight into the destination memory;
 each tensor's sha256 is checked before it is handed out, and a tensor whose bytes do not match
 is fetched again on its own (``GET /tensors/{name}``). Connection
-failures, timeouts, a busy seed and 5xx answers are retried ``retries`` times with exponential
-back-off, after which :class:`PeerUnavailable` says why, so a caller can fall back to another loader.
+failures, timeouts and 5xx answers are retried ``retries`` times with jittered exponential back-off
+(at most :data:`MAX_BACKOFF` seconds a wait), after which :class:`PeerUnavailable` says why, so a
+caller can fall back to another loader. A busy seed (a ``seed busy`` ERROR frame, or 503) is alive
+and serving others, so it is waited for instead, up to ``busy_wait`` seconds, without using up ``retries``.
 
 With ``token`` the client authenticates on both channels (HMAC over the seed's nonce, see
 :mod:`.security`). An ``https://`` source needs ``ca_file`` (the CA that signed the seed's
@@ -16,6 +18,7 @@ Everything a seed sends is parsed fail-closed (size, depth and integer bounds).
 from __future__ import annotations
 
 import hashlib
+import random
 import socket
 import ssl
 import time
@@ -50,9 +53,12 @@ from vllm_ascend.netloader.security import (
 
 T = TypeVar("T")
 _TRANSIENT = (httpx.HTTPStatusError, httpx.TransportError, ProtocolError, OSError)
+"""Failures worth retrying (4xx answers are refused in :meth:`_Attempts.failed`)."""
 MAX_MANIFEST_BYTES = 256 << 20
 MAX_CONTROL_BYTES = 64 << 10
-"""Failures worth retrying (4xx answers are refused in ``_check_retry``)."""
+MAX_BACKOFF = 2.0
+"""The longest wait between two attempts, in seconds."""
+_MIN_BUSY_BACKOFF = 0.05
 
 
 class NetLoaderError(RuntimeError):
@@ -72,8 +78,58 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
     return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
 
 
+def _is_busy(exc: Exception) -> bool:
+    """A seed answering that it is busy: a ``seed busy`` ERROR frame, or HTTP 503."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code == 503
+    return isinstance(exc, ProtocolError) and str(exc).startswith(BUSY_PREFIX)
+
+
+class _Attempts:
+    """Retry bookkeeping of one operation of ``client``: failures, and how long the seed has been busy."""
+
+    def __init__(self, client: SeedClient, what: str) -> None:
+        self.client, self.what = client, what
+        self.failures = 0
+        self.busy = 0
+        self.busy_until: float | None = None
+
+    def failed(self, exc: Exception) -> None:
+        """Raise when ``exc`` is final or the attempts are used up; otherwise wait before the next one."""
+        client = self.client
+        if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code < 500:
+            raise NetLoaderError(
+                f"{self.what}: seed {client.source} answered {_describe(exc.response)}"
+            ) from None
+        if _is_busy(exc):
+            now = time.monotonic()
+            if self.busy_until is None:
+                self.busy_until = now + client.busy_wait
+            left = self.busy_until - now
+            if left <= 0:
+                last = _describe(exc.response) if isinstance(exc, httpx.HTTPStatusError) else str(exc)
+                raise PeerUnavailable(
+                    f"{self.what}: seed {client.source} stayed busy for {client.busy_wait:g} s; last answer: {last}"
+                ) from None
+            self.busy += 1
+            delay = min(max(client.backoff, _MIN_BUSY_BACKOFF) * 2 ** (self.busy - 1), MAX_BACKOFF, left)
+        else:
+            self.failures += 1
+            if self.failures > client.retries:
+                raise PeerUnavailable(
+                    f"{self.what}: seed {client.source} failed {self.failures} attempts; "
+                    f"last error: {type(exc).__name__}: {exc}"
+                ) from None
+            delay = min(client.backoff * 2 ** (self.failures - 1), MAX_BACKOFF)
+        time.sleep(delay * random.uniform(0.5, 1.0))
+
+
 class SeedClient:
-    """Client of one seed at ``source`` (``http://host:port``, or ``https://`` with ``ca_file``)."""
+    """Client of one seed at ``source`` (``http://host:port``, or ``https://`` with ``ca_file``).
+
+    ``timeout`` bounds each request; failures are retried ``retries`` times, ``backoff`` seconds after
+    the first (doubling, jittered); a busy seed is waited for up to ``busy_wait`` seconds (default: ``timeout``).
+    """
 
     def __init__(
         self,
@@ -84,11 +140,13 @@ class SeedClient:
         *,
         token: str | bytes | None = None,
         ca_file: str | None = None,
+        busy_wait: float | None = None,
     ) -> None:
         self.source = source.rstrip("/")
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
+        self.busy_wait = timeout if busy_wait is None else busy_wait
         self._token = None if token is None else check_token(token)
         scheme = urlsplit(self.source).scheme
         if scheme == "https" and ca_file is None:
@@ -120,25 +178,14 @@ class SeedClient:
 
     # -- transport --------------------------------------------------------------------------
 
-    def _check_retry(self, what: str, exc: Exception, failures: int) -> None:
-        """Raise unless ``exc`` is transient and retries are left; otherwise back off."""
-        if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code < 500:
-            raise NetLoaderError(f"{what}: seed {self.source} answered {_describe(exc.response)}") from None
-        if failures > self.retries:
-            raise PeerUnavailable(
-                f"{what}: seed {self.source} failed {failures} attempts; last error: {type(exc).__name__}: {exc}"
-            ) from None
-        time.sleep(self.backoff * 2 ** (failures - 1))
-
     def _retrying(self, what: str, action: Callable[[], T]) -> T:
-        """Run ``action``, retrying transport errors, 5xx answers and truncated streams."""
-        failures = 0
+        """Run ``action``, retrying transport errors, 5xx answers, a busy seed and truncated streams."""
+        attempts = _Attempts(self, what)
         while True:
             try:
                 return action()
             except _TRANSIENT as exc:
-                failures += 1
-                self._check_retry(what, exc, failures)
+                attempts.failed(exc)
 
     def _get(self, path: str, limit: int, **params: Any) -> httpx.Response:
         """``GET path``, its answer read only up to ``limit`` bytes (a larger one is a ProtocolError)."""
@@ -251,7 +298,7 @@ class SeedClient:
 
         A broken stream is resumed after the last whole tensor, at most ``retries`` times.
         """
-        done, failures = 0, 0
+        done, attempts = 0, _Attempts(self, "streaming tensors")
         while done < len(entries):
             try:
                 for entry, digest in self._stream(entries[done:], buffers):
@@ -260,8 +307,7 @@ class SeedClient:
                     done += 1
                     yield entry
             except _TRANSIENT as exc:
-                failures += 1
-                self._check_retry("streaming tensors", exc, failures)
+                attempts.failed(exc)
 
     def _stream_endpoint(self) -> tuple[str, int]:
         """Host and port of the seed's TCP stream server (asked once through ``GET /transfer``)."""
@@ -307,10 +353,7 @@ class SeedClient:
         """Read the seed's CHALLENGE; the AUTH frame to send back (empty when no token is asked for)."""
         frame = reader.next()
         if frame is not None and frame.type is MessageType.ERROR:
-            message = frame.header["message"]
-            if message.startswith(BUSY_PREFIX):
-                raise ProtocolError(message)  # transient: retried with back-off
-            raise NetLoaderError(f"seed {self.source} reported an error: {message}")
+            raise self._seed_error(frame.header["message"])
         if frame is None or frame.type is not MessageType.CHALLENGE:
             got = "an empty stream" if frame is None else f"a {frame.type.name} frame"
             raise ProtocolError(f"expected the seed's CHALLENGE frame, got {got}")
@@ -323,6 +366,12 @@ class SeedClient:
         except ValueError:
             raise ProtocolError(f"CHALLENGE nonce {frame.header['nonce'][:80]!r} is not hex") from None
         return encode(MessageType.AUTH, {"mac": mac(self._token, STREAM_CONTEXT, nonce)})
+
+    def _seed_error(self, message: str) -> Exception:
+        """The exception for a seed's ERROR frame: ``seed busy`` is transient (waited for), the rest final."""
+        if message.startswith(BUSY_PREFIX):
+            return ProtocolError(message)
+        return NetLoaderError(f"seed {self.source} reported an error: {message}")
 
     def _stream(
         self, entries: list[TensorEntry], buffers: dict[str, torch.Tensor]
@@ -345,7 +394,7 @@ class SeedClient:
             while (frame := reader.next()) is not None:
                 header = frame.header
                 if frame.type is MessageType.ERROR:
-                    raise NetLoaderError(f"seed {self.source} reported an error: {header['message']}")
+                    raise self._seed_error(header["message"])
                 if frame.type is MessageType.END:
                     if current is not None or next(pending, None) is not None or header["bytes"] != total:
                         raise ProtocolError(

@@ -130,11 +130,17 @@ def loads_bounded(
     if depth > max_depth:
         raise ProtocolError(f"{what} nests {depth} levels deep; at most {max_depth} are allowed")
     try:
-        return json.loads(raw, parse_int=_bounded_int, parse_constant=_no_constant)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(
+            f"{what} is not valid UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start})"
+        ) from None
+    try:
+        return json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
     except ProtocolError as exc:
         raise ProtocolError(f"{what}: {exc}") from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(f"{what} is not valid JSON ({exc.msg} at offset {exc.pos})") from None
 
 
 def truncate_message(message: str, limit: int = MAX_ERROR_CHARS) -> str:
