@@ -493,7 +493,9 @@ def test_cli_mistakes_are_one_line_naming_the_file_or_option(
     )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert err.startswith("vllm-ascend quantize: cannot export: " + message.format(src=src, tmp=tmp_path)), err
+    assert err.startswith("vllm-ascend quantize: cannot export: " + message.format(src=src, tmp=tmp_path)), (
+        err
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, no temporary left
 
 
