@@ -87,10 +87,12 @@ def test_a_compile_process_killed_by_a_signal_is_reported_by_name(caplog):
     from concurrent.futures.process import BrokenProcessPool
 
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        future = pool.submit(os.abort)
+        processes = dict(pool._processes)  # what compile_specs keeps after submitting
         with pytest.raises(BrokenProcessPool):
-            pool.submit(os.abort).result(timeout=120)
+            future.result(timeout=120)
         with caplog.at_level("WARNING"):
-            _precompile._report_dead_workers(pool, ["k2", "k1", "k2"])
+            _precompile._report_dead_workers(processes, ["k2", "k1", "k2"])
     (message,) = [r.getMessage() for r in caplog.records if "ahead-of-time compile process" in r.getMessage()]
     assert f"was killed by SIGABRT ({signal.strsignal(signal.SIGABRT)})" in message
     assert "hint: a crash in native code" in message

@@ -17,11 +17,12 @@ import json
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from vllm_ascend.core.logger import init_logger
@@ -153,6 +154,9 @@ def compile_specs(specs: Sequence[str], workers: int) -> dict[str, int]:
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(workers, len(specs)), mp_context=context) as pool:
         futures = [pool.submit(compile_spec, spec) for spec in specs]
+        processes = dict(
+            getattr(pool, "_processes", None) or {}
+        )  # started by submit; kept for their exit codes
         lost: list[str] = []
         for spec, future in zip(specs, futures, strict=True):
             try:
@@ -168,20 +172,19 @@ def compile_specs(specs: Sequence[str], workers: int) -> dict[str, int]:
                 continue
             counts[name] = counts.get(name, 0) + 1
         if lost:
-            _report_dead_workers(pool, lost)
+            _report_dead_workers(processes, lost)
     return counts
 
 
-def _report_dead_workers(pool: ProcessPoolExecutor, lost: list[str]) -> None:
+def _report_dead_workers(processes: Mapping[int, BaseProcess], lost: list[str]) -> None:
     """One warning for a pool broken by a dead compile process, naming the signal that killed it."""
     from vllm_ascend.core.child import signal_death
 
-    processes = getattr(pool, "_processes", None) or {}  # the executor keeps its processes' exit codes
-    deaths = [
-        signal_death(f"ahead-of-time compile process {pid}", -process.exitcode)
-        for pid, process in processes.items()
-        if process.exitcode is not None and process.exitcode < 0
-    ]
+    deaths = []
+    for pid, process in processes.items():
+        process.join(timeout=10)  # a broken pool's processes are being stopped; their exit codes follow
+        if process.exitcode is not None and process.exitcode < 0:
+            deaths.append(signal_death(f"ahead-of-time compile process {pid}", -process.exitcode))
     logger.warning(
         "%s; %d specializations (%s) were not compiled ahead of time: the warm-up compiles them",
         "\n".join(deaths) or "a compile process exited abruptly",
