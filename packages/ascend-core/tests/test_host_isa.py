@@ -88,3 +88,12 @@ def _check_loaded(proc: subprocess.CompletedProcess[str]) -> dict:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 def test_reference_platform_loads_vllms_choice_on_this_host():
     _check_loaded(_load_in_fresh_interpreter([], timeout=300))
+
+
+def test_selection_is_found_when_the_library_is_loaded_already():
+    """Python answers an import of a loaded module from ``sys.modules``; the probe still sees the request."""
+    choice = host.selected_kernel_library(CpuPlatform.import_kernels)
+    ReferencePlatform.import_kernels()
+    loaded = {name: module for name, module in sys.modules.items() if name.startswith("vllm._C")}
+    assert host.selected_kernel_library(ReferencePlatform.import_kernels) == choice
+    assert {name: module for name, module in sys.modules.items() if name.startswith("vllm._C")} == loaded

@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from vllm_ascend.core._version import __version__
@@ -42,7 +41,6 @@ def _host() -> dict[str, Any]:
     from vllm_ascend.core.device.host import (
         host_isa,
         kernel_library_file,
-        loaded_kernel_libraries,
         selected_kernel_library,
     )
 
@@ -64,9 +62,6 @@ def _host() -> dict[str, Any]:
     except Exception as exc:
         host["kernel_problem"] = f"{type(exc).__name__}: {exc}"
         return host
-    loaded = loaded_kernel_libraries()
-    if module is None and loaded:  # loaded already: Python answered the import from sys.modules
-        module = "vllm." + Path(loaded[0]).name.split(".", 1)[0]
     host["kernel_library"] = module
     host["kernel_file"] = kernel_library_file(module) if module else None
     host["kernel_problem"] = "" if host["kernel_file"] else "vLLM's CPU kernel library was not found"
@@ -103,7 +98,7 @@ def collect() -> dict[str, Any]:
         torch_version: str | None = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch_version = None
-    host = _host() if torch_version else None  # before the plugins load (and may load the library)
+    host = _host() if torch_version else None
     device: dict[str, Any]
     detection: Detection | None
     try:

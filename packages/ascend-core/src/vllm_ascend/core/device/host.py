@@ -88,19 +88,18 @@ class _KernelImportProbe(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname.startswith(KERNEL_MODULE_PREFIX) and "." not in fullname[len("vllm.") :]:
+        if _is_kernel_module(fullname):
             self.requested.append(fullname)
             raise ImportError(f"{_IGNORED_BY_VLLM} (kernel selection probe: {fullname} not loaded)")
         return None
 
 
 def selected_kernel_library(import_kernels: Callable[[], None] = import_host_kernels) -> str | None:
-    """The ``vllm._C*`` module ``import_kernels`` imports on this host, found without loading it.
-
-    ``None`` when it imports none, or when the module it would import is loaded already (Python then
-    answers from ``sys.modules``; :func:`loaded_kernel_libraries` tells which file that is).
-    """
+    """The ``vllm._C*`` module ``import_kernels`` imports on this host, found without loading it (``None``
+    when it imports none). Kernel modules loaded already are hidden from ``sys.modules`` meanwhile, so
+    that the import reaches the probe instead of being answered from there."""
     probe = _KernelImportProbe()
+    loaded = {name: sys.modules.pop(name) for name in list(sys.modules) if _is_kernel_module(name)}
     vllm_logger = logging.getLogger("vllm")
     level = vllm_logger.level
     sys.meta_path.insert(0, probe)
@@ -110,7 +109,13 @@ def selected_kernel_library(import_kernels: Callable[[], None] = import_host_ker
     finally:
         sys.meta_path.remove(probe)
         vllm_logger.setLevel(level)
+        sys.modules.update(loaded)
     return probe.requested[0] if probe.requested else None
+
+
+def _is_kernel_module(name: str) -> bool:
+    """``vllm._C``, ``vllm._C_AVX2``, ...: a top-level kernel module of the vllm package."""
+    return name.startswith(KERNEL_MODULE_PREFIX) and "." not in name[len("vllm.") :]
 
 
 def kernel_library_file(module: str) -> str | None:
