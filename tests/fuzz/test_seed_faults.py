@@ -33,9 +33,9 @@ class FaultyStream(TensorStreamServer):
         self.release = threading.Event()
         self._local = threading.local()
 
-    def _serve(self, conn) -> None:
+    def _serve(self, stream, entries) -> None:
         self._local.sent = 0
-        super()._serve(conn)
+        super()._serve(stream, entries)
 
     def _send(self, conn, part) -> None:
         if self.stall and self._local.sent + len(part) > self.after:
