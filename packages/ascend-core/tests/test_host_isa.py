@@ -66,28 +66,24 @@ _LOAD = textwrap.dedent(
 )
 
 
-def _load_in_fresh_interpreter(prefix: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*prefix, sys.executable, "-c", _LOAD],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "VLLM_ASCEND_DEVICE": "off"},
-    )
-
-
-def _check_loaded(proc: subprocess.CompletedProcess[str]) -> dict:
-    assert proc.returncode == 0, f"status {proc.returncode}\n{proc.stderr[-3000:]}"
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["before"] == []
-    assert result["file"] and result["file"].endswith(".so")
-    assert result["after"] == [result["file"]], result
-    return result
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 def test_reference_platform_loads_vllms_choice_on_this_host():
-    _check_loaded(_load_in_fresh_interpreter([], timeout=300))
+    """In a fresh interpreter nothing of vLLM's is mapped; after the reference platform's import exactly the
+    file of vLLM's choice for this host is."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOAD],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "VLLM_ASCEND_DEVICE": "off"},
+    )
+    assert proc.returncode == 0, f"status {proc.returncode}\n{proc.stderr[-3000:]}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["choice"] == host.selected_kernel_library(CpuPlatform.import_kernels)
+    assert result["file"].endswith(".so") and result["choice"].rsplit(".", 1)[-1] in result["file"]
+    assert result["before"] == []
+    assert result["after"] == [result["file"]]
+    assert result["isa"] == host.host_isa().describe()
 
 
 def test_selection_is_found_when_the_library_is_loaded_already():
