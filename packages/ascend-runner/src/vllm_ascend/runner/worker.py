@@ -29,6 +29,7 @@ from vllm_ascend.core.logger import init_logger
 from vllm_ascend.runner.attention.mla.sparse import DSA_INDEXER_OP
 from vllm_ascend.runner.block_table import TRITON_KERNEL_OVERRIDES
 from vllm_ascend.runner.cpu_binding import bind_cpus
+from vllm_ascend.runner.kernel_overrides import register_grid_kernels, v2_kernel_table
 from vllm_ascend.runner.model_runner import NPUModelRunner
 from vllm_ascend.runner.ops.registry import enable_custom_ops, register_custom_ops
 from vllm_ascend.runner.spec_decode_kernels import SPEC_DECODE_KERNEL_OVERRIDES
@@ -115,7 +116,24 @@ class NPUWorker(Worker):
 
     @classmethod
     def triton_kernel_overrides(cls) -> dict[str, Any]:
+        """The V1 runner's stand-ins for vLLM's Triton kernels (plain functions of the launch arguments)."""
         return {**TRITON_KERNEL_OVERRIDES, **SPEC_DECODE_KERNEL_OVERRIDES}
+
+    @classmethod
+    def serves_model_runner_v2(cls) -> bool:
+        """This worker builds :class:`NPUModelRunnerV2` when vLLM selects Model Runner V2."""
+        return True
+
+    @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        """Register the V1 table with vLLM's dispatcher, and V2's (``vllm_ascend.kernels.v2``) where vLLM may
+        select V2 in this process (``vllm_bridge.serve_model_runner_v2_in_vllm`` answered its check)."""
+        from vllm.config import vllm as vllm_config_module
+        from vllm.triton_utils.dispatcher import register_kernels
+
+        register_kernels(cls.triton_kernel_overrides())
+        if vllm_config_module.HAS_TRITON and cls.serves_model_runner_v2():
+            register_grid_kernels(v2_kernel_table())
 
     def __init__(
         self,
@@ -158,7 +176,13 @@ class NPUWorker(Worker):
         set_random_seed(self.model_config.seed)
         self._init_workspace_and_model_runner()
 
-    def _make_model_runner(self) -> NPUModelRunner:
+    def _make_model_runner(self) -> Any:
+        """The V2 runner when vLLM selected Model Runner V2 (``VllmConfig.use_v2_model_runner``), else V1's."""
+        if self.use_v2_model_runner:
+            from vllm_ascend.runner.model_runner_v2 import NPUModelRunnerV2
+
+            logger.info("Using Model Runner V2")
+            return NPUModelRunnerV2(self.vllm_config, self.device)
         return NPUModelRunner(self.vllm_config, self.device)
 
     def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:

@@ -230,11 +230,12 @@ P310_BASE_PROFILE = HardwareProfile(
 
 #: ``VLLM_ASCEND_DEVICE=reference``: torch's cpu device, gloo, eager unless compilation or graphs are asked
 #: for (inductor compiles; graphs replay by re-running on their static buffers), no async scheduling; CPU binding splits the allowed CPUs among local ranks. MC2 dispatch/combine run
-#: as fixed-window all-to-alls over gloo.
+#: as fixed-window all-to-alls over gloo. Triton kernels run as their torch references (or Triton's interpreter
+#: under ``TRITON_INTERPRET=1``), Model Runner V2's included.
 REFERENCE_PROFILE = HardwareProfile(
     name="reference (torch cpu)",
     device_type=None,
-    capabilities=frozenset({C.BF16, C.INT4, C.MC2, C.GRAPH_CAPTURE}),
+    capabilities=frozenset({C.BF16, C.INT4, C.TRITON, C.MC2, C.GRAPH_CAPTURE}),
     cpu_binding=CPUBindingMode.AVERAGE,
     adaptor_family=DeviceAdaptorFamily.REFERENCE,
     torch_device="cpu",
@@ -247,7 +248,7 @@ REFERENCE_PROFILE = HardwareProfile(
 #: What the reference device honours of a family's capabilities: what it implements in torch (sparse int8
 #: weights decompress in torch) and Triton (interpreted where ``TRITON_INTERPRET=1``, else the kernels' torch
 #: references); not the fused NPU-only ops.
-EMULATED_CAPABILITIES = REFERENCE_PROFILE.capabilities | {C.TRITON, C.SPARSE_WEIGHT}
+EMULATED_CAPABILITIES = REFERENCE_PROFILE.capabilities | {C.SPARSE_WEIGHT}
 
 
 def emulating_profile(family_profile: HardwareProfile) -> HardwareProfile:

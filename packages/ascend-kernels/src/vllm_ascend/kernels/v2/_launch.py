@@ -1,0 +1,56 @@
+"""How a Model Runner V2 kernel override is launched, and what it may read.
+
+vLLM's V2 runner launches each kernel as ``kernel[grid](*args, **kwargs)``; the runner's dispatcher
+registration (``vllm_ascend.runner.kernel_overrides``) hands every launch to the override here as
+``override(grid, **arguments)``: ``grid`` the launch grid as a tuple (a grid callable already evaluated
+on the arguments), the arguments bound by the names of vLLM's kernel parameters (its ``tl.constexpr``
+defaults included). Many V2 kernels read the number of requests from the grid (``tl.num_programs``),
+so the grid is part of the contract.
+
+Each override dispatches per call on its tensors' device (``dispatch_v2``): the Ascend Triton kernel in
+``vllm_ascend.kernels._triton.v2.<module>`` where Triton runs there, else the torch reference
+``<name>_torch`` in the same module. Both take exactly the override's arguments.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from vllm_ascend.kernels._backend import KernelBackendError, use_triton
+
+Grid = tuple[int, ...]
+
+
+def grid_dim(grid: Sequence[int], axis: int) -> int:
+    """Programs along ``axis`` of a launch grid (1 past its rank, as ``tl.num_programs``)."""
+    return int(grid[axis]) if axis < len(grid) else 1
+
+
+def tensor_at(address: int, dtype: torch.dtype, numel: int, device: torch.device) -> torch.Tensor:
+    """A flat ``numel``-element view of the memory at ``address`` (a pointer a V2 kernel receives as an
+    integer, e.g. one row of a block-table pointer array). Host memory only: the references run on the
+    reference device; on an NPU the Triton kernels load through the pointer themselves."""
+    if device.type != "cpu":
+        raise KernelBackendError(
+            f"a raw pointer on device {device.type!r} cannot be read by the torch reference; "
+            "the Ascend Triton kernel serves this launch there"
+        )
+    if address == 0 or numel <= 0:
+        return torch.empty(0, dtype=dtype)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    buffer = (ctypes.c_char * (numel * itemsize)).from_address(int(address))
+    return torch.frombuffer(buffer, dtype=dtype, count=numel)
+
+
+def dispatch_v2(
+    module: str, name: str, reference: Callable[..., Any], device: torch.device
+) -> Callable[..., Any]:
+    """Override ``name`` of module ``module`` for ``device``: the Ascend Triton kernel or ``reference``."""
+    if not use_triton(device):
+        return reference
+    return getattr(importlib.import_module(f"vllm_ascend.kernels._triton.v2.{module}"), name)

@@ -1,0 +1,62 @@
+"""The runner's Triton-kernel overrides, handed to vLLM's kernel dispatcher.
+
+Two tables: the V1 runner's (slot mapping, the draft-model input builders: plain functions of the
+launch arguments) and Model Runner V2's (``vllm_ascend.kernels.v2``: every kernel V2 launches, Ascend
+Triton on NPUs, torch references on the reference device). Both go through
+``vllm.triton_utils.dispatcher.register_kernels``, vLLM's own mechanism for platform kernels. V2's
+kernels often read their request count from the launch grid, which the dispatcher's wrapper drops, so
+the V2 wrappers are given :class:`GridLaunch`'s launch: the grid and the arguments bound by vLLM's
+parameter names reach the override as ``override(grid, **arguments)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from vllm.triton_utils import dispatcher
+
+#: Triton launch options vLLM passes beside a kernel's own arguments; they mean nothing to an override.
+LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_pdl"})
+
+
+class GridLaunch(dispatcher.KernelOverride):
+    """A dispatcher override whose launches keep their grid: ``kernel[grid](*args, **kw)`` calls
+    ``impl(grid, **arguments)``, positional arguments named by the kernel's parameters."""
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        return functools.partial(self._launch_with_grid, grid)
+
+    def _launch_with_grid(self, grid: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(args) > len(self.arg_names):
+            raise TypeError(f"{self.__name__}: {len(args)} launch arguments for {len(self.arg_names)} parameters")
+        arguments = dict(zip(self.arg_names, args, strict=False))
+        for name, value in kwargs.items():
+            if name in LAUNCH_OPTIONS:
+                continue
+            if name not in self.arg_names:
+                raise TypeError(f"{self.__name__}: unexpected launch argument {name!r}")
+            arguments[name] = value
+        if callable(grid):
+            grid = grid(arguments)
+        grid = tuple(int(g) for g in (grid if isinstance(grid, tuple | list) else (grid,)))
+        return self._impl(grid, **arguments)
+
+
+def register_grid_kernels(overrides: Mapping[str, Callable[..., Any]]) -> None:
+    """``register_kernels`` for overrides taking the launch grid first (see :class:`GridLaunch`)."""
+    dispatcher.register_kernels(overrides)
+    for name in overrides:
+        host, attr = dispatcher._resolve_kernel(name)
+        wrapper = getattr(host, attr)
+        if not isinstance(wrapper, dispatcher.KernelOverride):
+            raise RuntimeError(f"vLLM's dispatcher did not install an override for {name}")
+        wrapper.__class__ = GridLaunch
+
+
+@functools.cache
+def v2_kernel_table() -> dict[str, Callable[..., Any]]:
+    from vllm_ascend.kernels.v2 import v2_kernel_overrides
+
+    return v2_kernel_overrides()

@@ -1,0 +1,64 @@
+"""NPUModelRunnerV2: vLLM's Model Runner V2 (``vllm.v1.worker.gpu``) on the NPU or the reference device.
+
+V2 is vLLM's default runner: persistent request states, an input batch built by Triton kernels, a
+sampler of Triton kernels, speculators, KV-connector and pipeline hooks. On Ascend every kernel it
+launches is served through vLLM's kernel dispatcher by ``vllm_ascend.kernels.v2`` (registered by the
+worker: Ascend Triton on NPUs, torch references on the reference device). What this class adds is the
+device: ``torch.cuda`` streams/events map onto the adaptor's while V2's code runs, model patches and HF
+config defaults apply while the model loads, and warm-up / graph capture go through the adaptor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.config import VllmConfig
+from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.core.logger import init_logger
+from vllm_ascend.runner import device_context
+from vllm_ascend.runner.model_patches import apply_config_defaults, model_patches
+
+logger = init_logger(__name__)
+
+
+class NPUModelRunnerV2(GPUModelRunner):
+    """Model Runner V2 for Ascend (see the module docstring)."""
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
+        get_device_adaptor().install_runtime_shims()
+        with device_context.torch_device_wrapper():
+            super().__init__(vllm_config, device)
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        configs = [self.model_config.hf_text_config]
+        if self.speculative_config is not None and self.speculative_config.draft_model_config is not None:
+            configs.append(self.speculative_config.draft_model_config.hf_text_config)
+        for hf_config in configs:
+            for default in apply_config_defaults(hf_config):
+                logger.info("model config: %s=%r (%s)", default.field, default.value, default.why)
+        with device_context.torch_device_wrapper(), model_patches(self.model_config.hf_text_config):
+            super().load_model(*args, **kwargs)
+
+    def execute_model(self, *args: Any, **kwargs: Any) -> Any:
+        with device_context.torch_device_wrapper():
+            return super().execute_model(*args, **kwargs)
+
+    def sample_tokens(self, *args: Any, **kwargs: Any) -> Any:
+        with device_context.torch_device_wrapper():
+            return super().sample_tokens(*args, **kwargs)
+
+    def initialize_kv_cache(self, *args: Any, **kwargs: Any) -> None:
+        with device_context.torch_device_wrapper():
+            super().initialize_kv_cache(*args, **kwargs)
+
+    def warm_up(self) -> None:
+        """One profile-sized dummy run through the model and the sampler."""
+        with device_context.torch_device_wrapper():
+            self.profile_run()
+
+    def capture_model(self, *, profile_only: bool = False) -> int:
+        with device_context.torch_device_wrapper():
+            return super().capture_model(profile_only=profile_only)
