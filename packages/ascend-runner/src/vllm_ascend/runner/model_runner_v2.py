@@ -14,12 +14,17 @@ from typing import Any
 
 import torch
 from vllm.config import VllmConfig
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.worker.gpu import model_runner as v2_model_runner
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_ascend.core.device.config import get_device_adaptor
 from vllm_ascend.core.logger import init_logger
 from vllm_ascend.runner import device_context
+from vllm_ascend.runner.kv_zeroer import AscendKVBlockZeroer
 from vllm_ascend.runner.model_patches import apply_config_defaults, model_patches
+from vllm_ascend.runner.model_runner import check_region_split_caches
+from vllm_ascend.runner.patching import replaced_names
 
 logger = init_logger(__name__)
 
@@ -50,9 +55,16 @@ class NPUModelRunnerV2(GPUModelRunner):
         with device_context.torch_device_wrapper():
             return super().sample_tokens(*args, **kwargs)
 
-    def initialize_kv_cache(self, *args: Any, **kwargs: Any) -> None:
+    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig, *args: Any, **kwargs: Any) -> None:
+        check_region_split_caches(kv_cache_config, self.compilation_config.static_forward_context)
         with device_context.torch_device_wrapper():
-            super().initialize_kv_cache(*args, **kwargs)
+            super().initialize_kv_cache(kv_cache_config, *args, **kwargs)
+
+    def _init_kv_zero_meta(self) -> None:
+        """New KV blocks are zeroed by the adaptor's block zeroing (vLLM's zeroer is a Triton kernel over raw
+        segment addresses)."""
+        with replaced_names(v2_model_runner, {"KVBlockZeroer": AscendKVBlockZeroer}):
+            super()._init_kv_zero_meta()
 
     def warm_up(self) -> None:
         """One profile-sized dummy run through the model and the sampler."""

@@ -229,7 +229,8 @@ P310_BASE_PROFILE = HardwareProfile(
 )
 
 #: ``VLLM_ASCEND_DEVICE=reference``: torch's cpu device, gloo, eager unless compilation or graphs are asked
-#: for (inductor compiles; graphs replay by re-running on their static buffers), no async scheduling; CPU binding splits the allowed CPUs among local ranks. MC2 dispatch/combine run
+#: for (inductor compiles; graphs replay by re-running on their static buffers), async scheduling as vLLM
+#: defaults it (the NPU families' path); CPU binding splits the allowed CPUs among local ranks. MC2 dispatch/combine run
 #: as fixed-window all-to-alls over gloo. Triton kernels run as their torch references (or Triton's interpreter
 #: under ``TRITON_INTERPRET=1``), Model Runner V2's included.
 REFERENCE_PROFILE = HardwareProfile(
@@ -241,7 +242,6 @@ REFERENCE_PROFILE = HardwareProfile(
     torch_device="cpu",
     dist_backend="gloo",
     eager_by_default=True,
-    async_scheduling=False,
     preferred_block_size=128,
 )
 

@@ -1,0 +1,70 @@
+"""Which model runner vLLM selects with the plugin: vLLM's own decision (``VllmConfig.use_v2_model_runner``),
+now that V2's kernels run on this platform — V2 by default, V1 where vLLM falls back (the suffix method,
+``VLLM_USE_V2_MODEL_RUNNER=0``), V1 on a family without Triton (310P), where V2 asked for is refused by name.
+Each case builds vLLM's engine config in a fresh interpreter (vLLM picks its platform once per process)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from vllm_ascend.core.testing import run_vllm_script
+
+SCRIPT = r"""
+import json, sys
+spec = json.loads(sys.argv[1])
+from vllm.engine.arg_utils import EngineArgs
+try:
+    config = EngineArgs(model=spec["model"], dtype=spec.get("dtype", "float32"), max_model_len=256,
+                        **spec["options"]).create_engine_config()
+except Exception as exc:
+    print("RESULT " + json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+else:
+    print("RESULT " + json.dumps({
+        "v2": config.use_v2_model_runner,
+        "async": config.scheduler_config.async_scheduling,
+        "worker": config.parallel_config.worker_cls,
+    }))
+"""
+
+
+def _select(model: Path, env: dict[str, str] | None = None, dtype: str = "float32", **options) -> dict:
+    environ = {**os.environ, "VLLM_ASCEND_DEVICE": "reference", **(env or {})}
+    if env is None or "VLLM_USE_V2_MODEL_RUNNER" not in env:
+        environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+    spec = {"model": str(model), "options": options, "dtype": dtype}
+    result, output = run_vllm_script(SCRIPT, json.dumps(spec), env=environ, timeout=240)
+    assert result is not None, output[-4000:]
+    return result
+
+
+def test_v2_is_vllms_default_with_async_scheduling(tiny_qwen3):
+    assert _select(tiny_qwen3) == {
+        "v2": True,
+        "async": True,
+        "worker": "vllm_ascend.runner.worker.NPUWorker",
+    }
+
+
+@pytest.mark.parametrize(
+    ("env", "options", "v2"),
+    [
+        ({"VLLM_USE_V2_MODEL_RUNNER": "0"}, {}, False),
+        ({"VLLM_USE_V2_MODEL_RUNNER": "1"}, {}, True),
+        ({}, {"speculative_config": {"method": "suffix", "num_speculative_tokens": 2}}, False),
+    ],
+    ids=["env-0", "env-1", "suffix-falls-back"],
+)
+def test_vllm_decides_the_runner(tiny_qwen3, env, options, v2):
+    assert _select(tiny_qwen3, env, **options)["v2"] is v2
+
+
+def test_310p_keeps_v1_and_refuses_v2_by_name(tiny_qwen3):
+    family = {"VLLM_ASCEND_REFERENCE_FAMILY": "310p"}
+    assert _select(tiny_qwen3, family, dtype="float16")["v2"] is False
+    refused = _select(tiny_qwen3, {**family, "VLLM_USE_V2_MODEL_RUNNER": "1"}, dtype="float16")
+    assert "VLLM_USE_V2_MODEL_RUNNER=1" in refused["error"], refused
+    assert "Model Runner V2" in refused["error"] and "310P" in refused["error"], refused
