@@ -398,9 +398,11 @@ class AscendPlatform(Platform):
 
     @classmethod
     def _check_speculative_method(cls, vllm_config: VllmConfig) -> None:
-        """Refuse speculative methods no installed sibling provides (the runner drafts with these)."""
+        """On the V1 runner, refuse speculative methods no installed sibling provides (it drafts with these);
+        Model Runner V2 drafts with vLLM's own speculators, on the V2 kernels, and vLLM itself sends the
+        methods V2 lacks to V1."""
         spec = vllm_config.speculative_config
-        if spec is None:
+        if spec is None or vllm_config.use_v2_model_runner:
             return
         from vllm_ascend.core.config import ConfigError
         from vllm_ascend.core.extensions import load_extensions

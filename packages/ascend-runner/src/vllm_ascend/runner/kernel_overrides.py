@@ -44,8 +44,22 @@ class GridLaunch(dispatcher.KernelOverride):
         return self._impl(grid, **arguments)
 
 
+def _next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def provide_host_helpers() -> None:
+    """V2's launch sites size tiles with ``triton.next_power_of_2`` on the host; without Triton, vLLM's
+    ``triton`` is a placeholder module lacking it, so the same function is given to the placeholder."""
+    from vllm.triton_utils import triton as vllm_triton
+
+    if not hasattr(vllm_triton, "next_power_of_2"):
+        vllm_triton.next_power_of_2 = _next_power_of_2
+
+
 def register_grid_kernels(overrides: Mapping[str, Callable[..., Any]]) -> None:
     """``register_kernels`` for overrides taking the launch grid first (see :class:`GridLaunch`)."""
+    provide_host_helpers()
     dispatcher.register_kernels(overrides)
     for name in overrides:
         host, attr = dispatcher._resolve_kernel(name)

@@ -18,6 +18,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.worker.gpu import model_runner as v2_model_runner
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
+from vllm_ascend.core.config import ConfigError, get_section
 from vllm_ascend.core.device.config import get_device_adaptor
 from vllm_ascend.core.logger import init_logger
 from vllm_ascend.runner import device_context
@@ -29,10 +30,25 @@ from vllm_ascend.runner.patching import replaced_names
 logger = init_logger(__name__)
 
 
+def _dynamic_spec_enabled(vllm_config: VllmConfig) -> bool:
+    if vllm_config.speculative_config is None:
+        return False
+    try:
+        return bool(get_section("dynamic_spec_config").enabled)
+    except ConfigError:  # served by vllm-ascend[specdecode]; not installed, not given
+        return False
+
+
 class NPUModelRunnerV2(GPUModelRunner):
     """Model Runner V2 for Ascend (see the module docstring)."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
+        if _dynamic_spec_enabled(vllm_config):
+            raise ConfigError(
+                "additional_config.dynamic_spec_config.enabled = true is served by the V1 model runner only "
+                "(Model Runner V2 sizes drafts with vLLM's own acceptance estimator); set "
+                "VLLM_USE_V2_MODEL_RUNNER=0 or disable dynamic_spec_config"
+            )
         get_device_adaptor().install_runtime_shims()
         with device_context.torch_device_wrapper():
             super().__init__(vllm_config, device)

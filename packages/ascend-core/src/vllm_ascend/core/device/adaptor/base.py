@@ -148,7 +148,8 @@ class BaseDeviceAdaptor(abc.ABC):
 
     @abc.abstractmethod
     def stream_api(self) -> dict[str, Any]:
-        """The ``torch.cuda``-style stream/event API: ``Stream``, ``Event``, ``current_stream``, ``stream``."""
+        """The ``torch.cuda``-style stream/event API: ``Stream``, ``Event``, ``current_stream``, ``stream``,
+        ``set_stream`` (Model Runner V2's async output copies switch streams with it)."""
 
     @abc.abstractmethod
     def capture_graph(

@@ -187,6 +187,7 @@ class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
             "Event": npu.Event,
             "current_stream": npu.current_stream,
             "stream": npu.stream,
+            "set_stream": npu.set_stream,
         }
 
     def install_runtime_shims(self) -> None:

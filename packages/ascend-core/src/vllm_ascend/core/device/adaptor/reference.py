@@ -547,6 +547,7 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
             "Event": ReferenceEvent,
             "current_stream": lambda device=None: ReferenceStream(),
             "stream": _stream_context,
+            "set_stream": _no_op,
         }
 
     def capture_graph(
