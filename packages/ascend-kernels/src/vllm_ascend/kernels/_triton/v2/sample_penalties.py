@@ -1,0 +1,181 @@
+"""Ascend Triton kernels of :mod:`vllm_ascend.kernels.v2.sample_penalties`.
+
+One program per vector core walks the rows grid-stride and sweeps each row in UB-sized tiles. The
+prompt bitmask is read per element (word ``col // 32``, bit ``col % 32``) instead of vLLM's
+``[BLOCK / 32, 32]`` reshape, so a tile is any power of two.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+
+
+@triton.jit
+def _bincount_kernel(
+    idx_mapping_ptr,
+    all_token_ids_ptr,
+    all_token_ids_stride,
+    prompt_len_ptr,
+    prefill_len_ptr,
+    prompt_bin_mask_ptr,
+    prompt_bin_mask_stride,
+    output_bin_counts_ptr,
+    output_bin_counts_stride,
+    num_tokens,
+    covered,
+    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    for token in range(pid, num_tokens, programs):
+        state = tl.load(idx_mapping_ptr + token).to(tl.int64)
+        prompt_len = tl.load(prompt_len_ptr + state)
+        prefill_len = tl.load(prefill_len_ptr + state)
+        # vLLM's blocks starting at or past prefill_len read nothing (also no prompt tokens).
+        live = tl.minimum(covered, tl.cdiv(prefill_len, BLOCK_SIZE) * BLOCK_SIZE)
+        end = tl.minimum(live, tl.maximum(prompt_len, prefill_len))
+        tokens_row = all_token_ids_ptr + state * all_token_ids_stride
+        mask_row = prompt_bin_mask_ptr + state * prompt_bin_mask_stride
+        counts_row = output_bin_counts_ptr + state * output_bin_counts_stride
+        for start in range(0, end, TILE):
+            pos = start + tl.arange(0, TILE)
+            in_prompt = pos < tl.minimum(prompt_len, end)
+            in_output = (pos >= prompt_len) & (pos < tl.minimum(prefill_len, end))
+            tok = tl.load(tokens_row + pos, mask=in_prompt | in_output, other=0)
+            one = tl.full([TILE], 1, tl.int32)
+            tl.atomic_or(mask_row + tok // 32, one << (tok % 32), mask=in_prompt)
+            tl.atomic_add(counts_row + tok, one, mask=in_output)
+
+
+def bincount(
+    grid: Grid,
+    expanded_idx_mapping_ptr: torch.Tensor,
+    all_token_ids_ptr: torch.Tensor,
+    all_token_ids_stride: int,
+    prompt_len_ptr: torch.Tensor,
+    prefill_len_ptr: torch.Tensor,
+    prompt_bin_mask_ptr: torch.Tensor,
+    prompt_bin_mask_stride: int,
+    output_bin_counts_ptr: torch.Tensor,
+    output_bin_counts_stride: int,
+    BLOCK_SIZE: int,
+) -> None:
+    num_tokens, num_blocks = grid_dim(grid, 0), grid_dim(grid, 1)
+    if num_tokens == 0 or num_blocks == 0:
+        return
+    device = all_token_ids_ptr.device
+    programs = max(1, min(num_tokens, geometry(device).persistent_programs()))
+    _bincount_kernel[(programs,)](
+        expanded_idx_mapping_ptr,
+        all_token_ids_ptr,
+        all_token_ids_stride,
+        prompt_len_ptr,
+        prefill_len_ptr,
+        prompt_bin_mask_ptr,
+        prompt_bin_mask_stride,
+        output_bin_counts_ptr,
+        output_bin_counts_stride,
+        num_tokens,
+        num_blocks * BLOCK_SIZE,
+        BLOCK_SIZE=BLOCK_SIZE,
+        TILE=min(BLOCK_SIZE, ub_cap(device, 16 if IS_INTERPRETED else 2048, 4)),
+    )
+
+
+@triton.jit
+def _penalties_kernel(
+    logits_ptr,
+    logits_stride,
+    idx_mapping_ptr,
+    token_ids_ptr,
+    local_pos_ptr,
+    repetition_penalty_ptr,
+    frequency_penalty_ptr,
+    presence_penalty_ptr,
+    prompt_bin_mask_ptr,
+    prompt_bin_mask_stride,
+    output_bin_counts_ptr,
+    output_bin_counts_stride,
+    num_tokens,
+    width,
+    TILE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    for token in range(pid, num_tokens, programs):
+        state = tl.load(idx_mapping_ptr + token).to(tl.int64)
+        rep = tl.load(repetition_penalty_ptr + state).to(tl.float32)
+        freq = tl.load(frequency_penalty_ptr + state).to(tl.float32)
+        pres = tl.load(presence_penalty_ptr + state).to(tl.float32)
+        use_rep = rep != 1.0
+        if use_rep | (freq != 0.0) | (pres != 0.0):
+            pos = tl.load(local_pos_ptr + token)
+            first_draft = token_ids_ptr + tl.cast(token, tl.int64) - pos + 1
+            row = logits_ptr + tl.cast(token, tl.int64) * logits_stride
+            counts_row = output_bin_counts_ptr + state * output_bin_counts_stride
+            mask_row = prompt_bin_mask_ptr + state * prompt_bin_mask_stride
+            for start in range(0, width, TILE):
+                cols = start + tl.arange(0, TILE)
+                valid = cols < width
+                x = tl.load(row + cols, mask=valid, other=0.0).to(tl.float32)
+                counts = tl.load(counts_row + cols, mask=valid, other=0)
+                for k in range(0, pos):
+                    counts += (cols == tl.load(first_draft + k)).to(tl.int32)
+                seen = counts > 0
+                if use_rep:
+                    word = tl.load(mask_row + cols // 32, mask=valid, other=0)
+                    in_prompt = ((word >> (cols % 32)) & 1) != 0
+                    scale = tl.where(in_prompt | seen, rep, 1.0)
+                    x = x * tl.where(x > 0, 1.0 / scale, scale)
+                x = x - freq * counts.to(tl.float32)
+                x = x - pres * seen.to(tl.float32)
+                tl.store(row + cols, x.to(logits_ptr.dtype.element_ty), mask=valid)
+
+
+def penalties(
+    grid: Grid,
+    logits_ptr: torch.Tensor,
+    logits_stride: int,
+    expanded_idx_mapping_ptr: torch.Tensor,
+    token_ids_ptr: torch.Tensor,
+    expanded_local_pos_ptr: torch.Tensor,
+    repetition_penalty_ptr: torch.Tensor,
+    frequency_penalty_ptr: torch.Tensor,
+    presence_penalty_ptr: torch.Tensor,
+    prompt_bin_mask_ptr: torch.Tensor,
+    prompt_bin_mask_stride: int,
+    output_bin_counts_ptr: torch.Tensor,
+    output_bin_counts_stride: int,
+    vocab_size: int,
+    BLOCK_SIZE: int,
+) -> None:
+    num_tokens = grid_dim(grid, 0)
+    width = min(vocab_size, grid_dim(grid, 1) * BLOCK_SIZE)
+    if num_tokens == 0 or width <= 0:
+        return
+    device = logits_ptr.device
+    programs = max(1, min(num_tokens, geometry(device).persistent_programs()))
+    _penalties_kernel[(programs,)](
+        logits_ptr,
+        logits_stride,
+        expanded_idx_mapping_ptr,
+        token_ids_ptr,
+        expanded_local_pos_ptr,
+        repetition_penalty_ptr,
+        frequency_penalty_ptr,
+        presence_penalty_ptr,
+        prompt_bin_mask_ptr,
+        prompt_bin_mask_stride,
+        output_bin_counts_ptr,
+        output_bin_counts_stride,
+        num_tokens,
+        width,
+        TILE=min(triton.next_power_of_2(width), ub_cap(device, 32 if IS_INTERPRETED else 4096, 6)),
+    )

@@ -1,0 +1,309 @@
+"""Overrides of the kernels of vLLM's ``vllm/v1/worker/gpu/sample/gumbel.py`` (temperature scaling and
+seeded Gumbel-max sampling), with torch versions of its murmur3 noise stream.
+
+The noise is a counter-based hash: the uniform of vocabulary entry ``k`` of token position ``pos`` of a
+request seeded ``seed`` is a function of ``(seed, pos, k)`` only, so seeded requests draw the same
+tokens as on vLLM's GPUs. :func:`murmur3_hash32_torch` reproduces vLLM's ``murmur3_hash32`` bit for
+bit (uint32 arithmetic emulated in int64), :func:`murmur3_uniform32_torch` /
+:func:`murmur3_uniform64_torch` its uniforms exactly, :func:`gumbel_noise_torch` the noise to float
+rounding (``log``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim
+
+_VLLM = "vllm.v1.worker.gpu.sample.gumbel"
+
+_U32 = 0xFFFFFFFF
+#: Added to the position of draft tokens (vLLM's ``_DRAFT_NOISE_SALT``): disjoint draft noise.
+DRAFT_NOISE_SALT = 1 << 30
+#: The domain of the high word of the 64-bit uniform.
+UNIFORM64_HIGH_DOMAIN = 0x9E3779B9
+
+
+def _mul32(a: torch.Tensor, b: int) -> torch.Tensor:
+    """``a * b mod 2**32`` for ``a`` in ``[0, 2**32)`` (int64) without int64 overflow."""
+    lo = a * (b & 0xFFFF)
+    hi = ((a * (b >> 16)) & 0xFFFF) << 16
+    return (lo + hi) & _U32
+
+
+def _rotl32(a: torch.Tensor, shift: int) -> torch.Tensor:
+    return ((a << shift) & _U32) | (a >> (32 - shift))
+
+
+def _mix(h: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    key = _rotl32(_mul32(key, 0xCC9E2D51), 15)
+    key = _mul32(key, 0x1B873593)
+    h = _rotl32(h ^ key, 13)
+    return (h * 5 + 0xE6546B64) & _U32
+
+
+def _fmix(h: torch.Tensor) -> torch.Tensor:
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def murmur3_hash32_torch(
+    seed: torch.Tensor, pos: torch.Tensor, offset: torch.Tensor, domain: int = 0
+) -> torch.Tensor:
+    """vLLM's ``murmur3_hash32(seed, pos, offset, domain)`` as int64 values in ``[0, 2**32)``
+    (broadcasting): murmur3 of the words ``seed`` low, ``seed`` high, ``pos`` low, ``offset`` (as
+    uint32), starting from ``domain``."""
+    seed = seed.to(torch.int64)
+    pos = pos.to(torch.int64)
+    offset = offset.to(torch.int64) & _U32
+    h = torch.full_like(seed, domain & _U32)
+    h = _mix(h, seed & _U32)
+    h = _mix(h, (seed >> 32) & _U32)
+    h = _mix(h, pos & _U32)
+    h = _mix(h, offset)
+    return _fmix(h ^ 16)
+
+
+def murmur3_uniform32_torch(seed: torch.Tensor, pos: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """vLLM's ``murmur3_uniform32``: ``fp32((hash + 0.5) * 2**-32)``, in ``(0, 1)``, bit-exact."""
+    r = murmur3_hash32_torch(seed, pos, offset)
+    # Both halves and their scaled sum are exact in float64; one rounding to float32, as vLLM's.
+    return ((r >> 16).double() * 2.0**-16 + ((r & 0xFFFF).double() + 0.5) * 2.0**-32).float()
+
+
+def murmur3_uniform64_torch(seed: torch.Tensor, pos: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """vLLM's ``murmur3_uniform64``: 53 bits from two hash domains, ``(r + 0.5) * 2**-53`` (fp64),
+    never 1.0."""
+    lo = murmur3_hash32_torch(seed, pos, offset)
+    hi = murmur3_hash32_torch(seed, pos, offset, domain=UNIFORM64_HIGH_DOMAIN)
+    random53 = (hi << 21) | (lo >> 11)
+    uniform = (random53.double() + 0.5) * 2.0**-53
+    return torch.where(uniform == 1.0, uniform - 2.0**-53, uniform)
+
+
+def _log1p_neg_stable(value: torch.Tensor) -> torch.Tensor:
+    """``log(1 - value)`` in float32 as vLLM computes it (degree-8 series below 0.25)."""
+
+    def c(x: float) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.float32)
+
+    polynomial = c(1.0 / 8.0)
+    for k in (7.0, 6.0, 5.0, 4.0, 3.0, 2.0):
+        polynomial = c(1.0 / k) + value * polynomial
+    polynomial = c(1.0) + value * polynomial
+    series = -value * polynomial
+    direct = torch.log(torch.clamp_min(c(1.0) - value, 5.960464477539063e-08))
+    return torch.where(value < 0.25, series, direct)
+
+
+def gumbel_noise_torch(
+    seed: torch.Tensor, pos: torch.Tensor, offset: torch.Tensor, use_fp64: bool = False
+) -> torch.Tensor:
+    """vLLM's Gumbel noise of ``(seed, pos, offset)`` (the part of ``gumbel_noised_argmax`` after the
+    draft salt): float32 ``-log(-log1p(-u))`` of the 32-bit uniform, or float64 ``-log(-log(u))`` of
+    the 64-bit one."""
+    if use_fp64:
+        return -torch.log(-torch.log(murmur3_uniform64_torch(seed, pos, offset)))
+    return -torch.log(-_log1p_neg_stable(murmur3_uniform32_torch(seed, pos, offset)))
+
+
+def _rows(t: torch.Tensor, rows: int, stride: int, width: int) -> torch.Tensor:
+    """The ``[rows, width]`` view a kernel addresses as ``ptr + row * stride + col``."""
+    return t.as_strided((rows, width), (stride, 1), t.storage_offset())
+
+
+def temperature_torch(
+    grid: Grid,
+    logits_ptr: torch.Tensor,
+    logits_stride: int,
+    expanded_idx_mapping_ptr: torch.Tensor,
+    temperature_ptr: torch.Tensor,
+    vocab_size: int,
+    BLOCK_SIZE: int,
+) -> None:
+    """Reference of :func:`temperature`."""
+    num_tokens = grid_dim(grid, 0)
+    width = min(vocab_size, grid_dim(grid, 1) * BLOCK_SIZE)
+    if num_tokens == 0 or width <= 0:
+        return
+    logits = _rows(logits_ptr, num_tokens, logits_stride, width)
+    temp = temperature_ptr[expanded_idx_mapping_ptr[:num_tokens].long()].float()
+    scaled = ((temp != 0.0) & (temp != 1.0)).nonzero().flatten()
+    if scaled.numel():
+        rows = logits[scaled].float() / temp[scaled, None]
+        logits[scaled] = rows.to(logits.dtype)
+
+
+def temperature(
+    grid: Grid,
+    logits_ptr: torch.Tensor,
+    logits_stride: int,
+    expanded_idx_mapping_ptr: torch.Tensor,
+    temperature_ptr: torch.Tensor,
+    vocab_size: int,
+    BLOCK_SIZE: int,
+) -> None:
+    """Divides, in place, the logits of each token ``t < grid[0]`` by its request's temperature
+    (``temperature_ptr[expanded_idx_mapping_ptr[t]]``, in float32), the first
+    ``min(vocab_size, grid[1] * BLOCK_SIZE)`` columns; rows at temperature 0 (greedy) or 1 untouched."""
+    impl = dispatch_v2("sample_gumbel", "temperature", temperature_torch, logits_ptr.device)
+    impl(
+        grid,
+        logits_ptr,
+        logits_stride,
+        expanded_idx_mapping_ptr,
+        temperature_ptr,
+        vocab_size,
+        BLOCK_SIZE,
+    )
+
+
+def gumbel_sample_torch(
+    grid: Grid,
+    local_argmax_ptr: torch.Tensor,
+    local_argmax_stride: int,
+    local_max_ptr: torch.Tensor,
+    local_max_stride: int,
+    logits_cache_ptr: torch.Tensor | None,
+    logits_cache_stride_0: int,
+    logits_cache_stride_1: int,
+    logits_cache_col_ptr: torch.Tensor | None,
+    logits_cache_source_ptr: torch.Tensor | None,
+    logits_cache_source_stride: int,
+    logits_ptr: torch.Tensor,
+    logits_stride: int,
+    expanded_idx_mapping_ptr: torch.Tensor,
+    seeds_ptr: torch.Tensor,
+    pos_ptr: torch.Tensor,
+    temp_ptr: torch.Tensor,
+    vocab_size: int,
+    BLOCK_SIZE: int,
+    IS_DRAFTING: bool,
+    APPLY_TEMPERATURE: bool,
+    USE_FP64: bool,
+    PER_TOKEN_COL: bool,
+) -> None:
+    """Reference of :func:`gumbel_sample`."""
+    num_tokens, num_blocks = grid_dim(grid, 0), grid_dim(grid, 1)
+    if num_tokens == 0 or num_blocks == 0:
+        return
+    width = num_blocks * BLOCK_SIZE
+    covered = max(0, min(vocab_size, width))
+    device = logits_ptr.device
+    req = expanded_idx_mapping_ptr[:num_tokens].long()
+    valid = req >= 0
+    safe_req = req.clamp_min(0)
+
+    if logits_cache_ptr is not None and covered:
+        assert logits_cache_col_ptr is not None and logits_cache_source_ptr is not None
+        col = logits_cache_col_ptr[:num_tokens] if PER_TOKEN_COL else logits_cache_col_ptr.reshape(-1)[:1]
+        col = col.long().expand(num_tokens)
+        source = _rows(logits_cache_source_ptr, num_tokens, logits_cache_source_stride, covered)
+        cache = logits_cache_ptr.as_strided(
+            (logits_cache_ptr.shape[0], logits_cache_ptr.shape[1], covered),
+            (logits_cache_stride_0, logits_cache_stride_1, 1),
+            logits_cache_ptr.storage_offset(),
+        )
+        cache[req[valid], col[valid]] = source[valid].to(cache.dtype)
+
+    temp = torch.where(valid, temp_ptr[safe_req].float(), torch.zeros((), device=device))
+    seed = torch.where(valid, seeds_ptr[safe_req].long(), torch.zeros((), dtype=torch.int64, device=device))
+    pos = pos_ptr[:num_tokens].long()
+
+    logits = torch.full((num_tokens, width), float("-inf"), dtype=torch.float32, device=device)
+    if covered:
+        logits[:, :covered] = _rows(logits_ptr, num_tokens, logits_stride, covered).float()
+    sampled = temp != 0.0
+    if APPLY_TEMPERATURE:
+        divisor = torch.where(sampled, temp, torch.ones((), device=device))
+        logits = logits / divisor[:, None]
+    if USE_FP64:
+        logits = logits.double()
+    if bool(sampled.any()):
+        keys = torch.arange(width, device=device, dtype=torch.int64)
+        if IS_DRAFTING:
+            pos = pos + DRAFT_NOISE_SALT
+        noise = gumbel_noise_torch(seed[:, None], pos[:, None], keys[None, :], use_fp64=USE_FP64)
+        in_vocab = (keys < vocab_size)[None, :]
+        noised = torch.where(in_vocab, logits + noise, float("-inf"))
+        logits = torch.where(sampled[:, None], noised, logits)
+
+    # Triton's max(return_indices=True): the leftmost maximum (NaN compares as nothing: taken as -inf).
+    blocks = logits.reshape(num_tokens, num_blocks, BLOCK_SIZE)
+    blocks = blocks.masked_fill(blocks.isnan(), float("-inf"))
+    value = blocks.amax(dim=-1)
+    first = (blocks == value[..., None]).to(torch.int8).argmax(dim=-1)
+    token = first + torch.arange(num_blocks, device=device)[None, :] * BLOCK_SIZE
+    _rows(local_argmax_ptr, num_tokens, local_argmax_stride, num_blocks).copy_(token)
+    _rows(local_max_ptr, num_tokens, local_max_stride, num_blocks).copy_(value)
+
+
+def gumbel_sample(
+    grid: Grid,
+    local_argmax_ptr: torch.Tensor,
+    local_argmax_stride: int,
+    local_max_ptr: torch.Tensor,
+    local_max_stride: int,
+    logits_cache_ptr: torch.Tensor | None,
+    logits_cache_stride_0: int,
+    logits_cache_stride_1: int,
+    logits_cache_col_ptr: torch.Tensor | None,
+    logits_cache_source_ptr: torch.Tensor | None,
+    logits_cache_source_stride: int,
+    logits_ptr: torch.Tensor,
+    logits_stride: int,
+    expanded_idx_mapping_ptr: torch.Tensor,
+    seeds_ptr: torch.Tensor,
+    pos_ptr: torch.Tensor,
+    temp_ptr: torch.Tensor,
+    vocab_size: int,
+    BLOCK_SIZE: int,
+    IS_DRAFTING: bool,
+    APPLY_TEMPERATURE: bool,
+    USE_FP64: bool,
+    PER_TOKEN_COL: bool,
+) -> None:
+    """Per-block Gumbel-max candidates: for token ``t < grid[0]`` and vocabulary block ``b < grid[1]``
+    (``BLOCK_SIZE`` columns), ``local_argmax[t, b]`` / ``local_max[t, b]`` = the argmax (token id) and
+    max of ``logits / temp + gumbel(seed, pos, token id)`` over the block (float32, or float64 with
+    ``USE_FP64``; plain logits for temperature 0 and for rows whose ``expanded_idx_mapping`` is
+    negative; no division without ``APPLY_TEMPERATURE``; ``pos + 2**30`` when ``IS_DRAFTING``).
+    With a logits cache, the raw source logits of ``t`` are also copied to
+    ``logits_cache[req, col]`` (``col`` per token with ``PER_TOKEN_COL``)."""
+    impl = dispatch_v2("sample_gumbel", "gumbel_sample", gumbel_sample_torch, logits_ptr.device)
+    impl(
+        grid,
+        local_argmax_ptr,
+        local_argmax_stride,
+        local_max_ptr,
+        local_max_stride,
+        logits_cache_ptr,
+        logits_cache_stride_0,
+        logits_cache_stride_1,
+        logits_cache_col_ptr,
+        logits_cache_source_ptr,
+        logits_cache_source_stride,
+        logits_ptr,
+        logits_stride,
+        expanded_idx_mapping_ptr,
+        seeds_ptr,
+        pos_ptr,
+        temp_ptr,
+        vocab_size,
+        BLOCK_SIZE,
+        IS_DRAFTING,
+        APPLY_TEMPERATURE,
+        USE_FP64,
+        PER_TOKEN_COL,
+    )
+
+
+OVERRIDES: dict[str, Callable[..., Any]] = {
+    f"{_VLLM}._temperature_kernel": temperature,
+    f"{_VLLM}._gumbel_sample_kernel": gumbel_sample,
+}

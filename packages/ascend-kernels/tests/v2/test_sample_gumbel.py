@@ -1,0 +1,142 @@
+"""V2 temperature / Gumbel sampling: the Ascend Triton kernels (interpreter) against the torch references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_ascend.kernels._triton.v2 import sample_gumbel as triton_impl
+from vllm_ascend.kernels.v2 import sample_gumbel as v2
+
+
+@pytest.mark.parametrize("seed", [0, 1, -1, 2**63 - 1, -(2**63), 0x1234_5678_9ABC_DEF0])
+def test_murmur3_uniform_is_bit_exact(seed: int) -> None:
+    n = 300
+    for pos in (0, 9, 2**31 + 5):
+        out = triton_impl.murmur3_uniforms(torch.tensor([seed]), torch.tensor([pos]), n)
+        expected = v2.murmur3_uniform32_torch(torch.tensor(seed), torch.tensor(pos), torch.arange(n))
+        assert torch.equal(out, expected), (seed, pos)
+
+
+def _assert_within_one_ulp(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    a, e = actual.double(), expected.double()
+    mant = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}[actual.dtype]
+    scale = torch.maximum(a.abs(), e.abs()).clamp_min(torch.finfo(actual.dtype).tiny)
+    ulp = torch.exp2(torch.floor(torch.log2(scale)) - mant)
+    assert ((a - e).abs() <= ulp).all(), (a - e).abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("num_tokens", "vocab", "block"), [(0, 40, 16), (1, 40, 16), (7, 150, 128), (9, 100, 32)]
+)
+def test_temperature(num_tokens: int, vocab: int, block: int, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(num_tokens * 31 + vocab)
+    args = {
+        "logits_ptr": (torch.randn(num_tokens, vocab + 3, generator=g) * 4).to(dtype),
+        "logits_stride": vocab + 3,
+        "expanded_idx_mapping_ptr": torch.randint(0, 8, (num_tokens,), generator=g, dtype=torch.int32),
+        "temperature_ptr": torch.tensor([0.0, 1.0, 0.7, 1.5, 0.3, 2.0, 0.0, 0.9]),
+        "vocab_size": vocab,
+        "BLOCK_SIZE": block,
+    }
+    grid = (num_tokens, (vocab + block - 1) // block)
+    ref = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    v2.temperature_torch(grid, **ref)
+    triton_impl.temperature(grid, **args)
+    if dtype == torch.float32:
+        assert torch.equal(args["logits_ptr"], ref["logits_ptr"])
+    else:  # the interpreter truncates the float32 -> bfloat16 store, torch rounds
+        _assert_within_one_ulp(args["logits_ptr"], ref["logits_ptr"])
+    assert torch.equal(args["logits_ptr"][:, vocab:], ref["logits_ptr"][:, vocab:])
+
+
+def _gumbel_args(g, num_tokens, vocab, block, *, cache, draft, apply_temp, dtype, fp64=False):
+    max_reqs, num_cols = 6, 3
+    num_blocks = (vocab + block - 1) // block
+    idx = torch.randint(0, max_reqs, (num_tokens,), generator=g, dtype=torch.int32)
+    if cache is not None:  # distinct requests: two tokens caching into one row would race
+        idx = torch.randperm(max_reqs, generator=g)[:num_tokens].to(torch.int32)
+    if num_tokens > 2:
+        idx[2] = -1  # a padded row
+    logits = (torch.randn(num_tokens, vocab, generator=g) * 3).to(dtype)
+    if num_tokens > 1:
+        logits[1, 5] = logits[1, 9] = 50.0  # a tie on a greedy or sampled row
+    args = {
+        "local_argmax_ptr": torch.full((num_tokens, num_blocks), -5, dtype=torch.int64),
+        "local_argmax_stride": num_blocks,
+        "local_max_ptr": torch.full(
+            (num_tokens, num_blocks), 7.0, dtype=torch.float64 if fp64 else torch.float32
+        ),
+        "local_max_stride": num_blocks,
+        "logits_cache_ptr": None,
+        "logits_cache_stride_0": 0,
+        "logits_cache_stride_1": 0,
+        "logits_cache_col_ptr": None,
+        "logits_cache_source_ptr": None,
+        "logits_cache_source_stride": 0,
+        "logits_ptr": logits,
+        "logits_stride": vocab,
+        "expanded_idx_mapping_ptr": idx,
+        "seeds_ptr": torch.tensor([3, -(2**62) + 11, 2**40 + 1, 0, 12345, -1]),
+        "pos_ptr": torch.randint(0, 3000, (num_tokens,), generator=g),
+        "temp_ptr": torch.tensor([0.0, 1.0, 0.7, 1.3, 0.0, 0.5]),
+        "vocab_size": vocab,
+        "BLOCK_SIZE": block,
+        "IS_DRAFTING": draft,
+        "APPLY_TEMPERATURE": apply_temp,
+        "USE_FP64": fp64,
+        "PER_TOKEN_COL": cache == "per_token",
+    }
+    if cache is not None:
+        cache_t = torch.full((max_reqs, num_cols, vocab + 4), -3.0, dtype=dtype)
+        args["logits_cache_ptr"] = cache_t
+        args["logits_cache_stride_0"], args["logits_cache_stride_1"] = cache_t.stride(0), cache_t.stride(1)
+        args["logits_cache_source_ptr"] = torch.randn(num_tokens, vocab, generator=g).to(dtype)
+        args["logits_cache_source_stride"] = vocab
+        if cache == "per_token":
+            args["logits_cache_col_ptr"] = torch.randperm(num_cols, generator=g)[:1].repeat(num_tokens)
+            args["logits_cache_col_ptr"][1::2] = (args["logits_cache_col_ptr"][1::2] + 1) % num_cols
+        else:
+            args["logits_cache_col_ptr"] = torch.tensor(2)
+    return args, (num_tokens, num_blocks)
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "vocab", "block", "cache", "draft", "apply_temp", "dtype"),
+    [
+        (0, 50, 32, None, False, True, torch.float32),
+        (1, 50, 32, None, False, True, torch.float32),
+        (7, 300, 128, None, False, True, torch.float32),  # two tiles per block
+        (7, 200, 64, None, True, False, torch.bfloat16),
+        (5, 130, 128, "scalar", True, True, torch.float32),
+        (5, 130, 64, "per_token", False, False, torch.bfloat16),
+    ],
+)
+def test_gumbel_sample(num_tokens, vocab, block, cache, draft, apply_temp, dtype) -> None:
+    g = torch.Generator().manual_seed(num_tokens * 1000 + vocab)
+    args, grid = _gumbel_args(
+        g, num_tokens, vocab, block, cache=cache, draft=draft, apply_temp=apply_temp, dtype=dtype
+    )
+    ref = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    v2.gumbel_sample_torch(grid, **ref)
+    triton_impl.gumbel_sample(grid, **args)
+    assert torch.equal(args["local_argmax_ptr"], ref["local_argmax_ptr"])
+    # log of numpy (interpreter) and torch may differ in the last bit
+    torch.testing.assert_close(args["local_max_ptr"], ref["local_max_ptr"], rtol=1e-6, atol=1e-6)
+    if cache is not None:
+        assert torch.equal(args["logits_cache_ptr"], ref["logits_cache_ptr"])
+    if num_tokens > 1 and ref["temp_ptr"][ref["expanded_idx_mapping_ptr"][1]] == 0:
+        assert ref["local_argmax_ptr"][1, 0] == 5  # greedy tie: the leftmost
+
+
+def test_gumbel_sample_fp64_runs_the_reference() -> None:
+    g = torch.Generator().manual_seed(3)
+    args, grid = _gumbel_args(
+        g, 4, 100, 32, cache=None, draft=False, apply_temp=True, dtype=torch.float32, fp64=True
+    )
+    ref = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    v2.gumbel_sample_torch(grid, **ref)
+    triton_impl.gumbel_sample(grid, **args)
+    assert torch.equal(args["local_argmax_ptr"], ref["local_argmax_ptr"])
+    assert torch.equal(args["local_max_ptr"], ref["local_max_ptr"])
