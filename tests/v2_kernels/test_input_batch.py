@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .vllm_oracle import clone_args, vllm_kernel
 from vllm_ascend.kernels.v2 import input_batch as v2
+
+from .vllm_oracle import clone_args, vllm_kernel
 
 
 @pytest.mark.parametrize("num_reqs", [0, 1, 6])
@@ -47,10 +48,10 @@ def _check(kernel: str, grid: tuple[int, ...], args: dict, reference) -> None:
             assert torch.equal(value, expected[name]), name
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_prepare_prefill_inputs_matches_vllm(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "num_reqs"), [(0, 4), (1, 4), (2, 6), (3, 1), (4, 0)])
+def test_prepare_prefill_inputs_matches_vllm(seed: int, num_reqs: int) -> None:
     g = torch.Generator().manual_seed(seed)
-    max_reqs, num_reqs, max_len, lookahead = 6, 4, 40, 3
+    max_reqs, max_len, lookahead = 6, 40, 3
     prefill = torch.randint(5, 30, (max_reqs,), generator=g, dtype=torch.int32)
     computed = torch.minimum(torch.randint(0, 30, (max_reqs,), generator=g, dtype=torch.int32), prefill + 2)
     idx = torch.randperm(max_reqs, generator=g)[:num_reqs].to(torch.int32)
@@ -97,16 +98,24 @@ def test_combine_sampled_and_draft_tokens_matches_vllm(seed: int, new_sampled: i
         "BLOCK_SIZE": 4,
         "NUM_NEW_SAMPLED_TOKENS": new_sampled,
     }
-    _check("_combine_sampled_and_draft_tokens_kernel", (num_reqs,), args, v2.combine_sampled_and_draft_tokens_torch)
+    _check(
+        "_combine_sampled_and_draft_tokens_kernel",
+        (num_reqs,),
+        args,
+        v2.combine_sampled_and_draft_tokens_torch,
+    )
 
 
-def test_get_num_sampled_and_rejected_matches_vllm() -> None:
-    g = torch.Generator().manual_seed(3)
-    max_reqs, num_reqs = 8, 6
+@pytest.mark.parametrize("num_reqs", [1, 6])
+def test_get_num_sampled_and_rejected_matches_vllm(num_reqs: int) -> None:
+    g = torch.Generator().manual_seed(3 + num_reqs)
+    max_reqs = 8
     idx = torch.randperm(max_reqs, generator=g)[:num_reqs].to(torch.int32)
     num_logits = torch.randint(1, 5, (num_reqs,), generator=g)
     args = {
-        "num_sampled_ptr": torch.minimum(torch.randint(1, 5, (num_reqs,), generator=g), num_logits).to(torch.int32),
+        "num_sampled_ptr": torch.minimum(torch.randint(1, 5, (num_reqs,), generator=g), num_logits).to(
+            torch.int32
+        ),
         "num_rejected_ptr": torch.full((num_reqs,), -1, dtype=torch.int32),
         "seq_lens_ptr": torch.randint(5, 30, (num_reqs,), generator=g, dtype=torch.int32),
         "cu_num_logits_ptr": _qsl(num_logits),
@@ -151,7 +160,9 @@ def test_post_update_num_computed_tokens_and_expand_idx_mapping_match_vllm() -> 
         "num_computed_tokens_ptr": torch.randint(0, 10, (max_reqs,), generator=g, dtype=torch.int32),
         "query_start_loc_ptr": _qsl(torch.randint(1, 6, (num_reqs,), generator=g)),
     }
-    _check("_post_update_num_computed_tokens_kernel", (num_reqs,), args, v2.post_update_num_computed_tokens_torch)
+    _check(
+        "_post_update_num_computed_tokens_kernel", (num_reqs,), args, v2.post_update_num_computed_tokens_torch
+    )
     cu = _qsl(torch.randint(1, 4, (num_reqs,), generator=g))
     args = {
         "idx_mapping_ptr": idx,

@@ -37,3 +37,162 @@ def test_prepare_pos_seq_lens(num_reqs: int) -> None:
     if num_reqs:
         first = int(ref["num_computed_tokens_ptr"][ref["idx_mapping_ptr"][0]])
         assert ref["pos_ptr"][0] == first
+
+
+def _clone(args: dict) -> dict:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+
+
+def _qsl(lens: torch.Tensor) -> torch.Tensor:
+    qsl = torch.zeros(lens.numel() + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(lens, 0)
+    return qsl
+
+
+def _same(name: str, grid: tuple[int, ...], args: dict) -> dict:
+    """Run the Triton kernel ``name`` and its torch reference on copies of ``args``; assert every tensor
+    equal; return the reference's copy."""
+    ref = _clone(args)
+    getattr(v2, f"{name}_torch")(grid, **ref)
+    getattr(triton_impl, name)(grid, **args)
+    for key, value in args.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, ref[key]), key
+    return ref
+
+
+@pytest.mark.parametrize("num_reqs", [0, 1, 4, 9])
+def test_prepare_prefill_inputs(num_reqs: int) -> None:
+    g = torch.Generator().manual_seed(10 + num_reqs)
+    max_reqs, max_len, lookahead = 12, 48, 3
+    prefill = torch.randint(5, 40, (max_reqs,), generator=g, dtype=torch.int32)
+    computed = torch.minimum(torch.randint(0, 40, (max_reqs,), generator=g, dtype=torch.int32), prefill + 2)
+    idx = torch.randperm(max_reqs, generator=g)[:num_reqs].to(torch.int32)
+    query_lens = torch.clamp(prefill[idx.long()] - computed[idx.long()], min=1, max=11)
+    args = {
+        "input_ids_ptr": torch.full((int(query_lens.sum()) + 4,), -1, dtype=torch.int32),
+        "next_prefill_tokens_ptr": torch.full((lookahead, max_reqs), -5, dtype=torch.int32),
+        "next_prefill_tokens_stride": max_reqs,
+        "num_lookahead": lookahead,
+        "idx_mapping_ptr": idx,
+        "query_start_loc_ptr": _qsl(query_lens),
+        "all_token_ids_ptr": torch.randint(0, 500, (max_reqs, max_len), generator=g, dtype=torch.int32),
+        "all_token_ids_stride": max_len,
+        "prefill_lens_ptr": prefill,
+        "num_computed_tokens_ptr": computed,
+        "BLOCK_SIZE": 1024,
+        "LOOKAHEAD_BLOCK": 4,
+    }
+    ref = _same("prepare_prefill_inputs", (num_reqs,), args)
+    prefilling = (computed[idx.long()] < prefill[idx.long()]).sum()
+    assert (ref["input_ids_ptr"] != -1).sum() == query_lens[computed[idx.long()] < prefill[idx.long()]].sum()
+    assert (ref["next_prefill_tokens_ptr"] != -5).sum() == lookahead * prefilling
+
+
+@pytest.mark.parametrize(("num_reqs", "new_sampled"), [(0, 1), (1, 1), (7, 1), (6, 0)])
+def test_combine_sampled_and_draft_tokens(num_reqs: int, new_sampled: int) -> None:
+    g = torch.Generator().manual_seed(20 + num_reqs)
+    max_reqs, steps = 10, 5
+    idx = torch.randperm(max_reqs, generator=g)[:num_reqs].to(torch.int32)
+    num_logits = torch.randint(max(new_sampled, 1), steps + new_sampled + 1, (num_reqs,), generator=g)
+    qsl = _qsl(num_logits + torch.randint(0, 4, (num_reqs,), generator=g))
+    cu = _qsl(num_logits)
+    prefill = torch.randint(3, 20, (max_reqs,), generator=g, dtype=torch.int32)
+    args = {
+        "input_ids_ptr": torch.randint(0, 100, (int(qsl[-1]) + 2,), generator=g, dtype=torch.int32),
+        "idx_mapping_ptr": idx,
+        "last_sampled_tokens_ptr": torch.randint(500, 600, (max_reqs,), generator=g, dtype=torch.int32),
+        "query_start_loc_ptr": qsl,
+        "seq_lens_ptr": prefill[idx.long()]
+        + torch.randint(-3, 8, (num_reqs,), generator=g, dtype=torch.int32),
+        "prefill_len_ptr": prefill,
+        "draft_tokens_ptr": torch.randint(700, 800, (max_reqs, steps), generator=g, dtype=torch.int64),
+        "draft_tokens_stride": steps,
+        "cu_num_logits_ptr": cu,
+        "logits_indices_ptr": torch.full((int(cu[-1]),), -1, dtype=torch.int64),
+        "BLOCK_SIZE": 8,
+        "NUM_NEW_SAMPLED_TOKENS": new_sampled,
+    }
+    ref = _same("combine_sampled_and_draft_tokens", (num_reqs,), args)
+    assert (ref["logits_indices_ptr"] >= 0).all()
+    if num_reqs > 5:
+        assert (ref["input_ids_ptr"] >= 700).any()  # drafts written
+
+
+@pytest.mark.parametrize("num_reqs", [0, 1, 6, 13])
+def test_get_num_sampled_and_rejected(num_reqs: int) -> None:
+    g = torch.Generator().manual_seed(30 + num_reqs)
+    max_reqs = 16
+    num_logits = torch.randint(1, 5, (num_reqs,), generator=g)
+    args = {
+        "num_sampled_ptr": torch.minimum(torch.randint(1, 5, (num_reqs,), generator=g), num_logits).to(
+            torch.int32
+        ),
+        "num_rejected_ptr": torch.full((num_reqs,), -1, dtype=torch.int32),
+        "seq_lens_ptr": torch.randint(5, 30, (num_reqs,), generator=g, dtype=torch.int32),
+        "cu_num_logits_ptr": _qsl(num_logits),
+        "idx_mapping_ptr": torch.randperm(max_reqs, generator=g)[:num_reqs].to(torch.int32),
+        "prefill_len_ptr": torch.randint(5, 30, (max_reqs,), generator=g, dtype=torch.int32),
+    }
+    ref = _same("get_num_sampled_and_rejected", (num_reqs,), args)
+    assert (ref["num_rejected_ptr"] >= 0).all()
+
+
+@pytest.mark.parametrize(
+    ("num_reqs", "with_counts", "with_qsl"),
+    [(0, True, True), (1, True, True), (7, True, False), (9, False, True)],
+)
+def test_post_update(num_reqs: int, with_counts: bool, with_qsl: bool) -> None:
+    g = torch.Generator().manual_seed(40 + num_reqs)
+    max_reqs, width, vocab, max_len = 12, 6, 8, 48
+    idx = torch.randperm(max_reqs, generator=g)[:num_reqs].to(torch.int32)
+    if num_reqs > 2:
+        idx[2] = -1  # a skipped row
+    args = {
+        "idx_mapping_ptr": idx,
+        "num_computed_tokens_ptr": torch.randint(0, 10, (max_reqs,), generator=g, dtype=torch.int32),
+        "last_sampled_tokens_ptr": torch.full((max_reqs,), -1, dtype=torch.int32),
+        "output_bin_counts_ptr": torch.randint(0, 3, (max_reqs, vocab), generator=g, dtype=torch.int32)
+        if with_counts
+        else None,
+        "output_bin_counts_stride": vocab if with_counts else 0,
+        "sampled_tokens_ptr": torch.randint(0, vocab, (num_reqs, width), generator=g, dtype=torch.int64),
+        "sampled_tokens_stride": width,
+        "num_sampled_ptr": torch.randint(0, width + 1, (num_reqs,), generator=g, dtype=torch.int32),
+        "num_rejected_ptr": torch.randint(0, 2, (num_reqs,), generator=g, dtype=torch.int32),
+        "query_start_loc_ptr": _qsl(torch.randint(1, 4, (num_reqs,), generator=g)) if with_qsl else None,
+        "all_token_ids_ptr": torch.zeros((max_reqs, max_len), dtype=torch.int32),
+        "all_token_ids_stride": max_len,
+        "total_len_ptr": torch.randint(0, 20, (max_reqs,), generator=g, dtype=torch.int32),
+    }
+    ref = _same("post_update", (num_reqs,), args)
+    if num_reqs:
+        assert ref["all_token_ids_ptr"].any() or not args["num_sampled_ptr"].any()
+
+
+@pytest.mark.parametrize("num_reqs", [0, 1, 5, 11])
+def test_post_update_num_computed_tokens(num_reqs: int) -> None:
+    g = torch.Generator().manual_seed(50 + num_reqs)
+    args = {
+        "idx_mapping_ptr": torch.randperm(16, generator=g)[:num_reqs].to(torch.int32),
+        "num_computed_tokens_ptr": torch.randint(0, 10, (16,), generator=g, dtype=torch.int32),
+        "query_start_loc_ptr": _qsl(torch.randint(1, 6, (num_reqs,), generator=g)),
+    }
+    before = args["num_computed_tokens_ptr"].clone()
+    ref = _same("post_update_num_computed_tokens", (num_reqs,), args)
+    assert int((ref["num_computed_tokens_ptr"] - before).sum()) == int(args["query_start_loc_ptr"][-1])
+
+
+@pytest.mark.parametrize("num_reqs", [0, 1, 5, 11])
+def test_expand_idx_mapping(num_reqs: int) -> None:
+    g = torch.Generator().manual_seed(60 + num_reqs)
+    cu = _qsl(torch.randint(1, 8, (num_reqs,), generator=g))
+    args = {
+        "idx_mapping_ptr": torch.randperm(16, generator=g)[:num_reqs].to(torch.int32),
+        "expanded_idx_mapping_ptr": torch.full((int(cu[-1]),), -1, dtype=torch.int32),
+        "expanded_local_pos_ptr": torch.full((int(cu[-1]),), -1, dtype=torch.int32),
+        "cu_num_logits_ptr": cu,
+        "BLOCK_SIZE": 8,
+    }
+    ref = _same("expand_idx_mapping", (num_reqs,), args)
+    assert (ref["expanded_local_pos_ptr"] >= 0).all()

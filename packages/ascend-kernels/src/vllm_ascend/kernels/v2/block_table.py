@@ -99,8 +99,10 @@ def compute_slot_mappings_torch(
             virtual = block_size * CP_SIZE
             offsets = positions % virtual
             is_local = (offsets // CP_INTERLEAVE) % CP_SIZE == cp_rank
-            local = (positions // virtual) * block_size + (offsets // (CP_INTERLEAVE * CP_SIZE)) * CP_INTERLEAVE + (
-                offsets % CP_INTERLEAVE
+            local = (
+                (positions // virtual) * block_size
+                + (offsets // (CP_INTERLEAVE * CP_SIZE)) * CP_INTERLEAVE
+                + (offsets % CP_INTERLEAVE)
             )
         block_index = local // block_size if enabled else torch.zeros_like(local)
         read = is_local & real
@@ -122,7 +124,9 @@ def compute_slot_mappings(grid: Grid, **arguments: Any) -> None:
     DCP-interleaved where the group is sharded, ``PAD_ID`` for dummy requests, disabled groups and other
     ranks' tokens) and ``PAD_ID`` from the batch's token count to ``max_num_tokens``."""
     device = arguments["pos"].device
-    dispatch_v2("block_table", "compute_slot_mappings", compute_slot_mappings_torch, device)(grid, **arguments)
+    dispatch_v2("block_table", "compute_slot_mappings", compute_slot_mappings_torch, device)(
+        grid, **arguments
+    )
 
 
 OVERRIDES: dict[str, Callable[..., Any]] = {

@@ -96,7 +96,9 @@ def prepare_prefill_inputs_torch(
             continue
         start, query_len = qsl[batch], qsl[batch + 1] - qsl[batch]
         row = all_token_ids_ptr[state]
-        input_ids_ptr[start : start + query_len] = row[computed : computed + query_len].to(input_ids_ptr.dtype)
+        input_ids_ptr[start : start + query_len] = row[computed : computed + query_len].to(
+            input_ids_ptr.dtype
+        )
         for k in range(num_lookahead):
             pos = computed + query_len + k
             token = row[pos] if pos < prefill_len else 0
@@ -108,7 +110,9 @@ def prepare_prefill_inputs(grid: Grid, **arguments: Any) -> None:
     next ``num_lookahead`` prompt tokens after the chunk (0 past the prompt) into ``next_prefill_tokens``
     (row ``k``, column ``state``); requests past their prompt are left alone."""
     device = arguments["input_ids_ptr"].device
-    dispatch_v2("input_batch", "prepare_prefill_inputs", prepare_prefill_inputs_torch, device)(grid, **arguments)
+    dispatch_v2("input_batch", "prepare_prefill_inputs", prepare_prefill_inputs_torch, device)(
+        grid, **arguments
+    )
 
 
 def combine_sampled_and_draft_tokens_torch(
@@ -157,7 +161,9 @@ def combine_sampled_and_draft_tokens(grid: Grid, **arguments: Any) -> None:
     """Logits indices of each request (its last ``num_logits`` query tokens) and, for requests past their
     prompt, the last sampled token and the draft tokens written into the input ids."""
     device = arguments["input_ids_ptr"].device
-    impl = dispatch_v2("input_batch", "combine_sampled_and_draft_tokens", combine_sampled_and_draft_tokens_torch, device)
+    impl = dispatch_v2(
+        "input_batch", "combine_sampled_and_draft_tokens", combine_sampled_and_draft_tokens_torch, device
+    )
     impl(grid, **arguments)
 
 
@@ -184,7 +190,9 @@ def get_num_sampled_and_rejected_torch(
 def get_num_sampled_and_rejected(grid: Grid, **arguments: Any) -> None:
     """Per request: sampled count (0 while chunk-prefilling) and rejected count (logits - sampled)."""
     device = arguments["num_sampled_ptr"].device
-    impl = dispatch_v2("input_batch", "get_num_sampled_and_rejected", get_num_sampled_and_rejected_torch, device)
+    impl = dispatch_v2(
+        "input_batch", "get_num_sampled_and_rejected", get_num_sampled_and_rejected_torch, device
+    )
     impl(grid, **arguments)
 
 
