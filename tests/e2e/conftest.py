@@ -88,6 +88,19 @@ def llama_prompts(tiny_llama: Path) -> list[list[int]]:
 
 
 @pytest.fixture
+def v1_runner(monkeypatch: pytest.MonkeyPatch):
+    """Engines built in the test run on vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``): the reduced
+    V1 matrix. vLLM caches its environment once an engine has started in the process; the cache is dropped
+    so the variable is read, and again afterwards."""
+    import vllm.envs as envs
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    envs.disable_envs_cache()
+    yield
+    envs.disable_envs_cache()
+
+
+@pytest.fixture
 def make_llm():
     """Build ``vllm.LLM`` on a tiny model (fp32, block size 16, 64 MiB KV cache); shut it down afterwards."""
     built = []

@@ -118,6 +118,7 @@ def test_deepseek_v32_sparse_attention_greedy_matches_hf(make_llm, tiny_models_r
     assert counts["fused_infer_attention"] == 0, counts
 
 
+@pytest.mark.usefixtures("v1_runner")  # the specdecode sibling's MTP proposer: a V1 drafter
 def test_deepseek_v32_mtp_greedy_equals_hf(make_llm, tiny_models_root: Path):
     """MTP (one draft token per step) on a DeepSeek-V3.2 with an MTP layer (its own indexer, built full as
     vLLM builds MTP layers): speculative greedy = HF fp32, drafts accepted and rejected, the

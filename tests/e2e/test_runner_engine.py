@@ -1,4 +1,5 @@
-"""One engine on the reference device: our classes ran, sampling, logprobs and sleep mode are real."""
+"""One engine on the reference device, on the runner vLLM selects (Model Runner V2, async scheduling): our
+classes and V2's kernels ran, sampling, logprobs and sleep mode are real."""
 
 from __future__ import annotations
 
@@ -45,23 +46,33 @@ def test_our_platform_worker_runner_backend_and_ops_ran(llm, qwen3_prompts):
 
     from vllm_ascend.core.device.config import get_device_adaptor
     from vllm_ascend.core.platform import ReferencePlatform
+    from vllm.triton_utils import dispatcher
+
+    from vllm_ascend.kernels.v2 import v2_kernel_overrides
     from vllm_ascend.runner.attention.impl import AscendAttentionImpl
-    from vllm_ascend.runner.block_table import MultiGroupBlockTable
-    from vllm_ascend.runner.input_batch import NPUInputBatch
-    from vllm_ascend.runner.model_runner import NPUModelRunner
+    from vllm_ascend.runner.kernel_overrides import GridLaunch
+    from vllm_ascend.runner.model_runner_v2 import NPUModelRunnerV2
     from vllm_ascend.runner.ops import activation, layernorm, linear, rotary_embedding
-    from vllm_ascend.runner.sample.sampler import AscendSampler
     from vllm_ascend.runner.worker import NPUWorker
 
     assert type(current_platform) is ReferencePlatform
     worker = _worker(llm)
     assert type(worker) is NPUWorker
     runner = worker.model_runner
-    assert type(runner) is NPUModelRunner
-    assert runner.kernel_warmup_results == {"sampling": True, "penalties": True}  # no speculative decoding
-    assert type(runner.input_batch) is NPUInputBatch
-    assert type(runner.input_batch.block_table) is MultiGroupBlockTable
-    assert type(runner.sampler) is AscendSampler
+    assert type(runner) is NPUModelRunnerV2
+    assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling
+    table = v2_kernel_overrides()
+    launched: dict[str, int] = {}
+    for name, impl in table.items():  # every V2 kernel is our override, launched with its grid
+        host, attr = dispatcher._resolve_kernel(name)
+        wrapper = getattr(host, attr)
+        assert type(wrapper) is GridLaunch and wrapper._impl is impl, name
+
+        def counting(grid, *args, _impl=impl, _name=name, **kwargs):
+            launched[_name] = launched.get(_name, 0) + 1
+            return _impl(grid, *args, **kwargs)
+
+        wrapper._impl = counting
 
     modules = list(runner.model.modules())
     kinds = {type(m) for m in modules}
@@ -87,7 +98,21 @@ def test_our_platform_worker_runner_backend_and_ops_ran(llm, qwen3_prompts):
 
     adaptor = get_device_adaptor()
     before = adaptor.call_counts.copy()
-    _generate(llm, qwen3_prompts[:2], max_tokens=3, temperature=0.0, ignore_eos=True)
+    try:
+        _generate(llm, qwen3_prompts[:2], max_tokens=3, temperature=0.0, ignore_eos=True)
+        _generate(llm, qwen3_prompts[:1], max_tokens=2, temperature=0.8, seed=1)
+    finally:
+        for name, impl in table.items():
+            host, attr = dispatcher._resolve_kernel(name)
+            getattr(host, attr)._impl = impl
+    for kernel in (
+        "input_batch._prepare_prefill_inputs_kernel",
+        "input_batch._post_update_kernel",
+        "block_table._compute_slot_mappings_kernel",
+        "sample.gumbel._gumbel_sample_kernel",
+        "sample.gumbel._temperature_kernel",
+    ):
+        assert launched.get(f"vllm.v1.worker.gpu.{kernel}", 0) > 0, (kernel, launched)
     delta = adaptor.call_counts - before
     layers = len(runner.model.model.layers)
     # 2 requests x 3 steps: one prefill step and two decode steps (the batch runs together).

@@ -1,4 +1,5 @@
-"""Greedy token ids through vLLM with the plugin on the reference device equal HF transformers'."""
+"""Greedy token ids through vLLM with the plugin on the reference device equal HF transformers': on the runner
+vLLM selects (Model Runner V2, async scheduling) and on the V1 runner."""
 
 from __future__ import annotations
 
@@ -50,3 +51,16 @@ def test_llama_untied_greedy_matches_hf(make_llm, tiny_llama, llama_prompts, lla
     llm = make_llm(tiny_llama, enable_prefix_caching=True, max_num_batched_tokens=16, max_num_seqs=4)
     _assert_diverse(llama_hf.token_ids)
     assert _greedy(llm, llama_prompts) == llama_hf.token_ids
+
+
+def test_qwen3_greedy_on_the_v1_runner_matches_hf(v1_runner, make_llm, tiny_qwen3, qwen3_prompts, qwen3_hf):
+    """The reduced V1 matrix: vLLM's V1 runner (``VLLM_USE_V2_MODEL_RUNNER=0``) with chunked prefill and
+    prefix caching gives the same tokens as V2 and HF."""
+    from vllm_ascend.runner.model_runner import NPUModelRunner
+
+    llm = make_llm(
+        tiny_qwen3, enable_prefix_caching=True, enable_chunked_prefill=True, max_num_batched_tokens=16, max_num_seqs=4
+    )
+    runner = llm.collective_rpc(lambda wrapper: wrapper.worker)[0].model_runner
+    assert type(runner) is NPUModelRunner
+    assert _greedy(llm, qwen3_prompts) == qwen3_hf.token_ids

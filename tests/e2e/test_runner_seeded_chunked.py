@@ -65,30 +65,45 @@ def _run_engine(model_dir: Path, prompts: list[list[int]], max_num_batched_token
                 for _ in range(2)
             ]
             budget = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+            v2 = llm.llm_engine.vllm_config.use_v2_model_runner
         finally:
             llm.llm_engine.engine_core.shutdown()
             del llm
             gc.collect()
-    return {"runs": runs, "held_rows": held_rows, "budget": budget}
+    return {"runs": runs, "held_rows": held_rows, "budget": budget, "v2": v2}
 
 
-@pytest.fixture(scope="module")
-def engines(tiny_qwen3):
+@pytest.fixture(scope="module", params=["v2", "v1"])
+def engines(request, tiny_qwen3):
+    """Both runners: V2 (vLLM's choice; its Gumbel noise is a hash of the seed and position, so chunking
+    cannot shift it) and V1 (per-request generators, held back on discarded chunks)."""
+    import vllm.envs as envs
+
     prompts = _prompts(tiny_qwen3)
-    return {
-        "chunked": _run_engine(tiny_qwen3, prompts, CHUNK_BUDGET),
-        "whole": _run_engine(tiny_qwen3, prompts, 2048),
-    }
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "v1":
+            patch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+        envs.disable_envs_cache()
+        result = {
+            "chunked": _run_engine(tiny_qwen3, prompts, CHUNK_BUDGET),
+            "whole": _run_engine(tiny_qwen3, prompts, 2048),
+        }
+    envs.disable_envs_cache()
+    assert result["chunked"]["v2"] is result["whole"]["v2"] is (request.param == "v2")
+    return result
 
 
 def test_chunked_engine_chunked_seeded_prompts_and_survived(engines):
     chunked, whole = engines["chunked"], engines["whole"]
     assert chunked["budget"] == CHUNK_BUDGET < min(PROMPT_LENGTHS)
-    # Seeded rows sampled on discarded prefill chunks, their generators held back; both rounds finished.
-    assert chunked["held_rows"], "no seeded prefill chunk was discarded: the prompts were not chunked"
     assert all(len(tokens) == MAX_TOKENS for run in chunked["runs"] for tokens in run)
     assert whole["budget"] >= sum(PROMPT_LENGTHS) + PROMPT_LENGTHS[0]
     assert whole["held_rows"] == []
+    if not chunked["v2"]:
+        # V1: seeded rows sampled on discarded prefill chunks, their generators held back.
+        assert chunked["held_rows"], "no seeded prefill chunk was discarded: the prompts were not chunked"
+    else:
+        assert chunked["held_rows"] == []  # V2 never builds V1's generators
 
 
 def test_seeded_tokens_identical_chunked_or_not_and_across_runs(engines):

@@ -1,13 +1,16 @@
 """N-gram speculative decoding on the reference device: the runner drafts with the proposer core's
 ``SPEC_DECODE_METHODS`` registry holds (``vllm_ascend.specdecode.ngram.NgramProposer``), the drafts are
 verified by ``AscendRejectionSampler`` on ``vllm_ascend.kernels``, and the tokens are exactly those of
-plain greedy decoding."""
+plain greedy decoding. These are features of the V1 runner (vLLM's V2 runner drafts with its own
+speculators, on the V2 kernels: ``test_runner_v2.py``), so the module runs on V1."""
 
 from __future__ import annotations
 
 import pytest
 
 import vllm_ascend.kernels as kernels
+
+pytestmark = pytest.mark.usefixtures("v1_runner")
 
 PROMPTS = [list(range(10, 30)) * 3, [5, 6, 7, 8] * 10, [40, 41, 42, 43, 44, 40, 41, 42] * 4]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 2}

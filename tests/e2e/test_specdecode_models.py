@@ -7,6 +7,9 @@ method's greedy output equals plain greedy decoding over three prompts x 48 toke
 for itself has every draft accepted (greedy and, with probabilistic draft sampling on our kernels,
 random; prompts prefilled in chunks); seeded random runs repeat; EAGLE-1's and GLM MTP's drafts equal
 an independent HF forward of the draft head, step by step.
+
+The proposers are the specdecode sibling's V1 drafters, so the module runs on the V1 runner (vLLM's V2
+runner drafts with its own speculators on the V2 kernels: ``test_runner_v2.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.usefixtures("v1_runner")
 
 PROMPTS = [list(range(10, 30)), [5, 6, 7, 8] * 5, [40, 41, 42, 43, 44, 120, 7, 300, 12]]
 MAX_TOKENS = 48

@@ -1,10 +1,18 @@
 """``speculative_config.method = "ngram_gpu"`` on the reference device: vLLM's runner keeps the token
 history on the device and drives our ``NgramDeviceProposer`` (in place of vLLM's ``NgramProposerGPU``),
-which drafts with ``vllm_ascend.kernels.ngram_propose``; greedy output equals plain greedy."""
+which drafts with ``vllm_ascend.kernels.ngram_propose``; greedy output equals plain greedy.
+
+The proposers are the specdecode sibling's V1 drafters, so the module runs on the V1 runner (vLLM's V2
+runner drafts with its own speculators on the V2 kernels: ``test_runner_v2.py``).
+"""
 
 from __future__ import annotations
 
+import pytest
+
 import vllm_ascend.kernels as kernels
+
+pytestmark = pytest.mark.usefixtures("v1_runner")
 
 PROMPTS = [list(range(10, 30)) * 3, [5, 6, 7, 8] * 10, [40, 41, 42, 43, 44, 40, 41, 42] * 4]
 NGRAM_GPU = {

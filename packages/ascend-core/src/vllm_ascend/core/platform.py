@@ -112,6 +112,12 @@ class AscendPlatform(Platform):
         return cls.adaptor().memory_in_use(device)
 
     @classmethod
+    def graph_pool_handle(cls) -> Any:
+        """The device adaptor's graph memory pool handle (vLLM looks it up on ``torch.<device_type>``, which
+        the reference device's cpu lacks)."""
+        return cls.adaptor().graph_pool_handle()
+
+    @classmethod
     def set_device(cls, device: torch.device) -> None:
         cls.adaptor().set_device(device)
 

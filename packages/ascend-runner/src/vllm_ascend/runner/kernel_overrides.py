@@ -58,7 +58,9 @@ def provide_host_helpers() -> None:
 
 
 def register_grid_kernels(overrides: Mapping[str, Callable[..., Any]]) -> None:
-    """``register_kernels`` for overrides taking the launch grid first (see :class:`GridLaunch`)."""
+    """``register_kernels`` for overrides taking the launch grid first (see :class:`GridLaunch`). A module
+    whose kernels are all served this way and that checks ``HAS_TRITON`` itself before launching them (V2's
+    n-gram speculator) is told they can run."""
     provide_host_helpers()
     dispatcher.register_kernels(overrides)
     for name in overrides:
@@ -67,6 +69,8 @@ def register_grid_kernels(overrides: Mapping[str, Callable[..., Any]]) -> None:
         if not isinstance(wrapper, dispatcher.KernelOverride):
             raise RuntimeError(f"vLLM's dispatcher did not install an override for {name}")
         wrapper.__class__ = GridLaunch
+        if getattr(host, "HAS_TRITON", True) is False:
+            host.HAS_TRITON = True
 
 
 @functools.cache

@@ -18,7 +18,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.worker.gpu import model_runner as v2_model_runner
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-from vllm_ascend.core.config import ConfigError, get_section
+from vllm_ascend.core.config import ConfigError, get_ascend_config, get_section
 from vllm_ascend.core.device.config import get_device_adaptor
 from vllm_ascend.core.logger import init_logger
 from vllm_ascend.runner import device_context
@@ -30,25 +30,35 @@ from vllm_ascend.runner.patching import replaced_names
 logger = init_logger(__name__)
 
 
-def _dynamic_spec_enabled(vllm_config: VllmConfig) -> bool:
+def refuse_v1_only_options(vllm_config: VllmConfig) -> None:
+    """Options the V1 runner serves and V2 (vLLM's speculators and rejection sampler) has no counterpart
+    for are refused by name rather than ignored."""
     if vllm_config.speculative_config is None:
-        return False
+        return
+    hint = "set VLLM_USE_V2_MODEL_RUNNER=0 to serve it on the V1 model runner"
+    method = get_ascend_config().rejection_sampler_config.verify_method
+    if method != "strict":
+        raise ConfigError(
+            f"additional_config.rejection_sampler_config.verify_method = {method!r} is served by the V1 model "
+            f"runner only (Model Runner V2 verifies drafts with vLLM's rejection sampler); allowed on V2: "
+            f"'strict'; or {hint}"
+        )
     try:
-        return bool(get_section("dynamic_spec_config").enabled)
+        dynamic = bool(get_section("dynamic_spec_config").enabled)
     except ConfigError:  # served by vllm-ascend[specdecode]; not installed, not given
-        return False
+        dynamic = False
+    if dynamic:
+        raise ConfigError(
+            "additional_config.dynamic_spec_config.enabled = true is served by the V1 model runner only "
+            f"(Model Runner V2 sizes drafts with vLLM's own acceptance estimator); disable it or {hint}"
+        )
 
 
 class NPUModelRunnerV2(GPUModelRunner):
     """Model Runner V2 for Ascend (see the module docstring)."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
-        if _dynamic_spec_enabled(vllm_config):
-            raise ConfigError(
-                "additional_config.dynamic_spec_config.enabled = true is served by the V1 model runner only "
-                "(Model Runner V2 sizes drafts with vLLM's own acceptance estimator); set "
-                "VLLM_USE_V2_MODEL_RUNNER=0 or disable dynamic_spec_config"
-            )
+        refuse_v1_only_options(vllm_config)
         get_device_adaptor().install_runtime_shims()
         with device_context.torch_device_wrapper():
             super().__init__(vllm_config, device)

@@ -180,6 +180,9 @@ class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
     ) -> NPUGraph:
         return NPUGraph(torch_npu_runtime(), fn, args, kwargs, pool)
 
+    def graph_pool_handle(self) -> Any:
+        return torch_npu_runtime().graph_pool_handle()
+
     def stream_api(self) -> dict[str, Any]:
         npu = torch_npu_runtime()
         return {

@@ -555,6 +555,10 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
     ) -> ReferenceGraph:
         return ReferenceGraph(fn, args, kwargs)
 
+    def graph_pool_handle(self) -> Any:
+        """Host memory has no graph pool: a fresh token stands for one (captures keep their own tensors)."""
+        return object()
+
     def install_runtime_shims(self) -> None:
         """vLLM calls ``torch.accelerator.synchronize/empty_cache`` directly; with no accelerator they raise."""
         if torch.accelerator.is_available():

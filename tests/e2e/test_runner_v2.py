@@ -1,0 +1,75 @@
+"""Model Runner V2 (vLLM's default runner) on the reference device: async scheduling changes no token, V2's
+own speculators (on the V2 kernels) give plain greedy decoding's tokens, and options only the V1 runner
+serves are refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+MAX_TOKENS = 12
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
+REPETITIVE = [list(range(10, 30)) * 3, [5, 6, 7, 8] * 10, [40, 41, 42, 43, 44, 40, 41, 42] * 4]
+
+
+def _generate(llm, prompts, **params) -> list[list[int]]:
+    from vllm import SamplingParams
+
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(**params), use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def _runner(llm):
+    return llm.collective_rpc(lambda wrapper: wrapper.worker)[0].model_runner
+
+
+def test_async_scheduling_gives_the_tokens_of_synchronous_scheduling(make_llm, tiny_qwen3, qwen3_prompts, qwen3_hf):
+    """Greedy (equal to HF) and seeded sampling, chunked prefill mixing prefills and decodes."""
+    from vllm_ascend.runner.model_runner_v2 import NPUModelRunnerV2
+
+    options = dict(max_num_batched_tokens=16, max_num_seqs=4, enable_chunked_prefill=True)
+    seeded = dict(temperature=0.9, top_p=0.95, seed=17, max_tokens=MAX_TOKENS)
+    results = {}
+    for async_scheduling in (False, True):
+        llm = make_llm(tiny_qwen3, async_scheduling=async_scheduling, **options)
+        assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling is async_scheduling
+        assert type(_runner(llm)) is NPUModelRunnerV2
+        greedy = _generate(llm, qwen3_prompts, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        results[async_scheduling] = (greedy, _generate(llm, qwen3_prompts, **seeded))
+        llm.llm_engine.engine_core.shutdown()
+    assert results[False][0] == qwen3_hf.token_ids
+    assert results[True] == results[False]
+    assert len({tuple(t) for t in results[True][1]}) == len(qwen3_prompts)  # sampling really ran
+
+
+def test_v2_ngram_speculator_verifies_drafts_on_our_kernels(make_llm, tiny_qwen3):
+    """vLLM's V2 n-gram speculator drafts (its scan/finalize kernels are our overrides), V2's rejection
+    sampler verifies: greedy tokens are plain decoding's, and drafts were accepted."""
+    from vllm.v1.worker.gpu.spec_decode.ngram.speculator import NgramGPUSpeculator
+
+    from vllm_ascend.kernels.v2 import spec_decode_ngram
+
+    plain = make_llm(tiny_qwen3)
+    want = _generate(plain, REPETITIVE, temperature=0.0, max_tokens=32, ignore_eos=True)
+    plain.llm_engine.engine_core.shutdown()
+    spec = make_llm(tiny_qwen3, speculative_config=NGRAM)
+    runner = _runner(spec)
+    assert isinstance(runner.speculator, NgramGPUSpeculator)
+    scans = []
+    real = spec_decode_ngram.ngram_scan_torch
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(spec_decode_ngram, "ngram_scan_torch", lambda *a, **k: scans.append(1) or real(*a, **k))
+        got = _generate(spec, REPETITIVE, temperature=0.0, max_tokens=32, ignore_eos=True)
+    assert got == want
+    assert scans, "the n-gram scan override never ran"
+    metrics = {m.name: m for m in spec.get_metrics()}
+    accepted = metrics["vllm:spec_decode_num_accepted_tokens"].value
+    assert accepted > 0, accepted
+
+
+def test_options_only_v1_serves_are_refused_on_v2(make_llm, tiny_qwen3):
+    with pytest.raises(Exception, match=r"verify_method = 'entropy' is served by the V1 model runner only"):
+        make_llm(
+            tiny_qwen3,
+            speculative_config=NGRAM,
+            additional_config={"rejection_sampler_config": {"verify_method": "entropy"}},
+        )
