@@ -522,6 +522,14 @@ def _no_op_host_cache(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+def _host_memory_info(device: Any = None) -> tuple[int, int]:
+    """``torch.accelerator.get_memory_info`` of the reference device: (free, total) bytes of host memory."""
+    import psutil
+
+    memory = psutil.virtual_memory()
+    return int(memory.available), int(memory.total)
+
+
 class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseDeviceAdaptor):
     """Plain-PyTorch implementation of every op on torch's cpu device; host memory is device memory."""
 
@@ -560,11 +568,13 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
         return object()
 
     def install_runtime_shims(self) -> None:
-        """vLLM calls ``torch.accelerator.synchronize/empty_cache`` directly; with no accelerator they raise."""
+        """vLLM calls ``torch.accelerator.synchronize/empty_cache/get_memory_info`` directly; with no accelerator
+        they raise."""
         if torch.accelerator.is_available():
             return
         torch.accelerator.synchronize = _no_op
         torch.accelerator.empty_cache = _no_op_cache
+        torch.accelerator.get_memory_info = _host_memory_info  # Model Runner V2 measures its graphs with it
         if hasattr(torch.accelerator, "empty_host_cache"):
             torch.accelerator.empty_host_cache = _no_op_host_cache
 
