@@ -556,6 +556,7 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
             "current_stream": lambda device=None: ReferenceStream(),
             "stream": _stream_context,
             "set_stream": _no_op,
+            "Tensor.record_stream": _no_op,  # host memory is not stream-ordered
         }
 
     def capture_graph(
