@@ -25,7 +25,11 @@ import sys
 import time
 
 #: side -> (VLLM_USE_V2_MODEL_RUNNER or None for vLLM's choice, async_scheduling)
-SIDES: dict[str, tuple[str | None, bool]] = {"v1": ("0", False), "v2": (None, False), "v2-async": (None, True)}
+SIDES: dict[str, tuple[str | None, bool]] = {
+    "v1": ("0", False),
+    "v2": (None, False),
+    "v2-async": (None, True),
+}
 PROMPT = "river mountain forest ocean cloud rain snow wind stone light shadow morning evening winter summer"
 LOWER_IS_BETTER = ("ttft_ms", "engine_start_s")
 METRICS = ("ttft_ms", "decode_tok_s", "batch_tok_s", "engine_start_s")

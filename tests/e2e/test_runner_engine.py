@@ -43,11 +43,10 @@ def _generate(llm, prompts, **params):
 
 def test_our_platform_worker_runner_backend_and_ops_ran(llm, qwen3_prompts):
     from vllm.platforms import current_platform
+    from vllm.triton_utils import dispatcher
 
     from vllm_ascend.core.device.config import get_device_adaptor
     from vllm_ascend.core.platform import ReferencePlatform
-    from vllm.triton_utils import dispatcher
-
     from vllm_ascend.kernels.v2 import v2_kernel_overrides
     from vllm_ascend.runner.attention.impl import AscendAttentionImpl
     from vllm_ascend.runner.kernel_overrides import GridLaunch

@@ -59,7 +59,11 @@ def test_qwen3_greedy_on_the_v1_runner_matches_hf(v1_runner, make_llm, tiny_qwen
     from vllm_ascend.runner.model_runner import NPUModelRunner
 
     llm = make_llm(
-        tiny_qwen3, enable_prefix_caching=True, enable_chunked_prefill=True, max_num_batched_tokens=16, max_num_seqs=4
+        tiny_qwen3,
+        enable_prefix_caching=True,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
     )
     runner = llm.collective_rpc(lambda wrapper: wrapper.worker)[0].model_runner
     assert type(runner) is NPUModelRunner

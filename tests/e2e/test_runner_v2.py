@@ -14,7 +14,9 @@ REPETITIVE = [list(range(10, 30)) * 3, [5, 6, 7, 8] * 10, [40, 41, 42, 43, 44, 4
 def _generate(llm, prompts, **params) -> list[list[int]]:
     from vllm import SamplingParams
 
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(**params), use_tqdm=False)
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], SamplingParams(**params), use_tqdm=False
+    )
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
@@ -22,7 +24,9 @@ def _runner(llm):
     return llm.collective_rpc(lambda wrapper: wrapper.worker)[0].model_runner
 
 
-def test_async_scheduling_gives_the_tokens_of_synchronous_scheduling(make_llm, tiny_qwen3, qwen3_prompts, qwen3_hf):
+def test_async_scheduling_gives_the_tokens_of_synchronous_scheduling(
+    make_llm, tiny_qwen3, qwen3_prompts, qwen3_hf
+):
     """Greedy (equal to HF) and seeded sampling, chunked prefill mixing prefills and decodes."""
     from vllm_ascend.runner.model_runner_v2 import NPUModelRunnerV2
 
@@ -73,3 +77,58 @@ def test_options_only_v1_serves_are_refused_on_v2(make_llm, tiny_qwen3):
             speculative_config=NGRAM,
             additional_config={"rejection_sampler_config": {"verify_method": "entropy"}},
         )
+
+
+SPEC_PROMPTS = [list(range(10, 30)), [5, 6, 7, 8] * 5, [40, 41, 42, 43, 44, 120, 7, 300, 12]]
+
+
+def _spec_counters(llm) -> tuple[float, float]:
+    metrics = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
+    return metrics["vllm:spec_decode_num_draft_tokens"], metrics["vllm:spec_decode_num_accepted_tokens"]
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_v2_eagle3_and_draft_model_give_plain_greedy(
+    make_llm, tiny_qwen3, tiny_models_root, async_scheduling
+):
+    """vLLM's V2 speculators on our kernels: an EAGLE-3 head (the target returns its auxiliary hidden states)
+    and a draft model drafting for itself (every draft accepted); tokens are plain greedy decoding's, with
+    async scheduling on and off."""
+    from vllm_ascend.runner.testing.tiny_drafters import build_eagle_head
+
+    plain = make_llm(tiny_qwen3)
+    want = _generate(plain, SPEC_PROMPTS, temperature=0.0, max_tokens=24, ignore_eos=True)
+    plain.llm_engine.engine_core.shutdown()
+    head = build_eagle_head(tiny_qwen3, tiny_models_root, "eagle3")
+    cases = {
+        "eagle3": {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3},
+        "draft_model": {"method": "draft_model", "model": str(tiny_qwen3), "num_speculative_tokens": 3},
+    }
+    for name, spec in cases.items():
+        llm = make_llm(
+            tiny_qwen3, speculative_config=spec, disable_log_stats=False, async_scheduling=async_scheduling
+        )
+        assert llm.llm_engine.vllm_config.use_v2_model_runner
+        assert _generate(llm, SPEC_PROMPTS, temperature=0.0, max_tokens=24, ignore_eos=True) == want, name
+        drafted, accepted = _spec_counters(llm)
+        assert drafted > 0, name
+        if name == "draft_model":
+            assert accepted == drafted, (drafted, accepted)
+        llm.llm_engine.engine_core.shutdown()
+
+
+def test_v2_mtp_layer_gives_plain_greedy(make_llm, tiny_models_root):
+    """GLM-4.5's MTP layer drafting through V2's speculator (async scheduling on): plain greedy's tokens."""
+    from vllm_ascend.runner.testing.tiny_drafters import add_mtp_layer
+    from vllm_ascend.runner.testing.tiny_models import build_tiny_model, glm4_moe_spec
+
+    target = add_mtp_layer(build_tiny_model(glm4_moe_spec(), tiny_models_root), tiny_models_root)
+    plain = make_llm(target)
+    want = _generate(plain, SPEC_PROMPTS, temperature=0.0, max_tokens=24, ignore_eos=True)
+    plain.llm_engine.engine_core.shutdown()
+    llm = make_llm(
+        target, speculative_config={"method": "mtp", "num_speculative_tokens": 2}, disable_log_stats=False
+    )
+    assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling
+    assert _generate(llm, SPEC_PROMPTS, temperature=0.0, max_tokens=24, ignore_eos=True) == want
+    assert _spec_counters(llm)[0] > 0

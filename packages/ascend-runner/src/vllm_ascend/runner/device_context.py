@@ -14,7 +14,6 @@ import torch
 
 from vllm_ascend.core.device.config import get_device_adaptor
 
-
 TENSOR_PREFIX = "Tensor."
 
 
@@ -25,7 +24,9 @@ def torch_device_wrapper() -> Iterator[None]:
     streams order nothing)."""
     api = get_device_adaptor().stream_api()
     cuda_api = {name: value for name, value in api.items() if not name.startswith(TENSOR_PREFIX)}
-    tensor_api = {name[len(TENSOR_PREFIX) :]: value for name, value in api.items() if name.startswith(TENSOR_PREFIX)}
+    tensor_api = {
+        name[len(TENSOR_PREFIX) :]: value for name, value in api.items() if name.startswith(TENSOR_PREFIX)
+    }
     saved_cuda = {name: getattr(torch.cuda, name) for name in cuda_api}
     saved_tensor = {name: getattr(torch.Tensor, name) for name in tensor_api}
     saved_event = torch.Event

@@ -18,7 +18,9 @@ from typing import Any
 from vllm.triton_utils import dispatcher
 
 #: Triton launch options vLLM passes beside a kernel's own arguments; they mean nothing to an override.
-LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_pdl"})
+LAUNCH_OPTIONS = frozenset(
+    {"num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_pdl"}
+)
 
 
 class GridLaunch(dispatcher.KernelOverride):
@@ -30,7 +32,9 @@ class GridLaunch(dispatcher.KernelOverride):
 
     def _launch_with_grid(self, grid: Any, *args: Any, **kwargs: Any) -> Any:
         if len(args) > len(self.arg_names):
-            raise TypeError(f"{self.__name__}: {len(args)} launch arguments for {len(self.arg_names)} parameters")
+            raise TypeError(
+                f"{self.__name__}: {len(args)} launch arguments for {len(self.arg_names)} parameters"
+            )
         arguments = dict(zip(self.arg_names, args, strict=False))
         for name, value in kwargs.items():
             if name in LAUNCH_OPTIONS:
