@@ -32,7 +32,11 @@ def apply_write_torch(
     rows = [int(v) for v in write_indices_ptr[:n].tolist()]
     starts = [int(v) for v in write_starts_ptr[:n].tolist()]
     ends = [int(v) for v in write_cu_lens_ptr[:n].tolist()]
-    groups = [int(v) for v in write_group_ids_ptr[:n].tolist()] if MULTI_GROUP else [0] * n
+    groups = [0] * n
+    if MULTI_GROUP:
+        if write_group_ids_ptr is None:
+            raise ValueError("apply_write: MULTI_GROUP needs write_group_ids_ptr")
+        groups = [int(v) for v in write_group_ids_ptr[:n].tolist()]
     device = write_contents_ptr.device
     for write in range(n):
         begin = ends[write - 1] if write else 0
