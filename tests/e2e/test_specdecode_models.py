@@ -211,7 +211,11 @@ def test_dynamic_draft_lengths_follow_measured_acceptance(
         "accepted": {"method": "draft_model", "model": str(tiny_qwen3), "num_speculative_tokens": k},
     }.items():
         llm = make_llm(
-            tiny_qwen3, speculative_config=spec, additional_config=dynamic, disable_log_stats=False
+            tiny_qwen3,
+            speculative_config=spec,
+            additional_config=dynamic,
+            disable_log_stats=False,
+            async_scheduling=False,  # the dynamic scheduler trims drafts on the host each step
         )
         scheduler = _runner(llm).dynamic_spec
         assert isinstance(scheduler, DynamicSpecScheduler)

@@ -43,7 +43,9 @@ def test_ngram_gpu_drafts_on_the_device_kernel(make_llm, tiny_qwen3, monkeypatch
     from vllm_ascend.specdecode.ngram_device import NgramDeviceProposer
 
     want = _tokens(make_llm(tiny_qwen3))
-    spec = make_llm(tiny_qwen3, speculative_config=NGRAM_GPU, disable_log_stats=False)
+    # synchronous scheduling: the spy compares the device history with the host's copy, which async scheduling
+    # fills one step late (placeholders where the device already has the token)
+    spec = make_llm(tiny_qwen3, speculative_config=NGRAM_GPU, disable_log_stats=False, async_scheduling=False)
     runner = spec.collective_rpc(lambda wrapper: wrapper.worker)[0].model_runner
     assert SPEC_DECODE_METHODS.get("ngram_gpu") is NgramDeviceProposer
     assert type(runner.drafter) is NgramDeviceProposer and isinstance(runner.drafter, NgramProposerGPU)
