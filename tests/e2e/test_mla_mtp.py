@@ -110,6 +110,7 @@ CASES = {
 }
 
 
+@pytest.mark.usefixtures("v1_runner")  # the specdecode sibling's MTP proposer: a V1 drafter
 @pytest.mark.parametrize(
     ("case", "num_speculative_tokens"), [("dense-kv512-rope64", 2), ("moe-kv32-rope16", 1)]
 )
@@ -191,3 +192,29 @@ def _assert_drafts_match(reference: DraftReference, prompt: list[int], output: l
             known += 1
         known += 1
     assert known >= len(output) and checked >= 3, (known, len(output), checked)
+
+
+def test_deepseek_mtp_on_model_runner_v2_equals_hf(make_llm, tiny_models_root: Path):
+    """The runner vLLM selects (V2, async scheduling): vLLM's V2 MTP speculator drafts with the DeepSeek MTP
+    layer over the MLA backend (verification as latent decodes of 1 + k tokens); tokens equal HF fp32."""
+    from transformers import AutoTokenizer
+
+    from vllm_ascend.core.device.config import get_device_adaptor
+    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+
+    model_dir = add_deepseek_mtp_layer(
+        build_tiny_model(CASES["dense-kv512-rope64"], tiny_models_root), tiny_models_root
+    )
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]
+    expected = hf_greedy(model_dir, prompts, MAX_NEW_TOKENS).token_ids
+    llm = make_llm(model_dir, speculative_config={"method": "mtp", "num_speculative_tokens": 2},
+                   max_num_batched_tokens=32, max_num_seqs=4, disable_log_stats=False)  # fmt: skip
+    config = llm.llm_engine.vllm_config
+    assert config.use_v2_model_runner and config.scheduler_config.async_scheduling
+    adaptor = get_device_adaptor()
+    adaptor.reset_counts()
+    assert _greedy(llm, prompts) == expected
+    drafted, accepted = _counters(llm)
+    assert drafted > 0 and accepted > 0, (drafted, accepted)
+    assert adaptor.call_counts["mla_latent_attention"] > 0
