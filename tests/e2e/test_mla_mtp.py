@@ -202,9 +202,13 @@ def test_deepseek_mtp_on_model_runner_v2_equals_hf(make_llm, tiny_models_root: P
     from vllm_ascend.core.device.config import get_device_adaptor
     from vllm_ascend.runner.testing.hf_reference import hf_greedy
 
+    from .test_runner_v2 import refused_for_missing_verification
+
     model_dir = add_deepseek_mtp_layer(
         build_tiny_model(CASES["dense-kv512-rope64"], tiny_models_root), tiny_models_root
     )
+    if refused_for_missing_verification(make_llm, model_dir, {"method": "mtp", "num_speculative_tokens": 2}):
+        return
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]
     expected = hf_greedy(model_dir, prompts, MAX_NEW_TOKENS).token_ids

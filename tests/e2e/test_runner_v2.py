@@ -24,6 +24,22 @@ def _runner(llm):
     return llm.collective_rpc(lambda wrapper: wrapper.worker)[0].model_runner
 
 
+def refused_for_missing_verification(make_llm, model, spec: dict) -> bool:
+    """While some of V2's draft-verification kernels have no Ascend implementation, speculative decoding on
+    V2 must be refused by name (never a crash mid-run): check that and return True; False when all are
+    served (the caller then checks the tokens)."""
+    from vllm_ascend.runner.model_runner_v2 import missing_verification_kernels
+
+    missing = missing_verification_kernels()
+    if not missing:
+        return False
+    with pytest.raises(Exception, match=r"on Model Runner V2 is not supported yet by vllm-ascend") as refused:
+        make_llm(model, speculative_config=spec)
+    assert all(name.rsplit(".", 1)[1] in str(refused.value) for name in missing)
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in str(refused.value)
+    return True
+
+
 def test_async_scheduling_gives_the_tokens_of_synchronous_scheduling(
     make_llm, tiny_qwen3, qwen3_prompts, qwen3_hf
 ):
@@ -52,6 +68,8 @@ def test_v2_ngram_speculator_verifies_drafts_on_our_kernels(make_llm, tiny_qwen3
 
     from vllm_ascend.kernels.v2 import spec_decode_ngram
 
+    if refused_for_missing_verification(make_llm, tiny_qwen3, NGRAM):
+        return
     plain = make_llm(tiny_qwen3)
     want = _generate(plain, REPETITIVE, temperature=0.0, max_tokens=32, ignore_eos=True)
     plain.llm_engine.engine_core.shutdown()
@@ -71,6 +89,10 @@ def test_v2_ngram_speculator_verifies_drafts_on_our_kernels(make_llm, tiny_qwen3
 
 
 def test_options_only_v1_serves_are_refused_on_v2(make_llm, tiny_qwen3):
+    from vllm_ascend.runner.model_runner_v2 import missing_verification_kernels
+
+    if missing_verification_kernels():
+        return  # speculative decoding itself is refused on V2 first (test_v2_ngram_...)
     with pytest.raises(Exception, match=r"verify_method = 'entropy' is served by the V1 model runner only"):
         make_llm(
             tiny_qwen3,
@@ -96,6 +118,9 @@ def test_v2_eagle3_and_draft_model_give_plain_greedy(
     async scheduling on and off."""
     from vllm_ascend.runner.testing.tiny_drafters import build_eagle_head
 
+    spec = {"method": "draft_model", "model": str(tiny_qwen3), "num_speculative_tokens": 3}
+    if refused_for_missing_verification(make_llm, tiny_qwen3, spec):
+        return
     plain = make_llm(tiny_qwen3)
     want = _generate(plain, SPEC_PROMPTS, temperature=0.0, max_tokens=24, ignore_eos=True)
     plain.llm_engine.engine_core.shutdown()
@@ -123,6 +148,8 @@ def test_v2_mtp_layer_gives_plain_greedy(make_llm, tiny_models_root):
     from vllm_ascend.runner.testing.tiny_models import build_tiny_model, glm4_moe_spec
 
     target = add_mtp_layer(build_tiny_model(glm4_moe_spec(), tiny_models_root), tiny_models_root)
+    if refused_for_missing_verification(make_llm, target, {"method": "mtp", "num_speculative_tokens": 2}):
+        return
     plain = make_llm(target)
     want = _generate(plain, SPEC_PROMPTS, temperature=0.0, max_tokens=24, ignore_eos=True)
     plain.llm_engine.engine_core.shutdown()

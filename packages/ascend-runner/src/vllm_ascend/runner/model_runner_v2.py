@@ -22,6 +22,7 @@ from vllm_ascend.core.config import ConfigError, get_ascend_config, get_section
 from vllm_ascend.core.device.config import get_device_adaptor
 from vllm_ascend.core.logger import init_logger
 from vllm_ascend.runner import device_context
+from vllm_ascend.runner.kernel_overrides import v2_kernel_table
 from vllm_ascend.runner.kv_zeroer import AscendKVBlockZeroer
 from vllm_ascend.runner.model_patches import apply_config_defaults, model_patches
 from vllm_ascend.runner.model_runner import check_region_split_caches
@@ -30,12 +31,45 @@ from vllm_ascend.runner.patching import replaced_names
 logger = init_logger(__name__)
 
 
+_VERIFICATION = "vllm.v1.worker.gpu.spec_decode"
+#: The kernels V2's draft verification launches (rejection sampling, adaptive verification's estimator).
+VERIFICATION_KERNELS = tuple(
+    f"{_VERIFICATION}.{name}"
+    for name in (
+        "rejection_sampler_utils._compute_local_logits_stats_kernel",
+        "rejection_sampler_utils._compute_cumulative_log_p_kernel",
+        "rejection_sampler_utils._compute_local_residual_mass_kernel",
+        "rejection_sampler_utils._rejection_kernel",
+        "rejection_sampler_utils._resample_kernel",
+        "rejection_sampler_utils._insert_resampled_kernel",
+        "acceptance_estimator._accumulate_kernel",
+        "acceptance_estimator._local_max_sumexp_kernel",
+        "acceptance_estimator._predict_kernel",
+        "acceptance_estimator._refit_kernel",
+    )
+)
+
+
+def missing_verification_kernels() -> list[str]:
+    """V2's verification kernels ``vllm_ascend.kernels.v2`` has no override for (empty when all are served)."""
+    table = v2_kernel_table()
+    return [name for name in VERIFICATION_KERNELS if name not in table]
+
+
 def refuse_v1_only_options(vllm_config: VllmConfig) -> None:
     """Options the V1 runner serves and V2 (vLLM's speculators and rejection sampler) has no counterpart
-    for are refused by name rather than ignored."""
+    for are refused by name rather than ignored; so is speculative decoding while V2's verification kernels
+    are not all served by this version's kernels."""
     if vllm_config.speculative_config is None:
         return
     hint = "set VLLM_USE_V2_MODEL_RUNNER=0 to serve it on the V1 model runner"
+    missing = missing_verification_kernels()
+    if missing:
+        raise ConfigError(
+            f"speculative_config (method {vllm_config.speculative_config.method!r}) on Model Runner V2 is not "
+            f"supported yet by vllm-ascend: {len(missing)} of V2's draft-verification kernels have no Ascend "
+            f"implementation ({', '.join(name.rsplit('.', 1)[1] for name in missing)}); {hint}"
+        )
     method = get_ascend_config().rejection_sampler_config.verify_method
     if method != "strict":
         raise ConfigError(
