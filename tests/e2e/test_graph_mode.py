@@ -21,6 +21,11 @@ from pathlib import Path
 
 import pytest
 
+#: The V1 runner's graph paths (the model wrapped in ``ACLGraphWrapper`` for FULL graphs); V2 (vLLM's
+#: default) serves compiled PIECEWISE graphs through the same wrapper (``test_dsa_deepseek_v32.py``,
+#: ``test_runner_v2.py``) and refuses FULL graphs on the reference device by name.
+pytestmark = pytest.mark.usefixtures("v1_runner")
+
 #: Requests get different lengths, so the decode batch shrinks 4 -> 3 (padded to 4) -> 2 -> 1.
 LENGTHS = (12, 9, 6, 3)
 CAPTURE_SIZES = [1, 2, 4]

@@ -159,3 +159,14 @@ def test_v2_mtp_layer_gives_plain_greedy(make_llm, tiny_models_root):
     assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling
     assert _generate(llm, SPEC_PROMPTS, temperature=0.0, max_tokens=24, ignore_eos=True) == want
     assert _spec_counters(llm)[0] > 0
+
+
+def test_v2_full_graphs_are_refused_by_name_on_the_reference_device(make_llm, tiny_qwen3):
+    """V2 captures whole-model graphs with the device's graph API (torch_npu's on NPUs); the reference device
+    has none, so FULL modes on V2 are refused naming what is allowed (compiled PIECEWISE graphs on V2 run in
+    ``test_dsa_deepseek_v32.py``)."""
+    full = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2]}
+    with pytest.raises(
+        Exception, match=r"cudagraph_mode=FULL_DECODE_ONLY on Model Runner V2 is not supported yet"
+    ):
+        make_llm(tiny_qwen3, compilation_config=full)

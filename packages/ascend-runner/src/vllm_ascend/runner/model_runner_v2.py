@@ -88,11 +88,30 @@ def refuse_v1_only_options(vllm_config: VllmConfig) -> None:
         )
 
 
+def refuse_full_graphs_without_capture(vllm_config: VllmConfig) -> None:
+    """V2 captures FULL graphs itself (``torch.cuda.CUDAGraph`` under ``torch.cuda.graph``); the adaptor maps
+    them where the device has such graphs (``stream_api`` entries ``CUDAGraph`` and ``graph``: torch_npu's on
+    NPUs). Elsewhere (the reference device) FULL graphs on V2 are refused by name."""
+    mode = vllm_config.compilation_config.cudagraph_mode
+    if mode is None or not mode.has_full_cudagraphs():
+        return
+    api = get_device_adaptor().stream_api()
+    if "CUDAGraph" in api and "graph" in api:
+        return
+    raise ConfigError(
+        f"compilation_config.cudagraph_mode={mode.name} on Model Runner V2 is not supported yet by vllm-ascend "
+        f"on {get_device_adaptor().family} (V2 captures whole-model graphs with the device's graph API, which "
+        "this device does not have); allowed on V2: PIECEWISE, NONE; or set VLLM_USE_V2_MODEL_RUNNER=0 for the "
+        "V1 runner's FULL graphs"
+    )
+
+
 class NPUModelRunnerV2(GPUModelRunner):
     """Model Runner V2 for Ascend (see the module docstring)."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         refuse_v1_only_options(vllm_config)
+        refuse_full_graphs_without_capture(vllm_config)
         get_device_adaptor().install_runtime_shims()
         with device_context.torch_device_wrapper():
             super().__init__(vllm_config, device)

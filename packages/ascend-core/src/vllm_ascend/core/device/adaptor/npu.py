@@ -191,6 +191,8 @@ class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
             "current_stream": npu.current_stream,
             "stream": npu.stream,
             "set_stream": npu.set_stream,
+            "CUDAGraph": npu.NPUGraph,  # Model Runner V2 captures FULL graphs with these
+            "graph": npu.graph,
         }
 
     def install_runtime_shims(self) -> None:
