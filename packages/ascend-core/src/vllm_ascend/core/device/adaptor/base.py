@@ -149,7 +149,9 @@ class BaseDeviceAdaptor(abc.ABC):
     @abc.abstractmethod
     def stream_api(self) -> dict[str, Any]:
         """The ``torch.cuda``-style stream/event API: ``Stream``, ``Event``, ``current_stream``, ``stream``,
-        ``set_stream`` (Model Runner V2's async output copies switch streams with it)."""
+        ``set_stream`` (Model Runner V2's async output copies switch streams with it); ``Tensor.<method>`` entries
+        replace tensor methods while vLLM's code runs (``record_stream`` where streams order nothing);
+        ``CUDAGraph`` and ``graph`` where the device captures graphs the CUDA way (Model Runner V2's FULL graphs)."""
 
     @abc.abstractmethod
     def capture_graph(
@@ -158,6 +160,11 @@ class BaseDeviceAdaptor(abc.ABC):
         """Run ``fn(*args, **kwargs)`` once as a graph capture; return a ``CapturedGraph`` (see
         ``adaptor/graph.py``): its ``output`` and ``replay()``, which recomputes that output in place
         from the buffers the capture read. ``pool``: the device's graph memory pool (or None)."""
+
+    @abc.abstractmethod
+    def graph_pool_handle(self) -> Any:
+        """A handle of a new graph memory pool (captures given the same handle share its memory): vLLM's
+        ``Platform.get_global_graph_pool`` and Model Runner V2's graph manager ask for it."""
 
     @abc.abstractmethod
     def install_runtime_shims(self) -> None:
