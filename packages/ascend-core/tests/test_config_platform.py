@@ -3,6 +3,7 @@ from ``additional_config`` first, so a bad or refused option is rejected with As
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
@@ -139,8 +140,9 @@ print("RESULT " + json.dumps(results))
 """
 
 
-def test_platform_refuses_model_runner_v2_by_name(tmp_path):
-    """``VLLM_USE_V2_MODEL_RUNNER=1`` is refused naming the variable; ``0`` serves through V1."""
+def test_model_runner_v2_is_vllms_choice_or_refused_by_name(tmp_path):
+    """``VLLM_USE_V2_MODEL_RUNNER`` is vLLM's: with the runner installed, ``1`` selects V2 and ``0`` V1; where no
+    installed worker serves V2 (this package alone), ``1`` is refused naming the variable and the runner."""
     model = tmp_path / "tiny-llama"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
@@ -150,15 +152,16 @@ def test_platform_refuses_model_runner_v2_by_name(tmp_path):
         "HF_HUB_OFFLINE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
     }
-    results, output = run_vllm_script(
-        V2_SCRIPT, str(model), json.dumps(["1", "yes", "0"]), env=env, timeout=540
-    )
+    results, output = run_vllm_script(V2_SCRIPT, str(model), json.dumps(["1", "0"]), env=env, timeout=540)
     assert results is not None, output[-OUTPUT_TAIL_CHARS:]
-    assert (
-        "`VLLM_USE_V2_MODEL_RUNNER=1` is not supported yet by vllm-ascend 0.1.0 (vLLM's Model Runner V2; this "
-        "version serves through vLLM's V1 model runner); unset it or set it to 0"
-    ) in results["1"]["error"]
-    assert "VLLM_USE_V2_MODEL_RUNNER='yes' is invalid; allowed: 0 or 1" in results["yes"]["error"]
-    error = results["0"]["error"]
-    assert error is None or "vllm-ascend-runner" in error, error
-    assert results["0"]["v2"] in (False, None)
+    runner_installed = importlib.util.find_spec("vllm_ascend.runner") is not None
+    if runner_installed:
+        assert results["1"] == {"error": None, "v2": True}, results
+        assert results["0"] == {"error": None, "v2": False}, results
+    else:
+        error = results["1"]["error"]
+        assert error is not None and "`VLLM_USE_V2_MODEL_RUNNER=1` is not supported by vllm-ascend" in error, error
+        assert "Model Runner V2, and no installed worker serves it (install vllm-ascend-runner)" in error, error
+        error = results["0"]["error"]
+        assert error is None or "vllm-ascend-runner" in error, error
+        assert results["0"]["v2"] in (False, None)

@@ -71,7 +71,7 @@ def test_table_shows_profile_and_adaptor_lines(reference_report):
         "cpu-binding=average, dist=gloo, "
         "dtypes=float16/bfloat16/float32, block=128, eager unless compilation/graphs are asked for"
     )
-    assert "capabilities      bf16, graph_capture, int4, mc2" in lines
+    assert "capabilities      bf16, graph_capture, int4, mc2, triton" in lines
     assert f"adaptor           {REFERENCE_ADAPTOR} (reference)" in lines
     assert "platform          vllm_ascend.core.platform.ReferencePlatform" in lines
     assert "worker            default" in lines

@@ -122,7 +122,9 @@ def _compilation_request(mode=None, cudagraph_mode=None, enforce_eager=False, cu
     config = CompilationConfig(custom_ops=list(custom_ops))
     config.mode, config.cudagraph_mode = mode, cudagraph_mode
     return SimpleNamespace(
-        compilation_config=config, model_config=SimpleNamespace(enforce_eager=enforce_eager)
+        use_v2_model_runner=False,
+        compilation_config=config,
+        model_config=SimpleNamespace(enforce_eager=enforce_eager),
     )
 
 
@@ -217,7 +219,7 @@ def test_reference_adaptor_runtime(monkeypatch):
     adaptor.synchronize()
     adaptor.empty_cache()
     api = adaptor.stream_api()
-    assert set(api) == {"Stream", "Event", "current_stream", "stream"}
+    assert set(api) == {"Stream", "Event", "current_stream", "stream", "set_stream", "Tensor.record_stream"}
     assert (api["Stream"], api["Event"]) == (ReferenceStream, ReferenceEvent)
     stream = api["current_stream"]()
     assert isinstance(stream, ReferenceStream) and stream.device == torch.device("cpu")
@@ -253,7 +255,7 @@ def test_an_adaptor_must_implement_the_runtime():
         family = "ops only"
 
     missing = OpsOnly.__abstractmethods__
-    assert {"torch_device", "stream_api", "install_runtime_shims", "pin_memory_available"} <= missing
+    assert {"torch_device", "stream_api", "graph_pool_handle", "install_runtime_shims", "pin_memory_available"} <= missing
     with pytest.raises(TypeError, match="abstract"):
         OpsOnly()
 
@@ -265,7 +267,10 @@ def spec_methods(core_only):
 
 
 def test_speculative_method_must_be_registered(spec_methods):
-    vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(method="eagle3"))
+    """On the V1 runner (which drafts with the registry's proposers); V2 drafts with vLLM's speculators."""
+    v2_config = SimpleNamespace(speculative_config=SimpleNamespace(method="eagle3"), use_v2_model_runner=True)
+    ReferencePlatform._check_speculative_method(v2_config)  # not refused: nothing of the registry is read
+    vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(method="eagle3"), use_v2_model_runner=False)
     with pytest.raises(ConfigError) as info:
         ReferencePlatform._check_speculative_method(vllm_config)
     assert str(info.value) == (
@@ -276,7 +281,9 @@ def test_speculative_method_must_be_registered(spec_methods):
         spec_methods.register("ngram", "collections:OrderedDict")
     with pytest.raises(ConfigError, match=r"'eagle3' is not supported yet by vllm-ascend; supported: ngram$"):
         NPUPlatform._check_speculative_method(vllm_config)
-    NPUPlatform._check_speculative_method(SimpleNamespace(speculative_config=SimpleNamespace(method="ngram")))
+    NPUPlatform._check_speculative_method(
+        SimpleNamespace(speculative_config=SimpleNamespace(method="ngram"), use_v2_model_runner=False)
+    )
     NPUPlatform._check_speculative_method(SimpleNamespace(speculative_config=None))
 
 
