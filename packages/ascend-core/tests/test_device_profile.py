@@ -78,9 +78,10 @@ def test_reference_profile_carries_what_the_platform_reads():
     assert p is REFERENCE_PROFILE
     assert (
         p.torch_device, p.dist_backend, p.eager_only, p.eager_by_default, p.async_scheduling, p.cpu_binding
-    ) == ("cpu", "gloo", False, True, False, CPUBindingMode.AVERAGE)  # fmt: skip
+    ) == ("cpu", "gloo", False, True, True, CPUBindingMode.AVERAGE)  # fmt: skip
     assert p.preferred_block_size % p.block_size_multiple == 0
     assert p.device_type is None and p.supports("graph_capture")
+    assert p.supports("triton")  # V2's kernels run there (their torch references)
 
 
 def test_profile_fields_are_validated():
