@@ -73,7 +73,7 @@ def test_v2_ngram_speculator_verifies_drafts_on_our_kernels(make_llm, tiny_qwen3
     plain = make_llm(tiny_qwen3)
     want = _generate(plain, REPETITIVE, temperature=0.0, max_tokens=32, ignore_eos=True)
     plain.llm_engine.engine_core.shutdown()
-    spec = make_llm(tiny_qwen3, speculative_config=NGRAM)
+    spec = make_llm(tiny_qwen3, speculative_config=NGRAM, disable_log_stats=False)
     runner = _runner(spec)
     assert isinstance(runner.speculator, NgramGPUSpeculator)
     scans = []
