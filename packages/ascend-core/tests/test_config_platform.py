@@ -160,8 +160,12 @@ def test_model_runner_v2_is_vllms_choice_or_refused_by_name(tmp_path):
         assert results["0"] == {"error": None, "v2": False}, results
     else:
         error = results["1"]["error"]
-        assert error is not None and "`VLLM_USE_V2_MODEL_RUNNER=1` is not supported by vllm-ascend" in error, error
-        assert "Model Runner V2, and no installed worker serves it (install vllm-ascend-runner)" in error, error
+        assert (
+            error is not None and "`VLLM_USE_V2_MODEL_RUNNER=1` is not supported by vllm-ascend" in error
+        ), error
+        assert "Model Runner V2, and no installed worker serves it (install vllm-ascend-runner)" in error, (
+            error
+        )
         error = results["0"]["error"]
         assert error is None or "vllm-ascend-runner" in error, error
         assert results["0"]["v2"] in (False, None)

@@ -255,7 +255,13 @@ def test_an_adaptor_must_implement_the_runtime():
         family = "ops only"
 
     missing = OpsOnly.__abstractmethods__
-    assert {"torch_device", "stream_api", "graph_pool_handle", "install_runtime_shims", "pin_memory_available"} <= missing
+    assert {
+        "torch_device",
+        "stream_api",
+        "graph_pool_handle",
+        "install_runtime_shims",
+        "pin_memory_available",
+    } <= missing
     with pytest.raises(TypeError, match="abstract"):
         OpsOnly()
 
@@ -270,7 +276,9 @@ def test_speculative_method_must_be_registered(spec_methods):
     """On the V1 runner (which drafts with the registry's proposers); V2 drafts with vLLM's speculators."""
     v2_config = SimpleNamespace(speculative_config=SimpleNamespace(method="eagle3"), use_v2_model_runner=True)
     ReferencePlatform._check_speculative_method(v2_config)  # not refused: nothing of the registry is read
-    vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(method="eagle3"), use_v2_model_runner=False)
+    vllm_config = SimpleNamespace(
+        speculative_config=SimpleNamespace(method="eagle3"), use_v2_model_runner=False
+    )
     with pytest.raises(ConfigError) as info:
         ReferencePlatform._check_speculative_method(vllm_config)
     assert str(info.value) == (
