@@ -303,9 +303,8 @@ class AscendPlatform(Platform):
     @classmethod
     def _check_model_runner(cls, vllm_config: VllmConfig) -> None:
         """vLLM selects the model runner itself (V2 by default where its kernels run: see
-        ``vllm_bridge.serve_model_runner_v2_in_vllm``). Where no installed worker serves V2 for this family
-        (310P's is V1 only; without vllm-ascend-runner there is none), a request for V2 (the variable, or a
-        feature that forces it) is refused by name."""
+        ``vllm_bridge.serve_model_runner_v2_in_vllm``). Where the family's worker serves only V1 (310P's), a
+        request for V2 (the variable, or a feature that forces it) is refused by name."""
         from vllm.config import vllm as vllm_config_module
 
         from vllm_ascend.core._version import __version__
@@ -318,12 +317,7 @@ class AscendPlatform(Platform):
             if getattr(vllm_config, "watermark_config", None) is not None
             else f"VLLM_USE_V2_MODEL_RUNNER={os.environ.get('VLLM_USE_V2_MODEL_RUNNER', '')}"
         )
-        name = _worker_name()
-        why = (
-            f"its worker ({name!r}) serves only the V1 model runner"
-            if name in _workers()
-            else "no installed worker serves it (install vllm-ascend-runner)"
-        )
+        why = f"its worker ({_worker_name()!r}) serves only the V1 model runner"  # no worker: refused by name there
         raise ConfigError(
             f"`{reason}` is not supported by vllm-ascend {__version__} on {cls.profile().name}: it needs vLLM's "
             f"Model Runner V2, and {why}; unset VLLM_USE_V2_MODEL_RUNNER or set it to 0 (the V1 model runner)"
