@@ -15,7 +15,6 @@ def test_reference_device_config(monkeypatch):
     config = VllmConfig()
     assert config.parallel_config.worker_cls == "vllm_ascend.runner.worker.NPUWorker"
     assert config.scheduler_config.async_scheduling is True  # vLLM's default, as on the NPU families
-    assert config.use_v2_model_runner is True  # vLLM's choice: V2's kernels are served here
     assert config.compilation_config.mode == CompilationMode.NONE
     assert config.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
     assert config.compilation_config.cudagraph_capture_sizes == []
