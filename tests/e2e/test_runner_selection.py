@@ -30,6 +30,25 @@ else:
     }))
 """
 
+#: Several configs in one interpreter, each under its own environment (``env`` entries set, ``None`` unset;
+#: the device caches dropped, as when a test switches the emulated family).
+SEQUENCE_SCRIPT = r"""
+import json, os, sys
+from vllm.engine.arg_utils import EngineArgs
+from vllm_ascend.core.device.config import clear_device_caches
+results = []
+for spec in json.loads(sys.argv[1]):
+    for name, value in spec["env"].items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    clear_device_caches()
+    config = EngineArgs(model=spec["model"], dtype=spec["dtype"], max_model_len=256).create_engine_config()
+    results.append(config.use_v2_model_runner)
+print("RESULT " + json.dumps(results))
+"""
+
 
 def _select(model: Path, env: dict[str, str] | None = None, dtype: str = "float32", **options) -> dict:
     environ = {**os.environ, "VLLM_ASCEND_DEVICE": "reference", **(env or {})}
@@ -68,3 +87,19 @@ def test_310p_keeps_v1_and_refuses_v2_by_name(tiny_qwen3):
     refused = _select(tiny_qwen3, {**family, "VLLM_USE_V2_MODEL_RUNNER": "1"}, dtype="float16")
     assert "VLLM_USE_V2_MODEL_RUNNER=1" in refused["error"], refused
     assert "Model Runner V2" in refused["error"] and "310P" in refused["error"], refused
+
+
+def test_the_runner_follows_the_family_of_each_config_in_one_process(tiny_qwen3):
+    """vLLM loads plugins once per process; the answer to its Triton check is given again for every config, so
+    a process that served 310P (V1) first still gets V2 on a family with Triton, and back."""
+    environ = {**os.environ, "VLLM_ASCEND_DEVICE": "reference"}
+    environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+    on_310p = {"env": {"VLLM_ASCEND_REFERENCE_FAMILY": "310p"}, "dtype": "float16", "model": str(tiny_qwen3)}
+    on_reference = {
+        "env": {"VLLM_ASCEND_REFERENCE_FAMILY": None},
+        "dtype": "float32",
+        "model": str(tiny_qwen3),
+    }
+    specs = [on_310p, on_reference, on_310p]
+    result, output = run_vllm_script(SEQUENCE_SCRIPT, json.dumps(specs), env=environ, timeout=240)
+    assert result == [False, True, False], output[-4000:]

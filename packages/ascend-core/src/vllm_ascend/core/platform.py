@@ -78,7 +78,6 @@ class AscendPlatform(Platform):
 
     _enum = PlatformEnum.OOT
     device_control_env_var = "ASCEND_RT_VISIBLE_DEVICES"
-    _triton_overrides_registered = False
     #: vLLM's ``register_quantization_config`` appends here; other methods are refused by name.
     supported_quantization: ClassVar[list[str]] = ["ascend"]
 
@@ -232,11 +231,9 @@ class AscendPlatform(Platform):
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
         """Hand vLLM's kernel dispatcher the worker's kernels for vLLM's Triton kernels (V1's slot mapping and
-        draft inputs; every kernel of Model Runner V2 where it runs), once per process."""
-        if AscendPlatform._triton_overrides_registered:  # once per process, whichever platform class
-            return
+        draft inputs; every kernel of Model Runner V2 where it runs). vLLM asks at every worker start; the
+        worker registers each of its tables once per process."""
         _workers().get(_worker_name()).register_triton_kernel_overrides()
-        AscendPlatform._triton_overrides_registered = True
 
     # -- configuration --------------------------------------------------------------------
     @classmethod
@@ -309,15 +306,18 @@ class AscendPlatform(Platform):
 
         from vllm_ascend.core._version import __version__
         from vllm_ascend.core.config import ConfigError
+        from vllm_ascend.core.vllm_bridge import serve_model_runner_v2_in_vllm
 
+        serve_model_runner_v2_in_vllm()
         if not vllm_config.use_v2_model_runner or vllm_config_module.HAS_TRITON:
             return
+        _workers()  # no worker at all: the missing distribution is named first
         reason = (
             "watermark_config"
             if getattr(vllm_config, "watermark_config", None) is not None
             else f"VLLM_USE_V2_MODEL_RUNNER={os.environ.get('VLLM_USE_V2_MODEL_RUNNER', '')}"
         )
-        why = f"its worker ({_worker_name()!r}) serves only the V1 model runner"  # no worker: refused by name there
+        why = f"its worker ({_worker_name()!r}) serves only the V1 model runner"
         raise ConfigError(
             f"`{reason}` is not supported by vllm-ascend {__version__} on {cls.profile().name}: it needs vLLM's "
             f"Model Runner V2, and {why}; unset VLLM_USE_V2_MODEL_RUNNER or set it to 0 (the V1 model runner)"

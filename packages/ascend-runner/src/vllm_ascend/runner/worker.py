@@ -29,7 +29,7 @@ from vllm_ascend.core.logger import init_logger
 from vllm_ascend.runner.attention.mla.sparse import DSA_INDEXER_OP
 from vllm_ascend.runner.block_table import TRITON_KERNEL_OVERRIDES
 from vllm_ascend.runner.cpu_binding import bind_cpus
-from vllm_ascend.runner.kernel_overrides import register_grid_kernels, v2_kernel_table
+from vllm_ascend.runner.kernel_overrides import register_grid_kernels, register_kernels, v2_kernel_table
 from vllm_ascend.runner.model_runner import NPUModelRunner
 from vllm_ascend.runner.ops.registry import enable_custom_ops, register_custom_ops
 from vllm_ascend.runner.spec_decode_kernels import SPEC_DECODE_KERNEL_OVERRIDES
@@ -47,6 +47,8 @@ GRAPH_WRAPPER = "vllm_ascend.runner.graph_wrapper.ACLGraphWrapper"
 PASS_MANAGER = "vllm_ascend.runner.compilation.pass_manager.GraphFusionPassManager"
 COMPILER = "vllm_ascend.runner.compilation.compiler.AscendCompiler"
 SLEEP_LEVELS = (1, 2)
+#: Kernel tables handed to vLLM's dispatcher in this process ("v1", "v2").
+_REGISTERED_TABLES: set[str] = set()
 
 
 def _unique_storages(tensors: list[torch.Tensor]) -> list[torch.UntypedStorage]:
@@ -127,13 +129,16 @@ class NPUWorker(Worker):
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
         """Register the V1 table with vLLM's dispatcher, and V2's (``vllm_ascend.kernels.v2``) where vLLM may
-        select V2 in this process (``vllm_bridge.serve_model_runner_v2_in_vllm`` answered its check)."""
+        select V2 for this config (``vllm_bridge.serve_model_runner_v2_in_vllm`` answered its check). Each
+        table once per process: vLLM asks at every worker start, and a process may serve V1 first."""
         from vllm.config import vllm as vllm_config_module
-        from vllm.triton_utils.dispatcher import register_kernels
 
-        register_kernels(cls.triton_kernel_overrides())
-        if vllm_config_module.HAS_TRITON and cls.serves_model_runner_v2():
+        if "v1" not in _REGISTERED_TABLES:
+            register_kernels(cls.triton_kernel_overrides())
+            _REGISTERED_TABLES.add("v1")
+        if "v2" not in _REGISTERED_TABLES and vllm_config_module.HAS_TRITON and cls.serves_model_runner_v2():
             register_grid_kernels(v2_kernel_table())
+            _REGISTERED_TABLES.add("v2")
 
     def __init__(
         self,
