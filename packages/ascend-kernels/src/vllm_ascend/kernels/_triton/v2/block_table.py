@@ -42,17 +42,19 @@ def _gather_block_tables_kernel(
         row = work % num_rows
         stride = tl.load(block_table_strides + group)
         dst = tl.load(dst_block_table_ptrs + group).to(tl.pointer_type(tl.int32)) + row * stride
+        # Names local to each branch differ: Triton merges a name bound in both branches, and the two loops'
+        # bounds have different types (the stride is int64, the block count int32).
         if row >= num_reqs:
             # Graph padding: the whole row zeroed.
-            for i in range(0, stride, TILE):
-                offs = i + tl.arange(0, TILE)
-                tl.store(dst + offs, tl.zeros([TILE], dtype=tl.int32), mask=offs < stride)
+            for pad_start in range(0, stride, TILE):
+                pad = pad_start + tl.arange(0, TILE)
+                tl.store(dst + pad, tl.zeros([TILE], dtype=tl.int32), mask=pad < stride)
         else:
             req = tl.load(batch_idx_to_req_idx + row)
             count = tl.load(num_blocks_ptr + group * num_blocks_stride + req)
             src = tl.load(src_block_table_ptrs + group).to(tl.pointer_type(tl.int32)) + req * stride
-            for i in range(0, count, TILE):
-                offs = i + tl.arange(0, TILE)
+            for start in range(0, count, TILE):
+                offs = start + tl.arange(0, TILE)
                 inside = offs < count
                 tl.store(dst + offs, tl.load(src + offs, mask=inside, other=0), mask=inside)
 
