@@ -80,20 +80,23 @@ def _instance_mapping(value: Any) -> Mapping[str, Any] | None:
 def rebind_kernel_copies(pairs: list[tuple[Any, Any]]) -> None:
     """Point every holder of an original kernel at its override: module attributes (``from m import k``
     copies) and the ``kernel`` attribute of JIT warmup owners (whose cached argument names are dropped)."""
+    by_id = {id(original): (original, wrapper) for original, wrapper in pairs}
+
+    def override_of(value: Any) -> Any:
+        hit = by_id.get(id(value))
+        return hit[1] if hit is not None and hit[0] is value else None
+
     for module in list(sys.modules.values()):
         namespace = _instance_mapping(module)
         if namespace is None:
             continue
         for attr, value in list(namespace.items()):
-            wrapper = next((w for original, w in pairs if value is original), None)
+            wrapper = override_of(value)
             if wrapper is not None:
                 setattr(module, attr, wrapper)
                 continue
             owned = _instance_mapping(value)
-            held = owned.get("kernel") if owned is not None else None
-            wrapper = (
-                next((w for original, w in pairs if held is original), None) if held is not None else None
-            )
+            wrapper = override_of(owned.get("kernel")) if owned is not None else None
             if wrapper is None:
                 continue
             value.kernel = wrapper
