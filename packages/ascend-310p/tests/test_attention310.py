@@ -21,7 +21,7 @@ from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadat
 
 import vllm_ascend.ascend310p.attention.impl as impl_module
 import vllm_ascend.ascend310p.overlay as overlay
-import vllm_ascend.core.device.config as device_config
+import vllm_ascend.core.sdk as device_config
 import vllm_ascend.runner.attention.impl as runner_impl
 from vllm_ascend.ascend310p.attention.backend import AscendAttentionBackend310
 from vllm_ascend.ascend310p.attention.impl import AscendAttentionBackendImpl310

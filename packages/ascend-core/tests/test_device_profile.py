@@ -33,6 +33,7 @@ from vllm_ascend.core.device.profile import (
     CPUBindingMode,
     HardwareCapability,
     ProfileError,
+    emulating_profile,
 )
 
 
@@ -240,3 +241,33 @@ def test_adaptors_report_core_counts_where_the_runtime_has_them(monkeypatch):
     assert A5DeviceAdaptor().core_counts(0) == (20, 40)
     assert A2A3DeviceAdaptor().core_counts(1) is None  # an older torch_npu without the properties
     assert ReferenceDeviceAdaptor().core_counts() is None
+
+
+def test_moe_communication_is_profile_data_validated_by_name():
+    """Which MoE exchanges a family runs is data the runner reads (no family names in its selection)."""
+    assert A2_PROFILE.moe_comm_fallback == "allgather" and A2_PROFILE.mc2_min_ep_ranks == 16
+    assert REFERENCE_PROFILE.moe_comm_methods == ("allgather", "alltoall", "mc2")
+    assert BUILTIN_PROFILES[AscendDeviceType._310P].moe_comm_methods == ("allgather",)
+    assert emulating_profile(BUILTIN_PROFILES[AscendDeviceType._310P]).moe_comm_methods == ("allgather",)
+    with pytest.raises(
+        ProfileError, match=r"moe_comm_methods=\('alltoall',\) is invalid: it needs 'allgather'"
+    ):
+        REFERENCE_PROFILE.with_changes(moe_comm_methods=("alltoall",))
+    with pytest.raises(ProfileError, match="allowed values: allgather, alltoall, mc2"):
+        REFERENCE_PROFILE.with_changes(moe_comm_methods=("allgather", "ring"))
+    assert REFERENCE_PROFILE.with_changes(
+        capabilities=frozenset({HardwareCapability.BF16})
+    ).moe_comm_methods_available == (
+        "allgather",
+        "alltoall",
+    )
+    with pytest.raises(
+        ProfileError, match="moe_comm_fallback='mc2' is invalid; allowed values: allgather, alltoall"
+    ):
+        REFERENCE_PROFILE.with_changes(moe_comm_fallback="mc2")
+    with pytest.raises(
+        ProfileError, match="moe_comm_fallback='alltoall' is invalid; allowed values: allgather"
+    ):
+        REFERENCE_PROFILE.with_changes(moe_comm_methods=("allgather",))
+    with pytest.raises(ProfileError, match="mc2_min_ep_ranks=0 must be an int >= 1"):
+        REFERENCE_PROFILE.with_changes(mc2_min_ep_ranks=0)

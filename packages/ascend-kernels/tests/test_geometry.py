@@ -9,7 +9,7 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from vllm_ascend.core.device import config as device_config
+from vllm_ascend.core import sdk as device_config
 from vllm_ascend.core.device.profile import A2_PROFILE, A3_PROFILE, A5_PROFILE, REFERENCE_PROFILE
 from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._geometry import INTERPRETER, GeometryError, LaunchGeometry, geometry, launch

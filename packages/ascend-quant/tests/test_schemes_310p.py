@@ -16,6 +16,7 @@ import torch
 
 from vllm_ascend.core.device.family import AscendDeviceType
 from vllm_ascend.core.device.profile import (
+    A2_PROFILE,
     P310_BASE_PROFILE,
     REFERENCE_PROFILE,
     HardwareCapability,
@@ -398,7 +399,7 @@ def test_malformed_sparse_checkpoints_name_the_field(p310, cls, tensors, message
 
 @pytest.mark.parametrize(
     ("profile", "family"),
-    [(REFERENCE_PROFILE, "none \\(reference device\\)"), (emulating_profile(P310_BASE_PROFILE), "310P")],
+    [(REFERENCE_PROFILE, "none \\(reference device\\)"), (emulating_profile(A2_PROFILE), "A2")],
 )
 @pytest.mark.parametrize("cls", [W8A8SLinear, W8A8SCLinear])
 def test_sparse_schemes_need_the_sparse_weight_capability(monkeypatch, profile, family, cls):

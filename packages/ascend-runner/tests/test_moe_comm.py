@@ -24,44 +24,53 @@ HIDDEN, INTER, EXPERTS, TOP_K = 16, 8, 8, 3
 TOKENS = (5, 3)  # per rank: data-parallel ranks run different batch sizes
 
 
-def _config(**overrides) -> MoECommConfig:
-    fields = {"family": "a3", "ep_size": 2, "tp_size": 1, "capacity": 8, "even": True}
-    return MoECommConfig(**{**fields, **overrides})
+def _config(family: str = "a3", **overrides) -> MoECommConfig:
+    """The config a family's profile gives (the reference device's for ``reference``)."""
+    from vllm_ascend.core.device.config import get_hardware_profile
+
+    fields = {"ep_size": 2, "tp_size": 1, "capacity": 8, "even": True, **overrides}
+    return MoECommConfig.for_profile(get_hardware_profile(family), **fields)
 
 
 @pytest.mark.parametrize(
-    ("overrides", "tokens", "expected"),
+    ("family", "overrides", "tokens", "expected"),
     [
-        ({"ep_size": 1}, 1, A),  # tensor-parallel experts: nothing to route
-        ({"ep_size": 1, "forced": M}, 1, A),
-        ({}, 8, M),  # a3: decode-sized steps use MC2 ...
-        ({}, 9, T),  # ... larger ones all-to-all
-        ({"family": "a5"}, 4, M),
-        ({"family": "a5"}, 40, T),
-        ({"family": "reference"}, 8, M),
-        ({"family": "reference"}, 9, T),
-        ({"family": "a2"}, 4, A),  # a2: MC2 only from 16 ranks, all-gather otherwise
-        ({"family": "a2", "ep_size": 16}, 4, M),
-        ({"family": "a2", "ep_size": 16}, 9, A),
-        ({"family": "310p", "mc2": False}, 4, A),
-        ({"mc2": False}, 4, T),
-        ({"even": False}, 4, A),  # experts not evenly spread: only all-gather works
-        ({"forced": T}, 4, T),
-        ({"forced": A}, 4, A),
-        ({"forced": M}, 8, M),
+        ("a3", {"ep_size": 1}, 1, A),  # tensor-parallel experts: nothing to route
+        ("a3", {"ep_size": 1, "forced": M}, 1, A),
+        ("a3", {}, 8, M),  # a3: decode-sized steps use MC2 ...
+        ("a3", {}, 9, T),  # ... larger ones all-to-all
+        ("a5", {}, 4, M),
+        ("a5", {}, 40, T),
+        ("reference", {}, 8, M),
+        ("reference", {}, 9, T),
+        ("a2", {}, 4, A),  # a2: MC2 only from 16 ranks, all-gather otherwise
+        ("a2", {"ep_size": 16}, 4, M),
+        ("a2", {"ep_size": 16}, 9, A),
+        ("310p", {}, 4, A),  # all-gather only
+        ("a3", {"even": False}, 4, A),  # experts not evenly spread: only all-gather works
+        ("a3", {"forced": T}, 4, T),
+        ("a3", {"forced": A}, 4, A),
+        ("a3", {"forced": M}, 8, M),
     ],
 )
-def test_selection_per_family_and_step(overrides, tokens, expected):
-    assert select_moe_comm_method(_config(**overrides), tokens) is expected
+def test_selection_per_family_and_step(family, overrides, tokens, expected):
+    assert select_moe_comm_method(_config(family, **overrides), tokens) is expected
+
+
+def test_a_device_without_mc2_takes_its_fallback():
+    config = MoECommConfig(device="no-mc2", ep_size=2, tp_size=1, capacity=8, even=True, methods=(A, T))
+    assert select_moe_comm_method(config, 4) is T
 
 
 def test_forcing_a_method_the_device_cannot_run_is_refused():
-    with pytest.raises(MoECommError, match="mc2: the a3 device has no MC2"):
-        _config(mc2=False, forced=M)
+    with pytest.raises(MoECommError, match="mc2 is not available on no-mc2; allowed: allgather, alltoall"):
+        MoECommConfig(device="no-mc2", ep_size=2, tp_size=1, capacity=8, even=True, methods=(A, T), forced=M)
     with pytest.raises(MoECommError, match="alltoall needs the experts to divide evenly"):
         _config(even=False, forced=T)
-    with pytest.raises(MoECommError, match="not available on 310P"):
-        _config(family="310p", mc2=False, forced=T)
+    with pytest.raises(MoECommError, match="alltoall is not available on Atlas 310P"):
+        _config("310p", forced=T)
+    with pytest.raises(MoECommError, match="fallback mc2 is not among the methods"):
+        MoECommConfig(device="x", ep_size=2, tp_size=1, capacity=8, even=True, methods=(A,), fallback=M)
 
 
 def test_mc2_capacity_is_a_decode_step_unless_forced():

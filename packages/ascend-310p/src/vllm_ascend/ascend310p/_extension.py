@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from vllm_ascend.ascend310p._version import __version__
-from vllm_ascend.core.extensions import ExtensionDescriptor
+from vllm_ascend.core.sdk import ExtensionDescriptor
 
 
 def register() -> None:
     """Fill core's registries with lazy paths (nothing heavy is imported here)."""
-    from vllm_ascend.core.registry import DEVICE_OVERLAYS, WORKERS
+    from vllm_ascend.core.sdk import DEVICE_OVERLAYS, WORKERS
 
     DEVICE_OVERLAYS.register("310p", "vllm_ascend.ascend310p.overlay:OVERLAY")
     WORKERS.register("310p", "vllm_ascend.ascend310p.worker:NPUWorker310")

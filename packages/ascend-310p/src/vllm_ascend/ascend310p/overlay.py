@@ -19,17 +19,19 @@ import torch
 import torch.nn.functional as F
 
 from vllm_ascend.ascend310p.attention.mask import MASK_VALUE, AttentionMaskBuilder310, expand_compressed_mask
-from vllm_ascend.core.device.adaptor.base import DeviceOpError
-from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor, torch_npu_module
-from vllm_ascend.core.device.adaptor.reference import (
+from vllm_ascend.core.sdk import (
+    BUILTIN_PROFILES,
+    A2A3DeviceAdaptor,
+    AscendDeviceType,
+    DeviceOpError,
+    DeviceOverlay,
+    HardwareCapability,
     ReferenceDeviceAdaptor,
     gather_paged_kv,
     int8_weight,
     quant_matmul_int32,
+    torch_npu_module,
 )
-from vllm_ascend.core.device.family import AscendDeviceType
-from vllm_ascend.core.device.overlay import DeviceOverlay
-from vllm_ascend.core.device.profile import BUILTIN_PROFILES, HardwareCapability
 
 _INT_MAX = 2147483647
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from vllm_ascend.core.extensions import ExtensionDescriptor
+from vllm_ascend.core.sdk import ExtensionDescriptor
 from vllm_ascend.eplb._version import __version__
 
 
 def register() -> None:
     """Register the ``eplb_config`` validator and the expert-placement schedule (lazy paths)."""
-    from vllm_ascend.core.registry import CONFIG_SECTIONS, MOE_PLACEMENTS
+    from vllm_ascend.core.sdk import CONFIG_SECTIONS, MOE_PLACEMENTS
 
     CONFIG_SECTIONS.register("eplb_config", "vllm_ascend.eplb.config:validate_eplb_config")
     MOE_PLACEMENTS.register("default", "vllm_ascend.eplb.schedule:schedule_for")

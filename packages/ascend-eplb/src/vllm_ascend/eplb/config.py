@@ -10,8 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from vllm_ascend.core.config import ConfigError, Section
-from vllm_ascend.core.config.schema import option
+from vllm_ascend.core.sdk import ConfigError, Section, option
 from vllm_ascend.eplb.expert_map_file import expert_file_to_tensor
 from vllm_ascend.eplb.placement import generate_global_placement
 from vllm_ascend.eplb.policy.factory import allowed_policies, policy_name

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_ascend.core.config.jsonio import JsonInputError, read_json_file
+from vllm_ascend.core.sdk import JsonInputError, read_json_file
 from vllm_ascend.eplb.validation import EplbInputError, as_expert_table
 
 

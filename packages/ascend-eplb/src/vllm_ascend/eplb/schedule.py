@@ -11,7 +11,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from vllm_ascend.core.config import get_section
+from vllm_ascend.core.sdk import get_section
 from vllm_ascend.eplb.config import EplbConfig
 from vllm_ascend.eplb.movers import D2DWeightMover, LocalWeightMover
 from vllm_ascend.eplb.updator import EplbUpdator

@@ -7,7 +7,7 @@ from collections import deque
 
 import numpy as np
 
-from vllm_ascend.core.logger import init_logger
+from vllm_ascend.core.sdk import init_logger
 from vllm_ascend.eplb.config import EplbConfig
 from vllm_ascend.eplb.expert_map_file import save_expert_map
 from vllm_ascend.eplb.movers import EplbLayer, WeightMover

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from vllm_ascend.core.logger import init_logger
+from vllm_ascend.core.sdk import init_logger
 
 logger = init_logger(__name__)
 
@@ -37,7 +37,7 @@ class KernelBackendError(RuntimeError):
 
 def requested_backend() -> str:
     """The validated value of ``VLLM_ASCEND_KERNEL_BACKEND``."""
-    from vllm_ascend.core import envs
+    from vllm_ascend.core.sdk import envs
 
     try:
         return str(envs.VLLM_ASCEND_KERNEL_BACKEND)
@@ -68,8 +68,7 @@ def _has_ascend_backend(triton: Any) -> bool:
 def _family_without_triton() -> str | None:
     """The active device family's profile name when it has no Triton (310P: triton-ascend does not target
     it), else None; None too when the platform is not active (kernels used on their own)."""
-    from vllm_ascend.core.device.config import DeviceConfigError, get_current_hardware_profile
-    from vllm_ascend.core.device.detection import detect
+    from vllm_ascend.core.sdk import DeviceConfigError, detect, get_current_hardware_profile
 
     try:
         if not detect().active:
@@ -77,7 +76,7 @@ def _family_without_triton() -> str | None:
         profile = get_current_hardware_profile()
     except DeviceConfigError:
         return None
-    if profile.device_type is None or profile.supports("triton"):
+    if profile.supports("triton"):
         return None
     return profile.name
 

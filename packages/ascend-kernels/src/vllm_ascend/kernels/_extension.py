@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from vllm_ascend.core.extensions import ExtensionDescriptor
+from vllm_ascend.core.sdk import ExtensionDescriptor
 from vllm_ascend.kernels._version import __version__
 
 
 def register() -> None:
     """Fill core's registries with lazy paths (nothing heavy is imported here)."""
-    from vllm_ascend.core.registry import CLI_COMMANDS
+    from vllm_ascend.core.sdk import CLI_COMMANDS
 
     CLI_COMMANDS.register("warmup", "vllm_ascend.kernels.cli:WARMUP_COMMAND")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from vllm_ascend.core.device.profile import HardwareProfile
+from vllm_ascend.core.sdk import HardwareProfile
 
 BACKENDS = ("cuda", "npu", "interpreter")
 #: The interpreter's nominal core count (batches below it take the split paths) and its program counts.
@@ -122,7 +122,7 @@ def geometry(device: torch.device) -> LaunchGeometry:
     if device.type == "cuda":
         return LaunchGeometry.for_cuda(torch.cuda.get_device_properties(device))
     if device.type == "npu":
-        from vllm_ascend.core.device.config import get_current_hardware_profile, get_device_adaptor
+        from vllm_ascend.core.sdk import get_current_hardware_profile, get_device_adaptor
 
         reported = get_device_adaptor().core_counts(device.index or 0)
         return LaunchGeometry.for_ascend(get_current_hardware_profile(), reported)

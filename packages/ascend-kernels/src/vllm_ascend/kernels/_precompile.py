@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from vllm_ascend.core.logger import init_logger
+from vllm_ascend.core.sdk import init_logger
 
 logger = init_logger(__name__)
 
@@ -178,7 +178,7 @@ def compile_specs(specs: Sequence[str], workers: int) -> dict[str, int]:
 
 def _report_dead_workers(processes: Mapping[int, BaseProcess], lost: list[str]) -> None:
     """One warning for a pool broken by a dead compile process, naming the signal that killed it."""
-    from vllm_ascend.core.child import signal_death
+    from vllm_ascend.core.sdk import signal_death
 
     deaths = []
     for pid, process in processes.items():

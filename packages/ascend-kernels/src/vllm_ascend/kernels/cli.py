@@ -9,7 +9,7 @@ import json
 import os
 import time
 
-from vllm_ascend.core.registry import CliCommand
+from vllm_ascend.core.sdk import CliCommand
 
 DTYPES = ("float32", "bfloat16", "float16")
 

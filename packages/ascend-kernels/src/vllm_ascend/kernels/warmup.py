@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from vllm_ascend.core.logger import init_logger
+from vllm_ascend.core.sdk import init_logger
 
 logger = init_logger(__name__)
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from vllm_ascend.core.extensions import ExtensionDescriptor
+from vllm_ascend.core.sdk import ExtensionDescriptor
 from vllm_ascend.netloader._version import __version__
 
 
 def register() -> None:
     """Fill core's registries with lazy paths (nothing heavy is imported here)."""
-    from vllm_ascend.core.registry import CLI_COMMANDS, MODEL_LOADERS
+    from vllm_ascend.core.sdk import CLI_COMMANDS, MODEL_LOADERS
 
     MODEL_LOADERS.register("netloader", "vllm_ascend.netloader.loader:NetLoader")
     CLI_COMMANDS.register("netloader-seed", "vllm_ascend.netloader.cli:SEED_COMMAND")

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import NoReturn
 
-from vllm_ascend.core.registry import CliCommand
+from vllm_ascend.core.sdk import CliCommand
 from vllm_ascend.netloader.admission import (
     DEFAULT_HANDSHAKE_TIMEOUT,
     DEFAULT_MAX_PENDING,

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vllm_ascend.core.logger import init_logger
+from vllm_ascend.core.sdk import init_logger
 from vllm_ascend.netloader.client import NetLoaderError, SeedClient
 from vllm_ascend.netloader.manifest import Manifest, ManifestError, TensorSpec, check_expected, spec_of
 from vllm_ascend.netloader.protocol import ProtocolError

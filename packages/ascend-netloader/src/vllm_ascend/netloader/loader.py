@@ -32,7 +32,7 @@ from vllm.config.load import LoadConfig
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-from vllm_ascend.core.logger import init_logger
+from vllm_ascend.core.sdk import init_logger
 from vllm_ascend.netloader.client import NetLoaderError, SeedClient
 from vllm_ascend.netloader.config import NetLoaderConfig
 from vllm_ascend.netloader.live_seed import FALLBACK_ERRORS, load_live

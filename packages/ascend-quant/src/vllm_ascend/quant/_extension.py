@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from vllm_ascend.core.extensions import ExtensionDescriptor
+from vllm_ascend.core.sdk import ExtensionDescriptor
 from vllm_ascend.quant._version import __version__
 
 
 def register() -> None:
     """Register ``--quantization ascend`` and ``vllm-ascend quantize`` as lazy paths (nothing heavy imported)."""
-    from vllm_ascend.core.registry import CLI_COMMANDS, QUANT_METHODS
+    from vllm_ascend.core.sdk import CLI_COMMANDS, QUANT_METHODS
 
     QUANT_METHODS.register("ascend", "vllm_ascend.quant.config:AscendQuantConfig")
     CLI_COMMANDS.register("quantize", "vllm_ascend.quant.cli:QUANTIZE_COMMAND")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_ascend.core.registry import CliCommand, CliError
+from vllm_ascend.core.sdk import CliCommand, CliError
 
 _SCHEMES = "W8A8, W8A8_DYNAMIC, W8A16, W4A16, W4A8_DYNAMIC, W8A8S, W8A8SC"  # export.SCHEMES + SPARSE_SCHEMES, no torch
 

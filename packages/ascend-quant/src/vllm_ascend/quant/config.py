@@ -54,7 +54,7 @@ _UNSUPPORTED_GLOBALS = {
 
 
 def _current_family() -> str | None:
-    from vllm_ascend.core.device.config import get_current_hardware_profile
+    from vllm_ascend.core.sdk import get_current_hardware_profile
 
     device_type = get_current_hardware_profile().device_type
     return None if device_type is None else device_type.value
@@ -100,7 +100,7 @@ def _config_time_problems(description: QuantDescription) -> list[str]:
                 "vllm-ascend-quant"
             )
             continue
-        supported = [t for t in implemented(kind) if qt.family_requirement(t) in (None, description.family)]
+        supported = [t for t in implemented(kind) if qt.runs_on(t, description.family)]
         what = "linear layers" if kind == "linear" else "MoE experts"
         if quant_type not in supported:
             problems.append(

@@ -15,8 +15,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from vllm_ascend.core.config.jsonio import JsonInputError, read_json_file
-from vllm_ascend.core.config.schema import INT_MAX
+from vllm_ascend.core.sdk import INT_MAX, JsonInputError, read_json_file
 from vllm_ascend.quant import types as qt
 
 DESCRIPTION_FILE = "quant_model_description.json"
@@ -95,7 +94,8 @@ class QuantDescription:
 
     ``source`` is the parsed JSON object, a path to the JSON file, or a model directory holding
     ``quant_model_description.json``. ``family`` is the device family (an ``AscendDeviceType``, its
-    value ``"A2"``/``"A3"``/``"A5"``/``"310P"``, or a SOC name); the 310P-only types W8A8S/W8A8SC are accepted only for ``"310P"``.
+    value ``"A2"``/``"A3"``/``"A5"``/``"310P"``, or a SOC name); types that need a hardware capability
+    (W8A8S/W8A8SC: ``sparse_weight``) are accepted only for a family whose profile has it.
     """
 
     def __init__(
@@ -105,7 +105,7 @@ class QuantDescription:
         family: Any = None,
         packed_modules: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
-        from vllm_ascend.core.device.family import AscendDeviceType
+        from vllm_ascend.core.sdk import AscendDeviceType
 
         self.family: str | None = None if family is None else AscendDeviceType.parse(family).value
         self.packed_modules = dict(DEFAULT_PACKED_MODULES if packed_modules is None else packed_modules)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from vllm_ascend.core.config.jsonio import JsonInputError, read_json_file
+from vllm_ascend.core.sdk import JsonInputError, read_json_file
 from vllm_ascend.quant import types as qt
 from vllm_ascend.quant.description import DESCRIPTION_FILE, json_type
 

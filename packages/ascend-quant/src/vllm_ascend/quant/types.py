@@ -32,15 +32,25 @@ MOE_TYPES: tuple[str, ...] = (
 )
 ATTENTION_TYPES: tuple[str, ...] = ("FAKQuant", "INT8_DYNAMIC")
 KV_CACHE_TYPES: tuple[str, ...] = ("C8",)
-FAMILY_ONLY_TYPES: dict[str, tuple[str, ...]] = {"310P": ("W8A8S", "W8A8SC")}
-"""Linear types that exist only on one device family."""
+CAPABILITY_TYPES: dict[str, tuple[str, ...]] = {"sparse_weight": ("W8A8S", "W8A8SC")}
+"""Linear types a family runs only where its profile has the hardware capability (``HardwareCapability``
+value) named by the key."""
 
 LAYER_KINDS: tuple[str, ...] = ("linear", "moe", "attention")
 
 
+def _capabilities(family: str | None) -> frozenset[str]:
+    if family is None:
+        return frozenset()
+    from vllm_ascend.core.sdk import get_hardware_profile
+
+    return frozenset(c.value for c in get_hardware_profile(family).capabilities)
+
+
 def linear_types(family: str | None) -> tuple[str, ...]:
     """Linear types valid on ``family`` (a normalised family name, or None when unknown)."""
-    return LINEAR_TYPES + FAMILY_ONLY_TYPES.get(family or "", ())
+    have = _capabilities(family)
+    return LINEAR_TYPES + tuple(t for cap, types in CAPABILITY_TYPES.items() if cap in have for t in types)
 
 
 def tensor_types(family: str | None) -> tuple[str, ...]:
@@ -48,11 +58,21 @@ def tensor_types(family: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys((FLOAT, *linear_types(family), *MOE_TYPES, *ATTENTION_TYPES, *KV_CACHE_TYPES)))
 
 
+def runs_on(quant_type: str, family: str | None) -> bool:
+    """Whether ``family``'s profile has what ``quant_type`` needs (every family runs the types that need no
+    capability; an unknown family runs only those)."""
+    have = _capabilities(family)
+    return all(cap in have for cap, types in CAPABILITY_TYPES.items() if quant_type in types)
+
+
 def family_requirement(quant_type: str) -> str | None:
-    """The only family that supports ``quant_type``, or None when it is not family-specific."""
-    for family, types in FAMILY_ONLY_TYPES.items():
+    """The families whose profiles run ``quant_type`` (comma-separated), or None when every family does."""
+    from vllm_ascend.core.sdk import AscendDeviceType, get_hardware_profile
+
+    for capability, types in CAPABILITY_TYPES.items():
         if quant_type in types:
-            return family
+            families = [f.value for f in AscendDeviceType if get_hardware_profile(f).supports(capability)]
+            return ", ".join(families) or "no"
     return None
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from vllm_ascend.core.extensions import ExtensionDescriptor
+from vllm_ascend.core.sdk import ExtensionDescriptor
 from vllm_ascend.runner._version import __version__
 
 
 def register() -> None:
     """Fill core's registries with lazy paths (nothing heavy is imported here)."""
-    from vllm_ascend.core.registry import CLI_COMMANDS, CONFIG_SECTIONS, WORKERS
+    from vllm_ascend.core.sdk import CLI_COMMANDS, CONFIG_SECTIONS, WORKERS
 
     WORKERS.register("default", "vllm_ascend.runner.worker:NPUWorker")
     CLI_COMMANDS.register("demo", "vllm_ascend.runner.demo:DEMO_COMMAND")

@@ -22,9 +22,7 @@ import re
 import subprocess
 from collections.abc import Iterable, Sequence
 
-from vllm_ascend.core import envs
-from vllm_ascend.core.device.profile import CPUBindingMode
-from vllm_ascend.core.logger import init_logger
+from vllm_ascend.core.sdk import CPUBindingMode, envs, init_logger
 
 logger = init_logger(__name__)
 

@@ -16,8 +16,7 @@ import time
 import warnings
 from pathlib import Path
 
-from vllm_ascend.core.child import run_module
-from vllm_ascend.core.registry import CliCommand, CliError
+from vllm_ascend.core.sdk import CliCommand, CliError, run_module
 
 PROMPTS = (
     "the quick ascend kernel",
@@ -81,8 +80,7 @@ def run_demo(model_kind: str, max_tokens: int, cache_dir: Path | None) -> int:
 
     from vllm.platforms import current_platform
 
-    from vllm_ascend.core.device.config import get_device_adaptor
-    from vllm_ascend.core.device.host import host_isa, loaded_kernel_libraries
+    from vllm_ascend.core.sdk import get_device_adaptor, host_isa, loaded_kernel_libraries
 
     worker = llm.collective_rpc(lambda wrapper: wrapper.worker)[0]
     print(f"platform  {type(current_platform).__qualname__} ({current_platform.get_device_name()})")

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import torch
 
-from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.core.sdk import get_device_adaptor
 
 TENSOR_PREFIX = "Tensor."
 

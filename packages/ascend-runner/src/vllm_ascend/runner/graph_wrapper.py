@@ -32,7 +32,7 @@ from vllm.forward_context import (
     override_forward_context,
 )
 
-from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.core.sdk import get_device_adaptor
 
 
 class GraphReplayError(RuntimeError):

@@ -57,10 +57,13 @@ from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 from vllm.v1.worker import gpu_model_runner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-from vllm_ascend.core.config import ConfigError, get_section
-from vllm_ascend.core.device.config import get_device_adaptor
-from vllm_ascend.core.logger import init_logger
-from vllm_ascend.core.registry import SPEC_DECODE_METHODS
+from vllm_ascend.core.sdk import (
+    SPEC_DECODE_METHODS,
+    ConfigError,
+    get_device_adaptor,
+    get_section,
+    init_logger,
+)
 from vllm_ascend.kernels import kernel_warmup
 from vllm_ascend.runner import device_context
 from vllm_ascend.runner.graph_wrapper import ACLGraphWrapper

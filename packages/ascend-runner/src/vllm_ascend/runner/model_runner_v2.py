@@ -18,9 +18,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.worker.gpu import model_runner as v2_model_runner
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-from vllm_ascend.core.config import ConfigError, get_ascend_config, get_section
-from vllm_ascend.core.device.config import get_device_adaptor
-from vllm_ascend.core.logger import init_logger
+from vllm_ascend.core.sdk import ConfigError, get_ascend_config, get_device_adaptor, get_section, init_logger
 from vllm_ascend.runner import device_context
 from vllm_ascend.runner.kernel_overrides import v2_kernel_table
 from vllm_ascend.runner.kv_zeroer import AscendKVBlockZeroer

@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from vllm_ascend.core.child import run_module
-from vllm_ascend.core.registry import CliCommand, CliError
+from vllm_ascend.core.sdk import CliCommand, CliError, run_module
 
 DEVICES = ("auto", "npu", "reference")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"

@@ -23,9 +23,12 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes
 
-from vllm_ascend.core.config import get_ascend_config
-from vllm_ascend.core.device.config import get_current_hardware_profile, get_device_adaptor
-from vllm_ascend.core.logger import init_logger
+from vllm_ascend.core.sdk import (
+    get_ascend_config,
+    get_current_hardware_profile,
+    get_device_adaptor,
+    init_logger,
+)
 from vllm_ascend.runner.attention.mla.sparse import DSA_INDEXER_OP
 from vllm_ascend.runner.block_table import TRITON_KERNEL_OVERRIDES
 from vllm_ascend.runner.cpu_binding import bind_cpus

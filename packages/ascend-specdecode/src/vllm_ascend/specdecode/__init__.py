@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vllm_ascend.core.lazy import lazy_exports
+from vllm_ascend.core.sdk import lazy_exports
 from vllm_ascend.specdecode._version import __version__
 
 if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names load lazily

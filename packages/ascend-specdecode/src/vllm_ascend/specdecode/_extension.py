@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from importlib.util import find_spec
 
-from vllm_ascend.core.extensions import ExtensionDescriptor
+from vllm_ascend.core.sdk import ExtensionDescriptor
 from vllm_ascend.specdecode._version import __version__
 
 
 def register() -> None:
     """Fill core's registries with lazy paths (nothing heavy is imported here)."""
-    from vllm_ascend.core.registry import CONFIG_SECTIONS, SPEC_DECODE_METHODS
+    from vllm_ascend.core.sdk import CONFIG_SECTIONS, SPEC_DECODE_METHODS
 
     SPEC_DECODE_METHODS.register("ngram", "vllm_ascend.specdecode.ngram:NgramProposer")
     SPEC_DECODE_METHODS.register("suffix", "vllm_ascend.specdecode.suffix:SuffixDecodingProposer")

@@ -36,8 +36,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from vllm_ascend.core.config import ConfigError, Section
-from vllm_ascend.core.config.schema import option
+from vllm_ascend.core.sdk import ConfigError, Section, option
 
 PATH = "additional_config.dynamic_spec_config"
 

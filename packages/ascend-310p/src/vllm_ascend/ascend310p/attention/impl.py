@@ -19,7 +19,7 @@ from vllm.config import get_current_vllm_config_or_none
 from vllm.v1.attention.backend import AttentionLayer
 
 from vllm_ascend.ascend310p.attention.metadata import AscendAttentionMetadata310, AscendAttentionState310
-from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.core.sdk import get_device_adaptor
 from vllm_ascend.runner.attention.impl import AscendAttentionImpl, split_kv_cache
 from vllm_ascend.runner.attention.support import AttentionConfigError
 

@@ -81,7 +81,7 @@ class AttentionMaskBuilder310:
     @staticmethod
     def is_compressed_mask_supported() -> bool:
         """Whether the current device's splitfuse kernel takes the compressed tile (asked of its adaptor)."""
-        from vllm_ascend.core.device.config import get_device_adaptor
+        from vllm_ascend.core.sdk import get_device_adaptor
 
         return bool(getattr(get_device_adaptor(), "compressed_splitfuse_mask", False))
 

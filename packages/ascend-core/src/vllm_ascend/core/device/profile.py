@@ -51,6 +51,8 @@ _DIMENSIONS = {
 
 
 _HARDWARE_COUNTS = ("cube_cores", "vector_cores", "ub_bytes")
+#: MoE token exchanges between expert-parallel ranks (the runner's ``MoECommType`` values).
+MOE_COMM_METHODS = ("allgather", "alltoall", "mc2")
 
 
 class ProfileError(ValueError):
@@ -86,6 +88,12 @@ class HardwareProfile:
     ub_bytes: int | None = None
     #: The ``WORKERS`` entry that serves this family (a sibling may register its own, e.g. ``"310p"``).
     worker: str = "default"
+    #: MoE communication the family runs (``MOE_COMM_METHODS``; ``mc2`` only where the profile also has the MC2
+    #: capability: ``moe_comm_methods_available``), the one a step takes when MC2 does not (too many tokens,
+    #: or fewer expert-parallel ranks than ``mc2_min_ep_ranks``, from which MC2 beats it), that threshold.
+    moe_comm_methods: tuple[str, ...] = MOE_COMM_METHODS
+    moe_comm_fallback: str = "alltoall"
+    mc2_min_ep_ranks: int = 1
 
     def __post_init__(self) -> None:
         for attr, enum_cls in _DIMENSIONS.items():
@@ -114,9 +122,34 @@ class HardwareProfile:
                 raise ProfileError(f"HardwareProfile.{attr}={value!r} must be a positive int or None")
         if not isinstance(self.worker, str) or not self.worker.strip():
             raise ProfileError(f"HardwareProfile.worker={self.worker!r} must be a non-empty WORKERS name")
+        self._check_moe_comm()
         bf16 = HardwareCapability.BF16 in self.capabilities
         if bf16 != ("bfloat16" in self.supported_dtypes):
             raise ProfileError(f"profile {self.name!r}: the BF16 capability and supported_dtypes disagree")
+
+    def _check_moe_comm(self) -> None:
+        unknown = [m for m in self.moe_comm_methods if m not in MOE_COMM_METHODS]
+        if unknown or "allgather" not in self.moe_comm_methods:
+            raise ProfileError(
+                f"HardwareProfile.moe_comm_methods={self.moe_comm_methods!r} is invalid: it needs 'allgather' "
+                f"(always possible) and only allowed values: {', '.join(MOE_COMM_METHODS)}"
+            )
+        fallbacks = [m for m in self.moe_comm_methods if m != "mc2"]
+        if self.moe_comm_fallback not in fallbacks:
+            raise ProfileError(
+                f"HardwareProfile.moe_comm_fallback={self.moe_comm_fallback!r} is invalid; allowed values: "
+                f"{', '.join(fallbacks)}"
+            )
+        if type(self.mc2_min_ep_ranks) is not int or self.mc2_min_ep_ranks < 1:
+            raise ProfileError(
+                f"HardwareProfile.mc2_min_ep_ranks={self.mc2_min_ep_ranks!r} must be an int >= 1"
+            )
+
+    @property
+    def moe_comm_methods_available(self) -> tuple[str, ...]:
+        """``moe_comm_methods`` without ``mc2`` where the MC2 capability is missing."""
+        mc2 = HardwareCapability.MC2 in self.capabilities
+        return tuple(m for m in self.moe_comm_methods if m != "mc2" or mc2)
 
     def supports(self, capability: HardwareCapability | str) -> bool:
         """Whether the family has ``capability`` (enum member or its value, e.g. ``"bf16"``)."""
@@ -150,6 +183,9 @@ class HardwareProfile:
             "quant_weight_format": self.quant_weight_format,
             **{attr: getattr(self, attr) for attr in _HARDWARE_COUNTS},
             "worker": self.worker,
+            "moe_comm_methods": list(self.moe_comm_methods),
+            "moe_comm_fallback": self.moe_comm_fallback,
+            "mc2_min_ep_ranks": self.mc2_min_ep_ranks,
         }
 
 
@@ -174,6 +210,9 @@ A2_PROFILE = HardwareProfile(
     cpu_binding=CPUBindingMode.TOPO_AFFINITY,
     adaptor_family=DeviceAdaptorFamily.A2A3,
     quant_weight_format="NZ",
+    # A2's MC2 beats all-gather from 16 expert-parallel ranks; below, all-gather (HCCS bandwidth).
+    moe_comm_fallback="allgather",
+    mc2_min_ep_ranks=16,
     # Ascend910B1/B2 (and each die of an A3 Ascend910_93: one device per die). Ascend910B3/B4 have 20 cube
     # and 40 vector cores (Ascend910B4.ini): the adaptor's run-time count covers them.
     cube_cores=24,
@@ -181,7 +220,9 @@ A2_PROFILE = HardwareProfile(
     ub_bytes=192 * KIB,
 )
 
-A3_PROFILE = A2_PROFILE.with_changes(name="Atlas A3", device_type=AscendDeviceType.A3)
+A3_PROFILE = A2_PROFILE.with_changes(
+    name="Atlas A3", device_type=AscendDeviceType.A3, moe_comm_fallback="alltoall", mc2_min_ep_ranks=1
+)
 
 A5_PROFILE = HardwareProfile(
     name="Ascend 950",
@@ -209,17 +250,19 @@ A5_PROFILE = HardwareProfile(
     ub_bytes=256 * KIB,
 )
 
-#: Core's baseline for 310P: only hardware facts (no bf16, no Triton, no fused gating); the
+#: Core's baseline for 310P: only hardware facts (sparse int8 weights; no bf16, no Triton, no fused gating); the
 #: ``vllm-ascend-310p`` overlay refines it and brings its adaptor.
 P310_BASE_PROFILE = HardwareProfile(
     name="Atlas 310P (baseline; install vllm-ascend-310p)",
     device_type=AscendDeviceType._310P,
-    capabilities=frozenset(),
+    capabilities=frozenset({C.SPARSE_WEIGHT}),
     cpu_binding=CPUBindingMode.AVERAGE,
     adaptor_family=DeviceAdaptorFamily._310P,
     eager_only=True,
     supported_dtypes=("float16", "float32"),
     quant_weight_format="NZ",
+    moe_comm_methods=("allgather",),  # no all-to-all or MC2 on 310P
+    moe_comm_fallback="allgather",
     # Ascend310P3.ini: ai_core_cnt=8, vector_core_cnt=7 (the AI core is unified: cube and vector in one
     # core, so the cube count is the AI-core count). UB 256 KiB per AI core: not confirmed from a
     # platform_config file (310P runs no Triton; the figure only sizes what it would).
@@ -265,6 +308,9 @@ def emulating_profile(family_profile: HardwareProfile) -> HardwareProfile:
         supported_dtypes=family_profile.supported_dtypes,
         quant_weight_format=family_profile.quant_weight_format,
         worker=family_profile.worker,
+        moe_comm_methods=family_profile.moe_comm_methods,
+        moe_comm_fallback=family_profile.moe_comm_fallback,
+        mc2_min_ep_ranks=family_profile.mc2_min_ep_ranks,
     )
 
 

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from vllm_ascend.core.config.schema import unknown_key_message
+from vllm_ascend.core.sdk import unknown_key_message
 from vllm_ascend.eplb.policy.packing import imbalance, logical_load
 from vllm_ascend.eplb.validation import EplbInputError, as_expert_table, as_workload, valid_layers
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_ascend.core.registry import Registry, registering_as
+from vllm_ascend.core.sdk import Registry, registering_as
 from vllm_ascend.eplb.policy.base import EplbPolicy
 from vllm_ascend.eplb.validation import EplbInputError
 

@@ -14,9 +14,13 @@ from typing import ClassVar, cast
 
 import torch
 
-from vllm_ascend.core.device.adaptor.base import BaseDeviceAdaptor, WeightFormat
-from vllm_ascend.core.device.adaptor.reference import pack_int4
-from vllm_ascend.core.device.config import get_current_hardware_profile, get_device_adaptor
+from vllm_ascend.core.sdk import (
+    BaseDeviceAdaptor,
+    WeightFormat,
+    get_current_hardware_profile,
+    get_device_adaptor,
+    pack_int4,
+)
 from vllm_ascend.quant.errors import QuantLoadError
 
 TENSOR_KINDS: tuple[str, ...] = (

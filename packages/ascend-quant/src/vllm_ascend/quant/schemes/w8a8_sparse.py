@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend.core.device.config import get_current_hardware_profile
-from vllm_ascend.core.device.profile import HardwareCapability
+from vllm_ascend.core.sdk import HardwareCapability, get_current_hardware_profile
 from vllm_ascend.quant import types as qt
 from vllm_ascend.quant.compress import INFO_FIELDS, CompressedFormatError, decompress_weight, split_shards
 from vllm_ascend.quant.errors import QuantLoadError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend.core.device.config import get_current_hardware_profile
+from vllm_ascend.core.sdk import get_current_hardware_profile
 
 #: Head sizes the fused-infer-attention op takes: multiples of 16 up to 512.
 HEAD_SIZE_MULTIPLE = 16

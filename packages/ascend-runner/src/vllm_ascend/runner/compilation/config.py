@@ -6,8 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from vllm_ascend.core.config import Section
-from vllm_ascend.core.config.schema import option
+from vllm_ascend.core.sdk import Section, option
 
 PATH = "additional_config.ascend_compilation_config"
 #: The name core's ``get_section`` reads it by.

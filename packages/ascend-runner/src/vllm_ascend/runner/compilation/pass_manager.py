@@ -87,7 +87,7 @@ class GraphFusionPassManager(PostGradPassManager):
 
     def configure(self, config: VllmConfig) -> None:
         """Build the passes from the section; vLLM's pass_config fusion switches (CUDA passes) are not read."""
-        from vllm_ascend.core.config import get_section
+        from vllm_ascend.core.sdk import get_section
 
         self.pass_config = config.compilation_config.pass_config
         self.section = self._override if self._override is not None else get_section(SECTION)

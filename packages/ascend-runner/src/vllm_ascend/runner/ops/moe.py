@@ -31,10 +31,13 @@ from vllm.model_executor.layers.fused_moe.expert_map_manager import determine_ex
 from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner, SharedExpertsOrder
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 
-from vllm_ascend.core import envs
-from vllm_ascend.core.device.config import get_current_hardware_profile, get_device_adaptor
-from vllm_ascend.core.logger import init_logger
-from vllm_ascend.core.registry import MOE_PLACEMENTS
+from vllm_ascend.core.sdk import (
+    MOE_PLACEMENTS,
+    envs,
+    get_current_hardware_profile,
+    get_device_adaptor,
+    init_logger,
+)
 from vllm_ascend.runner.ops.moe_comm import (
     MoECommConfig,
     MoECommType,
@@ -102,11 +105,10 @@ def _max_tokens_across_dp(num_tokens: int) -> int:
 
 
 def comm_config(vllm_config: Any, moe_config: Any, decode_query_len: int) -> MoECommConfig:
-    """The per-step selection's inputs for one MoE layer (device family, ranks, MC2 capacity, forcing)."""
+    """The per-step selection's inputs for one MoE layer (the profile's MoE data, ranks, MC2 capacity, forcing)."""
     raw = envs.VLLM_ASCEND_MOE_COMM_METHOD
     forced = MoECommType(raw) if raw else None
     profile = get_current_hardware_profile()
-    family = profile.device_type.value.lower() if profile.device_type is not None else "reference"
     scheduler = vllm_config.scheduler_config
     capacity = mc2_capacity(
         scheduler.max_num_seqs,
@@ -115,13 +117,12 @@ def comm_config(vllm_config: Any, moe_config: Any, decode_query_len: int) -> MoE
         forced is MoECommType.MC2,
     )
     parallel = vllm_config.parallel_config
-    return MoECommConfig(
-        family=family,
+    return MoECommConfig.for_profile(
+        profile,
         ep_size=moe_config.ep_size,
         tp_size=parallel.tensor_parallel_size if moe_config.ep_size > 1 else 1,
         capacity=capacity,
         even=moe_config.num_experts % moe_config.ep_size == 0,
-        mc2=profile.supports("mc2"),
         forced=forced,
     )
 
@@ -225,11 +226,11 @@ class AscendMoERunner(MoERunner):
         if self.step_comm not in _ANNOUNCED:
             _ANNOUNCED.add(self.step_comm)
             logger.info(
-                "MoE communication %s first used (%d tokens, %d expert-parallel ranks, family %s%s)",
+                "MoE communication %s first used (%d tokens, %d expert-parallel ranks, on %s%s)",
                 self.step_comm.value,
                 num_tokens,
                 self.comm.ep_size,
-                self.comm.family,
+                self.comm.device,
                 ", forced" if self.comm.forced is not None else "",
             )
         return super()._forward_impl(hidden_states, router_logits, *args, **kwargs)

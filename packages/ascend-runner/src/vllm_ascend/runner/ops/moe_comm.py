@@ -12,8 +12,9 @@ Three ways move tokens to their experts and back:
   / ``combine``): every rank's tokens are padded to a fixed capacity (an active mask marks the real
   ones) and each peer owns a capacity-sized window, so the bytes moved do not depend on the routing.
 
-Selection follows the device family, each forward (``select_moe_comm_method``); a method can be forced
-with ``VLLM_ASCEND_MOE_COMM_METHOD``.
+Selection follows the device profile's MoE data (``moe_comm_methods``, ``moe_comm_fallback``,
+``mc2_min_ep_ranks``), each forward (``select_moe_comm_method``); a method can be forced with
+``VLLM_ASCEND_MOE_COMM_METHOD``.
 """
 
 from __future__ import annotations
@@ -27,15 +28,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.core.sdk import get_device_adaptor
 
 #: Expert rows of one rank: ``(rows grouped by local expert [M, H], rows per local expert [L]) -> [M, H]``.
 ExpertsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 #: Upper bound of MC2's per-step token capacity (before the tensor-parallel split), as upstream sizes it.
 MC2_MAX_CAPACITY = 512
-#: Expert-parallel ranks from which the A2 family uses MC2 (below, all-gather is cheaper there).
-A2_MC2_MIN_RANKS = 16
 
 
 class MoECommType(enum.StrEnum):
@@ -52,35 +51,49 @@ class MoECommError(ValueError):
 class MoECommConfig:
     """What the per-step choice reads; fixed for a model.
 
-    ``family``: ``a2``, ``a3``, ``a5``, ``310p`` or ``reference`` (which follows ``a3``: every method
-    runs there, so serving exercises the per-step switch). ``capacity``: tokens per step (the largest
-    data-parallel rank's, before the tensor-parallel split) MC2's buffers hold. ``even``: the experts
-    divide evenly over the expert-parallel ranks (all-to-all and MC2 need it). ``mc2``: the device has
-    MC2 dispatch/combine (the profile's capability).
+    ``device``: the profile's name (for messages). ``methods``: the methods the device runs (MC2 only where
+    it has MC2 dispatch/combine); ``fallback``: the one a step takes when MC2 does not; ``mc2_min_ranks``:
+    expert-parallel ranks from which MC2 is taken. ``capacity``: tokens per step (the largest data-parallel
+    rank's, before the tensor-parallel split) MC2's buffers hold. ``even``: the experts divide evenly over
+    the expert-parallel ranks (all-to-all and MC2 need it).
     """
 
-    family: str
+    device: str
     ep_size: int
     tp_size: int
     capacity: int
     even: bool
-    mc2: bool = True
+    methods: tuple[MoECommType, ...] = tuple(MoECommType)
+    fallback: MoECommType = MoECommType.ALLTOALL
+    mc2_min_ranks: int = 1
     forced: MoECommType | None = None
 
+    @classmethod
+    def for_profile(cls, profile: Any, **fields: Any) -> MoECommConfig:
+        """The config of a device whose profile is ``profile`` (its MoE fields)."""
+        return cls(
+            device=profile.name,
+            methods=tuple(MoECommType(m) for m in profile.moe_comm_methods_available),
+            fallback=MoECommType(profile.moe_comm_fallback),
+            mc2_min_ranks=profile.mc2_min_ep_ranks,
+            **fields,
+        )
+
     def __post_init__(self) -> None:
-        if self.forced is MoECommType.MC2 and not self.mc2:
-            raise MoECommError(f"VLLM_ASCEND_MOE_COMM_METHOD=mc2: the {self.family} device has no MC2")
-        if self.forced is not None and self.ep_size > 1 and self.forced is not MoECommType.ALLGATHER:
-            if not self.even:
-                raise MoECommError(
-                    f"VLLM_ASCEND_MOE_COMM_METHOD={self.forced.value} needs the experts to divide evenly over the "
-                    f"{self.ep_size} expert-parallel ranks; use allgather"
-                )
-            if self.family == "310p":
-                raise MoECommError(
-                    f"VLLM_ASCEND_MOE_COMM_METHOD={self.forced.value} is not available on 310P "
-                    "(no all-to-all or MC2 there); use allgather"
-                )
+        if self.fallback not in self.methods or self.fallback is MoECommType.MC2:
+            raise MoECommError(f"fallback {self.fallback.value} is not among the methods of {self.device}")
+        if self.forced is not None and self.forced not in self.methods:
+            raise MoECommError(
+                f"VLLM_ASCEND_MOE_COMM_METHOD={self.forced.value} is not available on {self.device}; allowed: "
+                f"{', '.join(m.value for m in self.methods)}"
+            )
+        if self.forced is None or self.ep_size == 1 or self.forced is MoECommType.ALLGATHER:
+            return
+        if not self.even:
+            raise MoECommError(
+                f"VLLM_ASCEND_MOE_COMM_METHOD={self.forced.value} needs the experts to divide evenly over the "
+                f"{self.ep_size} expert-parallel ranks; use allgather"
+            )
 
     @property
     def rank_capacity(self) -> int:
@@ -102,12 +115,15 @@ def select_moe_comm_method(config: MoECommConfig, num_tokens: int) -> MoECommTyp
         return MoECommType.ALLGATHER  # experts are tensor-parallel slices: nothing to route between ranks
     if config.forced is not None:
         return config.forced
-    if config.family == "310p" or not config.even:
+    if not config.even:
         return MoECommType.ALLGATHER
-    fits = config.mc2 and num_tokens <= config.capacity
-    if config.family == "a2":
-        return MoECommType.MC2 if fits and config.ep_size >= A2_MC2_MIN_RANKS else MoECommType.ALLGATHER
-    return MoECommType.MC2 if fits else MoECommType.ALLTOALL
+    if (
+        MoECommType.MC2 in config.methods
+        and num_tokens <= config.capacity
+        and config.ep_size >= config.mc2_min_ranks
+    ):
+        return MoECommType.MC2
+    return config.fallback
 
 
 # -- token slices of tensor-parallel ranks ------------------------------------------------------------

@@ -26,8 +26,7 @@ from vllm.model_executor.layers.fused_moe.router.fused_topk_bias_router import F
 from vllm.model_executor.layers.fused_moe.router.fused_topk_router import FusedTopKRouter
 from vllm.model_executor.layers.fused_moe.router.grouped_topk_router import GroupedTopKRouter
 
-from vllm_ascend.core.device.adaptor.base import DeviceOpError, check_moe_gating
-from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.core.sdk import DeviceOpError, check_moe_gating, get_device_adaptor
 
 #: vLLM router classes the runner serves.
 SUPPORTED_ROUTERS: tuple[type, ...] = (FusedTopKRouter, FusedTopKBiasRouter, GroupedTopKRouter)

@@ -25,7 +25,7 @@ from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 import vllm_ascend.kernels as kernels
-from vllm_ascend.core.config import get_ascend_config
+from vllm_ascend.core.sdk import get_ascend_config
 from vllm_ascend.runner.patching import replaced_names
 
 

@@ -270,7 +270,7 @@ def train_tokenizer(out_dir: Path, vocab_size: int, seed: int = 0) -> Any:
 
 def default_cache_dir() -> Path:
     """``$VLLM_ASCEND_CACHE_DIR`` or ``$XDG_CACHE_HOME/vllm-ascend`` (``~/.cache/vllm-ascend``)."""
-    from vllm_ascend.core import envs
+    from vllm_ascend.core.sdk import envs
 
     explicit = envs.VLLM_ASCEND_CACHE_DIR
     if explicit:

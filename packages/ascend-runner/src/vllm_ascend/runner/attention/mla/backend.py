@@ -13,7 +13,7 @@ import torch
 from vllm.v1.attention.backend import AttentionBackend, MultipleOf
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
-from vllm_ascend.core.device.config import get_current_hardware_profile
+from vllm_ascend.core.sdk import get_current_hardware_profile
 from vllm_ascend.runner.attention.mla import MLA_KV_CACHE_DTYPES
 from vllm_ascend.runner.attention.support import ALL_DTYPES
 

@@ -11,8 +11,7 @@ import torch
 from vllm.config import get_current_vllm_config_or_none
 from vllm.v1.attention.backend import AttentionLayer, AttentionType, MLAAttentionImpl
 
-from vllm_ascend.core.device.adaptor.mla import MLADeviceOps, latent_cache_parts
-from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.core.sdk import MLADeviceOps, get_device_adaptor, latent_cache_parts
 from vllm_ascend.runner.attention.mla import MLA_KV_CACHE_DTYPES
 from vllm_ascend.runner.attention.mla.metadata import AscendMLAMetadata
 from vllm_ascend.runner.attention.support import AttentionConfigError, supported_dtypes

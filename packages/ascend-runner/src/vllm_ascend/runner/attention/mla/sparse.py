@@ -22,8 +22,7 @@ from vllm.v1.attention.backend import (
     MultipleOf,
 )
 
-from vllm_ascend.core.device.adaptor.sparse import SparseAttentionDeviceOps
-from vllm_ascend.core.device.config import get_current_hardware_profile, get_device_adaptor
+from vllm_ascend.core.sdk import SparseAttentionDeviceOps, get_current_hardware_profile, get_device_adaptor
 from vllm_ascend.runner.attention.metadata import host_lengths, require_causal
 from vllm_ascend.runner.attention.mla.backend import AscendMLABackend
 from vllm_ascend.runner.attention.mla.impl import AscendMLAImpl

@@ -24,7 +24,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from vllm.compilation.passes.vllm_inductor_pass import VllmInductorPass
 from vllm.config import VllmConfig
 
-from vllm_ascend.core.logger import init_logger
+from vllm_ascend.core.sdk import init_logger
 
 logger = init_logger(__name__)
 
@@ -59,7 +59,7 @@ def _record(pass_name: str, matches: int) -> None:
 
 def vllm_ascend_op(name: str) -> OpOverload:
     """``torch.ops.vllm_ascend.<name>.default`` (the ops are registered by core on first use)."""
-    from vllm_ascend.core.device.torch_ops import register_device_ops
+    from vllm_ascend.core.sdk import register_device_ops
 
     register_device_ops()
     return getattr(torch.ops.vllm_ascend, name).default

@@ -1,0 +1,137 @@
+"""The core surface siblings build on: every name a sibling distribution imports from ``vllm_ascend.core``.
+
+Like Airflow's ``airflow.sdk`` for providers: siblings import from this module only
+(``from vllm_ascend.core.sdk import get_device_adaptor``), so core's modules can move without breaking them;
+everything else in core is private to core (``tests/test_core_surface.py``). Names load lazily on first use,
+so importing the surface costs nothing; the ``TYPE_CHECKING`` imports give type checkers the real
+signatures. Adding a name here makes it public API: keep it stable.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm_ascend.core import envs
+from vllm_ascend.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from vllm_ascend.core.child import run_module as run_module
+    from vllm_ascend.core.child import signal_death as signal_death
+    from vllm_ascend.core.config import ConfigError as ConfigError
+    from vllm_ascend.core.config import Section as Section
+    from vllm_ascend.core.config import get_ascend_config as get_ascend_config
+    from vllm_ascend.core.config import get_section as get_section
+    from vllm_ascend.core.config.jsonio import JsonInputError as JsonInputError
+    from vllm_ascend.core.config.jsonio import read_json_file as read_json_file
+    from vllm_ascend.core.config.schema import INT_MAX as INT_MAX
+    from vllm_ascend.core.config.schema import option as option
+    from vllm_ascend.core.config.schema import unknown_key_message as unknown_key_message
+    from vllm_ascend.core.device.adaptor.base import BaseDeviceAdaptor as BaseDeviceAdaptor
+    from vllm_ascend.core.device.adaptor.base import DeviceOpError as DeviceOpError
+    from vllm_ascend.core.device.adaptor.base import WeightFormat as WeightFormat
+    from vllm_ascend.core.device.adaptor.base import check_moe_gating as check_moe_gating
+    from vllm_ascend.core.device.adaptor.mla import MLADeviceOps as MLADeviceOps
+    from vllm_ascend.core.device.adaptor.mla import latent_cache_parts as latent_cache_parts
+    from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor as A2A3DeviceAdaptor
+    from vllm_ascend.core.device.adaptor.npu import torch_npu_module as torch_npu_module
+    from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor as ReferenceDeviceAdaptor
+    from vllm_ascend.core.device.adaptor.reference import gather_paged_kv as gather_paged_kv
+    from vllm_ascend.core.device.adaptor.reference import int8_weight as int8_weight
+    from vllm_ascend.core.device.adaptor.reference import pack_int4 as pack_int4
+    from vllm_ascend.core.device.adaptor.reference import quant_matmul_int32 as quant_matmul_int32
+    from vllm_ascend.core.device.adaptor.sparse import SparseAttentionDeviceOps as SparseAttentionDeviceOps
+    from vllm_ascend.core.device.config import DeviceConfigError as DeviceConfigError
+    from vllm_ascend.core.device.config import get_current_hardware_profile as get_current_hardware_profile
+    from vllm_ascend.core.device.config import get_device_adaptor as get_device_adaptor
+    from vllm_ascend.core.device.config import get_hardware_profile as get_hardware_profile
+    from vllm_ascend.core.device.detection import detect as detect
+    from vllm_ascend.core.device.family import AscendDeviceType as AscendDeviceType
+    from vllm_ascend.core.device.host import host_isa as host_isa
+    from vllm_ascend.core.device.host import loaded_kernel_libraries as loaded_kernel_libraries
+    from vllm_ascend.core.device.overlay import DeviceOverlay as DeviceOverlay
+    from vllm_ascend.core.device.profile import BUILTIN_PROFILES as BUILTIN_PROFILES
+    from vllm_ascend.core.device.profile import CPUBindingMode as CPUBindingMode
+    from vllm_ascend.core.device.profile import HardwareCapability as HardwareCapability
+    from vllm_ascend.core.device.profile import HardwareProfile as HardwareProfile
+    from vllm_ascend.core.device.torch_ops import device_ops as device_ops
+    from vllm_ascend.core.device.torch_ops import register_device_ops as register_device_ops
+    from vllm_ascend.core.extensions import ExtensionDescriptor as ExtensionDescriptor
+    from vllm_ascend.core.logger import init_logger as init_logger
+    from vllm_ascend.core.registry import CLI_COMMANDS as CLI_COMMANDS
+    from vllm_ascend.core.registry import CONFIG_SECTIONS as CONFIG_SECTIONS
+    from vllm_ascend.core.registry import DEVICE_OVERLAYS as DEVICE_OVERLAYS
+    from vllm_ascend.core.registry import MODEL_LOADERS as MODEL_LOADERS
+    from vllm_ascend.core.registry import MOE_PLACEMENTS as MOE_PLACEMENTS
+    from vllm_ascend.core.registry import QUANT_METHODS as QUANT_METHODS
+    from vllm_ascend.core.registry import SPEC_DECODE_METHODS as SPEC_DECODE_METHODS
+    from vllm_ascend.core.registry import WORKERS as WORKERS
+    from vllm_ascend.core.registry import CliCommand as CliCommand
+    from vllm_ascend.core.registry import CliError as CliError
+    from vllm_ascend.core.registry import Registry as Registry
+    from vllm_ascend.core.registry import registering_as as registering_as
+
+_EXPORTS: dict[str, str] = {
+    # extensions and registries (how a sibling plugs in)
+    "ExtensionDescriptor": "vllm_ascend.core.extensions",
+    "CLI_COMMANDS": "vllm_ascend.core.registry",
+    "CliCommand": "vllm_ascend.core.registry",
+    "CliError": "vllm_ascend.core.registry",
+    "CONFIG_SECTIONS": "vllm_ascend.core.registry",
+    "DEVICE_OVERLAYS": "vllm_ascend.core.registry",
+    "MODEL_LOADERS": "vllm_ascend.core.registry",
+    "MOE_PLACEMENTS": "vllm_ascend.core.registry",
+    "QUANT_METHODS": "vllm_ascend.core.registry",
+    "registering_as": "vllm_ascend.core.registry",
+    "Registry": "vllm_ascend.core.registry",
+    "SPEC_DECODE_METHODS": "vllm_ascend.core.registry",
+    "WORKERS": "vllm_ascend.core.registry",
+    # configuration (additional_config sections, JSON inputs)
+    "ConfigError": "vllm_ascend.core.config",
+    "get_ascend_config": "vllm_ascend.core.config",
+    "get_section": "vllm_ascend.core.config",
+    "Section": "vllm_ascend.core.config",
+    "INT_MAX": "vllm_ascend.core.config.schema",
+    "option": "vllm_ascend.core.config.schema",
+    "unknown_key_message": "vllm_ascend.core.config.schema",
+    "JsonInputError": "vllm_ascend.core.config.jsonio",
+    "read_json_file": "vllm_ascend.core.config.jsonio",
+    # device: profile, family, dispatch to the active adaptor
+    "DeviceConfigError": "vllm_ascend.core.device.config",
+    "get_current_hardware_profile": "vllm_ascend.core.device.config",
+    "get_device_adaptor": "vllm_ascend.core.device.config",
+    "get_hardware_profile": "vllm_ascend.core.device.config",
+    "BUILTIN_PROFILES": "vllm_ascend.core.device.profile",
+    "CPUBindingMode": "vllm_ascend.core.device.profile",
+    "HardwareCapability": "vllm_ascend.core.device.profile",
+    "HardwareProfile": "vllm_ascend.core.device.profile",
+    "AscendDeviceType": "vllm_ascend.core.device.family",
+    "detect": "vllm_ascend.core.device.detection",
+    "DeviceOverlay": "vllm_ascend.core.device.overlay",
+    "host_isa": "vllm_ascend.core.device.host",
+    "loaded_kernel_libraries": "vllm_ascend.core.device.host",
+    "device_ops": "vllm_ascend.core.device.torch_ops",
+    "register_device_ops": "vllm_ascend.core.device.torch_ops",
+    # device adaptors: the op contract and the building blocks overlays extend
+    "BaseDeviceAdaptor": "vllm_ascend.core.device.adaptor.base",
+    "check_moe_gating": "vllm_ascend.core.device.adaptor.base",
+    "DeviceOpError": "vllm_ascend.core.device.adaptor.base",
+    "WeightFormat": "vllm_ascend.core.device.adaptor.base",
+    "latent_cache_parts": "vllm_ascend.core.device.adaptor.mla",
+    "MLADeviceOps": "vllm_ascend.core.device.adaptor.mla",
+    "SparseAttentionDeviceOps": "vllm_ascend.core.device.adaptor.sparse",
+    "gather_paged_kv": "vllm_ascend.core.device.adaptor.reference",
+    "int8_weight": "vllm_ascend.core.device.adaptor.reference",
+    "pack_int4": "vllm_ascend.core.device.adaptor.reference",
+    "quant_matmul_int32": "vllm_ascend.core.device.adaptor.reference",
+    "ReferenceDeviceAdaptor": "vllm_ascend.core.device.adaptor.reference",
+    "A2A3DeviceAdaptor": "vllm_ascend.core.device.adaptor.npu",
+    "torch_npu_module": "vllm_ascend.core.device.adaptor.npu",
+    # process helpers and logging
+    "run_module": "vllm_ascend.core.child",
+    "signal_death": "vllm_ascend.core.child",
+    "init_logger": "vllm_ascend.core.logger",
+}
+
+__all__ = ["envs", "lazy_exports", *sorted(_EXPORTS)]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
