@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from vllm_ascend.core.device.adaptor import OPS
-from vllm_ascend.core.device.adaptor.a5 import A5DeviceAdaptor
-from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
+from vllm_ascend.kernels.device.a5 import A5DeviceAdaptor
+from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
 
 TORCH_NPU_VERSION = "2.13.0"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -340,7 +340,7 @@ def _npu_adaptor_classes() -> list[type]:
 @pytest.mark.parametrize("cls", _npu_adaptor_classes(), ids=lambda c: c.__name__)
 def test_npu_adaptors_map_every_op_or_say_it_runs_torch(cls):
     """An NPU adaptor op whose code makes no torch_npu call is exactly one listed in TORCH_OPS."""
-    from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+    from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 
     assert not issubclass(cls, ReferenceDeviceAdaptor)
     torch_only = {op for op in OPS if not _calls_reached_by(cls, op)}

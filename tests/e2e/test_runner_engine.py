@@ -205,7 +205,7 @@ def test_sleep_level_2_discards_weights_until_reloaded(llm, qwen3_prompts, qwen3
 def test_batch_invariant_variable_reaches_serving_attention(llm, qwen3_prompts, monkeypatch, invariant):
     """``VLLM_ASCEND_BATCH_INVARIANT=1`` changes what serving does: four decoding requests are
     attended one by one (bitwise independent of each other) instead of in one padded group."""
-    from vllm_ascend.core.device.adaptor import reference
+    from vllm_ascend.kernels.device import reference
 
     calls: list[list[int]] = []
     attend = reference._attend_group

@@ -37,7 +37,7 @@ from vllm_ascend.ascend310p.attention.metadata import (
 )
 from vllm_ascend.ascend310p.overlay import Ascend310PDeviceAdaptor, Ascend310PReferenceAdaptor
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
-from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 from vllm_ascend.runner.attention.support import AttentionConfigError
 
 BS, HQ, HKV, D, NUM_BLOCKS = 16, 4, 2, 32, 24

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_ascend.core.device import config as device_config
-from vllm_ascend.core.device.adaptor.a5 import A5DeviceAdaptor
+from vllm_ascend.kernels.device.a5 import A5DeviceAdaptor
 from vllm_ascend.core.device.config import (
     clear_device_caches,
     get_device_adaptor,

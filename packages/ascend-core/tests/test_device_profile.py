@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from vllm_ascend.core.device import config as device_config
-from vllm_ascend.core.device.adaptor.a5 import A5DeviceAdaptor
+from vllm_ascend.kernels.device.a5 import A5DeviceAdaptor
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
-from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
-from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 from vllm_ascend.core.device.config import (
     DeviceConfigError,
     check_ascend_device_type,
@@ -232,7 +232,7 @@ def test_core_counts_must_be_positive_ints(field, value):
 
 
 def test_adaptors_report_core_counts_where_the_runtime_has_them(monkeypatch):
-    from vllm_ascend.core.device.adaptor import npu as npu_adaptor
+    from vllm_ascend.kernels.device import npu as npu_adaptor
 
     props = {0: types.SimpleNamespace(cube_core_num=20, vector_core_num=40), 1: types.SimpleNamespace()}
     runtime = types.SimpleNamespace(get_device_properties=lambda i: props[i])

@@ -14,7 +14,7 @@ from vllm_ascend.core.device import config as device_config
 from vllm_ascend.core.device.config import clear_device_caches, resolve_device_config
 from vllm_ascend.core.device.detection import DeviceMode
 
-REFERENCE_ADAPTOR = "vllm_ascend.core.device.adaptor.reference.ReferenceDeviceAdaptor"
+REFERENCE_ADAPTOR = "vllm_ascend.kernels.device.reference.ReferenceDeviceAdaptor"
 
 
 def run_doctor(*args: str, device: str) -> subprocess.CompletedProcess:
@@ -121,7 +121,7 @@ def test_npu_details_name_the_family_profile_and_adaptor(npu):
     assert problem == ""
     assert details["soc"] == "Ascend910_9392" and details["profile"]["name"] == "Atlas A3"
     assert details["adaptor"] == {
-        "class": "vllm_ascend.core.device.adaptor.npu.A2A3DeviceAdaptor",
+        "class": "vllm_ascend.kernels.device.npu.A2A3DeviceAdaptor",
         "family": "A2/A3",
     }
     lines = doctor._profile_lines({"platform": None, "problem": "", **details})

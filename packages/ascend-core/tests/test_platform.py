@@ -15,8 +15,8 @@ pytest.importorskip("vllm")
 from vllm_ascend.core import platform as platform_module
 from vllm_ascend.core.config import ConfigError
 from vllm_ascend.core.device.adaptor.base import BaseDeviceAdaptor, DeviceOpError
-from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
-from vllm_ascend.core.device.adaptor.reference import (
+from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
+from vllm_ascend.kernels.device.reference import (
     ReferenceDeviceAdaptor,
     ReferenceEvent,
     ReferenceStream,

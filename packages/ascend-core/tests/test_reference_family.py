@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from vllm_ascend.core import envs
-from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 from vllm_ascend.core.device.config import (
     clear_device_caches,
     get_device_adaptor,

@@ -16,7 +16,7 @@ from vllm.model_executor.layers.fused_moe.router.fused_topk_router import FusedT
 from vllm.model_executor.layers.fused_moe.router.grouped_topk_router import GroupedTopKRouter, grouped_topk
 
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
-from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 from vllm_ascend.runner.ops.moe_routing import check_router, select_experts
 
 vllm_grouped_topk = inspect.unwrap(grouped_topk)

@@ -17,7 +17,7 @@ from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
-from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 from vllm_ascend.runner.ops import moe as moe_module
 from vllm_ascend.runner.ops.moe import AscendMoERunner
 from vllm_ascend.runner.ops.moe_comm import allgather_experts
@@ -193,7 +193,7 @@ def test_npu_adaptor_maps_clipped_swiglu_and_group_bias(monkeypatch):
     import sys
     import types
 
-    from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
+    from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
 
     def npu_clipped_swiglu(
         x, *, group_index=None, dim=-1, alpha=1.702, limit=7.0, bias=1.0, interleaved=True

@@ -19,13 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from vllm_ascend.ascend310p.attention.mask import MASK_VALUE, AttentionMaskBuilder310, expand_compressed_mask
-from vllm_ascend.core.sdk import (
-    BUILTIN_PROFILES,
+from vllm_ascend.core.sdk import BUILTIN_PROFILES, AscendDeviceType, DeviceOpError, DeviceOverlay, HardwareCapability
+from vllm_ascend.kernels.device import (
     A2A3DeviceAdaptor,
-    AscendDeviceType,
-    DeviceOpError,
-    DeviceOverlay,
-    HardwareCapability,
     ReferenceDeviceAdaptor,
     gather_paged_kv,
     int8_weight,

@@ -247,6 +247,11 @@ MODEL_LOADERS: Registry[type] = Registry(
 #: any name -> a :class:`~vllm_ascend.core.device.overlay.DeviceOverlay` for one family (checked without
 #: importing at load: an overlay imports torch; ``vllm-ascend doctor`` imports it).
 DEVICE_OVERLAYS: Registry[Any] = Registry("device overlay", import_at_load=False)
+#: adaptor family (``DeviceAdaptorFamily`` value: ``"reference"``, ``"a2a3"``, ``"a5"``) -> the
+#: ``BaseDeviceAdaptor`` subclass implementing core's op contract for it (ascend-kernels registers them).
+DEVICE_ADAPTORS: Registry[type] = Registry(
+    "device adaptor", _is_class, "a BaseDeviceAdaptor subclass", import_at_load=False
+)
 #: ``vllm-ascend <name>`` -> a :class:`~vllm_ascend.core.cli.CliCommand`.
 CLI_COMMANDS: Registry[Any] = Registry("CLI subcommand")
 #: ``"default"`` -> the worker class vLLM runs on this platform.
@@ -269,6 +274,7 @@ ALL_REGISTRIES: dict[str, Registry[Any]] = {
     "spec_decode_methods": SPEC_DECODE_METHODS,
     "model_loaders": MODEL_LOADERS,
     "device_overlays": DEVICE_OVERLAYS,
+    "device_adaptors": DEVICE_ADAPTORS,
     "cli_commands": CLI_COMMANDS,
     "workers": WORKERS,
     "config_sections": CONFIG_SECTIONS,

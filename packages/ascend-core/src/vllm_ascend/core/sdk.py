@@ -31,14 +31,21 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.adaptor.base import WeightFormat as WeightFormat
     from vllm_ascend.core.device.adaptor.base import check_moe_gating as check_moe_gating
     from vllm_ascend.core.device.adaptor.mla import MLADeviceOps as MLADeviceOps
+    from vllm_ascend.core.device.adaptor.base import GROUP_LIST_TYPES as GROUP_LIST_TYPES
+    from vllm_ascend.core.device.adaptor.base import SCORING_FUNCS as SCORING_FUNCS
+    from vllm_ascend.core.device.adaptor.base import WEIGHT_FORMATS as WEIGHT_FORMATS
+    from vllm_ascend.core.device.adaptor.base import GroupListType as GroupListType
+    from vllm_ascend.core.device.adaptor.base import MoeDispatch as MoeDispatch
+    from vllm_ascend.core.device.adaptor.base import check_choice as check_choice
+    from vllm_ascend.core.device.adaptor.base import check_clipped_swiglu as check_clipped_swiglu
+    from vllm_ascend.core.device.adaptor.base import check_group_bias as check_group_bias
+    from vllm_ascend.core.device.adaptor.base import check_window_sinks as check_window_sinks
+    from vllm_ascend.core.device.adaptor.graph import CapturedGraph as CapturedGraph
+    from vllm_ascend.core.device.adaptor.graph import GraphCaptureError as GraphCaptureError
+    from vllm_ascend.core.device.adaptor.graph import captured_tensors as captured_tensors
+    from vllm_ascend.core.device.adaptor.mla import check_latent_cache as check_latent_cache
+    from vllm_ascend.core.registry import DEVICE_ADAPTORS as DEVICE_ADAPTORS
     from vllm_ascend.core.device.adaptor.mla import latent_cache_parts as latent_cache_parts
-    from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor as A2A3DeviceAdaptor
-    from vllm_ascend.core.device.adaptor.npu import torch_npu_module as torch_npu_module
-    from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor as ReferenceDeviceAdaptor
-    from vllm_ascend.core.device.adaptor.reference import gather_paged_kv as gather_paged_kv
-    from vllm_ascend.core.device.adaptor.reference import int8_weight as int8_weight
-    from vllm_ascend.core.device.adaptor.reference import pack_int4 as pack_int4
-    from vllm_ascend.core.device.adaptor.reference import quant_matmul_int32 as quant_matmul_int32
     from vllm_ascend.core.device.adaptor.sparse import SparseAttentionDeviceOps as SparseAttentionDeviceOps
     from vllm_ascend.core.device.config import DeviceConfigError as DeviceConfigError
     from vllm_ascend.core.device.config import get_current_hardware_profile as get_current_hardware_profile
@@ -53,8 +60,8 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.profile import CPUBindingMode as CPUBindingMode
     from vllm_ascend.core.device.profile import HardwareCapability as HardwareCapability
     from vllm_ascend.core.device.profile import HardwareProfile as HardwareProfile
-    from vllm_ascend.core.device.torch_ops import device_ops as device_ops
-    from vllm_ascend.core.device.torch_ops import register_device_ops as register_device_ops
+    from vllm_ascend.core.device.graph_ops import device_ops as device_ops
+    from vllm_ascend.core.device.graph_ops import register_device_ops as register_device_ops
     from vllm_ascend.core.extensions import ExtensionDescriptor as ExtensionDescriptor
     from vllm_ascend.core.logger import init_logger as init_logger
     from vllm_ascend.core.registry import CLI_COMMANDS as CLI_COMMANDS
@@ -77,6 +84,7 @@ _EXPORTS: dict[str, str] = {
     "CliCommand": "vllm_ascend.core.registry",
     "CliError": "vllm_ascend.core.registry",
     "CONFIG_SECTIONS": "vllm_ascend.core.registry",
+    "DEVICE_ADAPTORS": "vllm_ascend.core.registry",
     "DEVICE_OVERLAYS": "vllm_ascend.core.registry",
     "MODEL_LOADERS": "vllm_ascend.core.registry",
     "MOE_PLACEMENTS": "vllm_ascend.core.registry",
@@ -109,9 +117,9 @@ _EXPORTS: dict[str, str] = {
     "DeviceOverlay": "vllm_ascend.core.device.overlay",
     "host_isa": "vllm_ascend.core.device.host",
     "loaded_kernel_libraries": "vllm_ascend.core.device.host",
-    "device_ops": "vllm_ascend.core.device.torch_ops",
-    "register_device_ops": "vllm_ascend.core.device.torch_ops",
-    # device adaptors: the op contract and the building blocks overlays extend
+    "device_ops": "vllm_ascend.core.device.graph_ops",
+    "register_device_ops": "vllm_ascend.core.device.graph_ops",
+    # device adaptors: the op contract (declarations, argument checks, formats) the implementations follow
     "BaseDeviceAdaptor": "vllm_ascend.core.device.adaptor.base",
     "check_moe_gating": "vllm_ascend.core.device.adaptor.base",
     "DeviceOpError": "vllm_ascend.core.device.adaptor.base",
@@ -119,13 +127,19 @@ _EXPORTS: dict[str, str] = {
     "latent_cache_parts": "vllm_ascend.core.device.adaptor.mla",
     "MLADeviceOps": "vllm_ascend.core.device.adaptor.mla",
     "SparseAttentionDeviceOps": "vllm_ascend.core.device.adaptor.sparse",
-    "gather_paged_kv": "vllm_ascend.core.device.adaptor.reference",
-    "int8_weight": "vllm_ascend.core.device.adaptor.reference",
-    "pack_int4": "vllm_ascend.core.device.adaptor.reference",
-    "quant_matmul_int32": "vllm_ascend.core.device.adaptor.reference",
-    "ReferenceDeviceAdaptor": "vllm_ascend.core.device.adaptor.reference",
-    "A2A3DeviceAdaptor": "vllm_ascend.core.device.adaptor.npu",
-    "torch_npu_module": "vllm_ascend.core.device.adaptor.npu",
+    "GROUP_LIST_TYPES": "vllm_ascend.core.device.adaptor.base",
+    "SCORING_FUNCS": "vllm_ascend.core.device.adaptor.base",
+    "WEIGHT_FORMATS": "vllm_ascend.core.device.adaptor.base",
+    "GroupListType": "vllm_ascend.core.device.adaptor.base",
+    "MoeDispatch": "vllm_ascend.core.device.adaptor.base",
+    "check_choice": "vllm_ascend.core.device.adaptor.base",
+    "check_clipped_swiglu": "vllm_ascend.core.device.adaptor.base",
+    "check_group_bias": "vllm_ascend.core.device.adaptor.base",
+    "check_window_sinks": "vllm_ascend.core.device.adaptor.base",
+    "CapturedGraph": "vllm_ascend.core.device.adaptor.graph",
+    "GraphCaptureError": "vllm_ascend.core.device.adaptor.graph",
+    "captured_tensors": "vllm_ascend.core.device.adaptor.graph",
+    "check_latent_cache": "vllm_ascend.core.device.adaptor.mla",
     # process helpers and logging
     "run_module": "vllm_ascend.core.child",
     "signal_death": "vllm_ascend.core.child",

@@ -151,23 +151,20 @@ def get_current_hardware_profile() -> HardwareProfile:
 
 
 def adaptor_class_for(family: DeviceAdaptorFamily) -> type[BaseDeviceAdaptor]:
-    """Core's adaptor class for an adaptor family (310P has none in core: it comes from its overlay)."""
-    if family is DeviceAdaptorFamily.REFERENCE:
-        from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+    """The adaptor class registered for an adaptor family in ``DEVICE_ADAPTORS`` (ascend-kernels registers
+    the reference, A2/A3 and A5 ones; 310P's comes from its overlay)."""
+    from vllm_ascend.core.extensions import load_extensions
+    from vllm_ascend.core.registry import DEVICE_ADAPTORS
 
-        return ReferenceDeviceAdaptor
-    if family is DeviceAdaptorFamily.A2A3:
-        from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
-
-        return A2A3DeviceAdaptor
-    if family is DeviceAdaptorFamily.A5:
-        from vllm_ascend.core.device.adaptor.a5 import A5DeviceAdaptor
-
-        return A5DeviceAdaptor
-    raise DeviceOpError(
-        f"no core adaptor for the {family.value} family: install the vllm-ascend-310p distribution "
-        "(pip install 'vllm-ascend[310p]')"
-    )
+    load_extensions()
+    if family.value in DEVICE_ADAPTORS:
+        cls: type[BaseDeviceAdaptor] = DEVICE_ADAPTORS.get(family.value)
+        return cls
+    if family is DeviceAdaptorFamily._310P:
+        dist = "vllm-ascend[310p]"
+    else:
+        dist = "vllm-ascend-kernels (the device ops; pip install vllm-ascend)"
+    raise DeviceOpError(f"no device adaptor for the {family.value} family is installed: install {dist}")
 
 
 @functools.cache

@@ -19,8 +19,8 @@ from vllm_ascend.core.sdk import (
     WeightFormat,
     get_current_hardware_profile,
     get_device_adaptor,
-    pack_int4,
 )
+from vllm_ascend.kernels.device import pack_int4
 from vllm_ascend.quant.errors import QuantLoadError
 
 TENSOR_KINDS: tuple[str, ...] = (

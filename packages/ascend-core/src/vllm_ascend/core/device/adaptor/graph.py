@@ -8,7 +8,7 @@ after it.
 
 - On an NPU the graph is ``torch.npu.NPUGraph`` captured under ``torch.npu.graph`` (the kernels are
   recorded once and relaunched).
-- On the reference device :class:`ReferenceGraph` records the callable with the exact argument objects
+- On the reference device ``ReferenceGraph`` (``vllm_ascend.kernels.device.graph``) records the callable with the exact argument objects
   of the capture; ``replay()`` calls it again on those same objects and copies the results into the
   captured outputs. It reads nothing the caller passes later, so a runner that forgets to refresh a
   static buffer replays stale values here exactly as it would on the device.
@@ -36,7 +36,7 @@ class GraphCaptureError(RuntimeError):
     """A capture whose output cannot be replayed in place (not made of tensors)."""
 
 
-def _tensors(output: Any) -> list[torch.Tensor]:
+def captured_tensors(output: Any) -> list[torch.Tensor]:
     leaves, _ = tree_flatten(output)
     if not all(isinstance(leaf, torch.Tensor) for leaf in leaves if leaf is not None):
         kinds = sorted({type(leaf).__name__ for leaf in leaves if not isinstance(leaf, torch.Tensor)})
@@ -44,39 +44,3 @@ def _tensors(output: Any) -> list[torch.Tensor]:
             f"a captured callable must return tensors (or containers of them); got {kinds}"
         )
     return [leaf for leaf in leaves if leaf is not None]
-
-
-class ReferenceGraph:
-    """The reference device's graph: the callable re-run on the capture's own argument objects."""
-
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self._fn, self._args, self._kwargs = fn, args, kwargs
-        self.output = fn(*args, **kwargs)
-        self._outputs = _tensors(self.output)
-        self.replays = 0
-
-    def replay(self) -> None:
-        fresh = _tensors(self._fn(*self._args, **self._kwargs))
-        if [t.shape for t in fresh] != [t.shape for t in self._outputs]:
-            raise GraphCaptureError(
-                "replay produced outputs of other shapes than the capture: "
-                f"{[tuple(t.shape) for t in fresh]} vs {[tuple(t.shape) for t in self._outputs]}"
-            )
-        for static, new in zip(self._outputs, fresh, strict=True):
-            static.copy_(new)
-        self.replays += 1
-
-
-class NPUGraph:
-    """``torch.npu.NPUGraph`` captured under ``torch.npu.graph`` (torch_npu's CUDA-graph counterpart)."""
-
-    def __init__(
-        self, npu: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], pool: Any
-    ) -> None:
-        self._graph = npu.NPUGraph()
-        with npu.graph(self._graph, pool=pool):
-            self.output = fn(*args, **kwargs)
-        _tensors(self.output)
-
-    def replay(self) -> None:
-        self._graph.replay()

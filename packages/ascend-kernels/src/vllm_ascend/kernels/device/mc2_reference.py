@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vllm_ascend.core.device.adaptor.base import DeviceOpError, MoeDispatch
+from vllm_ascend.core.sdk import DeviceOpError, MoeDispatch
 
 
 def _check(expert_ids: torch.Tensor, world: int, num_experts: int, global_bs: int) -> tuple[int, int]:

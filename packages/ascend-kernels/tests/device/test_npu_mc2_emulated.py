@@ -16,9 +16,9 @@ import types
 import pytest
 import torch
 
-from vllm_ascend.core.device.adaptor import npu
-from vllm_ascend.core.device.adaptor.a5 import A5DeviceAdaptor
-from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
+from vllm_ascend.kernels.device import npu
+from vllm_ascend.kernels.device.a5 import A5DeviceAdaptor
+from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
 
 GARBAGE = 1e4
 GROUP_NAME = "hccl-ep-group"

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
-from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
-from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 from vllm_ascend.core.device.adaptor.sparse import SPARSE_OPS, SparseAttentionDeviceOps
 
 # (q_len, seq_len) per request: decode, verification (1 + 2 drafts), no query tokens, chunked prefill over

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from vllm_ascend.core.device import torch_ops
+from vllm_ascend.core.device import graph_ops as torch_ops
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
-from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor, pack_int4
-from vllm_ascend.core.device.torch_ops import DEVICE_TORCH_OPS, device_ops, register_device_ops
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor, pack_int4
+from vllm_ascend.core.device.graph_ops import DEVICE_TORCH_OPS, device_ops, register_device_ops
 
 SCHEMAS = {
     "rms_norm": "vllm_ascend::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
@@ -27,13 +27,13 @@ SCHEMAS = {
     "add_rms_norm_quant": "vllm_ascend::add_rms_norm_quant(Tensor x, Tensor residual, Tensor weight, float eps, "
     "Tensor scale, Tensor? offset) -> (Tensor, Tensor)",
     "add_rms_norm_dynamic_quant": "vllm_ascend::add_rms_norm_dynamic_quant(Tensor x, Tensor residual, "
-    "Tensor weight, float eps, Tensor? smooth_scales) -> (Tensor, Tensor, Tensor)",
+    "Tensor weight, float eps, Tensor? smooth_scales=None) -> (Tensor, Tensor, Tensor)",
     "rms_norm_quant": "vllm_ascend::rms_norm_quant(Tensor x, Tensor weight, float eps, Tensor scale, "
     "Tensor? offset) -> Tensor",
     "rms_norm_dynamic_quant": "vllm_ascend::rms_norm_dynamic_quant(Tensor x, Tensor weight, float eps, "
-    "Tensor? smooth_scales) -> (Tensor, Tensor)",
+    "Tensor? smooth_scales=None) -> (Tensor, Tensor)",
     "swiglu_quant": "vllm_ascend::swiglu_quant(Tensor x, Tensor scale, Tensor? offset) -> Tensor",
-    "swiglu_dynamic_quant": "vllm_ascend::swiglu_dynamic_quant(Tensor x, Tensor? smooth_scales) "
+    "swiglu_dynamic_quant": "vllm_ascend::swiglu_dynamic_quant(Tensor x, Tensor? smooth_scales=None) "
     "-> (Tensor, Tensor)",
     "qk_rmsnorm_rope": "vllm_ascend::qk_rmsnorm_rope(Tensor positions, Tensor query, Tensor key, "
     "Tensor q_weight, Tensor k_weight, float eps, SymInt head_size, Tensor cos_sin_cache, bool is_neox) "
@@ -87,7 +87,7 @@ def test_registration_is_idempotent_with_the_expected_schemas(adaptor):
 
 
 def test_registration_refuses_an_op_defined_with_another_schema(adaptor, monkeypatch):
-    monkeypatch.setattr(torch_ops, "_registered", False)
+    monkeypatch.setattr(torch_ops, "_ops", None)
     other = torch._C.parse_schema("vllm_ascend::rms_norm(Tensor x) -> Tensor")
     monkeypatch.setattr(torch_ops, "_registered_schema", lambda name: other)
     with pytest.raises(RuntimeError, match=r"vllm_ascend::rms_norm is already defined as .*\(Tensor x\)"):

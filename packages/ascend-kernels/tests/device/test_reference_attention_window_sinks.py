@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
-from vllm_ascend.core.device.adaptor.npu import check_sink_inputs, window_block_table
-from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+from vllm_ascend.kernels.device.npu import check_sink_inputs, window_block_table
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 
 BS, D = 8, 16
 

@@ -18,10 +18,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_ascend.core.device.adaptor.a5 import A5DeviceAdaptor
+from vllm_ascend.kernels.device.a5 import A5DeviceAdaptor
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
-from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
-from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 
 GARBAGE = 1e4  # what the emulated kernels leave in rows past the last group
 
@@ -539,7 +539,7 @@ def test_static_quantize_and_quant_matmul_bias_paths_match_reference(npu_adaptor
 
 
 def test_int4_weights_match_reference(npu_adaptor, fake_npu):
-    from vllm_ascend.core.device.adaptor.reference import pack_int4
+    from vllm_ascend.kernels.device.reference import pack_int4
 
     ref = ReferenceDeviceAdaptor()
     xq = torch.randint(-128, 128, (6, 16), dtype=torch.int8)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm_ascend.core.device.adaptor.base import OPS, DeviceOpError
-from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 
 
 @pytest.fixture

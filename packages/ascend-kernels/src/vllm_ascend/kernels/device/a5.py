@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend.core.device.adaptor.npu import (
+from vllm_ascend.kernels.device.npu import (
     A2A3DeviceAdaptor,
     torch_npu_module,
     valid_rows,

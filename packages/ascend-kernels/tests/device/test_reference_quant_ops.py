@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
-from vllm_ascend.core.device.adaptor.reference import (
+from vllm_ascend.kernels.device.reference import (
     MAX_EXACT_INT32_K,
     ReferenceDeviceAdaptor,
     cached_int8_weight,

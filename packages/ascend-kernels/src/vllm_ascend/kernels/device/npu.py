@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from vllm_ascend.core.device.adaptor.base import (
+from vllm_ascend.core.sdk import (
     GROUP_LIST_TYPES,
     SCORING_FUNCS,
     WEIGHT_FORMATS,
@@ -29,10 +29,10 @@ from vllm_ascend.core.device.adaptor.base import (
     check_moe_gating,
     check_window_sinks,
 )
-from vllm_ascend.core.device.adaptor.graph import NPUGraph
-from vllm_ascend.core.device.adaptor.mla import MLANPUOps
-from vllm_ascend.core.device.adaptor.reference import gather_paged_kv, grouped_top_k, int8_weight
-from vllm_ascend.core.device.adaptor.sparse import SparseAttentionNPUOps
+from vllm_ascend.kernels.device.graph import NPUGraph
+from vllm_ascend.kernels.device.mla import MLANPUOps
+from vllm_ascend.kernels.device.reference import gather_paged_kv, grouped_top_k, int8_weight
+from vllm_ascend.kernels.device.sparse import SparseAttentionNPUOps
 
 #: Size of the compressed causal mask the fused attention ops take with ``sparse_mode=3``.
 CAUSAL_MASK_SIZE = 2048

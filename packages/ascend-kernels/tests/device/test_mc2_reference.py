@@ -16,7 +16,7 @@ EXPERTS, HIDDEN, K = 4, 3, 2
 
 def _rank_main(rank: int, port: int, results: dict) -> None:
     from vllm_ascend.core.device.adaptor.base import DeviceOpError
-    from vllm_ascend.core.device.adaptor.mc2_reference import mc2_combine, mc2_dispatch
+    from vllm_ascend.kernels.device.mc2_reference import mc2_combine, mc2_dispatch
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

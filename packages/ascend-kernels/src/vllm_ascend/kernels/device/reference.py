@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
-from vllm_ascend.core import envs
-from vllm_ascend.core.device.adaptor.base import (
+from vllm_ascend.core.sdk import envs
+from vllm_ascend.core.sdk import (
     GROUP_LIST_TYPES,
     SCORING_FUNCS,
     WEIGHT_FORMATS,
@@ -35,10 +35,10 @@ from vllm_ascend.core.device.adaptor.base import (
     check_moe_gating,
     check_window_sinks,
 )
-from vllm_ascend.core.device.adaptor.graph import ReferenceGraph
-from vllm_ascend.core.device.adaptor.mc2_reference import mc2_combine, mc2_dispatch
-from vllm_ascend.core.device.adaptor.mla import MLAReferenceOps
-from vllm_ascend.core.device.adaptor.sparse import SparseAttentionReferenceOps
+from vllm_ascend.kernels.device.graph import ReferenceGraph
+from vllm_ascend.kernels.device.mc2_reference import mc2_combine, mc2_dispatch
+from vllm_ascend.kernels.device.mla import MLAReferenceOps
+from vllm_ascend.kernels.device.sparse import SparseAttentionReferenceOps
 
 __all__ = [
     "ReferenceDeviceAdaptor",

@@ -7,8 +7,8 @@ import torch
 
 from vllm_ascend.core.device.adaptor import DeviceOpError
 from vllm_ascend.core.device.adaptor.mla import MLA_OPS, MLADeviceOps, latent_cache_parts
-from vllm_ascend.core.device.adaptor.npu import A2A3DeviceAdaptor
-from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 
 
 def test_family_adaptors_provide_the_mla_ops():

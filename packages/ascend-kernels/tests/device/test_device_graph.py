@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_ascend.core.device.adaptor.graph import GraphCaptureError, ReferenceGraph
-from vllm_ascend.core.device.adaptor.reference import ReferenceDeviceAdaptor
+from vllm_ascend.core.device.adaptor.graph import GraphCaptureError
+from vllm_ascend.kernels.device.graph import ReferenceGraph
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 
 
 def _step(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor) -> dict[str, torch.Tensor]:
