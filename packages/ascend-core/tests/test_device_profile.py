@@ -147,7 +147,7 @@ def test_310p_without_its_overlay_names_the_missing_distribution(monkeypatch):
     ):
         check_ascend_device_type()
     with pytest.raises(
-        DeviceOpError, match="no core adaptor for the 310p family: install the vllm-ascend-310p"
+        DeviceOpError, match="no device adaptor for the 310p family is installed: install the vllm-ascend-310p"
     ):
         get_device_adaptor()
 

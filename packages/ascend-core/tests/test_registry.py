@@ -102,6 +102,7 @@ def test_core_registries_are_exactly_the_served_ones():
         "spec_decode_methods",
         "model_loaders",
         "device_overlays",
+        "device_adaptors",
         "cli_commands",
         "workers",
         "config_sections",

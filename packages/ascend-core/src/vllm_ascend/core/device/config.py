@@ -161,9 +161,9 @@ def adaptor_class_for(family: DeviceAdaptorFamily) -> type[BaseDeviceAdaptor]:
         cls: type[BaseDeviceAdaptor] = DEVICE_ADAPTORS.get(family.value)
         return cls
     if family is DeviceAdaptorFamily._310P:
-        dist = "vllm-ascend[310p]"
+        dist = "the vllm-ascend-310p distribution (pip install 'vllm-ascend[310p]')"
     else:
-        dist = "vllm-ascend-kernels (the device ops; pip install vllm-ascend)"
+        dist = "the vllm-ascend-kernels distribution, home of the device ops (pip install vllm-ascend)"
     raise DeviceOpError(f"no device adaptor for the {family.value} family is installed: install {dist}")
 
 
