@@ -29,14 +29,12 @@ from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
 
 TORCH_NPU_VERSION = "2.13.0"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CORE_ADAPTOR_DIR = (
-    REPO_ROOT / "packages" / "ascend-core" / "src" / "vllm_ascend" / "core" / "device" / "adaptor"
-)
+ADAPTOR_DIR = REPO_ROOT / "packages" / "ascend-kernels" / "src" / "vllm_ascend" / "kernels" / "device"
 NPU_ADAPTOR_FILES = [
-    CORE_ADAPTOR_DIR / "npu.py",
-    CORE_ADAPTOR_DIR / "a5.py",
-    CORE_ADAPTOR_DIR / "mla.py",
-    CORE_ADAPTOR_DIR / "sparse.py",
+    ADAPTOR_DIR / "npu.py",
+    ADAPTOR_DIR / "a5.py",
+    ADAPTOR_DIR / "mla.py",
+    ADAPTOR_DIR / "sparse.py",
     REPO_ROOT / "packages" / "ascend-310p" / "src" / "vllm_ascend" / "ascend310p" / "overlay.py",
 ]
 

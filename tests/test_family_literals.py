@@ -1,7 +1,7 @@
 """Shared code never branches on a device family (DESIGN.md, "Device families"): every difference is profile
 data or an adaptor op. Outside the places that define families — core's device layer (profiles, family
-parsing, detection, the adaptors) and its environment variables — and the 310P sibling (that family's own
-overlay), no code names a family: no family string constant and no ``AscendDeviceType`` /
+parsing, detection), the family adaptors (ascend-kernels' device package), core's environment variables and
+the 310P sibling (that family's own overlay) — no code names a family: no family string constant and no ``AscendDeviceType`` /
 ``DeviceAdaptorFamily`` member."""
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ DEFINING = (
     "ascend-310p/",
     "ascend-core/src/vllm_ascend/core/device/",
     "ascend-core/src/vllm_ascend/core/envs.py",
+    "ascend-kernels/src/vllm_ascend/kernels/device/",
+    "ascend-kernels/src/vllm_ascend/kernels/_extension.py",
 )
 
 

@@ -13,8 +13,6 @@ from vllm_ascend.ascend310p.overlay import OVERLAY, PROFILE_310P, Ascend310PDevi
 from vllm_ascend.core.device import config as device_config
 from vllm_ascend.core.device.adaptor import OPS
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
-from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
-from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 from vllm_ascend.core.device.config import (
     check_ascend_device_type,
     clear_device_caches,
@@ -26,6 +24,8 @@ from vllm_ascend.core.device.detection import DeviceMode
 from vllm_ascend.core.device.family import AscendDeviceType
 from vllm_ascend.core.device.overlay import active_overlays
 from vllm_ascend.core.device.profile import BUILTIN_PROFILES, HardwareCapability
+from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from vllm_ascend.core.device import config as device_config
-from vllm_ascend.kernels.device.a5 import A5DeviceAdaptor
 from vllm_ascend.core.device.config import (
     clear_device_caches,
     get_device_adaptor,
@@ -17,6 +16,7 @@ from vllm_ascend.core.device.family import AscendDeviceType
 from vllm_ascend.core.device.overlay import DeviceOverlay, OverlayError, active_overlays
 from vllm_ascend.core.device.profile import A5_PROFILE, CPUBindingMode
 from vllm_ascend.core.registry import DEVICE_OVERLAYS, registering_as
+from vllm_ascend.kernels.device.a5 import A5DeviceAdaptor
 
 
 class TunedA5Adaptor(A5DeviceAdaptor):

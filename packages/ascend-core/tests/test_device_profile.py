@@ -8,10 +8,7 @@ import pytest
 import torch
 
 from vllm_ascend.core.device import config as device_config
-from vllm_ascend.kernels.device.a5 import A5DeviceAdaptor
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
-from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
-from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 from vllm_ascend.core.device.config import (
     DeviceConfigError,
     check_ascend_device_type,
@@ -35,6 +32,9 @@ from vllm_ascend.core.device.profile import (
     ProfileError,
     emulating_profile,
 )
+from vllm_ascend.kernels.device.a5 import A5DeviceAdaptor
+from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 
 
 @pytest.fixture(autouse=True)
@@ -147,7 +147,8 @@ def test_310p_without_its_overlay_names_the_missing_distribution(monkeypatch):
     ):
         check_ascend_device_type()
     with pytest.raises(
-        DeviceOpError, match="no device adaptor for the 310p family is installed: install the vllm-ascend-310p"
+        DeviceOpError,
+        match="no device adaptor for the 310p family is installed: install the vllm-ascend-310p",
     ):
         get_device_adaptor()
 

@@ -46,7 +46,9 @@ def test_schemas_come_from_the_declarations():
 
 
 def test_an_adaptor_op_that_is_not_a_graph_op_is_refused_by_name():
-    with pytest.raises(DeviceOpError, match=r"'kv_load' is not a graph op .*call get_device_adaptor\(\).kv_load"):
+    with pytest.raises(
+        DeviceOpError, match=r"'kv_load' is not a graph op .*call get_device_adaptor\(\).kv_load"
+    ):
         graph_ops.device_ops().kv_load  # noqa: B018
 
 

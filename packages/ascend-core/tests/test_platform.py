@@ -15,12 +15,6 @@ pytest.importorskip("vllm")
 from vllm_ascend.core import platform as platform_module
 from vllm_ascend.core.config import ConfigError
 from vllm_ascend.core.device.adaptor.base import BaseDeviceAdaptor, DeviceOpError
-from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
-from vllm_ascend.kernels.device.reference import (
-    ReferenceDeviceAdaptor,
-    ReferenceEvent,
-    ReferenceStream,
-)
 from vllm_ascend.core.device.config import clear_device_caches, get_device_adaptor
 from vllm_ascend.core.device.profile import (
     BUILTIN_PROFILES,
@@ -29,6 +23,12 @@ from vllm_ascend.core.device.profile import (
 )
 from vllm_ascend.core.platform import AscendPlatform, NPUPlatform, ReferencePlatform
 from vllm_ascend.core.registry import SPEC_DECODE_METHODS, registering_as
+from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
+from vllm_ascend.kernels.device.reference import (
+    ReferenceDeviceAdaptor,
+    ReferenceEvent,
+    ReferenceStream,
+)
 
 PLATFORMS = (NPUPlatform, ReferencePlatform)
 NO_BF16 = REFERENCE_PROFILE.with_changes(

@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from vllm_ascend.core import envs
-from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 from vllm_ascend.core.device.config import (
     clear_device_caches,
     get_device_adaptor,
@@ -23,6 +22,7 @@ from vllm_ascend.core.device.profile import (
     ProfileError,
     emulating_profile,
 )
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 
 
 @pytest.fixture(autouse=True)

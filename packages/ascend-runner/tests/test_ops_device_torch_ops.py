@@ -6,8 +6,8 @@ import pytest
 import torch
 from vllm.config import VllmConfig, set_current_vllm_config
 
-from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 from vllm_ascend.core.device.config import clear_device_caches, get_device_adaptor
+from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 from vllm_ascend.runner.attention.impl import AscendAttentionImpl, split_kv_cache
 from vllm_ascend.runner.ops.activation import AscendSiluAndMul
 from vllm_ascend.runner.ops.layernorm import AscendRMSNorm

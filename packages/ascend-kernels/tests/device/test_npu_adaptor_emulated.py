@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_ascend.kernels.device.a5 import A5DeviceAdaptor
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
+from vllm_ascend.kernels.device.a5 import A5DeviceAdaptor
 from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
 from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 

@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
+from vllm_ascend.core.device.adaptor.sparse import SPARSE_OPS, SparseAttentionDeviceOps
 from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
 from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
-from vllm_ascend.core.device.adaptor.sparse import SPARSE_OPS, SparseAttentionDeviceOps
 
 # (q_len, seq_len) per request: decode, verification (1 + 2 drafts), no query tokens, chunked prefill over
 # context, full prefill (its first rows see fewer keys than the top-k keeps).

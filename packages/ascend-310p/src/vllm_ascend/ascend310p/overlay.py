@@ -19,7 +19,13 @@ import torch
 import torch.nn.functional as F
 
 from vllm_ascend.ascend310p.attention.mask import MASK_VALUE, AttentionMaskBuilder310, expand_compressed_mask
-from vllm_ascend.core.sdk import BUILTIN_PROFILES, AscendDeviceType, DeviceOpError, DeviceOverlay, HardwareCapability
+from vllm_ascend.core.sdk import (
+    BUILTIN_PROFILES,
+    AscendDeviceType,
+    DeviceOpError,
+    DeviceOverlay,
+    HardwareCapability,
+)
 from vllm_ascend.kernels.device import (
     A2A3DeviceAdaptor,
     ReferenceDeviceAdaptor,

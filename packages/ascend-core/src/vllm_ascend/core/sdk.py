@@ -26,25 +26,24 @@ if TYPE_CHECKING:
     from vllm_ascend.core.config.schema import INT_MAX as INT_MAX
     from vllm_ascend.core.config.schema import option as option
     from vllm_ascend.core.config.schema import unknown_key_message as unknown_key_message
-    from vllm_ascend.core.device.adaptor.base import BaseDeviceAdaptor as BaseDeviceAdaptor
-    from vllm_ascend.core.device.adaptor.base import DeviceOpError as DeviceOpError
-    from vllm_ascend.core.device.adaptor.base import WeightFormat as WeightFormat
-    from vllm_ascend.core.device.adaptor.base import check_moe_gating as check_moe_gating
-    from vllm_ascend.core.device.adaptor.mla import MLADeviceOps as MLADeviceOps
     from vllm_ascend.core.device.adaptor.base import GROUP_LIST_TYPES as GROUP_LIST_TYPES
     from vllm_ascend.core.device.adaptor.base import SCORING_FUNCS as SCORING_FUNCS
     from vllm_ascend.core.device.adaptor.base import WEIGHT_FORMATS as WEIGHT_FORMATS
+    from vllm_ascend.core.device.adaptor.base import BaseDeviceAdaptor as BaseDeviceAdaptor
+    from vllm_ascend.core.device.adaptor.base import DeviceOpError as DeviceOpError
     from vllm_ascend.core.device.adaptor.base import GroupListType as GroupListType
     from vllm_ascend.core.device.adaptor.base import MoeDispatch as MoeDispatch
+    from vllm_ascend.core.device.adaptor.base import WeightFormat as WeightFormat
     from vllm_ascend.core.device.adaptor.base import check_choice as check_choice
     from vllm_ascend.core.device.adaptor.base import check_clipped_swiglu as check_clipped_swiglu
     from vllm_ascend.core.device.adaptor.base import check_group_bias as check_group_bias
+    from vllm_ascend.core.device.adaptor.base import check_moe_gating as check_moe_gating
     from vllm_ascend.core.device.adaptor.base import check_window_sinks as check_window_sinks
     from vllm_ascend.core.device.adaptor.graph import CapturedGraph as CapturedGraph
     from vllm_ascend.core.device.adaptor.graph import GraphCaptureError as GraphCaptureError
     from vllm_ascend.core.device.adaptor.graph import captured_tensors as captured_tensors
+    from vllm_ascend.core.device.adaptor.mla import MLADeviceOps as MLADeviceOps
     from vllm_ascend.core.device.adaptor.mla import check_latent_cache as check_latent_cache
-    from vllm_ascend.core.registry import DEVICE_ADAPTORS as DEVICE_ADAPTORS
     from vllm_ascend.core.device.adaptor.mla import latent_cache_parts as latent_cache_parts
     from vllm_ascend.core.device.adaptor.sparse import SparseAttentionDeviceOps as SparseAttentionDeviceOps
     from vllm_ascend.core.device.config import DeviceConfigError as DeviceConfigError
@@ -53,6 +52,8 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.config import get_hardware_profile as get_hardware_profile
     from vllm_ascend.core.device.detection import detect as detect
     from vllm_ascend.core.device.family import AscendDeviceType as AscendDeviceType
+    from vllm_ascend.core.device.graph_ops import device_ops as device_ops
+    from vllm_ascend.core.device.graph_ops import register_device_ops as register_device_ops
     from vllm_ascend.core.device.host import host_isa as host_isa
     from vllm_ascend.core.device.host import loaded_kernel_libraries as loaded_kernel_libraries
     from vllm_ascend.core.device.overlay import DeviceOverlay as DeviceOverlay
@@ -60,12 +61,11 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.profile import CPUBindingMode as CPUBindingMode
     from vllm_ascend.core.device.profile import HardwareCapability as HardwareCapability
     from vllm_ascend.core.device.profile import HardwareProfile as HardwareProfile
-    from vllm_ascend.core.device.graph_ops import device_ops as device_ops
-    from vllm_ascend.core.device.graph_ops import register_device_ops as register_device_ops
     from vllm_ascend.core.extensions import ExtensionDescriptor as ExtensionDescriptor
     from vllm_ascend.core.logger import init_logger as init_logger
     from vllm_ascend.core.registry import CLI_COMMANDS as CLI_COMMANDS
     from vllm_ascend.core.registry import CONFIG_SECTIONS as CONFIG_SECTIONS
+    from vllm_ascend.core.registry import DEVICE_ADAPTORS as DEVICE_ADAPTORS
     from vllm_ascend.core.registry import DEVICE_OVERLAYS as DEVICE_OVERLAYS
     from vllm_ascend.core.registry import MODEL_LOADERS as MODEL_LOADERS
     from vllm_ascend.core.registry import MOE_PLACEMENTS as MOE_PLACEMENTS

@@ -156,6 +156,11 @@ def _reached(registry: str, name: str) -> tuple[bool, str]:
     if registry == "device_overlays":
         overlay = ALL_REGISTRIES[registry].get(name)
         return True, f"{overlay.family.value} devices"
+    if registry == "device_adaptors":
+        from vllm_ascend.core.device.profile import DeviceAdaptorFamily
+
+        served = name in {f.value for f in DeviceAdaptorFamily}
+        return served, f"get_device_adaptor() on the {name} adaptor family"
     return False, "no serving path"
 
 

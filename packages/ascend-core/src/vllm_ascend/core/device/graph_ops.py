@@ -49,13 +49,17 @@ class GraphOp:
 # -- fakes: output metadata (and the contract's shape errors) only ------------------------------
 
 
-def _like(x: torch.Tensor, shape: Sequence[Any] | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+def _like(
+    x: torch.Tensor, shape: Sequence[Any] | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     return x.new_empty(tuple(x.shape) if shape is None else tuple(shape), dtype=dtype or x.dtype)
 
 
 def _same_shape(name: str, x: torch.Tensor, other_name: str, other: torch.Tensor) -> None:
     if x.shape != other.shape:
-        raise DeviceOpError(f"{name} {tuple(x.shape)} and {other_name} {tuple(other.shape)} must have the same shape")
+        raise DeviceOpError(
+            f"{name} {tuple(x.shape)} and {other_name} {tuple(other.shape)} must have the same shape"
+        )
 
 
 def _swiglu_out(x: torch.Tensor) -> torch.Tensor:
@@ -81,7 +85,9 @@ def _quant_matmul(x: torch.Tensor, weight: torch.Tensor, *args: Any) -> torch.Te
             f"weight must be int8 [K, N] or int4 packed in int32 [K, N/8], got {weight.dtype} {tuple(weight.shape)}"
         )
     if x.dim() < 1 or x.shape[-1] != weight.shape[0]:
-        raise DeviceOpError(f"x [..., K] and weight [K, N] disagree: {tuple(x.shape)} vs {tuple(weight.shape)}")
+        raise DeviceOpError(
+            f"x [..., K] and weight [K, N] disagree: {tuple(x.shape)} vs {tuple(weight.shape)}"
+        )
     n_dim = weight.shape[1] * (8 if weight.dtype == torch.int32 else 1)
     return _like(x, (*x.shape[:-1], n_dim), args[-1])
 
@@ -90,7 +96,9 @@ def _qk_rmsnorm_rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     head_size = args[3]
     for name, x in (("query", query), ("key", key)):
         if x.dim() != 2 or x.shape[-1] % head_size != 0:
-            raise DeviceOpError(f"qk_rmsnorm_rope needs {name} [T, heads*{head_size}], got shape {tuple(x.shape)}")
+            raise DeviceOpError(
+                f"qk_rmsnorm_rope needs {name} [T, heads*{head_size}], got shape {tuple(x.shape)}"
+            )
     return _like(query), _like(key)
 
 
@@ -119,7 +127,9 @@ GRAPH_OPS: tuple[GraphOp, ...] = (
     GraphOp("dynamic_quant", lambda x, *_: _per_token_int8(x)),
     GraphOp("quantize", lambda x, *_: _like(x, dtype=torch.int8)),
     GraphOp("quant_matmul", _quant_matmul),
-    GraphOp("add_rms_norm_quant", lambda x, residual, *_: (_add_norm(x, residual)[0].to(torch.int8), _like(x))),
+    GraphOp(
+        "add_rms_norm_quant", lambda x, residual, *_: (_add_norm(x, residual)[0].to(torch.int8), _like(x))
+    ),
     GraphOp("add_rms_norm_dynamic_quant", _add_norm_dynamic_quant),
     GraphOp("rms_norm_quant", lambda x, *_: _like(x, dtype=torch.int8)),
     GraphOp("rms_norm_dynamic_quant", lambda x, *_: _per_token_int8(x)),
@@ -223,7 +233,7 @@ def _accessor(op: GraphOp) -> Callable[..., Any]:
     else:
         body = f"    return {call}\n"
     namespace: dict[str, Any] = {"_op": getattr(getattr(torch.ops, NAMESPACE), op.name), **defaults}
-    exec(f"def {op.name}({', '.join(params)}):\n{body}", namespace)  # noqa: S102  (generated from the declaration)
+    exec(f"def {op.name}({', '.join(params)}):\n{body}", namespace)
     return cast(Callable[..., Any], namespace[op.name])
 
 

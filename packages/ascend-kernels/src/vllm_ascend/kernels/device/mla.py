@@ -9,8 +9,7 @@ from typing import Any
 
 import torch
 
-from vllm_ascend.core.sdk import DeviceOpError
-from vllm_ascend.core.sdk import MLADeviceOps, check_latent_cache, latent_cache_parts
+from vllm_ascend.core.sdk import DeviceOpError, MLADeviceOps, check_latent_cache, latent_cache_parts
 
 #: The latent geometry ``npu_fused_infer_attention_score`` takes in its MLA mode (query/key D, rope D).
 NPU_MLA_KV_LORA_RANK = 512

@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
-from vllm_ascend.core.sdk import envs
 from vllm_ascend.core.sdk import (
     GROUP_LIST_TYPES,
     SCORING_FUNCS,
@@ -34,6 +33,7 @@ from vllm_ascend.core.sdk import (
     check_group_bias,
     check_moe_gating,
     check_window_sinks,
+    envs,
 )
 from vllm_ascend.kernels.device.graph import ReferenceGraph
 from vllm_ascend.kernels.device.mc2_reference import mc2_combine, mc2_dispatch

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend.core.sdk import DeviceOpError
-from vllm_ascend.core.sdk import check_latent_cache, latent_cache_parts
-from vllm_ascend.core.sdk import SparseAttentionDeviceOps
+from vllm_ascend.core.sdk import (
+    DeviceOpError,
+    SparseAttentionDeviceOps,
+    check_latent_cache,
+    latent_cache_parts,
+)
 from vllm_ascend.kernels.device.mla import (
     NPU_MLA_KV_LORA_RANK,
     NPU_MLA_ROPE_DIM,

@@ -16,7 +16,6 @@ after it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
