@@ -159,8 +159,7 @@ class AscendPlatform(Platform):
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:
-        # torch.distributed collectives over the platform's backend (gloo / hccl), plus EP token dispatch.
-        return "vllm_ascend.core.device.communicator.AscendDeviceCommunicator"
+        return cls.adaptor().communicator_cls
 
     @classmethod
     def validate_environ(cls, hard_fail: bool) -> None:

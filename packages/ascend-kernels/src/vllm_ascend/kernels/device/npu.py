@@ -149,6 +149,7 @@ def torch_npu_runtime() -> Any:
 class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
     """Atlas A2 and A3 (Ascend910B / Ascend910_93): ``torch_npu`` fused ops and the ``torch.npu`` runtime."""
 
+    communicator_cls = "vllm_ascend.kernels.device.communicator.AscendDeviceCommunicator"
     family = "A2/A3"
     #: Ops with no torch_npu counterpart: the reference's device-agnostic torch code runs on NPU tensors.
     TORCH_OPS: ClassVar[frozenset[str]] = frozenset({"kv_load"})

@@ -533,6 +533,7 @@ def _host_memory_info(device: Any = None) -> tuple[int, int]:
 class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseDeviceAdaptor):
     """Plain-PyTorch implementation of every op on torch's cpu device; host memory is device memory."""
 
+    communicator_cls = "vllm_ascend.kernels.device.communicator.AscendDeviceCommunicator"
     family = "reference"
     replays_attention_params = True
 

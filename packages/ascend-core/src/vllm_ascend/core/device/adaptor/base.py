@@ -117,6 +117,8 @@ class BaseDeviceAdaptor(abc.ABC):
     #: on those tensors; on an NPU the op's host-side lengths are baked into the captured task and need
     #: torch_npu's graph task update, which this version does not issue: FULL graphs are refused there.
     replays_attention_params: ClassVar[bool] = False
+    #: vLLM's device communicator on this device (``Platform.get_device_communicator_cls``): a class path.
+    communicator_cls: ClassVar[str] = ""
 
     def __init__(self) -> None:
         self.call_counts: Counter[str] = Counter()

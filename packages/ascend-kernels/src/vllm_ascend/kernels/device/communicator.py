@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from vllm.distributed.device_communicators.base_device_communicator import DeviceCommunicatorBase
 
-from vllm_ascend.core.config.schema import ConfigError
+from vllm_ascend.core.sdk import ConfigError
 
 SERVED_ALL2ALL_BACKENDS = ("allgather_reducescatter", "naive")
 
