@@ -13,7 +13,7 @@ from vllm.config import VllmConfig
 from vllm.config.utils import Range
 
 from vllm_ascend.core.device.config import clear_device_caches
-from vllm_ascend.core.device.graph_ops import device_ops, register_device_ops
+from vllm_ascend.kernels.device.graph_ops import device_ops, register_device_ops
 from vllm_ascend.runner.compilation.config import AscendCompilationConfig
 from vllm_ascend.runner.compilation.pass_manager import (
     GraphFusionPassManager,

@@ -7,7 +7,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from vllm_ascend.core.device.adaptor.base import FUSED_OPS, DeviceOpError
-from vllm_ascend.core.device.graph_ops import FUSED_TORCH_OPS, device_ops
+from vllm_ascend.kernels.device.graph_ops import FUSED_TORCH_OPS, device_ops
 from vllm_ascend.kernels.device.npu import A2A3DeviceAdaptor
 from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from vllm_ascend.core.device import graph_ops as torch_ops
 from vllm_ascend.core.device.adaptor.base import DeviceOpError
-from vllm_ascend.core.device.graph_ops import DEVICE_TORCH_OPS, device_ops, register_device_ops
+from vllm_ascend.kernels.device import graph_ops as torch_ops
+from vllm_ascend.kernels.device.graph_ops import DEVICE_TORCH_OPS, device_ops, register_device_ops
 from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor, pack_int4
 
 SCHEMAS = {

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from vllm_ascend.core.config.schema import INT_MAX as INT_MAX
     from vllm_ascend.core.config.schema import option as option
     from vllm_ascend.core.config.schema import unknown_key_message as unknown_key_message
+    from vllm_ascend.core.device.adaptor.base import FUSED_OPS as FUSED_OPS
     from vllm_ascend.core.device.adaptor.base import GROUP_LIST_TYPES as GROUP_LIST_TYPES
     from vllm_ascend.core.device.adaptor.base import SCORING_FUNCS as SCORING_FUNCS
     from vllm_ascend.core.device.adaptor.base import WEIGHT_FORMATS as WEIGHT_FORMATS
@@ -52,8 +53,6 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.config import get_hardware_profile as get_hardware_profile
     from vllm_ascend.core.device.detection import detect as detect
     from vllm_ascend.core.device.family import AscendDeviceType as AscendDeviceType
-    from vllm_ascend.core.device.graph_ops import device_ops as device_ops
-    from vllm_ascend.core.device.graph_ops import register_device_ops as register_device_ops
     from vllm_ascend.core.device.host import host_isa as host_isa
     from vllm_ascend.core.device.host import loaded_kernel_libraries as loaded_kernel_libraries
     from vllm_ascend.core.device.overlay import DeviceOverlay as DeviceOverlay
@@ -117,12 +116,11 @@ _EXPORTS: dict[str, str] = {
     "DeviceOverlay": "vllm_ascend.core.device.overlay",
     "host_isa": "vllm_ascend.core.device.host",
     "loaded_kernel_libraries": "vllm_ascend.core.device.host",
-    "device_ops": "vllm_ascend.core.device.graph_ops",
-    "register_device_ops": "vllm_ascend.core.device.graph_ops",
     # device adaptors: the op contract (declarations, argument checks, formats) the implementations follow
     "BaseDeviceAdaptor": "vllm_ascend.core.device.adaptor.base",
     "check_moe_gating": "vllm_ascend.core.device.adaptor.base",
     "DeviceOpError": "vllm_ascend.core.device.adaptor.base",
+    "FUSED_OPS": "vllm_ascend.core.device.adaptor.base",
     "WeightFormat": "vllm_ascend.core.device.adaptor.base",
     "latent_cache_parts": "vllm_ascend.core.device.adaptor.mla",
     "MLADeviceOps": "vllm_ascend.core.device.adaptor.mla",

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend.core.sdk import device_ops, get_current_hardware_profile
+from vllm_ascend.core.sdk import get_current_hardware_profile
+from vllm_ascend.kernels.device.graph_ops import device_ops
 from vllm_ascend.quant.schemes.base import INT8_RANGE, AscendLinearScheme, TensorSpec, weight_format
 from vllm_ascend.quant.schemes.registry import register_scheme
 

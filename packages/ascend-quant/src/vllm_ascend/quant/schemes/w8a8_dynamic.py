@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend.core.sdk import device_ops
+from vllm_ascend.kernels.device.graph_ops import device_ops
 from vllm_ascend.quant.schemes.base import (
     INT8_RANGE,
     AscendLinearScheme,

@@ -10,7 +10,8 @@ import torch
 from vllm.config import get_current_vllm_config_or_none
 from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
 
-from vllm_ascend.core.sdk import device_ops, get_device_adaptor
+from vllm_ascend.core.sdk import get_device_adaptor
+from vllm_ascend.kernels.device.graph_ops import device_ops
 from vllm_ascend.runner.attention.metadata import AscendAttentionMetadata
 from vllm_ascend.runner.attention.support import AttentionConfigError, check_supported
 

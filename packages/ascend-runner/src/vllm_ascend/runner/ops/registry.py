@@ -6,7 +6,7 @@ import threading
 
 from vllm.model_executor.custom_op import CustomOp, PluggableLayer, op_registry_oot
 
-from vllm_ascend.core.sdk import register_device_ops
+from vllm_ascend.kernels.device.graph_ops import register_device_ops
 from vllm_ascend.runner.ops.activation import AscendSiluAndMul
 from vllm_ascend.runner.ops.gdn import AscendQwenGatedDeltaNetAttention
 from vllm_ascend.runner.ops.layernorm import AscendRMSNorm

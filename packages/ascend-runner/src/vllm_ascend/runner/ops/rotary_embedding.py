@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
-from vllm_ascend.core.sdk import device_ops
+from vllm_ascend.kernels.device.graph_ops import device_ops
 
 
 class AscendRotaryEmbedding(RotaryEmbedding):

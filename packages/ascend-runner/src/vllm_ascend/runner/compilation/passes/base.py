@@ -59,7 +59,7 @@ def _record(pass_name: str, matches: int) -> None:
 
 def vllm_ascend_op(name: str) -> OpOverload:
     """``torch.ops.vllm_ascend.<name>.default`` (the ops are registered by core on first use)."""
-    from vllm_ascend.core.sdk import register_device_ops
+    from vllm_ascend.kernels.device.graph_ops import register_device_ops
 
     register_device_ops()
     return getattr(torch.ops.vllm_ascend, name).default

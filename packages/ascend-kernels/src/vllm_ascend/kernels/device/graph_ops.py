@@ -24,8 +24,7 @@ from typing import Any, cast
 
 import torch
 
-from vllm_ascend.core.device.adaptor.base import FUSED_OPS, BaseDeviceAdaptor, DeviceOpError
-from vllm_ascend.core.device.config import get_device_adaptor
+from vllm_ascend.core.sdk import FUSED_OPS, BaseDeviceAdaptor, DeviceOpError, get_device_adaptor
 
 #: The ``torch.ops`` namespace of the plugin's ops.
 NAMESPACE = "vllm_ascend"
