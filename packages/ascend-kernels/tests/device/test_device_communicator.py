@@ -40,14 +40,3 @@ def test_variable_size_all_gather_and_reduce_scatter():
         assert torch.equal(gathered, expected_gather)
         assert torch.equal(tens, expected_gather * 10)
         assert torch.equal(scattered, summed[rows])
-
-
-def test_the_platform_names_the_adaptors_communicator(adaptor):
-    from vllm.utils.import_utils import resolve_obj_by_qualname
-
-    from vllm_ascend.core.platform import ReferencePlatform
-    from vllm_ascend.kernels.device.communicator import AscendDeviceCommunicator
-
-    path = ReferencePlatform.get_device_communicator_cls()
-    assert path == type(adaptor).communicator_cls
-    assert resolve_obj_by_qualname(path) is AscendDeviceCommunicator
