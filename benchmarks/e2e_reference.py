@@ -145,7 +145,7 @@ def main() -> None:
         _child(args)
         return
 
-    from vllm_ascend.runner.testing.tiny_models import build_tiny_model, qwen3_spec
+    from vllm_ascend.testing.tiny_models import build_tiny_model, qwen3_spec
 
     spec = qwen3_spec(hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_layers=args.layers)
     model_dir = str(build_tiny_model(spec))

@@ -52,7 +52,7 @@ from vllm_ascend.quant.export import (
     quantize_linear,
 )
 from vllm_ascend.quant.schemes import AscendLinearScheme, get_scheme_class
-from vllm_ascend.runner.testing.tiny_models import build_tiny_model, corpus, qwen3_moe_spec, qwen3_spec
+from vllm_ascend.testing.tiny_models import build_tiny_model, corpus, qwen3_moe_spec, qwen3_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 ORACLE_PATH = ROOT / "tests" / "e2e" / "quant_oracle.py"

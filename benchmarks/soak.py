@@ -1,7 +1,7 @@
 """Soak: rounds of concurrent seeded and unseeded completions against ``vllm-ascend serve``.
 
 Starts the server on 127.0.0.1 with a tiny random-weight Qwen3 (built by
-``vllm_ascend.runner.testing.tiny_models``), then runs ``--rounds`` rounds of ``--concurrency``
+``vllm_ascend.testing.tiny_models``), then runs ``--rounds`` rounds of ``--concurrency``
 concurrent ``/v1/completions`` requests (every other one with a ``seed``, temperature 1.0, prompts of
 16-240 tokens so the default token budget chunks some prefills). After each round it prints a row:
 failures, p50/p99 latency, and the RSS of the API server process and of all its descendants (vLLM's
@@ -269,7 +269,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from vllm_ascend.runner.testing.tiny_models import build_tiny_model, qwen3_spec
+    from vllm_ascend.testing.tiny_models import build_tiny_model, qwen3_spec
 
     model_dir = str(build_tiny_model(qwen3_spec()))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -6,7 +6,7 @@ beside arctic-inference's cache (driven as vLLM 0.32's suffix proposer drives it
 is importable; otherwise the table says that column is absent and why.
 Token streams are real text (but for the ``synthetic`` control): Python source (vLLM's own ``vllm/v1``
 package, read from the installed wheel) and the English-like corpus of
-``vllm_ascend.runner.testing.tiny_models.corpus``, tokenized with a byte-level BPE trained here (16k
+``vllm_ascend.testing.tiny_models.corpus``, tokenized with a byte-level BPE trained here (16k
 vocabulary). Each request is its own window of a stream (no two overlap); its prompt is the first
 512–2048 tokens. Workloads differ in how much the continuation repeats its context:
 
@@ -105,7 +105,7 @@ def source_texts(max_chars: int) -> tuple[list[str], list[str]]:
     """(Python files of the installed ``vllm/v1`` package up to ``max_chars``, English-like corpus lines)."""
     import vllm
 
-    from vllm_ascend.runner.testing.tiny_models import corpus
+    from vllm_ascend.testing.tiny_models import corpus
 
     root = Path(vllm.__file__).parent / "v1"
     code, size = [], 0

@@ -31,10 +31,12 @@ def core_imports_of(source: str) -> list[str]:
 
 
 def _sibling_sources() -> list[Path]:
+    """Every module outside core: the siblings' and the dev-only members' (``dev/*``: test oracles, builders)."""
     return [
         path
-        for path in sorted((ROOT / "packages").glob("*/src/vllm_ascend/**/*.py"))
-        if not path.relative_to(ROOT / "packages").as_posix().startswith("ascend-core/")
+        for top in ("packages", "dev")
+        for path in sorted((ROOT / top).glob("*/src/vllm_ascend/**/*.py"))
+        if not path.relative_to(ROOT).as_posix().startswith("packages/ascend-core/")
     ]
 
 
@@ -60,6 +62,7 @@ def test_the_scan_finds_private_imports():
         "5: vllm_ascend.core.registry",
     ]
     assert len(_sibling_sources()) > 100
+    assert any(path.relative_to(ROOT).parts[0] == "dev" for path in _sibling_sources())
 
 
 def test_every_surface_name_resolves_and_is_typed():

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from vllm_ascend.core.testing import OUTPUT_TAIL_CHARS, run_vllm_script
+from vllm_ascend.testing.process import OUTPUT_TAIL_CHARS, run_vllm_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: Leaves that ship an extension descriptor (``_extension.py``): the ones vLLM's loader must find.

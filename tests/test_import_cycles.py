@@ -141,17 +141,38 @@ def import_cycles(packages_dir: Path) -> list[list[str]]:
     return strongly_connected(import_graph(sorted(packages_dir.glob("*/src"))))
 
 
+def _all_sources() -> list[Path]:
+    """The published packages' source roots and the dev-only members' (``dev/*/src``)."""
+    return sorted((ROOT / "packages").glob("*/src")) + sorted((ROOT / "dev").glob("*/src"))
+
+
 def test_no_import_cycles_in_any_package():
-    cycles = import_cycles(ROOT / "packages")
+    cycles = strongly_connected(import_graph(_all_sources()))
     assert cycles == [], "import cycles (each line one strongly connected set of modules):\n" + "\n".join(
         "  " + " <-> ".join(cycle) for cycle in cycles
     )
 
 
 def test_the_graph_covers_every_package():
-    graph = import_graph(sorted((ROOT / "packages").glob("*/src")))
-    leaves = {p.parent.name for p in (ROOT / "packages").glob("*/src/vllm_ascend/*/__init__.py")}
+    graph = import_graph(_all_sources())
+    leaves = {p.parent.name for src in _all_sources() for p in src.glob("vllm_ascend/*/__init__.py")}
     assert leaves and {f"{NAMESPACE}.{leaf}" for leaf in leaves} <= set(graph)
+    assert f"{NAMESPACE}.testing" in graph
+
+
+def test_no_published_package_imports_a_dev_member():
+    """Published wheels (packages/*) never import a dev-only member's modules (dev/*: test oracles, tiny-model
+    builders), so `vllm-ascend demo` and everything else runs from the published wheels alone."""
+    graph = import_graph(_all_sources())
+    dev_modules = set(import_graph(sorted((ROOT / "dev").glob("*/src"))))
+    published = set(import_graph(sorted((ROOT / "packages").glob("*/src"))))
+    assert dev_modules and published and not dev_modules & published
+    offenders = {
+        module: sorted(graph[module] & dev_modules) for module in published if graph[module] & dev_modules
+    }
+    assert offenders == {}
+    # The dev member builds on the runner's demo builder rather than copying it.
+    assert f"{NAMESPACE}.runner.demo_model" in graph[f"{NAMESPACE}.testing.tiny_models"]
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:

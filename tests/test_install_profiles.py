@@ -36,6 +36,12 @@ EXTENSION_NAMES = {
     for project, _ in _PACKAGES.values()
     for name in project.get("entry-points", {}).get("vllm_ascend.extensions", {})
 }
+#: dev/<dir> -> its distribution: development-only members (test oracles, tiny-model builders). `uv build
+#: --all-packages` builds their wheels too; they lie beside the published ones, and no profile may pull them in.
+DEV_DISTS = {
+    member.name: tomllib.loads((member / "pyproject.toml").read_text())["project"]["name"]
+    for member in sorted(p for p in (ROOT / "dev").iterdir() if p.is_dir())
+}
 DEFAULT = {
     "vllm-ascend",
     *(
@@ -153,11 +159,47 @@ def check(report: dict, expected: set[str]) -> None:
     assert listed == extensions
 
 
+def _wheel_metadata(whl: Path) -> str:
+    with zipfile.ZipFile(whl) as z:
+        return z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+
+
+def test_dev_wheels_are_private_and_ship_only_their_leaf(wheels):
+    """A dev member's wheel is marked never to be uploaded and holds only its own leaf (the oracles)."""
+    dev_wheels = {
+        whl: dist
+        for whl in wheels.glob("*.whl")
+        for dist in DEV_DISTS.values()
+        if whl.name.startswith(dist.replace("-", "_") + "-")
+    }
+    assert sorted(dev_wheels.values()) == sorted(DEV_DISTS.values())
+    for whl, dist in dev_wheels.items():
+        assert "Classifier: Private :: Do Not Upload" in _wheel_metadata(whl), whl.name
+        leaves = {
+            n.split("/")[1]
+            for n in zipfile.ZipFile(whl).namelist()
+            if n.startswith("vllm_ascend/") and n.count("/") >= 2
+        }
+        assert leaves == {dist.removeprefix("vllm-ascend-")}, whl.name
+    for whl in set(wheels.glob("*.whl")) - set(dev_wheels):
+        metadata = _wheel_metadata(whl)
+        assert not [line for line in metadata.splitlines() if line.startswith("Classifier: Private ::")], (
+            whl.name
+        )
+        assert not [
+            line
+            for line in metadata.splitlines()
+            if line.startswith("Requires-Dist:") and any(d in line for d in DEV_DISTS.values())
+        ], whl.name
+
+
 def test_no_wheel_contains_the_namespace_init(wheels):
     built = sorted(wheels.glob("*.whl"))
-    assert len(built) == len(SIBLINGS) + 1
+    assert len(built) == len(SIBLINGS) + 1 + len(DEV_DISTS)
     tops: dict[str, set[str]] = {}
     for whl in built:
+        if any(whl.name.startswith(dist.replace("-", "_") + "-") for dist in DEV_DISTS.values()):
+            continue
         names = zipfile.ZipFile(whl).namelist()
         assert "vllm_ascend/__init__.py" not in names, whl.name
         assert whl.name.endswith("-py3-none-any.whl"), whl.name
@@ -183,3 +225,33 @@ def test_install_profile(tmp_path, wheels, base_site, requirement, expected):
     report = install_profile(tmp_path, wheels, base_site, requirement)
     assert set(report["dists"]) == expected
     check(report, expected)
+
+
+DEMO_MODEL_PROBE = r"""
+import importlib.util, json, sys
+from pathlib import Path
+from vllm_ascend.runner import demo
+from vllm_ascend.runner.demo_model import MODEL_BUILDERS, build_tiny_model, qwen3_spec
+model_dir = build_tiny_model(qwen3_spec(), Path(sys.argv[1]))
+print(json.dumps({
+    "testing": importlib.util.find_spec("vllm_ascend.testing") is not None,
+    "kinds": sorted(MODEL_BUILDERS),
+    "files": sorted(p.name for p in model_dir.iterdir()),
+    "loaded": sorted(m for m in sys.modules if m.startswith("vllm_ascend.")),
+}))
+"""
+
+
+def test_demo_model_builds_from_the_published_wheels(tmp_path, wheels, base_site):
+    """The default install (published wheels only; the dev wheels lie beside them) builds the model `vllm-ascend
+    demo` serves, without the dev-only oracles: no `vllm_ascend.testing` installed, none imported."""
+    report = install_profile(tmp_path, wheels, base_site, "vllm-ascend")
+    assert set(report["dists"]) == DEFAULT
+    py = str(tmp_path / "venv" / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VLLM_ASCEND_", "VIRTUAL_ENV"))}
+    probe = _run([py, "-c", DEMO_MODEL_PROBE, str(tmp_path / "models")], env=env, cwd=tmp_path)
+    built = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert built["testing"] is False
+    assert built["kinds"] == ["llama", "qwen3"]
+    assert {"complete", "config.json", "model.safetensors", "tokenizer.json"} <= set(built["files"])
+    assert not [m for m in built["loaded"] if m.startswith("vllm_ascend.testing")]

@@ -19,10 +19,18 @@ PACKAGES = {
     if pkg.is_dir()
 }
 DISTS = {f"vllm-ascend-{name}" for name in PACKAGES}
+#: ``dev/<name>/``: development-only workspace members (test oracles, tiny-model builders), never published.
+DEV_MEMBERS = {
+    member.name: tomllib.loads((member / "pyproject.toml").read_text())
+    for member in sorted((ROOT / "dev").iterdir())
+    if member.is_dir()
+}
+DEV_DISTS = {project["project"]["name"] for project in DEV_MEMBERS.values()}
+PRIVATE_CLASSIFIER = "Private :: Do Not Upload"
 
 
 def test_no_namespace_init_anywhere():
-    strays = [p for p in ROOT.glob("packages/*/src/vllm_ascend/__init__.py")]
+    strays = [p for top in ("packages", "dev") for p in ROOT.glob(f"{top}/*/src/vllm_ascend/__init__.py")]
     assert strays == []
 
 
@@ -31,7 +39,7 @@ def test_every_package_folder_is_a_sibling_with_core_among_them():
         p.name for p in (ROOT / "packages").iterdir() if p.is_dir() and not p.name.startswith("ascend-")
     ] == []
     assert {"core", "runner", "kernels"} <= set(PACKAGES)
-    assert ROOT_PROJECT["tool"]["uv"]["workspace"]["members"] == ["packages/*"]
+    assert ROOT_PROJECT["tool"]["uv"]["workspace"]["members"] == ["packages/*", "dev/*"]
 
 
 @pytest.mark.parametrize("name", sorted(PACKAGES))
@@ -62,6 +70,75 @@ def test_package_shape(name):
         assert extensions is None
 
 
+@pytest.mark.parametrize("name", sorted(DEV_MEMBERS))
+def test_dev_member_shape(name):
+    """A dev-only member: a ``vllm-ascend-*`` dist with one namespace leaf, marked never to be uploaded."""
+    member = ROOT / "dev" / name
+    project = DEV_MEMBERS[name]
+    assert project["project"]["name"] == f"vllm-ascend-{name}"
+    assert PRIVATE_CLASSIFIER in project["project"]["classifiers"]
+    assert project["build-system"]["build-backend"] == "hatchling.build"
+    assert project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["src/vllm_ascend"]
+    assert [p.name for p in (member / "src/vllm_ascend").iterdir() if p.name != "__pycache__"] == [name]
+    assert (member / "src/vllm_ascend" / name / "__init__.py").is_file()
+
+
+def _published_projects() -> dict[str, dict]:
+    """The ``[project]`` table of every published distribution: the meta distribution and each sibling."""
+    projects = {"vllm-ascend": ROOT_PROJECT["project"]}
+    for pkg in sorted((ROOT / "packages").iterdir()):
+        if pkg.is_dir():
+            project = tomllib.loads((pkg / "pyproject.toml").read_text())["project"]
+            projects[project["name"]] = project
+    return projects
+
+
+def dependents_of(dists: set[str], projects: dict[str, dict]) -> dict[str, list[str]]:
+    """``<dist>`` or ``<dist> [extra]`` -> its requirements naming one of ``dists``, over the fields a wheel's
+    ``Requires-Dist`` is made of (``[project]`` dependencies and optional dependencies; dependency groups
+    never reach a wheel)."""
+    found = {}
+    for dist, project in projects.items():
+        fields = {dist: project.get("dependencies", [])}
+        fields |= {
+            f"{dist} [{extra}]": reqs for extra, reqs in project.get("optional-dependencies", {}).items()
+        }
+        for where, reqs in fields.items():
+            if hits := [r for r in reqs if _name(r) in dists]:
+                found[where] = hits
+    return found
+
+
+def test_no_published_distribution_depends_on_a_dev_member():
+    assert "vllm-ascend-testing" in DEV_DISTS
+    projects = _published_projects()
+    assert set(projects) == {"vllm-ascend", *DISTS}
+    assert dependents_of(DEV_DISTS, projects) == {}
+    for dist, project in projects.items():
+        assert PRIVATE_CLASSIFIER not in project.get("classifiers", []), dist
+    # The siblings' tests reach a dev member through a dependency group only, as a workspace source.
+    for pyproject in sorted(ROOT.glob("packages/*/pyproject.toml")):
+        table = tomllib.loads(pyproject.read_text())
+        grouped = {_name(r) for reqs in table.get("dependency-groups", {}).values() for r in reqs} & DEV_DISTS
+        assert all(table["tool"]["uv"]["sources"][d] == {"workspace": True} for d in grouped), pyproject
+
+
+def test_the_dependents_scan_finds_dependencies_and_extras():
+    planted = {
+        "vllm-ascend-x": {"dependencies": ["torch>=2.5", "vllm-ascend-testing>=0.1,<0.2"]},
+        "vllm-ascend-y": {
+            "optional-dependencies": {"t": ["vllm-ascend-testing[runner]; python_version>'3'"]}
+        },
+        "vllm-ascend-z": {"dependencies": ["vllm-ascend-testing-extra"], "optional-dependencies": {"a": []}},
+    }
+    assert dependents_of({"vllm-ascend-testing"}, planted) == {
+        "vllm-ascend-x": ["vllm-ascend-testing>=0.1,<0.2"],
+        "vllm-ascend-y [t]": ["vllm-ascend-testing[runner]; python_version>'3'"],
+    }
+    # The real projects do name siblings, so the scan reads the fields that hold them.
+    assert "vllm-ascend [quant]" in dependents_of(DISTS, _published_projects())
+
+
 def _name(requirement: str) -> str:
     return re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0]
 
@@ -75,7 +152,7 @@ def test_meta_distribution_uv_sources_and_packages_agree():
     """One distribution per package folder; each is a default dependency or has an extra named after it."""
     project = ROOT_PROJECT["project"]
     assert project["name"] == "vllm-ascend"
-    assert set(ROOT_PROJECT["tool"]["uv"]["sources"]) == DISTS
+    assert set(ROOT_PROJECT["tool"]["uv"]["sources"]) == DISTS | DEV_DISTS
     assert all(source == {"workspace": True} for source in ROOT_PROJECT["tool"]["uv"]["sources"].values())
     default = {_name(d) for d in project["dependencies"]}
     assert default == {"vllm-ascend-core", "vllm-ascend-runner", "vllm-ascend-kernels"}

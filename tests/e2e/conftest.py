@@ -22,7 +22,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from vllm_ascend.runner.testing.tiny_models import (  # noqa: E402
+from vllm_ascend.testing.tiny_models import (  # noqa: E402
     build_tiny_model,
     llama_spec,
     qwen3_moe_spec,
@@ -136,13 +136,13 @@ MAX_NEW_TOKENS = 12
 
 @pytest.fixture(scope="session")
 def qwen3_hf(tiny_qwen3: Path, qwen3_prompts: list[list[int]]):
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     return hf_greedy(tiny_qwen3, qwen3_prompts, MAX_NEW_TOKENS)
 
 
 @pytest.fixture(scope="session")
 def llama_hf(tiny_llama: Path, llama_prompts: list[list[int]]):
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     return hf_greedy(tiny_llama, llama_prompts, MAX_NEW_TOKENS)

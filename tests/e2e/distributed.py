@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from vllm_ascend.core.testing import OUTPUT_TAIL_CHARS, run_vllm_script
+from vllm_ascend.testing.process import OUTPUT_TAIL_CHARS, run_vllm_script
 
 from .conftest import MAX_NEW_TOKENS
 

@@ -61,7 +61,7 @@ def test_ngram_drafts_are_verified_by_the_310p_rejection_sampler(tiny_qwen3, mon
     """N-gram speculative decoding: drafts verified on the host RNG path, tokens equal plain greedy."""
 
     from vllm_ascend.ascend310p.sample import rejection_sampler as rs310
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     accepted: list[int] = []
     real = rs310.rejection_sample_310p
@@ -95,7 +95,7 @@ def test_draft_model_drafting_for_itself_is_always_accepted(tiny_qwen3, qwen3_pr
     """A model-based drafter (vLLM's drafting loop over the 310P attention backend), verified by the 310P
     rejection sampler: drafting for itself, every draft is accepted and the tokens equal HF float16's."""
 
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     spec = {"method": "draft_model", "model": str(tiny_qwen3), "num_speculative_tokens": 3}
     llm = _llm(
@@ -118,7 +118,7 @@ def test_draft_model_drafting_for_itself_is_always_accepted(tiny_qwen3, qwen3_pr
 def test_qwen3_moe_fp16_matches_hf_fp16(tiny_qwen3_moe, qwen3_moe_prompts):
 
     from vllm_ascend.runner.ops.moe_comm import MoECommType
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     llm = _llm(tiny_qwen3_moe)
     try:
@@ -152,7 +152,7 @@ def test_qwen3_fp16_serves_with_the_310p_worker_and_matches_hf_fp16(qwen3_310p, 
     from vllm_ascend.ascend310p.attention.backend import AscendAttentionBackend310
     from vllm_ascend.ascend310p.model_runner import NPUModelRunner310
     from vllm_ascend.ascend310p.sample.sampler import AscendSampler310
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     runner = _runner(qwen3_310p)
     assert type(runner) is NPUModelRunner310 and isinstance(runner.sampler, AscendSampler310)

@@ -57,7 +57,7 @@ def test_dynamic_eplb_moves_experts_between_ranks_while_serving(skewed_moe, tmp_
     from transformers import AutoTokenizer
 
     from vllm_ascend.eplb.placement import generate_expert_map
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     tokenizer = AutoTokenizer.from_pretrained(skewed_moe)
     prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]

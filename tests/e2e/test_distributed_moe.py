@@ -24,7 +24,7 @@ def moe_case(tiny_qwen3_moe: Path) -> tuple[list[list[int]], list[list[int]]]:
     """The prompts' token ids and HF's greedy continuation (distinct per prompt)."""
     from transformers import AutoTokenizer
 
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_moe)
     prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]
@@ -69,7 +69,7 @@ def test_moe_on_310p_over_two_ranks_uses_all_gather(tiny_qwen3_moe, moe_case):
     all-gather (no all-to-all or MC2 there) and greedy tokens equal HF's float16 ones."""
     import torch
 
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     prompts, _ = moe_case
     expected = hf_greedy(tiny_qwen3_moe, prompts, MAX_NEW_TOKENS, dtype=torch.float16).token_ids

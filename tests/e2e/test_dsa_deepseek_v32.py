@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ascend.runner.testing.tiny_models import (
+from vllm_ascend.testing.tiny_models import (
     MODEL_BUILDERS,
     TinyModelSpec,
     build_tiny_model,
@@ -90,7 +90,7 @@ def test_deepseek_v32_sparse_attention_greedy_matches_hf(make_llm, tiny_models_r
     from transformers import AutoTokenizer
 
     from vllm_ascend.core.device.config import get_device_adaptor
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     spec = CASES[case]
     model_dir = build_tiny_model(spec, tiny_models_root)
@@ -126,8 +126,8 @@ def test_deepseek_v32_mtp_greedy_equals_hf(make_llm, tiny_models_root: Path):
     from transformers import AutoTokenizer
 
     from vllm_ascend.core.device.config import get_device_adaptor
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
     from vllm_ascend.specdecode.proposer import AscendEagleProposer
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     target_dir = build_tiny_model(CASES["dense-kv32-rope16-top4"], tiny_models_root)
     model_dir = add_deepseek_mtp_layer(target_dir, tiny_models_root)
@@ -161,7 +161,7 @@ def test_deepseek_v32_compiled_piecewise_graphs_equal_hf(
 
     from vllm_ascend.core.device.config import get_device_adaptor
     from vllm_ascend.runner.attention.mla.sparse import DSA_INDEXER_OP
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     from .test_graph_mode import _replays, _wrappers
 
@@ -189,7 +189,7 @@ def test_deepseek_v32_tensor_parallel_equals_hf(tiny_models_root: Path):
     runs the replicated indexer over its own key cache; greedy tokens equal HF fp32."""
     from transformers import AutoTokenizer
 
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     from .distributed import run_case
 

@@ -12,7 +12,7 @@ import torch
 
 from vllm_ascend.eplb.expert_map_file import expert_file_to_tensor, save_expert_map
 from vllm_ascend.eplb.placement import generate_expert_map
-from vllm_ascend.runner.testing.tiny_models import build_tiny_model, qwen3_moe_spec
+from vllm_ascend.testing.tiny_models import build_tiny_model, qwen3_moe_spec
 
 MAX_NEW_TOKENS = 12
 PROMPTS = (
@@ -47,7 +47,7 @@ def moe_prompts(tiny_moe: Path) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def moe_hf(tiny_moe: Path, moe_prompts: list[list[int]]) -> list[list[int]]:
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     token_ids = hf_greedy(tiny_moe, moe_prompts, MAX_NEW_TOKENS).token_ids
     # A model that repeats one token would make the comparison meaningless.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ascend.runner.testing.tiny_models import build_tiny_model, mamba_spec, qwen3_next_spec
+from vllm_ascend.testing.tiny_models import build_tiny_model, mamba_spec, qwen3_next_spec
 
 from .conftest import MAX_NEW_TOKENS, RUNNER_PROMPTS
 
@@ -30,7 +30,7 @@ def next_prompts(tiny_qwen3_next: Path) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def next_hf(tiny_qwen3_next: Path, next_prompts: list[list[int]]) -> list[list[int]]:
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     return hf_greedy(tiny_qwen3_next, next_prompts, MAX_NEW_TOKENS).token_ids
 
@@ -75,7 +75,7 @@ def test_qwen3_next_on_the_310p_family_matches_hf_float16(tiny_qwen3_next, next_
     from vllm import LLM, SamplingParams
 
     from vllm_ascend.core.device.config import clear_device_caches
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     monkeypatch.setenv("VLLM_ASCEND_REFERENCE_FAMILY", "310p")
     clear_device_caches()

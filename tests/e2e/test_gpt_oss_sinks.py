@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from vllm_ascend.runner.testing.tiny_models import (
+from vllm_ascend.testing.tiny_models import (
     TinyModelSpec,
     build_tiny_model,
     common_config,
@@ -151,7 +151,7 @@ def test_gpt_oss_with_sinks_matches_hf_fp32(tiny_gpt_oss, prompts):
     from vllm import LLM, SamplingParams
 
     from vllm_ascend.core.device.config import get_device_adaptor
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     hf = hf_greedy(tiny_gpt_oss, prompts, MAX_NEW_TOKENS).token_ids
     assert hf == _hf_tokens_with(tiny_gpt_oss, prompts, None, True)  # the helper reproduces hf_greedy

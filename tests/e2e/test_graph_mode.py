@@ -89,7 +89,7 @@ def _replays(wrappers: list) -> int:
 def test_full_decode_graphs_replay_eager_tokens_and_a_stale_buffer_changes_them(
     make_llm, tiny_qwen3, qwen3_prompts, qwen3_hf
 ):
-    from vllm_ascend.runner.testing.graph_hooks import stale_attention_params
+    from vllm_ascend.testing.graph_hooks import stale_attention_params
 
     llm = make_llm(tiny_qwen3, compilation_config=FULL_DECODE_ONLY, **CHUNKED)
     full = _wrappers(llm)["FULL"]
@@ -158,7 +158,7 @@ def test_moe_graph_modes_give_eager_tokens(make_llm, tiny_models_root):
     """GLM-4.5 MoE: shared experts added to the routed output times ``routed_scaling_factor`` (x * s + y)."""
     from tests.e2e.conftest import _token_ids
     from vllm_ascend.runner.compilation.pass_manager import fusion_match_counts, reset_fusion_match_counts
-    from vllm_ascend.runner.testing.tiny_models import build_tiny_model, glm4_moe_spec
+    from vllm_ascend.testing.tiny_models import build_tiny_model, glm4_moe_spec
 
     model = build_tiny_model(glm4_moe_spec(), tiny_models_root)
     prompts = _token_ids(model)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ascend.runner.testing.tiny_models import (
+from vllm_ascend.testing.tiny_models import (
     MODEL_BUILDERS,
     TinyModelSpec,
     build_tiny_model,
@@ -147,7 +147,7 @@ def test_deepseek_mla_greedy_matches_hf(make_llm, tiny_models_root: Path, case: 
     from transformers import AutoTokenizer
 
     from vllm_ascend.core.device.config import get_device_adaptor
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     model_dir = build_tiny_model(CASES[case], tiny_models_root)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_ascend.runner.testing.draft_reference import DeepseekMtpReference, DraftReference
-from vllm_ascend.runner.testing.tiny_models import build_tiny_model, publish_build
+from vllm_ascend.testing.draft_reference import DeepseekMtpReference, DraftReference
+from vllm_ascend.testing.tiny_models import build_tiny_model, publish_build
 
 from .test_mla_deepseek import PROMPTS, deepseek_v3_spec
 
@@ -123,8 +123,8 @@ def test_deepseek_mtp_greedy_equals_plain_and_hf(
 
     from vllm_ascend.core.device.config import get_device_adaptor
     from vllm_ascend.runner.attention.mla.metadata import AscendMLAMetadataBuilder
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
     from vllm_ascend.specdecode.proposer import AscendEagleProposer
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     model_dir = add_deepseek_mtp_layer(build_tiny_model(CASES[case], tiny_models_root), tiny_models_root)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -200,7 +200,7 @@ def test_deepseek_mtp_on_model_runner_v2_equals_hf(make_llm, tiny_models_root: P
     from transformers import AutoTokenizer
 
     from vllm_ascend.core.device.config import get_device_adaptor
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     from .test_runner_v2 import refused_for_missing_verification
 

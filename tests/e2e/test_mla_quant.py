@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from vllm_ascend.quant.export import export_modelslim
-from vllm_ascend.runner.testing.tiny_models import build_tiny_model
+from vllm_ascend.testing.tiny_models import build_tiny_model
 
 from .test_mla_deepseek import PROMPTS, _greedy, deepseek_v3_spec
 
@@ -54,7 +54,7 @@ def test_w8a16_deepseek_v3_mla_equals_hf_dequantized(make_llm, tiny_models_root:
     from transformers import AutoTokenizer
 
     from vllm_ascend.core.device.config import get_device_adaptor
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     model_dir = build_tiny_model(deepseek_v3_spec(first_k_dense_replace=1), tiny_models_root)
     quantized = tmp_path / "w8a16"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ascend.runner.testing.tiny_models import build_tiny_model, qwen2_moe_spec
+from vllm_ascend.testing.tiny_models import build_tiny_model, qwen2_moe_spec
 
 MAX_NEW_TOKENS = 12
 PROMPTS = ("the quick ascend kernel", "river mountain forest ocean cloud rain", "red green blue yellow")
@@ -24,7 +24,7 @@ def test_shared_experts_match_hf(make_llm, tiny_qwen2_moe):
 
     from vllm_ascend.core.device.config import get_device_adaptor
     from vllm_ascend.runner.ops.moe import AscendMoERunner
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen2_moe)
     prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]

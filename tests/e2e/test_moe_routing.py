@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_ascend.runner.testing.tiny_models import (
+from vllm_ascend.testing.tiny_models import (
     GLM4_MOE_NUM_GROUPS,
     GLM4_MOE_ROUTED_SCALING,
     GLM4_MOE_TOPK_GROUPS,
@@ -134,7 +134,7 @@ def test_greedy_tokens_match_hf(llm, tiny_glm4_moe, prompts):
     from vllm import SamplingParams
 
     from vllm_ascend.core.device.config import get_device_adaptor
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     expected = hf_greedy(tiny_glm4_moe, prompts, MAX_NEW_TOKENS).token_ids
     assert len({tuple(t) for t in expected}) == len(expected), expected  # the prompts' continuations differ

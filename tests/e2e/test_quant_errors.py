@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from vllm_ascend.core.testing import OUTPUT_TAIL_CHARS, run_vllm_script
 from vllm_ascend.quant.export import export_modelslim
+from vllm_ascend.testing.process import OUTPUT_TAIL_CHARS, run_vllm_script
 
 DESCRIPTION = "quant_model_description.json"
 QKV_SCALE = "model.layers.0.self_attn.q_proj.weight_scale"

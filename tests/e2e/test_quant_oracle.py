@@ -42,7 +42,7 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("which", ["qwen3", "qwen3_moe"])
 def test_float_oracle_matches_hf(request, which):
-    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+    from vllm_ascend.testing.hf_reference import hf_greedy
 
     model_dir = request.getfixturevalue("tiny_qwen3" if which == "qwen3" else "tiny_qwen3_moe")
     prompts = request.getfixturevalue("qwen3_prompts" if which == "qwen3" else "qwen3_moe_prompts")[:3]

@@ -46,7 +46,7 @@ def test_demo_on_an_emulated_avx2_only_cpu(tmp_path):
     qemu = shutil.which("qemu-x86_64")
     if qemu is None:
         pytest.fail("qemu-x86_64 is missing: install Debian's qemu-user (.ci/run does)")
-    from vllm_ascend.runner.testing.tiny_models import build_tiny_model, qwen3_spec
+    from vllm_ascend.runner.demo_model import build_tiny_model, qwen3_spec
 
     build_tiny_model(qwen3_spec(), tmp_path / "models")  # natively: the emulated run only serves it
     argv = [qemu, "-cpu", "max", sys.executable, "-m", "vllm_ascend.runner.demo", "--max-tokens", "2"]

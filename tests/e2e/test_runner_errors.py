@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_ascend.runner.testing.tiny_models import build_tiny_model, qwen3_spec
+from vllm_ascend.testing.tiny_models import build_tiny_model, qwen3_spec
 
 
 def test_unsupported_head_size_is_named(make_llm, tiny_models_root):

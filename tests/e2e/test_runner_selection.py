@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ascend.core.testing import run_vllm_script
+from vllm_ascend.testing.process import run_vllm_script
 
 SCRIPT = r"""
 import json, sys

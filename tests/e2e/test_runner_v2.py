@@ -116,7 +116,7 @@ def test_v2_eagle3_and_draft_model_give_plain_greedy(
     """vLLM's V2 speculators on our kernels: an EAGLE-3 head (the target returns its auxiliary hidden states)
     and a draft model drafting for itself (every draft accepted); tokens are plain greedy decoding's, with
     async scheduling on and off."""
-    from vllm_ascend.runner.testing.tiny_drafters import build_eagle_head
+    from vllm_ascend.testing.tiny_drafters import build_eagle_head
 
     spec = {"method": "draft_model", "model": str(tiny_qwen3), "num_speculative_tokens": 3}
     if refused_for_missing_verification(make_llm, tiny_qwen3, spec):
@@ -144,8 +144,8 @@ def test_v2_eagle3_and_draft_model_give_plain_greedy(
 
 def test_v2_mtp_layer_gives_plain_greedy(make_llm, tiny_models_root):
     """GLM-4.5's MTP layer drafting through V2's speculator (async scheduling on): plain greedy's tokens."""
-    from vllm_ascend.runner.testing.tiny_drafters import add_mtp_layer
-    from vllm_ascend.runner.testing.tiny_models import build_tiny_model, glm4_moe_spec
+    from vllm_ascend.testing.tiny_drafters import add_mtp_layer
+    from vllm_ascend.testing.tiny_models import build_tiny_model, glm4_moe_spec
 
     target = add_mtp_layer(build_tiny_model(glm4_moe_spec(), tiny_models_root), tiny_models_root)
     if refused_for_missing_verification(make_llm, target, {"method": "mtp", "num_speculative_tokens": 2}):

@@ -97,8 +97,8 @@ def test_draft_model_drafting_for_itself_is_always_accepted(make_llm, tiny_qwen3
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_eagle_heads_match_plain_greedy(make_llm, tiny_qwen3, tiny_models_root, plain_qwen3, method):
-    from vllm_ascend.runner.testing.tiny_drafters import build_eagle_head
     from vllm_ascend.specdecode.proposer import AscendEagleProposer
+    from vllm_ascend.testing.tiny_drafters import build_eagle_head
 
     head = build_eagle_head(tiny_qwen3, tiny_models_root, method)
     spec = {"method": method, "model": str(head), "num_speculative_tokens": 3}
@@ -160,8 +160,8 @@ def test_eagle_drafts_equal_an_independent_hf_forward(make_llm, tiny_qwen3, tiny
     """EAGLE-1's drafts, step by step, are those of the head recomputed with HF transformers from the
     target's hidden states: the target's hidden states reach the drafter shifted by one token, the
     drafter's KV cache and positions are right, and the drafts feed back as the method says."""
-    from vllm_ascend.runner.testing.draft_reference import EagleReference
-    from vllm_ascend.runner.testing.tiny_drafters import build_eagle_head
+    from vllm_ascend.testing.draft_reference import EagleReference
+    from vllm_ascend.testing.tiny_drafters import build_eagle_head
 
     head = build_eagle_head(tiny_qwen3, tiny_models_root, "eagle")
     spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": 3}
@@ -173,10 +173,10 @@ def test_eagle_drafts_equal_an_independent_hf_forward(make_llm, tiny_qwen3, tiny
 def test_glm_mtp_layer_drafts_and_output_is_plain_greedy(make_llm, tiny_models_root, monkeypatch):
     """GLM-4.5's MTP layer drafts (two steps reusing the one layer): greedy output is plain decoding's,
     and the drafts are those of the layer recomputed with HF transformers."""
-    from vllm_ascend.runner.testing.draft_reference import GlmMtpReference
-    from vllm_ascend.runner.testing.tiny_drafters import add_mtp_layer
-    from vllm_ascend.runner.testing.tiny_models import build_tiny_model, glm4_moe_spec
     from vllm_ascend.specdecode.proposer import AscendEagleProposer
+    from vllm_ascend.testing.draft_reference import GlmMtpReference
+    from vllm_ascend.testing.tiny_drafters import add_mtp_layer
+    from vllm_ascend.testing.tiny_models import build_tiny_model, glm4_moe_spec
 
     target = add_mtp_layer(build_tiny_model(glm4_moe_spec(), tiny_models_root), tiny_models_root)
     want = _tokens(make_llm(target))
@@ -199,8 +199,8 @@ def test_dynamic_draft_lengths_follow_measured_acceptance(
     """``dynamic_spec_config`` reaches the runner: drafts that are never accepted (a random EAGLE head)
     are cut to ``min_draft_len`` after a few steps, while a target drafting for itself keeps every
     draft; greedy output stays plain decoding's."""
-    from vllm_ascend.runner.testing.tiny_drafters import build_eagle_head
     from vllm_ascend.specdecode.dynamic import DynamicSpecScheduler
+    from vllm_ascend.testing.tiny_drafters import build_eagle_head
 
     dynamic = {"dynamic_spec_config": {"enabled": True, "min_draft_len": 1, "acceptance_prior": 0.7}}
     k = 4

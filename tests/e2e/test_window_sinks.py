@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from vllm_ascend.runner.testing.tiny_models import (
+from vllm_ascend.testing.tiny_models import (
     TinyModelSpec,
     build_tiny_model,
     common_config,

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from vllm_ascend.core.testing import OUTPUT_TAIL_CHARS, run_vllm_script
+from vllm_ascend.testing.process import OUTPUT_TAIL_CHARS, run_vllm_script
 
 pytest.importorskip("vllm")
 

@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from vllm_ascend.core.testing import free_loopback_port
 from vllm_ascend.runner.ops.moe_comm import (
     MoECommConfig,
     MoECommError,
@@ -18,6 +17,7 @@ from vllm_ascend.runner.ops.moe_comm import (
     mc2_capacity,
     select_moe_comm_method,
 )
+from vllm_ascend.testing.process import free_loopback_port
 
 A, T, M = MoECommType.ALLGATHER, MoECommType.ALLTOALL, MoECommType.MC2
 HIDDEN, INTER, EXPERTS, TOP_K = 16, 8, 8, 3

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from vllm_ascend.core.testing import free_loopback_port
+from vllm_ascend.testing.process import free_loopback_port
 
 
 def _rank_main(rank: int, port: int, results: dict) -> None:

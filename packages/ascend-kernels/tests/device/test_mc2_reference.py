@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from vllm_ascend.core.testing import free_loopback_port
+from vllm_ascend.testing.process import free_loopback_port
 
 EXPERTS, HIDDEN, K = 4, 3, 2
 

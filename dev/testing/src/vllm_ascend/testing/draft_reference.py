@@ -107,7 +107,7 @@ class MtpReference(DraftReference):
         from safetensors.torch import load_file
         from transformers import AutoConfig
 
-        from vllm_ascend.runner.testing.hf_reference import hf_model_class
+        from vllm_ascend.testing.hf_reference import hf_model_class
 
         model_cls = hf_model_class(model_dir)
         self.target = model_cls.from_pretrained(model_dir, dtype=torch.float32).eval()

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from vllm_ascend.runner.testing.tiny_models import publish_build
+from vllm_ascend.runner.demo_model import publish_build
 
 EAGLE_METHODS = ("eagle", "eagle3")
 

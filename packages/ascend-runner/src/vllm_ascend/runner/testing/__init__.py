@@ -1,1 +1,0 @@
-"""Helpers for tests, the demo and benchmarks: tiny local models."""
