@@ -1,5 +1,7 @@
 """The reference device emulating Atlas 310P (``VLLM_ASCEND_REFERENCE_FAMILY=310p``) serves fp16 models through
-vLLM with the 310P worker, attention backend, samplers and block tables; other dtypes and graphs are refused.
+vLLM's Model Runner V2 (its kernels on their torch references: 310P has no Triton) with the 310P worker and
+attention backend; on V1 (``VLLM_USE_V2_MODEL_RUNNER=0``) through the runner's ``NPUModelRunner`` with its
+random draws on the 310P adaptor's host RNG; other dtypes and graphs are refused.
 
 Greedy tokens are compared with HF transformers running the same weights in float16 on the CPU.
 """
@@ -43,6 +45,11 @@ def _runner(llm):
     return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
 
 
+def _attention_backends(runner) -> set[type]:
+    """The attention backend classes a model runner built (V1 and V2 both keep ``attn_groups``)."""
+    return {g.backend for groups in runner.attn_groups for g in groups}
+
+
 def _generate(llm, prompts, **params):
     from vllm import SamplingParams
 
@@ -57,21 +64,13 @@ def _assert_diverse(token_ids: list[list[int]]) -> None:
         assert len(set(ids)) >= MAX_NEW_TOKENS // 3, ids
 
 
-def test_ngram_drafts_are_verified_by_the_310p_rejection_sampler(tiny_qwen3, monkeypatch):
-    """N-gram speculative decoding: drafts verified on the host RNG path, tokens equal plain greedy."""
+def test_ngram_drafts_are_verified_on_model_runner_v2(tiny_qwen3):
+    """N-gram speculative decoding on Model Runner V2: drafts verified by vLLM's V2 rejection sampler on the
+    kernels' torch references (310P has no Triton); some drafts are accepted and the tokens equal plain greedy."""
 
-    from vllm_ascend.ascend310p.sample import rejection_sampler as rs310
+    from vllm_ascend.runner.model_runner_v2 import NPUModelRunnerV2
     from vllm_ascend.runner.testing.hf_reference import hf_greedy
 
-    accepted: list[int] = []
-    real = rs310.rejection_sample_310p
-
-    def spy(*args, **kwargs):
-        out = real(*args, **kwargs)
-        accepted.append(int((out[:, 1:] >= 0).sum()))
-        return out
-
-    monkeypatch.setattr(rs310, "rejection_sample_310p", spy)
     prompts = [list(range(10, 30)) * 3, [40, 41, 42, 43, 44, 40, 41, 42] * 4]
     llm = _llm(
         tiny_qwen3,
@@ -81,18 +80,20 @@ def test_ngram_drafts_are_verified_by_the_310p_rejection_sampler(tiny_qwen3, mon
             "prompt_lookup_max": 3,
             "prompt_lookup_min": 2,
         },
+        disable_log_stats=False,
     )
     try:
-        assert isinstance(_runner(llm).rejection_sampler, rs310.AscendRejectionSampler310)
+        assert type(_runner(llm)) is NPUModelRunnerV2
         got = _generate(llm, prompts, temperature=0.0)
         assert got == hf_greedy(tiny_qwen3, prompts, MAX_NEW_TOKENS, dtype=torch.float16).token_ids
-        assert accepted and sum(accepted) > 0, accepted
+        metrics = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
+        assert metrics["vllm:spec_decode_num_accepted_tokens"] > 0, metrics
     finally:
         llm.llm_engine.engine_core.shutdown()
 
 
 def test_draft_model_drafting_for_itself_is_always_accepted(tiny_qwen3, qwen3_prompts):
-    """A model-based drafter (vLLM's drafting loop over the 310P attention backend), verified by the 310P
+    """A model-based drafter (vLLM's V2 drafting loop over the 310P attention backend), verified by V2's
     rejection sampler: drafting for itself, every draft is accepted and the tokens equal HF float16's."""
 
     from vllm_ascend.runner.testing.hf_reference import hf_greedy
@@ -150,14 +151,12 @@ def qwen3_310p(tiny_qwen3):
 
 def test_qwen3_fp16_serves_with_the_310p_worker_and_matches_hf_fp16(qwen3_310p, tiny_qwen3, qwen3_prompts):
     from vllm_ascend.ascend310p.attention.backend import AscendAttentionBackend310
-    from vllm_ascend.ascend310p.model_runner import NPUModelRunner310
-    from vllm_ascend.ascend310p.sample.sampler import AscendSampler310
+    from vllm_ascend.runner.model_runner_v2 import NPUModelRunnerV2
     from vllm_ascend.runner.testing.hf_reference import hf_greedy
 
     runner = _runner(qwen3_310p)
-    assert type(runner) is NPUModelRunner310 and isinstance(runner.sampler, AscendSampler310)
-    backends = {g.backend for groups in runner.attn_groups for g in groups}
-    assert backends == {AscendAttentionBackend310}, backends
+    assert type(runner) is NPUModelRunnerV2  # vLLM's Model Runner V2, its kernels on their torch references
+    assert _attention_backends(runner) == {AscendAttentionBackend310}
     from vllm_ascend.ascend310p.overlay import Ascend310PReferenceAdaptor
     from vllm_ascend.core.device.config import get_device_adaptor
 
