@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from vllm_ascend.core.config.schema import INT_MAX as INT_MAX
     from vllm_ascend.core.config.schema import option as option
     from vllm_ascend.core.config.schema import unknown_key_message as unknown_key_message
+    from vllm_ascend.core.device.adaptor.base import RANDOM_SEED_BOUND as RANDOM_SEED_BOUND
     from vllm_ascend.core.device.adaptor.base import BaseDeviceAdaptor as BaseDeviceAdaptor
     from vllm_ascend.core.device.adaptor.base import DeviceOpError as DeviceOpError
     from vllm_ascend.core.device.adaptor.base import WeightFormat as WeightFormat
@@ -115,6 +116,7 @@ _EXPORTS: dict[str, str] = {
     "BaseDeviceAdaptor": "vllm_ascend.core.device.adaptor.base",
     "check_moe_gating": "vllm_ascend.core.device.adaptor.base",
     "DeviceOpError": "vllm_ascend.core.device.adaptor.base",
+    "RANDOM_SEED_BOUND": "vllm_ascend.core.device.adaptor.base",
     "WeightFormat": "vllm_ascend.core.device.adaptor.base",
     "latent_cache_parts": "vllm_ascend.core.device.adaptor.mla",
     "MLADeviceOps": "vllm_ascend.core.device.adaptor.mla",
