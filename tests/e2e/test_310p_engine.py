@@ -50,10 +50,10 @@ def _attention_backends(runner) -> set[type]:
     return {g.backend for groups in runner.attn_groups for g in groups}
 
 
-def _generate(llm, prompts, **params):
+def _generate(llm, prompts, max_tokens=MAX_NEW_TOKENS, **params):
     from vllm import SamplingParams
 
-    sampling = SamplingParams(max_tokens=MAX_NEW_TOKENS, ignore_eos=True, **params)
+    sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **params)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outputs]
 
@@ -71,7 +71,7 @@ def test_ngram_drafts_are_verified_on_model_runner_v2(tiny_qwen3):
     from vllm_ascend.runner.model_runner_v2 import NPUModelRunnerV2
     from vllm_ascend.runner.testing.hf_reference import hf_greedy
 
-    prompts = [list(range(10, 30)) * 3, [40, 41, 42, 43, 44, 40, 41, 42] * 4]
+    prompts = [list(range(10, 30)) * 3, [5, 6, 7, 8] * 10, [40, 41, 42, 43, 44, 40, 41, 42] * 4]
     llm = _llm(
         tiny_qwen3,
         speculative_config={
@@ -84,8 +84,8 @@ def test_ngram_drafts_are_verified_on_model_runner_v2(tiny_qwen3):
     )
     try:
         assert type(_runner(llm)) is NPUModelRunnerV2
-        got = _generate(llm, prompts, temperature=0.0)
-        assert got == hf_greedy(tiny_qwen3, prompts, MAX_NEW_TOKENS, dtype=torch.float16).token_ids
+        got = _generate(llm, prompts, max_tokens=32, temperature=0.0)
+        assert got == hf_greedy(tiny_qwen3, prompts, 32, dtype=torch.float16).token_ids
         metrics = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
         assert metrics["vllm:spec_decode_num_accepted_tokens"] > 0, metrics
     finally:
@@ -104,6 +104,9 @@ def test_draft_model_drafting_for_itself_is_always_accepted(tiny_qwen3, qwen3_pr
         speculative_config=spec,
         disable_log_stats=False,
         max_num_batched_tokens=16,
+        # vLLM 0.32's V2 dummy run sizes its batch as min(tokens, max_num_seqs) requests, each with a draft
+        # model's extra query slot: with the default 256 sequences a 16-token budget leaves no token to run.
+        max_num_seqs=4,
     )
     try:
         got = _generate(llm, qwen3_prompts, temperature=0.0)
@@ -111,6 +114,51 @@ def test_draft_model_drafting_for_itself_is_always_accepted(tiny_qwen3, qwen3_pr
         metrics = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
         drafted = metrics["vllm:spec_decode_num_draft_tokens"]
         assert drafted > 0 and metrics["vllm:spec_decode_num_accepted_tokens"] == drafted, metrics
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+def test_v1_on_310p_is_the_runners_model_runner_with_host_random_draws(tiny_qwen3, qwen3_prompts):
+    """Where vLLM falls back to V1 (here ``VLLM_USE_V2_MODEL_RUNNER=0``), 310P is served by the runner's own
+    ``NPUModelRunner`` (its kernels on their torch references) with the 310P attention backend; its random
+    draws (sampling seeds, verification uniforms and exponentials) are the 310P adaptor's host ``random_fill``.
+    Greedy tokens equal HF float16's with n-gram drafts verified, and a seeded request samples the same tokens
+    alone and in a batch."""
+    import vllm.envs as envs
+
+    from vllm_ascend.ascend310p.attention.backend import AscendAttentionBackend310
+    from vllm_ascend.core.device.config import get_device_adaptor
+    from vllm_ascend.runner.model_runner import NPUModelRunner
+    from vllm_ascend.runner.testing.hf_reference import hf_greedy
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+        envs.disable_envs_cache()
+        llm = _llm(
+            tiny_qwen3,
+            max_num_batched_tokens=16,
+            max_num_seqs=4,
+            speculative_config={
+                "method": "ngram",
+                "num_speculative_tokens": 3,
+                "prompt_lookup_max": 3,
+                "prompt_lookup_min": 2,
+            },
+        )
+    envs.disable_envs_cache()
+    try:
+        runner = _runner(llm)
+        assert type(runner) is NPUModelRunner
+        assert _attention_backends(runner) == {AscendAttentionBackend310}
+        hf = hf_greedy(tiny_qwen3, qwen3_prompts, MAX_NEW_TOKENS, dtype=torch.float16)
+        assert _generate(llm, qwen3_prompts, temperature=0.0) == hf.token_ids
+        adaptor = get_device_adaptor()
+        adaptor.call_counts.clear()
+        sampling = dict(temperature=1.0, top_k=20, top_p=0.9, seed=7)
+        batched = _generate(llm, qwen3_prompts[:2], **sampling)
+        alone = _generate(llm, qwen3_prompts[1:2], **sampling)
+        assert batched[1] == alone[0]
+        assert adaptor.call_counts["random_fill"] > 0, adaptor.call_counts
     finally:
         llm.llm_engine.engine_core.shutdown()
 
@@ -173,8 +221,18 @@ def test_qwen3_fp16_serves_with_the_310p_worker_and_matches_hf_fp16(qwen3_310p, 
     assert _generate(qwen3_310p, qwen3_prompts, temperature=0.0) == hf.token_ids
 
 
-def test_seeded_sampling_on_the_host_rng_is_reproducible(qwen3_310p, qwen3_prompts):
+def test_seeded_sampling_on_v2_is_reproducible_and_draws_nothing_from_torch(qwen3_310p, qwen3_prompts):
+    """V2's Gumbel noise is a counter-based hash of (request seed, position, token) and unseeded requests get
+    their seed from the host (vLLM's sampling states): no torch RNG is drawn from and the adaptor's
+    ``random_fill`` is never called, so 310P (no device random path) needs nothing more on V2."""
+    from vllm_ascend.core.device.config import get_device_adaptor
+
+    adaptor = get_device_adaptor()
+    adaptor.call_counts.clear()
+    rng_state = torch.random.get_rng_state()
     first = _generate(qwen3_310p, qwen3_prompts[:2], temperature=1.0, top_k=20, top_p=0.9, seed=7)
+    assert torch.equal(torch.random.get_rng_state(), rng_state)
+    assert adaptor.call_counts["random_fill"] == 0
     alone = _generate(qwen3_310p, qwen3_prompts[1:2], temperature=1.0, top_k=20, top_p=0.9, seed=7)
     other = _generate(qwen3_310p, qwen3_prompts[:2], temperature=1.0, top_k=20, top_p=0.9, seed=8)
     assert first[1] == alone[0]
