@@ -5,7 +5,8 @@ of the reference device emulating 310P (``VLLM_ASCEND_REFERENCE_FAMILY=310p``).
 (``torch_npu``'s docs list those ops for A2/A3 only), and their quantized matmuls take no per-token
 scales: those ops run the reference torch code on the NPU tensors instead. The profile claims what is
 served: float16, sparse/compressed int8 weights (W8A8S/W8A8SC), no graph capture (the platform refuses
-graph modes), no Triton (the kernels run their torch implementations), and the 310P worker.
+graph modes), no Triton (the kernels run their torch implementations, V2's included), and the 310P worker.
+310P has no device random path for sampling either: both adaptors' ``random_fill`` draws on the host RNG.
 """
 
 from __future__ import annotations
