@@ -1,6 +1,7 @@
 """Which model runner vLLM selects with the plugin: vLLM's own decision (``VllmConfig.use_v2_model_runner``),
 now that V2's kernels run on this platform — V2 by default, V1 where vLLM falls back (the suffix method,
-``VLLM_USE_V2_MODEL_RUNNER=0``), V1 on a family without Triton (310P), where V2 asked for is refused by name.
+``VLLM_USE_V2_MODEL_RUNNER=0``), on every family whose worker serves V2, a family without Triton (310P:
+V2's kernels run their torch references there) included.
 Each case builds vLLM's engine config in a fresh interpreter (vLLM picks its platform once per process)."""
 
 from __future__ import annotations
@@ -81,17 +82,20 @@ def test_vllm_decides_the_runner(tiny_qwen3, env, options, v2):
     assert _select(tiny_qwen3, env, **options)["v2"] is v2
 
 
-def test_310p_keeps_v1_and_refuses_v2_by_name(tiny_qwen3):
+def test_310p_gets_v2_without_triton_and_v1_where_vllm_falls_back(tiny_qwen3):
     family = {"VLLM_ASCEND_REFERENCE_FAMILY": "310p"}
-    assert _select(tiny_qwen3, family, dtype="float16")["v2"] is False
-    refused = _select(tiny_qwen3, {**family, "VLLM_USE_V2_MODEL_RUNNER": "1"}, dtype="float16")
-    assert "VLLM_USE_V2_MODEL_RUNNER=1" in refused["error"], refused
-    assert "Model Runner V2" in refused["error"] and "310P" in refused["error"], refused
+    on_310p = _select(tiny_qwen3, family, dtype="float16")
+    assert on_310p["v2"] is True, on_310p
+    assert on_310p["worker"] == "vllm_ascend.ascend310p.worker.NPUWorker310", on_310p
+    assert _select(tiny_qwen3, {**family, "VLLM_USE_V2_MODEL_RUNNER": "0"}, dtype="float16")["v2"] is False
+    suffix = {"method": "suffix", "num_speculative_tokens": 2}
+    assert _select(tiny_qwen3, family, dtype="float16", speculative_config=suffix)["v2"] is False
 
 
-def test_the_runner_follows_the_family_of_each_config_in_one_process(tiny_qwen3):
-    """vLLM loads plugins once per process; the answer to its Triton check is given again for every config, so
-    a process that served 310P (V1) first still gets V2 on a family with Triton, and back."""
+def test_the_runner_follows_each_config_in_one_process(tiny_qwen3):
+    """vLLM loads plugins once per process; the answer to its Triton check is given again for every config (from
+    the family's worker), so switching families in one process keeps V2 on each: 310P (no Triton), the
+    reference device, 310P again."""
     environ = {**os.environ, "VLLM_ASCEND_DEVICE": "reference"}
     environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
     on_310p = {"env": {"VLLM_ASCEND_REFERENCE_FAMILY": "310p"}, "dtype": "float16", "model": str(tiny_qwen3)}
@@ -102,4 +106,4 @@ def test_the_runner_follows_the_family_of_each_config_in_one_process(tiny_qwen3)
     }
     specs = [on_310p, on_reference, on_310p]
     result, output = run_vllm_script(SEQUENCE_SCRIPT, json.dumps(specs), env=environ, timeout=240)
-    assert result == [False, True, False], output[-4000:]
+    assert result == [True, True, True], output[-4000:]

@@ -116,3 +116,49 @@ def test_a_served_suffix_method_needs_no_arctic_inference(monkeypatch, core_only
         finally:
             for registry, name in journal:
                 registry.unregister(name)
+
+
+class _ServesV2:
+    @classmethod
+    def serves_model_runner_v2(cls) -> bool:
+        return True
+
+
+class _ServesV1Only:
+    @classmethod
+    def serves_model_runner_v2(cls) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("triton", [True, False], ids=["with-triton", "without-triton"])
+@pytest.mark.parametrize(
+    ("worker", "answer"),
+    [(_ServesV2, True), (_ServesV1Only, False), (object, False)],
+    ids=["v2", "v1", "none"],
+)
+def test_vllms_triton_check_is_answered_by_the_familys_worker(monkeypatch, triton, worker, answer):
+    """V2's kernels run their torch references where the profile has no Triton, so the answer is the worker's
+    (``serves_model_runner_v2()``, false when it has none) whatever the profile's ``TRITON`` capability."""
+    from vllm.config import vllm as vllm_config_module
+
+    from vllm_ascend.core.device import config as device_config
+    from vllm_ascend.core.device.family import AscendDeviceType
+    from vllm_ascend.core.device.profile import BUILTIN_PROFILES, HardwareCapability
+    from vllm_ascend.core.registry import WORKERS
+    from vllm_ascend.core.vllm_bridge import serve_model_runner_v2_in_vllm
+
+    base = BUILTIN_PROFILES[AscendDeviceType.A2]
+    capabilities = base.capabilities | {HardwareCapability.TRITON}
+    if not triton:
+        capabilities = capabilities - {HardwareCapability.TRITON}
+    profile = base.with_changes(capabilities=capabilities, worker="probe-runner-selection")
+    monkeypatch.setattr(device_config, "get_current_hardware_profile", lambda: profile)
+    monkeypatch.setattr(vllm_config_module, "HAS_TRITON", not answer)
+    with registering_as("vllm-ascend-probe") as journal:
+        WORKERS.register("probe-runner-selection", worker)
+        try:
+            assert serve_model_runner_v2_in_vllm() is answer
+            assert vllm_config_module.HAS_TRITON is answer
+        finally:
+            for registry, name in journal:
+                registry.unregister(name)

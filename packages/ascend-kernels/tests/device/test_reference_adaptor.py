@@ -540,3 +540,41 @@ def test_every_op_is_counted_once_per_call(ref):
         for n in dir(ReferenceDeviceAdaptor)
         if getattr(getattr(ReferenceDeviceAdaptor, n), "__counted__", False)
     }
+
+
+# -- random_fill: the samplers' random draws (default: on the tensor's device with torch) -------------------
+def test_random_fill_default_draws_the_global_rng_then_each_seeded_segment_from_its_generator(ref):
+    """vLLM's ``generate_uniform_probs`` order: every row from the global RNG, then a seeded request's rows again
+    from its own generator (so they do not depend on the batch); a segment of zero rows draws nothing."""
+    torch.manual_seed(1)
+    got = ref.random_fill(
+        torch.empty(6, dtype=torch.float64),
+        "uniform",
+        {1: torch.Generator().manual_seed(4), 2: torch.Generator().manual_seed(5)},
+        counts=[2, 3, 0, 1],
+    )
+    torch.manual_seed(1)
+    expected = torch.rand(6, dtype=torch.float64)
+    expected[2:5].uniform_(generator=torch.Generator().manual_seed(4))
+    assert torch.equal(got, expected)
+    assert ref.call_counts["random_fill"] == 1
+
+
+def test_random_fill_seeds_and_exponentials_keep_their_ranges(ref):
+    seeds = ref.random_fill(
+        torch.empty(512, dtype=torch.int64), "seed", {0: torch.Generator().manual_seed(2)}
+    )
+    assert bool(((seeds >= 0) & (seeds < 1 << 62)).all()) and seeds.unique().numel() == 512
+    assert seeds[0] == torch.randint(0, 1 << 62, (1,), generator=torch.Generator().manual_seed(2))[0]
+    exp = ref.random_fill(torch.empty(8, 1024, dtype=torch.float16), "exponential")
+    assert bool((exp >= torch.finfo(torch.float16).tiny).all())
+    assert abs(float(exp.float().mean()) - 1.0) < 0.05
+
+
+def test_random_fill_refuses_arguments_outside_its_contract(ref):
+    with pytest.raises(DeviceOpError, match="distribution='gumbel' is invalid"):
+        ref.random_fill(torch.empty(2), "gumbel")
+    with pytest.raises(DeviceOpError, match="needs an int64 out"):
+        ref.random_fill(torch.empty(2), "seed")
+    with pytest.raises(DeviceOpError, match=r"must be non-negative and sum to out's 2 rows"):
+        ref.random_fill(torch.empty(2), "uniform", counts=[3, -1])

@@ -21,7 +21,7 @@ EXTENSION = ExtensionDescriptor(
     provides=("device_overlays", "workers"),
     register=register,
     description=(
-        "Atlas 310P: profile, NPU and reference adaptors, and the 310P worker (attention backend, "
-        "host-RNG samplers, numpy block tables, KV zeroing without Triton)"
+        "Atlas 310P: profile, NPU and reference adaptors (attention ops, host-RNG random_fill), and the 310P "
+        "worker naming its attention backend (the model runner is the runner's V2, or V1 where vLLM falls back)"
     ),
 )

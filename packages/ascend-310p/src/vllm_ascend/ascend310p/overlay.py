@@ -5,14 +5,16 @@ of the reference device emulating 310P (``VLLM_ASCEND_REFERENCE_FAMILY=310p``).
 (``torch_npu``'s docs list those ops for A2/A3 only), and their quantized matmuls take no per-token
 scales: those ops run the reference torch code on the NPU tensors instead. The profile claims what is
 served: float16, sparse/compressed int8 weights (W8A8S/W8A8SC), no graph capture (the platform refuses
-graph modes), no Triton (the kernels run their torch implementations), and the 310P worker.
+graph modes), no Triton (the kernels run their torch implementations, V2's included), and the 310P worker.
+310P has no device random path for sampling either: both adaptors' ``random_fill`` draws on the host RNG.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 from vllm_ascend.ascend310p.attention.mask import MASK_VALUE, AttentionMaskBuilder310, expand_compressed_mask
 from vllm_ascend.core.sdk import (
     BUILTIN_PROFILES,
+    RANDOM_SEED_BOUND,
     AscendDeviceType,
     DeviceOpError,
     DeviceOverlay,
@@ -96,6 +99,51 @@ def _check_dense_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
             tuple(atten_mask.shape) == (query.shape[0], key.shape[0]),
             f"atten_mask must be [{query.shape[0]}, {key.shape[0]}] (queries x keys), got {tuple(atten_mask.shape)}",
         )
+
+
+_CPU_GENERATORS: weakref.WeakKeyDictionary[torch.Generator, torch.Generator] = weakref.WeakKeyDictionary()
+
+
+def cpu_generator_of(generator: torch.Generator) -> torch.Generator:
+    """The host generator standing in for a request's ``generator`` on 310P: made once per generator object
+    from its initial seed (no device RNG is touched), then reused so the request's stream continues across
+    steps: a request with ``seed=s`` draws the same values in every run, whatever else its batch holds."""
+    cpu = _CPU_GENERATORS.get(generator)
+    if cpu is None:
+        cpu = torch.Generator(device="cpu")
+        cpu.manual_seed(generator.initial_seed())
+        _CPU_GENERATORS[generator] = cpu
+    return cpu
+
+
+def host_random_fill_310p(
+    self: Any,
+    out: torch.Tensor,
+    distribution: str,
+    generators: Mapping[int, torch.Generator] | None = None,
+    counts: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """``random_fill`` of both 310P adaptors: Atlas 310P has no device random path for sampling, so every
+    draw is made on the host — the global CPU RNG for every row, then each seeded segment again from its
+    request's host generator (:func:`cpu_generator_of`) — staged in pinned memory where the adaptor has it,
+    and copied into ``out`` (any device) with one transfer."""
+    segments = self.random_fill_segments(out, distribution, generators, counts)
+    pin = out.device.type != "cpu" and bool(self.pin_memory_available())
+    host = torch.empty(out.shape, dtype=out.dtype, pin_memory=pin)
+    draw = {
+        "uniform": lambda t, g: t.uniform_(generator=g),
+        "exponential": lambda t, g: t.exponential_(generator=g),
+        "seed": lambda t, g: t.random_(0, RANDOM_SEED_BOUND, generator=g),
+    }[distribution]
+    draw(host, None)
+    for index, (start, stop) in enumerate(segments):
+        generator = (generators or {}).get(index)
+        if generator is not None and stop > start:
+            draw(host[start:stop], cpu_generator_of(generator))
+    if distribution == "exponential":
+        host.clamp_(min=torch.finfo(host.dtype).tiny)
+    out.copy_(host, non_blocking=pin)
+    return out
 
 
 class _Attention310Ops:
@@ -182,6 +230,7 @@ class Ascend310PDeviceAdaptor(_Attention310Ops, A2A3DeviceAdaptor):
     """310P: prompt flash attention per request (fp16, MHA-expanded KV); no fused MoE/KV-scatter ops."""
 
     family = "310P"
+    random_fill = host_random_fill_310p
     TORCH_OPS: ClassVar[frozenset[str]] = frozenset(
         {
             "kv_load",
@@ -373,6 +422,7 @@ class Ascend310PReferenceAdaptor(_Attention310Ops, ReferenceDeviceAdaptor):
     310P's limits (float16 attention) and the 310P ops' documented semantics, computed in float32."""
 
     family = "310P-reference"
+    random_fill = host_random_fill_310p
 
     def fused_infer_attention(self, query, *args, sliding_window=None, sinks=None, **kwargs):
         refuse_window_sinks_310p(sliding_window, sinks)

@@ -1,14 +1,20 @@
 """NPUWorker310: the runner's worker serving the 310P family (its profile names ``worker="310p"``).
 
-The device lifecycle, KV sizing, sleep mode and warm-up are the runner's; what differs on 310P is the
-attention backend vLLM is told to build (:class:`~vllm_ascend.ascend310p.attention.backend.AscendAttentionBackend310`)
-and the model runner (:class:`~vllm_ascend.ascend310p.model_runner.NPUModelRunner310`). Graph capture never
-runs: the 310P profile is eager-only, so the platform refuses graph modes at config time.
+Everything but the attention backends is the runner's: device lifecycle, KV sizing, sleep mode, warm-up and
+the model runner vLLM selects (Model Runner V2, ``NPUModelRunnerV2``, by default: its kernels run their torch
+references on 310P, which has no Triton; the V1 ``NPUModelRunner`` where vLLM falls back to V1). What 310P
+names is the attention backend vLLM builds
+(:class:`~vllm_ascend.ascend310p.attention.backend.AscendAttentionBackend310`) and the refusal of MLA and
+DeepSeek sparse attention, whose ops the Atlas inference series lacks. Graph capture never runs: the 310P
+profile is eager-only, so the platform refuses graph modes at config time.
+
+The class is what core's ``WORKERS`` registry holds for the profile's ``worker="310p"``: the platform asks it
+which attention backend to build (``get_attn_backend_cls``), so these three answers live here rather than as
+profile data.
 """
 
 from __future__ import annotations
 
-from vllm_ascend.ascend310p.model_runner import NPUModelRunner310
 from vllm_ascend.runner.attention.support import AttentionConfigError
 from vllm_ascend.runner.worker import NPUWorker
 
@@ -16,7 +22,7 @@ ATTENTION_BACKEND_310P = "vllm_ascend.ascend310p.attention.backend.AscendAttenti
 
 
 class NPUWorker310(NPUWorker):
-    """The V1 worker for Atlas 310P (and the reference device emulating it)."""
+    """The worker for Atlas 310P (and the reference device emulating it)."""
 
     @classmethod
     def attention_backend_qualname(cls) -> str:
@@ -39,11 +45,3 @@ class NPUWorker310(NPUWorker):
             "attention with use_sparse=True (DeepSeek sparse attention, DeepSeek-V3.2-class models) is not "
             "supported on Atlas 310P; supported there: dense decoder attention (MHA/GQA/MQA)"
         )
-
-    @classmethod
-    def serves_model_runner_v2(cls) -> bool:
-        """310P has no Triton (V2's kernels do not run there): vLLM keeps the V1 runner."""
-        return False
-
-    def _make_model_runner(self) -> NPUModelRunner310:
-        return NPUModelRunner310(self.vllm_config, self.device)

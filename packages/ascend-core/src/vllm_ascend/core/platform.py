@@ -298,9 +298,10 @@ class AscendPlatform(Platform):
 
     @classmethod
     def _check_model_runner(cls, vllm_config: VllmConfig) -> None:
-        """vLLM selects the model runner itself (V2 by default where its kernels run: see
-        ``vllm_bridge.serve_model_runner_v2_in_vllm``). Where the family's worker serves only V1 (310P's), a
-        request for V2 (the variable, or a feature that forces it) is refused by name."""
+        """vLLM selects the model runner itself (V2 by default where the family's worker serves it, with or
+        without Triton: see ``vllm_bridge.serve_model_runner_v2_in_vllm``). Where a family's worker serves only
+        V1 (no built-in family's today), a request for V2 (the variable, or a feature that forces it) is
+        refused by name."""
         from vllm.config import vllm as vllm_config_module
 
         from vllm_ascend.core._version import __version__

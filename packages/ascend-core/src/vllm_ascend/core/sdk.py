@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.adaptor.base import GROUP_LIST_TYPES as GROUP_LIST_TYPES
     from vllm_ascend.core.device.adaptor.base import SCORING_FUNCS as SCORING_FUNCS
     from vllm_ascend.core.device.adaptor.base import WEIGHT_FORMATS as WEIGHT_FORMATS
+    from vllm_ascend.core.device.adaptor.base import RANDOM_SEED_BOUND as RANDOM_SEED_BOUND
     from vllm_ascend.core.device.adaptor.base import BaseDeviceAdaptor as BaseDeviceAdaptor
     from vllm_ascend.core.device.adaptor.base import DeviceOpError as DeviceOpError
     from vllm_ascend.core.device.adaptor.base import GroupListType as GroupListType
@@ -121,6 +122,7 @@ _EXPORTS: dict[str, str] = {
     "check_moe_gating": "vllm_ascend.core.device.adaptor.base",
     "DeviceOpError": "vllm_ascend.core.device.adaptor.base",
     "FUSED_OPS": "vllm_ascend.core.device.adaptor.base",
+    "RANDOM_SEED_BOUND": "vllm_ascend.core.device.adaptor.base",
     "WeightFormat": "vllm_ascend.core.device.adaptor.base",
     "latent_cache_parts": "vllm_ascend.core.device.adaptor.mla",
     "MLADeviceOps": "vllm_ascend.core.device.adaptor.mla",

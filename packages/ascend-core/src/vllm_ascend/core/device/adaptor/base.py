@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import abc
 import functools
+import itertools
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -60,6 +61,13 @@ FUSED_OPS: tuple[str, ...] = (
     "qk_rmsnorm_rope",
     "muls_add",
 )
+
+#: Ops of the runtime section counted like :data:`OPS` (the random draws samplers make).
+RUNTIME_OPS: tuple[str, ...] = ("random_fill",)
+#: What :meth:`BaseDeviceAdaptor.random_fill` draws: ``uniform`` in ``[0, 1)``, ``exponential`` Exp(1) (at or
+#: above the dtype's smallest normal, so reciprocals stay finite), ``seed`` integers in ``[0, 2**62)``.
+RANDOM_DISTRIBUTIONS: tuple[str, ...] = ("uniform", "exponential", "seed")
+RANDOM_SEED_BOUND = 1 << 62
 
 
 class DeviceOpError(ValueError):
@@ -126,7 +134,7 @@ class BaseDeviceAdaptor(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        count_overrides(cls, OPS + FUSED_OPS)
+        count_overrides(cls, OPS + FUSED_OPS + RUNTIME_OPS)
 
     def reset_counts(self) -> None:
         self.call_counts.clear()
@@ -196,6 +204,65 @@ class BaseDeviceAdaptor(abc.ABC):
     @abc.abstractmethod
     def pin_memory_available(self) -> bool:
         """Whether host buffers may be pinned for faster copies to the device."""
+
+    def random_fill(
+        self,
+        out: torch.Tensor,
+        distribution: str,
+        generators: Mapping[int, torch.Generator] | None = None,
+        counts: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Fill ``out`` in place with independent draws of ``distribution`` (:data:`RANDOM_DISTRIBUTIONS`;
+        ``seed`` needs an int64 ``out``, the others a floating one) and return it: the samplers' random draws.
+
+        ``out``'s rows (dim 0) form consecutive segments, ``counts[i]`` rows for segment ``i`` (default: one
+        row each); segment ``i`` draws from ``generators[i]`` when given (a request's own generator, so a
+        seeded request draws the same values whatever else its batch holds), every other row from the
+        global RNG. Segments of zero rows draw nothing from their generator.
+
+        Default: drawn on ``out``'s device with torch (the global RNG for every row, then each seeded segment
+        again from its generator, which lives on that device). A family without a device random path draws
+        on the host and copies (310P)."""
+        segments = self.random_fill_segments(out, distribution, generators, counts)
+        _draw(out, distribution, None)
+        for index, (start, stop) in enumerate(segments):
+            generator = (generators or {}).get(index)
+            if generator is not None and stop > start:
+                _draw(out[start:stop], distribution, generator)
+        if distribution == "exponential":
+            out.clamp_(min=torch.finfo(out.dtype).tiny)
+        return out
+
+    @staticmethod
+    def random_fill_segments(
+        out: torch.Tensor,
+        distribution: str,
+        generators: Mapping[int, torch.Generator] | None,
+        counts: Sequence[int] | None,
+    ) -> list[tuple[int, int]]:
+        """The checked arguments of :meth:`random_fill`: each segment's ``(start, stop)`` rows of ``out``."""
+        check_choice("distribution", distribution, RANDOM_DISTRIBUTIONS)
+        if distribution == "seed" and out.dtype != torch.int64:
+            raise DeviceOpError(f"random_fill: distribution 'seed' needs an int64 out, got {out.dtype}")
+        if distribution != "seed" and not out.is_floating_point():
+            raise DeviceOpError(
+                f"random_fill: distribution {distribution!r} needs a floating out, got {out.dtype}"
+            )
+        rows = out.shape[0] if out.dim() else 1
+        sizes = [1] * rows if counts is None else [int(c) for c in counts]
+        if any(c < 0 for c in sizes) or sum(sizes) != rows:
+            raise DeviceOpError(
+                f"random_fill: counts {sizes} must be non-negative and sum to out's {rows} rows"
+            )
+        unknown = sorted(i for i in (generators or {}) if not 0 <= i < len(sizes))
+        if unknown:
+            raise DeviceOpError(
+                f"random_fill: generators for segments {unknown}; out has segments 0..{len(sizes) - 1}"
+            )
+        bounds = [0]
+        for size in sizes:
+            bounds.append(bounds[-1] + size)
+        return list(itertools.pairwise(bounds))
 
     # -- attention and KV cache ------------------------------------------------------------
     @abc.abstractmethod
@@ -580,6 +647,19 @@ class BaseDeviceAdaptor(abc.ABC):
     def muls_add(self, x: torch.Tensor, scale: float, y: torch.Tensor) -> torch.Tensor:
         """``x * scale + y`` for tensors of one shape and dtype, each step rounded to that dtype (as eager
         torch computes it)."""
+
+
+count_overrides(BaseDeviceAdaptor, RUNTIME_OPS)  # the default random_fill is counted too
+
+
+def _draw(t: torch.Tensor, distribution: str, generator: torch.Generator | None) -> None:
+    """One :meth:`BaseDeviceAdaptor.random_fill` draw into ``t`` (any device torch draws on)."""
+    if distribution == "uniform":
+        t.uniform_(generator=generator)
+    elif distribution == "exponential":
+        t.exponential_(generator=generator)
+    else:
+        t.random_(0, RANDOM_SEED_BOUND, generator=generator)
 
 
 def check_choice(field: str, value: Any, allowed: Sequence[str]) -> None:
