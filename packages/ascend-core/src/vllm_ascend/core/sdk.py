@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from vllm_ascend.core.config.schema import unknown_key_message as unknown_key_message
     from vllm_ascend.core.device.adaptor.base import FUSED_OPS as FUSED_OPS
     from vllm_ascend.core.device.adaptor.base import GROUP_LIST_TYPES as GROUP_LIST_TYPES
+    from vllm_ascend.core.device.adaptor.base import RANDOM_SEED_BOUND as RANDOM_SEED_BOUND
     from vllm_ascend.core.device.adaptor.base import SCORING_FUNCS as SCORING_FUNCS
     from vllm_ascend.core.device.adaptor.base import WEIGHT_FORMATS as WEIGHT_FORMATS
-    from vllm_ascend.core.device.adaptor.base import RANDOM_SEED_BOUND as RANDOM_SEED_BOUND
     from vllm_ascend.core.device.adaptor.base import BaseDeviceAdaptor as BaseDeviceAdaptor
     from vllm_ascend.core.device.adaptor.base import DeviceOpError as DeviceOpError
     from vllm_ascend.core.device.adaptor.base import GroupListType as GroupListType
