@@ -1,4 +1,5 @@
-"""The device communicator's variable-size collectives, between two real gloo processes."""
+"""The device communicator (ascend-kernels', named by the adaptor) between two real gloo processes: vLLM is installed
+in core's lane."""
 
 from __future__ import annotations
 
