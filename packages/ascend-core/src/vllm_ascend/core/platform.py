@@ -364,6 +364,7 @@ class AscendPlatform(Platform):
         if vllm_config.model_config is not None:
             cls.check_if_supports_dtype(vllm_config.model_config.dtype)
         cls._check_speculative_method(vllm_config)
+        cls._check_kv_connector(vllm_config)
         cls._check_parallelism(vllm_config)
         cls._check_hybrid_model(vllm_config)
         parallel_config = vllm_config.parallel_config
@@ -423,6 +424,29 @@ class AscendPlatform(Platform):
                 f"speculative_config.method = {spec.method!r} is not supported yet by vllm-ascend; "
                 f"supported: {offered}"
             )
+
+    @classmethod
+    def _check_kv_connector(cls, vllm_config: VllmConfig) -> None:
+        """Serve only the KV connectors a sibling registered (``KV_CONNECTORS``; vLLM's own move blocks with CUDA
+        calls); the connector class then checks its ``kv_connector_extra_config`` (``check_kv_transfer_config``).
+        A connector named with ``kv_connector_module_path`` is the user's own and is used as given."""
+        transfer = vllm_config.kv_transfer_config
+        if transfer is None or transfer.kv_connector is None or transfer.kv_connector_module_path:
+            return
+        from vllm_ascend.core.config import ConfigError
+        from vllm_ascend.core.extensions import load_extensions
+        from vllm_ascend.core.registry import KV_CONNECTORS
+
+        load_extensions()
+        if transfer.kv_connector not in KV_CONNECTORS:
+            offered = ", ".join(KV_CONNECTORS.names()) or "none (install vllm-ascend[kvtransfer])"
+            raise ConfigError(
+                f"kv_transfer_config.kv_connector = {transfer.kv_connector!r} is not supported by vllm-ascend; "
+                f"supported: {offered}"
+            )
+        check = getattr(KV_CONNECTORS.get(transfer.kv_connector), "check_kv_transfer_config", None)
+        if check is not None:
+            check(vllm_config)
 
     @classmethod
     def _check_parallelism(cls, vllm_config: VllmConfig) -> None:

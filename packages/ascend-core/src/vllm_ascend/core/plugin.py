@@ -59,6 +59,7 @@ def load_extensions() -> None:
         from vllm_ascend.core.device.config import get_device_adaptor
         from vllm_ascend.core.vllm_bridge import (
             accept_served_spec_methods_in_vllm,
+            register_kv_connectors_with_vllm,
             register_model_loaders_with_vllm,
             register_quant_methods_with_vllm,
             serve_model_runner_v2_in_vllm,
@@ -66,6 +67,7 @@ def load_extensions() -> None:
 
         register_model_loaders_with_vllm()
         register_quant_methods_with_vllm()
+        register_kv_connectors_with_vllm()
         accept_served_spec_methods_in_vllm()
         serve_model_runner_v2_in_vllm()
         get_device_adaptor().install_runtime_shims()

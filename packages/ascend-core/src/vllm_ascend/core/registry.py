@@ -252,6 +252,11 @@ DEVICE_OVERLAYS: Registry[Any] = Registry("device overlay", import_at_load=False
 DEVICE_ADAPTORS: Registry[type] = Registry(
     "device adaptor", _is_class, "a BaseDeviceAdaptor subclass", import_at_load=False
 )
+#: ``kv_transfer_config.kv_connector`` -> a vLLM ``KVConnectorBase_V1`` subclass (handed to vLLM's
+#: ``KVConnectorFactory`` by its lazy path; the platform refuses connectors not registered here).
+KV_CONNECTORS: Registry[type] = Registry(
+    "KV connector", _is_class, "a KVConnectorBase_V1 subclass", import_at_load=False
+)
 #: ``vllm-ascend <name>`` -> a :class:`~vllm_ascend.core.cli.CliCommand`.
 CLI_COMMANDS: Registry[Any] = Registry("CLI subcommand")
 #: ``"default"`` -> the worker class vLLM runs on this platform.
@@ -275,6 +280,7 @@ ALL_REGISTRIES: dict[str, Registry[Any]] = {
     "model_loaders": MODEL_LOADERS,
     "device_overlays": DEVICE_OVERLAYS,
     "device_adaptors": DEVICE_ADAPTORS,
+    "kv_connectors": KV_CONNECTORS,
     "cli_commands": CLI_COMMANDS,
     "workers": WORKERS,
     "config_sections": CONFIG_SECTIONS,

@@ -1,7 +1,7 @@
 """Hand what siblings registered with core to vLLM's own registries, and report what vLLM can reach.
 
-``load_format`` names (``MODEL_LOADERS``) and quantization methods (``QUANT_METHODS``) become vLLM
-entries when the platform is active, and vLLM's speculative config stops requiring arctic-inference for
+``load_format`` names (``MODEL_LOADERS``), quantization methods (``QUANT_METHODS``) and KV connectors
+(``KV_CONNECTORS``) become vLLM entries when the platform is active, and vLLM's speculative config stops requiring arctic-inference for
 ``suffix`` when a sibling serves that method (``SPEC_DECODE_METHODS``); :func:`reachability` tells
 ``vllm-ascend doctor`` which registered entries vLLM (or the plugin's serving path) actually reaches.
 """
@@ -14,6 +14,7 @@ from vllm_ascend.core.logger import init_logger
 from vllm_ascend.core.registry import (
     ALL_REGISTRIES,
     CONFIG_SECTIONS,
+    KV_CONNECTORS,
     MODEL_LOADERS,
     QUANT_METHODS,
     SPEC_DECODE_METHODS,
@@ -77,6 +78,27 @@ def register_quant_methods_with_vllm() -> list[str]:
         if name in quantization.QUANTIZATION_METHODS and quantization.get_quantization_config(name) is cls:
             continue
         quantization.register_quantization_config(name)(cls)
+        added.append(name)
+    return added
+
+
+def register_kv_connectors_with_vllm() -> list[str]:
+    """Name every connector in :data:`KV_CONNECTORS` to vLLM's ``KVConnectorFactory`` by its lazy path (the
+    connector module is imported only by the processes that build one); return the names added.
+
+    A name vLLM already maps to a class of its own (e.g. its CUDA ``MooncakeConnector``) is not touched:
+    the platform refuses connectors this registry does not hold.
+    """
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    added = []
+    for name in KV_CONNECTORS.names():
+        value = KV_CONNECTORS.entry(name).value
+        path = value if isinstance(value, str) else f"{value.__module__}:{value.__qualname__}"
+        module, _, attr = path.replace(":", ".").rpartition(".")
+        if name in KVConnectorFactory._registry:
+            continue
+        KVConnectorFactory.register_connector(name, module, attr)
         added.append(name)
     return added
 
@@ -145,6 +167,13 @@ def _reached(registry: str, name: str) -> tuple[bool, str]:
         if name == "default":
             families.append("reference")
         return bool(families), f"vLLM parallel_config.worker_cls on {', '.join(families) or 'no family'}"
+    if registry == "kv_connectors":
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+        ok = name in KVConnectorFactory._registry
+        return ok and KVConnectorFactory.get_connector_class_by_name(name) is KV_CONNECTORS.get(name), (
+            f"vLLM kv_transfer_config.kv_connector {name!r}"
+        )
     if registry == "spec_decode_methods":
         return "default" in WORKERS, f"speculative_config.method {name!r} (the runner's drafter)"
     if registry == "moe_placements":

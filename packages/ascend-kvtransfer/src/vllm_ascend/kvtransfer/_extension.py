@@ -1,0 +1,27 @@
+"""This distribution's descriptor for core's ``vllm_ascend.extensions`` entry-point group."""
+
+from __future__ import annotations
+
+from vllm_ascend.core.sdk import ExtensionDescriptor
+from vllm_ascend.kvtransfer._version import __version__
+
+
+def register() -> None:
+    """Fill core's registries with lazy paths (nothing heavy is imported here)."""
+    from vllm_ascend.core.sdk import CLI_COMMANDS, KV_CONNECTORS
+
+    KV_CONNECTORS.register("MooncakeConnectorV1", "vllm_ascend.kvtransfer.connector:MooncakeConnectorV1")
+    KV_CONNECTORS.register(
+        "MooncakeLayerwiseConnector", "vllm_ascend.kvtransfer.connector:MooncakeLayerwiseConnector"
+    )
+    CLI_COMMANDS.register("pd-proxy", "vllm_ascend.kvtransfer.proxy_cli:PD_PROXY_COMMAND")
+
+
+EXTENSION = ExtensionDescriptor(
+    name="kvtransfer",
+    version=__version__,
+    core_requires=">=0.1,<0.2",
+    provides=("kv_connectors", "cli_commands"),
+    register=register,
+    description="Prefill/decode disaggregation over Mooncake (KV connectors, PD proxy)",
+)
