@@ -166,11 +166,9 @@ class MooncakeWorker:
                 if task.transfer_id is not None:
                     self._awaiting[task.transfer_id] = (task, _Expected(now + self.config.transfer_timeout))
                     self._apply_early(task.transfer_id)
-            for req_id in metadata.release:
-                self._released.add(req_id)
-                if req_id not in self._loading:
-                    self._released.discard(req_id)
-                    self._finished_sending.add(req_id)
+            # an aborted request's blocks are freed by vLLM when it sees the receive end: as a finished send
+            # while the transfer still runs, or already (a reported receive of a finished request)
+            self._released.update(r for r in metadata.release if r in self._loading)
         for task in metadata.recv:
             if task.transfer_id is None:
                 self._pool.submit(self._pull, task)
