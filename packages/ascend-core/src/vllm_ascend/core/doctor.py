@@ -151,7 +151,21 @@ def collect() -> dict[str, Any]:
         "extensions": [
             _with_reachability(_import_deferred(rec.as_dict()), active) for rec in all_extension_records()
         ],
+        "probes": _probes(),
     }
+
+
+def _probes() -> dict[str, dict[str, str]]:
+    """Each sibling's run-time dependency check (``DOCTOR_PROBES``): name -> label -> line."""
+    from vllm_ascend.core.registry import DOCTOR_PROBES
+
+    results: dict[str, dict[str, str]] = {}
+    for name in DOCTOR_PROBES.names():
+        try:
+            results[name] = {str(k): str(v) for k, v in DOCTOR_PROBES.get(name)().items()}
+        except Exception as exc:
+            results[name] = {"problem": f"{type(exc).__name__}: {exc}"}
+    return results
 
 
 def _import_deferred(record: dict[str, Any]) -> dict[str, Any]:
@@ -231,6 +245,9 @@ def render(report: dict[str, Any]) -> str:
         lines.append("  ".join(cell.ljust(widths[j]) for j, cell in enumerate(row[:4])) + "  " + row[4])
         if i == 0:
             lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 6)
+    for name, probe in report.get("probes", {}).items():
+        lines.append("")
+        lines.extend(f"{name}: {label:<14} {line}" for label, line in probe.items())
     return "\n".join(lines)
 
 

@@ -429,15 +429,28 @@ class AscendPlatform(Platform):
     def _check_kv_connector(cls, vllm_config: VllmConfig) -> None:
         """Serve only the KV connectors a sibling registered (``KV_CONNECTORS``; vLLM's own move blocks with CUDA
         calls); the connector class then checks its ``kv_connector_extra_config`` (``check_kv_transfer_config``).
-        A connector named with ``kv_connector_module_path`` is the user's own and is used as given."""
+        A connector named with ``kv_connector_module_path`` is the user's own and is used as given, except upstream
+        vllm-ascend's paths (``vllm_ascend.distributed...``) for a name served here, so their configs carry over."""
         transfer = vllm_config.kv_transfer_config
-        if transfer is None or transfer.kv_connector is None or transfer.kv_connector_module_path:
+        if transfer is None or transfer.kv_connector is None:
             return
         from vllm_ascend.core.config import ConfigError
         from vllm_ascend.core.extensions import load_extensions
         from vllm_ascend.core.registry import KV_CONNECTORS
 
         load_extensions()
+        module = transfer.kv_connector_module_path
+        if module and module.startswith("vllm_ascend.") and transfer.kv_connector in KV_CONNECTORS:
+            # upstream vllm-ascend's module paths (vllm_ascend.distributed...): the sibling serves that name
+            logger.info(
+                "kv_connector %s: served by %s (kv_connector_module_path %s not used)",
+                transfer.kv_connector,
+                KV_CONNECTORS.owner(transfer.kv_connector),
+                module,
+            )
+            transfer.kv_connector_module_path = None
+        elif module:
+            return
         if transfer.kv_connector not in KV_CONNECTORS:
             offered = ", ".join(KV_CONNECTORS.names()) or "none (install vllm-ascend[kvtransfer])"
             raise ConfigError(

@@ -257,6 +257,11 @@ DEVICE_ADAPTORS: Registry[type] = Registry(
 KV_CONNECTORS: Registry[type] = Registry(
     "KV connector", _is_class, "a KVConnectorBase_V1 subclass", import_at_load=False
 )
+#: any name -> ``probe() -> dict[str, str]``: what ``vllm-ascend doctor`` shows about something a sibling
+#: depends on at run time (label -> one line), e.g. whether a transfer engine initializes here.
+DOCTOR_PROBES: Registry[Callable[..., Any]] = Registry(
+    "doctor probe", callable, "a callable returning label -> line", import_at_load=False
+)
 #: ``vllm-ascend <name>`` -> a :class:`~vllm_ascend.core.cli.CliCommand`.
 CLI_COMMANDS: Registry[Any] = Registry("CLI subcommand")
 #: ``"default"`` -> the worker class vLLM runs on this platform.
@@ -281,6 +286,7 @@ ALL_REGISTRIES: dict[str, Registry[Any]] = {
     "device_overlays": DEVICE_OVERLAYS,
     "device_adaptors": DEVICE_ADAPTORS,
     "kv_connectors": KV_CONNECTORS,
+    "doctor_probes": DOCTOR_PROBES,
     "cli_commands": CLI_COMMANDS,
     "workers": WORKERS,
     "config_sections": CONFIG_SECTIONS,

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from vllm_ascend.core.registry import CONFIG_SECTIONS as CONFIG_SECTIONS
     from vllm_ascend.core.registry import DEVICE_ADAPTORS as DEVICE_ADAPTORS
     from vllm_ascend.core.registry import DEVICE_OVERLAYS as DEVICE_OVERLAYS
+    from vllm_ascend.core.registry import DOCTOR_PROBES as DOCTOR_PROBES
     from vllm_ascend.core.registry import KV_CONNECTORS as KV_CONNECTORS
     from vllm_ascend.core.registry import MODEL_LOADERS as MODEL_LOADERS
     from vllm_ascend.core.registry import MOE_PLACEMENTS as MOE_PLACEMENTS
@@ -87,6 +88,7 @@ _EXPORTS: dict[str, str] = {
     "CONFIG_SECTIONS": "vllm_ascend.core.registry",
     "DEVICE_ADAPTORS": "vllm_ascend.core.registry",
     "DEVICE_OVERLAYS": "vllm_ascend.core.registry",
+    "DOCTOR_PROBES": "vllm_ascend.core.registry",
     "KV_CONNECTORS": "vllm_ascend.core.registry",
     "MODEL_LOADERS": "vllm_ascend.core.registry",
     "MOE_PLACEMENTS": "vllm_ascend.core.registry",

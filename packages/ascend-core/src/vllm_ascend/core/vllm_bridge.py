@@ -182,6 +182,8 @@ def _reached(registry: str, name: str) -> tuple[bool, str]:
         return name in CONFIG_SECTIONS, f"additional_config.{name}"
     if registry == "cli_commands":
         return True, f"vllm-ascend {name}"
+    if registry == "doctor_probes":
+        return True, f"vllm-ascend doctor ({name})"
     if registry == "device_overlays":
         overlay = ALL_REGISTRIES[registry].get(name)
         return True, f"{overlay.family.value} devices"

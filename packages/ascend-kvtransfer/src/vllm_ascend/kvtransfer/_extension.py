@@ -8,20 +8,21 @@ from vllm_ascend.kvtransfer._version import __version__
 
 def register() -> None:
     """Fill core's registries with lazy paths (nothing heavy is imported here)."""
-    from vllm_ascend.core.sdk import CLI_COMMANDS, KV_CONNECTORS
+    from vllm_ascend.core.sdk import CLI_COMMANDS, DOCTOR_PROBES, KV_CONNECTORS
 
     KV_CONNECTORS.register("MooncakeConnectorV1", "vllm_ascend.kvtransfer.connector:MooncakeConnectorV1")
     KV_CONNECTORS.register(
         "MooncakeLayerwiseConnector", "vllm_ascend.kvtransfer.connector:MooncakeLayerwiseConnector"
     )
     CLI_COMMANDS.register("pd-proxy", "vllm_ascend.kvtransfer.proxy_cli:PD_PROXY_COMMAND")
+    DOCTOR_PROBES.register("kvtransfer", "vllm_ascend.kvtransfer.engine:probe")
 
 
 EXTENSION = ExtensionDescriptor(
     name="kvtransfer",
     version=__version__,
     core_requires=">=0.1,<0.2",
-    provides=("kv_connectors", "cli_commands"),
+    provides=("kv_connectors", "cli_commands", "doctor_probes"),
     register=register,
     description="Prefill/decode disaggregation over Mooncake (KV connectors, PD proxy)",
 )

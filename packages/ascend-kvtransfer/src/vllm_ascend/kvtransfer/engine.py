@@ -121,17 +121,21 @@ class MooncakeEngine:
             self._registered.clear()
 
 
-def probe(host: str = "127.0.0.1", protocol: str = "tcp") -> dict[str, Any]:
-    """What ``vllm-ascend doctor`` shows: the Mooncake build, its transport and whether it initializes."""
+def probe() -> dict[str, str]:
+    """What ``vllm-ascend doctor`` shows: the Mooncake build, the transport the connectors would use here and
+    whether an engine initializes with it (on 127.0.0.1)."""
+    from vllm_ascend.core.sdk import detect
+
+    protocol = "ascend" if detect().mode.value == "npu" else "tcp"
     found = installed_distribution()
-    report: dict[str, Any] = {
-        "distribution": f"{found[0]} {found[1]}" if found else None,
-        "transport": protocol,
+    report = {
+        "engine": f"{found[0]} {found[1]}" if found else f"Mooncake not installed ({INSTALL_HINT})",
+        "transport": f"{protocol} (P2PHANDSHAKE, no metadata server)",
     }
     try:
-        engine = MooncakeEngine(host, protocol)
+        engine = MooncakeEngine("127.0.0.1", protocol)
     except (ImportError, TransferError) as exc:
-        report.update(initializes=False, problem=str(exc))
+        report["initializes"] = f"no: {exc}"
     else:
-        report.update(initializes=True, session=engine.session_id, problem="")
+        report["initializes"] = f"yes (session {engine.session_id})"
     return report
