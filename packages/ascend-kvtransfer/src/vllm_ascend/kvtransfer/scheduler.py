@@ -50,6 +50,7 @@ class MooncakeScheduler:
         self._release: list[str] = []
         self._loading: set[str] = set()
         self._pushing: dict[str, tuple[Request, dict[str, Any]]] = {}
+        self._pushed: dict[str, int] = {}  # layer-wise prefill: prompt blocks pushed complete so far
 
     def bind_kv_cache_manager(self, manager: KVCacheManager) -> None:
         self._kv_cache_manager = manager
@@ -153,10 +154,14 @@ class MooncakeScheduler:
             start, end = request.num_computed_tokens, min(request.num_computed_tokens + scheduled, prompt)
             if start >= prompt:
                 self._pushing.pop(req_id)
+                self._pushed.pop(req_id, None)
                 continue
             first_remote = int(params.get("remote_first_block") or 0)
             remote = list(params["remote_block_ids"])
-            lo, hi = max(start // self.block_size, first_remote), -(-end // self.block_size)
+            # from the first block not pushed complete yet: prompt blocks this instance had cached go in the
+            # first step too; a block the chunk ends inside goes again with the next chunk
+            lo, hi = max(self._pushed.get(req_id, 0), first_remote), -(-end // self.block_size)
+            self._pushed[req_id] = end // self.block_size
             hi = min(hi, first_remote + len(remote))
             blocks = self._block_ids(req_id)
             peer = Peer(
@@ -178,6 +183,7 @@ class MooncakeScheduler:
             )
             if last:
                 self._pushing.pop(req_id)
+                self._pushed.pop(req_id, None)
         return tasks
 
     def _block_ids(self, request_id: str) -> list[int]:
@@ -210,6 +216,7 @@ class MooncakeScheduler:
 
         req_id = request.request_id
         self._pushing.pop(req_id, None)
+        self._pushed.pop(req_id, None)
         if req_id in self._recv:  # allocated but never handed to the worker: nothing is in flight
             del self._recv[req_id]
         if req_id in self._loading:  # decode: the transfer is writing these blocks; free them once it ended
