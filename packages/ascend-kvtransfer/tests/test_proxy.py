@@ -338,7 +338,7 @@ def test_pull_chat_stream_is_relayed_chunk_by_chunk_in_order(serve, cluster, cli
         {"choices": [{"text": "done"}]},
         "[DONE]",
     ]
-    assert loads(proxy) == [0, 0]
+    wait_until(lambda: loads(proxy) == [0, 0])  # the relay lets go once the client has the last chunk
 
 
 def test_prefill_without_kv_transfer_params_is_a_502(serve, cluster, client):
@@ -461,7 +461,8 @@ def test_client_leaving_mid_stream_gives_the_load_back(serve, cluster, client):
     with client.stream(
         "POST", f"{proxy_server.url}/v1/completions", json={**COMPLETION, "stream": True}
     ) as r:
-        assert next(r.iter_raw()).startswith(b"data: ")
+        chunks = r.iter_raw()  # held: dropping the iterator would close the stream
+        assert next(chunks).startswith(b"data: ")
         assert proxy.decode.loads() == {d.url: 1}
 
     wait_until(lambda: loads(proxy) == [0, 0])
@@ -547,7 +548,7 @@ def test_layerwise_decode_first_then_prefill_with_decodes_blocks(serve, cluster,
 
 def test_layerwise_stream_and_public_url(serve, cluster, client):
     (p,), (d,) = fakes(serve, cluster, "prefill", 1), fakes(serve, cluster, "decode", 1)
-    elsewhere, _ = start_proxy(serve, [p.url], [d.url], layerwise=True)
+    elsewhere, elsewhere_proxy = start_proxy(serve, [p.url], [d.url], layerwise=True)
     proxy_server, proxy = start_proxy(serve, [p.url], [d.url], layerwise=True, public_url=elsewhere.url)
     # D posts to the proxy named by public_url, which knows no such transfer: D's request then fails.
     failed = client.post(f"{proxy_server.url}/v1/completions", json=COMPLETION)
@@ -560,7 +561,8 @@ def test_layerwise_stream_and_public_url(serve, cluster, client):
     transfer_id = d.bodies()[1]["kv_transfer_params"]["transfer_id"]
     assert events[1:] == [{"choices": [{"text": transfer_id}]}, {"choices": [{"text": "done"}]}, "[DONE]"]
     assert p.bodies()[0]["max_completion_tokens"] == 1 and "stream_options" not in p.bodies()[0]
-    assert loads(proxy) == [0, 0]
+    assert loads(proxy) == [0, 0] and proxy.transfers == {}
+    wait_until(lambda: loads(elsewhere_proxy) == [0, 0] and elsewhere_proxy.transfers == {})
 
 
 def test_layerwise_prefill_failure_before_output_is_its_error_and_cancels_decode(serve, cluster, client):

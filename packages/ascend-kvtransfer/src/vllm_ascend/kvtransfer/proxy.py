@@ -435,7 +435,9 @@ class PDProxy:
                 return (await _race(self._read(decode), failed)).response()
             chunks = decode.aiter_raw()
             try:
-                first = await _race(anext(chunks, b""), failed)
+                first: bytes | None = b""
+                while first == b"":
+                    first = await _race(anext(chunks, None), failed)
             except httpx.HTTPError as exc:
                 raise _refuse(
                     502, f"the decode instance {decode.request.url} failed: {_describe(exc)}"
@@ -490,14 +492,18 @@ class PDProxy:
 
 
 async def _relay(
-    first: bytes, chunks: AsyncIterator[bytes], decode: httpx.Response, failed: asyncio.Future[Answer] | None
+    first: bytes | None,
+    chunks: AsyncIterator[bytes],
+    decode: httpx.Response,
+    failed: asyncio.Future[Answer] | None,
 ) -> AsyncIterator[bytes]:
     """D's stream, chunk by chunk; a failure on the way ends it with an SSE error event."""
-    chunk = first
-    while chunk:
-        yield chunk
+    chunk: bytes | None = first
+    while chunk is not None:
+        if chunk:
+            yield chunk
         try:
-            chunk = await _race(anext(chunks, b""), failed)
+            chunk = await _race(anext(chunks, None), failed)
         except Refused as refused:
             yield refused.answer.sse_event()
             return
