@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -83,3 +85,13 @@ def test_port_in_use_is_one_line_and_status_1(capsys):
         status, err = proxy_cli(capsys, "--prefill", P, "--decode", D, "--port", str(port))
     assert status == 1
     assert err.startswith(f"pd-proxy: --host 127.0.0.1 --port {port}: cannot listen: ")
+
+
+def test_the_proxy_imports_no_vllm():
+    """The proxy runs on hosts without vLLM: neither module pulls in vLLM, torch or Mooncake."""
+    code = (
+        "import sys, vllm_ascend.kvtransfer.proxy, vllm_ascend.kvtransfer.proxy_cli\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'vllm', 'torch', 'mooncake'}))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, "[]\n"), proc.stderr

@@ -18,7 +18,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import anyio
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -196,8 +195,7 @@ async def _race(awaitable: Awaitable[T], failed: asyncio.Future[Answer] | None) 
     finally:
         if not task.done():
             task.cancel()
-            with anyio.CancelScope(shield=True):
-                await asyncio.wait({task})
+            await asyncio.shield(asyncio.wait({task}))
     if task.cancelled() or not task.done():
         raise Refused(failed.result())
     return task.result()
@@ -322,7 +320,7 @@ class PDProxy:
         }
         self.transfers[transfer_id] = transfer
 
-        async def finish() -> None:
+        def finish() -> None:
             self.transfers.pop(transfer_id, None)
 
         try:
@@ -330,7 +328,7 @@ class PDProxy:
                 self.decode, path, {**body, "kv_transfer_params": params}, headers, failed=transfer.failed
             )
         except BaseException:
-            await finish()
+            finish()
             raise
         return await self._answer(decode, lease, body.get("stream") is True, transfer.failed, finish)
 
@@ -417,17 +415,16 @@ class PDProxy:
         lease: Lease,
         stream: bool,
         failed: asyncio.Future[Answer] | None = None,
-        finish: Callable[[], Awaitable[None]] | None = None,
+        finish: Callable[[], None] | None = None,
     ) -> Response:
         """D's response for the client: relayed chunk by chunk when the client streams and D accepted,
         else read whole. The first chunk is awaited here, so a failure before it is a plain error answer."""
 
         async def close() -> None:
             lease.release()
-            with anyio.CancelScope(shield=True):
-                await decode.aclose()
-                if finish is not None:
-                    await finish()
+            if finish is not None:
+                finish()
+            await asyncio.shield(decode.aclose())
 
         relay: _Relay | None = None
         try:
