@@ -46,7 +46,9 @@ def free_port_block(count: int) -> int:
 
 
 def post(url: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read() or b"{}")
@@ -133,20 +135,33 @@ def start_serve(
     if kv_transfer is not None:
         argv += ["--kv-transfer-config", json.dumps(kv_transfer)]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, env=_env(env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, env=_env(env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     return Instance(f"http://127.0.0.1:{port}", proc, log, int((kv_transfer or {}).get("kv_port", 0)), argv)
 
 
 def start_proxy(prefill: Sequence[Instance], decode: Sequence[Instance], log: Path, *extra: str) -> Instance:
     port = free_port()
-    argv = [sys.executable, "-m", "vllm_ascend.core.cli", "pd-proxy", "--host", "127.0.0.1", "--port", str(port)]
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm_ascend.core.cli",
+        "pd-proxy",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     for p in prefill:
         argv += ["--prefill", p.base]
     for d in decode:
         argv += ["--decode", d.base]
     argv += list(extra)
     with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, env=_env(None), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, env=_env(None), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     return Instance(f"http://127.0.0.1:{port}", proc, log, 0, argv)
 
 

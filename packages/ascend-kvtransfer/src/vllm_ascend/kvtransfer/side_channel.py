@@ -72,8 +72,8 @@ class SideChannelServer:
     ):
         self.address = f"tcp://{host}:{port}"
         self._metadata, self._on_done = metadata, on_done
-        self._context = zmq.Context.instance()
-        self._socket = self._context.socket(zmq.ROUTER)
+        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._socket: zmq.Socket[bytes] = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         try:
             self._socket.bind(self.address)
@@ -128,7 +128,7 @@ class SideChannelServer:
 
 def ask(address: str, message: Message, timeout: float) -> Message:
     """Send ``message`` to a peer's handshake socket and return its answer (a fresh socket per call)."""
-    socket = zmq.Context.instance().socket(zmq.REQ)
+    socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.REQ)
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
     socket.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))
