@@ -98,7 +98,13 @@ def base_site(tmp_path_factory) -> Path:
         [_uv(), "export", "--all-packages", "--no-dev", "--no-emit-workspace", "--no-hashes", "--frozen"],
         cwd=ROOT,
     ).stdout
-    reqs.write_text(exported)
+    # the `all` profile brings the kvtransfer sibling with its `tcp` extra (Mooncake's TCP/RDMA build)
+    mooncake = _run(
+        [_uv(), "export", "--package", "vllm-ascend-kvtransfer", "--extra", "tcp", "--no-dev", "--no-emit-workspace",
+         "--no-hashes", "--frozen"],
+        cwd=ROOT,
+    ).stdout  # fmt: skip
+    reqs.write_text(exported + mooncake)
     _run([_uv(), "venv", "-q", "--python", sys.executable, str(base)])
     find_links = os.environ.get("PIP_FIND_LINKS", "/opt/wheels")
     _run(
@@ -216,10 +222,11 @@ def test_no_wheel_contains_the_namespace_init(wheels):
     [
         ("vllm-ascend", DEFAULT),
         ("vllm-ascend[quant,eplb]", DEFAULT | {"vllm-ascend-quant", "vllm-ascend-eplb"}),
+        ("vllm-ascend[kvtransfer]", DEFAULT | {"vllm-ascend-kvtransfer"}),
         ("vllm-ascend[all]", {"vllm-ascend", *SIBLINGS}),
         ("vllm-ascend-core", {"vllm-ascend-core"}),
     ],
-    ids=["default", "quant-eplb", "all", "core-alone"],
+    ids=["default", "quant-eplb", "kvtransfer", "all", "core-alone"],
 )
 def test_install_profile(tmp_path, wheels, base_site, requirement, expected):
     report = install_profile(tmp_path, wheels, base_site, requirement)
