@@ -172,6 +172,11 @@ def _region_ranges(
             f"layer {layer.name!r}: different tensor parallel sizes need token-major blocks with equal head "
             "sizes on both sides"
         )
+    if a.heads * here.tp_size != b.heads * there.tp_size:
+        raise LayoutError(
+            f"layer {layer.name!r}: {a.heads} KV heads x tp {here.tp_size} here, {b.heads} x tp {there.tp_size} on "
+            "the peer: KV heads replicated across ranks cannot move between different tensor parallel sizes"
+        )
     lo = max(here.tp_rank * a.heads, there.tp_rank * b.heads)
     hi = min((here.tp_rank + 1) * a.heads, (there.tp_rank + 1) * b.heads)
     if lo >= hi:
