@@ -20,8 +20,9 @@ import torch
 class Region(msgspec.Struct, frozen=True):
     """One run of blocks: block ``i`` is the ``block_len`` bytes at ``base + i * block_stride``.
 
-    ``rows``/``row_stride``/``heads``/``head_bytes`` describe a token-major block (``heads == 0``: the
-    block cannot be cut by heads, only moved whole).
+    Inside a block, ``rows`` tokens x ``heads`` KV heads of ``cell_bytes`` each, token ``r``'s head ``h`` at
+    ``r * row_stride + h * head_stride`` (token-major or head-major); ``heads == 0``: the block has no such
+    structure (MLA's latent cache) and moves only whole.
     """
 
     base: int
@@ -30,7 +31,12 @@ class Region(msgspec.Struct, frozen=True):
     rows: int = 0
     row_stride: int = 0
     heads: int = 0
-    head_bytes: int = 0
+    head_stride: int = 0
+    cell_bytes: int = 0
+
+    @property
+    def geometry(self) -> tuple[int, int, int, int, int, int]:
+        return (self.block_len, self.rows, self.row_stride, self.heads, self.head_stride, self.cell_bytes)
 
 
 class LayerLayout(msgspec.Struct, frozen=True):
@@ -75,23 +81,53 @@ def describe_cache(
             )
         expected *= shape[d]
     block_len = expected * element
-    rows = row_stride = heads = head_bytes = 0
-    if not replicated and len(inner_sorted) >= 2:
-        # token-major: [..., rows(block_size), heads, head_dim] with the head dimension just inside the row
-        row_dim, head_dim = inner_sorted[-1], inner_sorted[-2]
-        if shape[row_dim] == block_size and shape[head_dim] == num_heads:
-            rows, row_stride = block_size, strides[row_dim] * element
-            heads, head_bytes = num_heads, strides[head_dim] * element
+    within = [d for d in range(len(shape)) if d != block_dim and d not in outer]  # size-1 dimensions too
+    cells = (0, 0, 0, 0, 0) if replicated else _cells(shape, strides, within, block_size, num_heads)
+    rows, row_stride, heads, head_stride, cell = cells
+    row_stride, head_stride, cell = row_stride * element, head_stride * element, cell * element
     base = cache.data_ptr()
     regions = []
     for index in itertools.product(*(range(shape[d]) for d in outer)):
         offset = sum(i * strides[d] for i, d in zip(index, outer, strict=True)) * element
         regions.append(
             Region(
-                base + offset, strides[block_dim] * element, block_len, rows, row_stride, heads, head_bytes
+                base + offset,
+                strides[block_dim] * element,
+                block_len,
+                rows,
+                row_stride,
+                heads,
+                head_stride,
+                cell,
             )
         )
     return LayerLayout(name, regions, replicated)
+
+
+def _cells(
+    shape: list[int], strides: list[int], inner: list[int], block_size: int, num_heads: int
+) -> tuple[int, int, int, int, int]:
+    """(rows, row stride, heads, head stride, cell elements) of a block, in elements; zeros when the block is not
+    a grid of ``block_size`` tokens x ``num_heads`` heads of contiguous cells. Dimensions of size 1 count (one
+    head per rank); where both sizes are equal, vLLM's logical order ``[..., heads, tokens, head_dim]`` decides."""
+    rows = [d for d in inner if shape[d] == block_size]
+    if not rows or num_heads < 1:
+        return (0, 0, 0, 0, 0)
+    row_dim = rows[-1] if len(rows) > 1 else rows[0]
+    heads = [d for d in inner if d != row_dim and shape[d] == num_heads]
+    if not heads:
+        return (0, 0, 0, 0, 0)
+    head_dim = heads[0]
+    rest = [d for d in inner if d not in (row_dim, head_dim) and shape[d] > 1]
+    cell = 1
+    for d in sorted(rest, key=lambda d: strides[d]):
+        if strides[d] != cell:
+            return (0, 0, 0, 0, 0)
+        cell *= shape[d]
+    head_stride = strides[head_dim] if num_heads > 1 else cell
+    if min(strides[row_dim], head_stride) < cell:
+        return (0, 0, 0, 0, 0)
+    return (block_size, strides[row_dim], num_heads, head_stride, cell)
 
 
 @dataclass(frozen=True)
@@ -156,45 +192,44 @@ def _region_ranges(
     here_blocks: list[int],
     there_blocks: list[int],
 ) -> list[tuple[int, int, int]]:
-    whole = layer.replicated or here.tp_size == there.tp_size
-    if whole:
-        if a.block_len != b.block_len:
+    pairs = list(zip(here_blocks, there_blocks, strict=True))
+    same_heads = layer.replicated or here.tp_size == there.tp_size
+    if same_heads and (a.geometry == b.geometry or not (a.heads and b.heads)):
+        if a.geometry != b.geometry:
             raise LayoutError(
-                f"layer {layer.name!r}: local blocks of {a.block_len} bytes, remote blocks of {b.block_len} "
-                "(different dtype, block size or heads?)"
+                f"layer {layer.name!r}: local blocks of {a.block_len} bytes, remote blocks of {b.block_len} (or laid "
+                "out differently): different dtype, block size, heads or attention backend?"
             )
-        return [
-            (a.base + i * a.block_stride, b.base + j * b.block_stride, a.block_len)
-            for i, j in zip(here_blocks, there_blocks, strict=True)
-        ]
-    if not (a.heads and b.heads) or a.head_bytes != b.head_bytes or a.rows != b.rows:
+        return [(a.base + i * a.block_stride, b.base + j * b.block_stride, a.block_len) for i, j in pairs]
+    # cell by cell: a slice of the heads (different TP sizes) or a different in-block order (another runner)
+    if not (a.heads and b.heads) or a.cell_bytes != b.cell_bytes or a.rows != b.rows:
         raise LayoutError(
-            f"layer {layer.name!r}: different tensor parallel sizes need token-major blocks with equal head "
-            "sizes on both sides"
+            f"layer {layer.name!r}: blocks that differ in heads or layout must be grids of tokens x heads of equal "
+            "cells on both sides"
         )
     if a.heads * here.tp_size != b.heads * there.tp_size:
         raise LayoutError(
             f"layer {layer.name!r}: {a.heads} KV heads x tp {here.tp_size} here, {b.heads} x tp {there.tp_size} on "
             "the peer: KV heads replicated across ranks cannot move between different tensor parallel sizes"
         )
-    lo = max(here.tp_rank * a.heads, there.tp_rank * b.heads)
-    hi = min((here.tp_rank + 1) * a.heads, (there.tp_rank + 1) * b.heads)
+    h_here, h_there = here.tp_rank * a.heads, there.tp_rank * b.heads
+    lo, hi = max(h_here, h_there), min(h_here + a.heads, h_there + b.heads)
     if lo >= hi:
         return []
-    here_off = (lo - here.tp_rank * a.heads) * a.head_bytes
-    there_off = (lo - there.tp_rank * b.heads) * b.head_bytes
-    length = (hi - lo) * a.head_bytes
-    out = []
-    for i, j in zip(here_blocks, there_blocks, strict=True):
-        for row in range(a.rows):
-            out.append(
-                (
-                    a.base + i * a.block_stride + row * a.row_stride + here_off,
-                    b.base + j * b.block_stride + row * b.row_stride + there_off,
-                    length,
-                )
-            )
-    return out
+    cells = (
+        [(r, h) for r in range(a.rows) for h in range(lo, hi)]
+        if a.row_stride >= a.head_stride
+        else [(r, h) for h in range(lo, hi) for r in range(a.rows)]
+    )
+    return [
+        (
+            a.base + i * a.block_stride + r * a.row_stride + (h - h_here) * a.head_stride,
+            b.base + j * b.block_stride + r * b.row_stride + (h - h_there) * b.head_stride,
+            a.cell_bytes,
+        )
+        for i, j in pairs
+        for r, h in cells
+    ]
 
 
 def _merged(ranges: list[tuple[int, int, int]]) -> tuple[list[int], list[int], list[int]]:

@@ -147,8 +147,11 @@ class MooncakeWorker:
             self.config.side_channel_host, self.port, self.metadata, self._on_notice
         )
         logger.info(
-            "KV transfer: %d layers registered with Mooncake (%s, session %s), handshake on %s",
+            "KV transfer: %d layers (first: %d regions, geometry %s) registered with Mooncake (%s, session %s), "
+            "handshake on %s",
             len(layers),
+            len(layers[0].regions) if layers else 0,
+            layers[0].regions[0].geometry if layers and layers[0].regions else None,
             self.config.protocol,
             self._engine.session_id,
             self._server.address,
