@@ -82,6 +82,11 @@ def describe_cache(
         if shape[row_dim] == block_size and shape[head_dim] == num_heads:
             rows, row_stride = block_size, strides[row_dim] * element
             heads, head_bytes = num_heads, strides[head_dim] * element
+        elif shape[row_dim] == block_size and num_heads == 1:
+            # one KV head on this rank (e.g. 2 KV heads over TP=2): its size-1 dimension is not among
+            # ``inner``, and a row is exactly that head
+            rows, row_stride = block_size, strides[row_dim] * element
+            heads, head_bytes = 1, row_stride
     base = cache.data_ptr()
     regions = []
     for index in itertools.product(*(range(shape[d]) for d in outer)):
