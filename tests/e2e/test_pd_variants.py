@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 
-from vllm_ascend.quant.export import export_modelslim
 from vllm_ascend.testing.tiny_models import build_tiny_model
 
 from .pd import Instance, completion, free_port_block, metric, running, start_serve
@@ -153,49 +152,25 @@ class TestHeterogeneousTP:
 
 # -- MLA + W8A8_DYNAMIC + MTP on decode --------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def mla_w8a8_mtp(tiny_models_root: Path) -> Path:
-    """Tiny DeepSeek-V3 (MLA, kv_lora_rank 32, MoE from layer 1) with one MTP layer, exported W8A8_DYNAMIC."""
+def mla_mtp(tiny_models_root: Path) -> Path:
+    """Tiny DeepSeek-V3 (MLA, kv_lora_rank 32, MoE from layer 1) with one MTP layer, float."""
     spec = deepseek_v3_spec(
         kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, first_k_dense_replace=1
     )
-    model = add_deepseek_mtp_layer(build_tiny_model(spec, tiny_models_root), tiny_models_root)
-    out = tiny_models_root / f"{model.name}-w8a8-dynamic"
-    if not (out / "quant_model_description.json").exists():
-        export_modelslim(model, out, "W8A8_DYNAMIC", progress=False)
-        _float_mtp_projections(model, out)
-    description = json.loads((out / "quant_model_description.json").read_text())
-    assert description["model.layers.0.self_attn.kv_b_proj.weight"] == "W8A8_DYNAMIC"
-    return out
+    return add_deepseek_mtp_layer(build_tiny_model(spec, tiny_models_root), tiny_models_root)
 
 
-def _float_mtp_projections(src: Path, out: Path) -> None:
-    """Keep the MTP layer's ``eh_proj`` and ``shared_head.head`` float, as vLLM's ``DeepSeekMTP`` builds them
-    (unquantized; exported int8 they fail to load: ``KeyError: 'model.layers.2.eh_proj.weight_offset'``)."""
-    from safetensors.torch import load_file, save_file
-
-    layer = json.loads((src / "config.json").read_text())["num_hidden_layers"]
-    names = [f"model.layers.{layer}.{proj}.weight" for proj in ("eh_proj", "shared_head.head")]
-    weights, source = load_file(str(out / "model.safetensors")), load_file(str(src / "model.safetensors"))
-    path = out / "quant_model_description.json"
-    description = json.loads(path.read_text())
-    for name in names:
-        for extra in (name + "_scale", name + "_offset"):
-            weights.pop(extra, None)
-            description.pop(extra, None)
-        weights[name], description[name] = source[name], "FLOAT"
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-    path.write_text(json.dumps(description, indent=2))
-
-
-class TestMlaW8A8DynamicMtp:
-    """Latent cache (one replicated region per layer) moved whole; W8A8_DYNAMIC weights (auto-detected from
-    the ModelSlim description); decode drafts with MTP over the transferred cache, prefill does not."""
+class TestMlaMtp:
+    """Latent cache (one replicated region per layer) moved whole; decode drafts with MTP over the
+    transferred cache, prefill does not. KNOWN FAILING: decode's tokens differ from the plain run (also
+    without MTP on decode: the latent cache transfer itself is wrong); W8A8_DYNAMIC not folded in (see
+    the branch log)."""
 
     @pytest.fixture(scope="class")
     @classmethod
-    def pair(cls, tmp_path_factory: pytest.TempPathFactory, mla_w8a8_mtp: Path):
+    def pair(cls, tmp_path_factory: pytest.TempPathFactory, mla_mtp: Path):
         mtp = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 1})]
-        with running(*_start_pair(tmp_path_factory.mktemp("pd-mla"), mla_w8a8_mtp, [], mtp)) as pair:
+        with running(*_start_pair(tmp_path_factory.mktemp("pd-mla"), mla_mtp, [], mtp)) as pair:
             yield pair
 
     @pytest.mark.parametrize("index", range(len(LENGTHS)))
