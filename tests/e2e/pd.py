@@ -65,11 +65,13 @@ def get_text(url: str, timeout: float = 30) -> str:
         return resp.read().decode()
 
 
-def metric(base: str, name: str) -> float:
-    """Sum of a Prometheus metric's samples on an instance's ``/metrics``."""
+def metric(base: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus metric's samples on an instance's ``/metrics`` (those with ``labels``, if given)."""
     total, found = 0.0, False
     for line in get_text(f"{base}/metrics").splitlines():
         if line.startswith(name) and (line[len(name)] in " {"):
+            if any(f'{key}="{value}"' not in line for key, value in labels.items()):
+                continue
             total += float(line.rsplit(" ", 1)[1])
             found = True
     if not found:

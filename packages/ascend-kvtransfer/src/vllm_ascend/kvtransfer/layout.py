@@ -3,9 +3,10 @@
 A layer's cache tensor (any layout vLLM and the attention backend agreed on: K/V split or fused, MLA's
 latent cache, int8 caches with their own dtype) is described from its shape and strides as *regions*:
 one per index of the dimensions outside the block dimension (e.g. K and V), each a run of equally
-spaced blocks. Inside a block, a token-major ``[rows, heads, head_bytes]`` layout allows moving a slice of
-the heads (prefill and decode with different tensor parallel sizes); MLA's latent cache is the same on
-every rank (``replicated``) and moves whole.
+spaced blocks. Inside a block, a grid of tokens x heads of contiguous cells (token- or head-major) allows moving
+a slice of the heads (prefill and decode with different tensor parallel sizes) or between different in-block
+orders (prefill and decode on different model runners); MLA's latent cache is the same on every rank
+(``replicated``) and moves whole.
 """
 
 from __future__ import annotations
@@ -164,16 +165,28 @@ def check_tp(local_tp: int, remote_tp: int) -> None:
 
 
 def plan_copies(
-    here: RankView, there: RankView, here_blocks: list[int], there_blocks: list[int]
+    here: RankView,
+    there: RankView,
+    here_blocks: list[int],
+    there_blocks: list[int],
+    drafter_layers: frozenset[str] = frozenset(),
 ) -> tuple[list[int], list[int], list[int]]:
     """Byte ranges (here addresses, there addresses, lengths) that carry blocks ``there_blocks`` of ``there``
-    to/from blocks ``here_blocks`` of ``here``, layer by layer; adjacent ranges are merged."""
+    to/from blocks ``here_blocks`` of ``here``, layer by layer; adjacent ranges are merged.
+
+    ``drafter_layers``: local layers of a speculative drafter (MTP, EAGLE) that the peer may lack (prefill
+    served without speculation); they are not copied and the drafter's cache for those positions keeps
+    whatever it held (only draft acceptance depends on it: the target verifies every draft)."""
     if len(here_blocks) != len(there_blocks):
         raise LayoutError(f"{len(here_blocks)} local blocks cannot take {len(there_blocks)} remote blocks")
-    if [layer.name for layer in here.layers] != [layer.name for layer in there.layers]:
+    theirs_names = {layer.name for layer in there.layers}
+    mine_layers = [
+        layer for layer in here.layers if layer.name in theirs_names or layer.name not in drafter_layers
+    ]
+    if [layer.name for layer in mine_layers] != [layer.name for layer in there.layers]:
         raise LayoutError("prefill and decode hold different attention layers (not the same model?)")
     ranges: list[tuple[int, int, int]] = []
-    for mine, theirs in zip(here.layers, there.layers, strict=True):
+    for mine, theirs in zip(mine_layers, there.layers, strict=True):
         if len(mine.regions) != len(theirs.regions):
             raise LayoutError(
                 f"layer {mine.name!r}: {len(mine.regions)} local regions, {len(theirs.regions)} remote"
