@@ -30,7 +30,10 @@ def layerwise(tiny_qwen3, tmp_path_factory):
 
     prefill = start_serve(tiny_qwen3, logs / "prefill.log", kv_transfer=connector("kv_producer"))
     decode = start_serve(
-        tiny_qwen3, logs / "decode.log", kv_transfer=connector("kv_consumer"), env={"VLLM_USE_V2_MODEL_RUNNER": "0"}
+        tiny_qwen3,
+        logs / "decode.log",
+        kv_transfer=connector("kv_consumer"),
+        env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
     )
     with running(prefill, decode):
         proxy = start_proxy([prefill], [decode], logs / "proxy.log", "--layerwise")

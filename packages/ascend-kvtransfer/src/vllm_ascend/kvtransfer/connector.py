@@ -18,6 +18,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from vllm_ascend.core.sdk import ConfigError
 from vllm_ascend.kvtransfer.config import MooncakeTransferConfig
 from vllm_ascend.kvtransfer.metadata import MooncakeConnectorMetadata
 from vllm_ascend.kvtransfer.scheduler import MooncakeScheduler
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
+#: speculative methods that draft from token ids alone: they need nothing the transfer leaves out
+HOST_DRAFTERS = ("ngram", "ngram_gpu", "suffix")
+
+
 class MooncakeConnectorV1(KVConnectorBase_V1):
     """Prefill/decode disaggregation where decode reads the prompt's KV blocks from prefill."""
 
@@ -41,7 +46,15 @@ class MooncakeConnectorV1(KVConnectorBase_V1):
     @classmethod
     def check_kv_transfer_config(cls, vllm_config: VllmConfig) -> None:
         """Refuse, at config time, what the connector would not honour (called by the platform)."""
-        MooncakeTransferConfig.from_vllm_config(vllm_config)
+        config = MooncakeTransferConfig.from_vllm_config(vllm_config)
+        spec = vllm_config.speculative_config
+        if config.is_consumer and spec is not None and spec.method not in HOST_DRAFTERS:
+            raise ConfigError(
+                f"speculative_config.method = {spec.method!r} on a KV consumer is not supported yet by "
+                f"vllm-ascend's {cls.__name__}: a drafter model's first step after a transferred prompt has none of "
+                f"the prompt's hidden states; allowed with kv_role {config.role!r}: {', '.join(HOST_DRAFTERS)} "
+                "(or no speculation)"
+            )
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None

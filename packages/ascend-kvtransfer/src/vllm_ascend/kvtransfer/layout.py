@@ -165,28 +165,16 @@ def check_tp(local_tp: int, remote_tp: int) -> None:
 
 
 def plan_copies(
-    here: RankView,
-    there: RankView,
-    here_blocks: list[int],
-    there_blocks: list[int],
-    drafter_layers: frozenset[str] = frozenset(),
+    here: RankView, there: RankView, here_blocks: list[int], there_blocks: list[int]
 ) -> tuple[list[int], list[int], list[int]]:
     """Byte ranges (here addresses, there addresses, lengths) that carry blocks ``there_blocks`` of ``there``
-    to/from blocks ``here_blocks`` of ``here``, layer by layer; adjacent ranges are merged.
-
-    ``drafter_layers``: local layers of a speculative drafter (MTP, EAGLE) that the peer may lack (prefill
-    served without speculation); they are not copied and the drafter's cache for those positions keeps
-    whatever it held (only draft acceptance depends on it: the target verifies every draft)."""
+    to/from blocks ``here_blocks`` of ``here``, layer by layer; adjacent ranges are merged."""
     if len(here_blocks) != len(there_blocks):
         raise LayoutError(f"{len(here_blocks)} local blocks cannot take {len(there_blocks)} remote blocks")
-    theirs_names = {layer.name for layer in there.layers}
-    mine_layers = [
-        layer for layer in here.layers if layer.name in theirs_names or layer.name not in drafter_layers
-    ]
-    if [layer.name for layer in mine_layers] != [layer.name for layer in there.layers]:
+    if [layer.name for layer in here.layers] != [layer.name for layer in there.layers]:
         raise LayoutError("prefill and decode hold different attention layers (not the same model?)")
     ranges: list[tuple[int, int, int]] = []
-    for mine, theirs in zip(mine_layers, there.layers, strict=True):
+    for mine, theirs in zip(here.layers, there.layers, strict=True):
         if len(mine.regions) != len(theirs.regions):
             raise LayoutError(
                 f"layer {mine.name!r}: {len(mine.regions)} local regions, {len(theirs.regions)} remote"

@@ -10,7 +10,6 @@ request, per ``kv_load_failure_policy``).
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import defaultdict
@@ -95,13 +94,6 @@ class MooncakeWorker:
         self._kv_lora_rank = int(getattr(vllm_config.model_config.hf_text_config, "kv_lora_rank", 0) or 0)
         self._num_blocks = kv_cache_config.num_blocks
         self.block_size = vllm_config.cache_config.block_size
-        # a speculative drafter's own layers are numbered after the target's (vLLM's MTP and EAGLE drafters)
-        self._target_layers = (
-            vllm_config.model_config.hf_text_config.num_hidden_layers
-            if vllm_config.speculative_config is not None
-            else None
-        )
-        self._drafter_layers: frozenset[str] = frozenset()
         self._pool = ThreadPoolExecutor(config.num_transfer_threads, thread_name_prefix="kvtransfer")
         self._lock = threading.Lock()
         self._engine: MooncakeEngine | None = None
@@ -131,7 +123,11 @@ class MooncakeWorker:
             for index, tensor in enumerate(tensors):
                 label = f"{name}[{index}]" if len(tensors) > 1 else name
                 # MLA's latent allocation holds two planes (c_kv, then k_pe: the attention ops' paged form)
-                parts = latent_cache_parts(tensor, self._kv_lora_rank) if latent else (tensor,)
+                parts = (
+                    latent_cache_parts(tensor.view(tensor.shape[0], self.block_size, -1), self._kv_lora_rank)
+                    if latent
+                    else (tensor,)
+                )
                 described = [
                     describe_cache(
                         label,
@@ -144,10 +140,6 @@ class MooncakeWorker:
                     for part in parts
                 ]
                 layers.append(LayerLayout(label, [r for d in described for r in d.regions], latent))
-        if self._target_layers is not None:
-            self._drafter_layers = frozenset(
-                layer.name for layer in layers if _is_drafter_layer(layer.name, self._target_layers)
-            )
         self._engine = MooncakeEngine(self.config.side_channel_host, self.config.protocol)
         for storage in {
             _storage_range(t) for c in kv_caches.values() for t in (c if isinstance(c, list | tuple) else [c])
@@ -314,7 +306,6 @@ class MooncakeWorker:
                 RankView(remote.layers, remote.tp_rank, remote.tp_size),
                 task.local_block_ids,
                 task.remote_block_ids,
-                self._drafter_layers,
             )
             self._engine_or_fail().read(remote.session, Transfer(here, there, lengths))
 
@@ -415,12 +406,6 @@ class MooncakeWorker:
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._engine is not None:
             self._engine.close()
-
-
-def _is_drafter_layer(name: str, target_layers: int) -> bool:
-    """Whether layer ``name`` (``...layers.{i}...``) is numbered past the target's ``target_layers``."""
-    match = re.search(r"layers\.(\d+)\.", name)
-    return match is not None and int(match.group(1)) >= target_layers
 
 
 def _storage_range(tensor: torch.Tensor) -> tuple[int, int]:
