@@ -76,10 +76,16 @@ def describe_cache(
         expected *= shape[d]
     block_len = expected * element
     rows = row_stride = heads = head_bytes = 0
-    if not replicated and len(inner_sorted) >= 2:
-        # token-major: [..., rows(block_size), heads, head_dim] with the head dimension just inside the row
+    if not replicated and num_heads == 1 and len(inner_sorted) >= 2 and shape[inner_sorted[-1]] == block_size:
+        # one head per rank: its dimension (of size 1) has no stride to tell; each row is that head
+        rows, row_stride = block_size, strides[inner_sorted[-1]] * element
+        heads, head_bytes = 1, row_stride
+    elif not replicated and len(inner_sorted) >= 2:
+        # token-major: [..., rows(block_size), heads, head_dim] with the head dimension just inside the row;
+        # as many heads as rows: vLLM's logical order [..., block_size, num_heads, head_size] tells which is which
         row_dim, head_dim = inner_sorted[-1], inner_sorted[-2]
-        if shape[row_dim] == block_size and shape[head_dim] == num_heads:
+        tied = block_size == num_heads and row_dim > head_dim
+        if shape[row_dim] == block_size and shape[head_dim] == num_heads and not tied:
             rows, row_stride = block_size, strides[row_dim] * element
             heads, head_bytes = num_heads, strides[head_dim] * element
     base = cache.data_ptr()
@@ -172,12 +178,15 @@ def _region_ranges(
             f"layer {layer.name!r}: different tensor parallel sizes need token-major blocks with equal head "
             "sizes on both sides"
         )
-    lo = max(here.tp_rank * a.heads, there.tp_rank * b.heads)
-    hi = min((here.tp_rank + 1) * a.heads, (there.tp_rank + 1) * b.heads)
+    # the model's KV heads; a side with more ranks than heads holds one replicated head per rank (vLLM)
+    total = min(a.heads * here.tp_size, b.heads * there.tp_size)
+    here_first = _first_head(layer, here.tp_rank, a.heads, here.tp_size, total)
+    there_first = _first_head(layer, there.tp_rank, b.heads, there.tp_size, total)
+    lo, hi = max(here_first, there_first), min(here_first + a.heads, there_first + b.heads)
     if lo >= hi:
         return []
-    here_off = (lo - here.tp_rank * a.heads) * a.head_bytes
-    there_off = (lo - there.tp_rank * b.heads) * b.head_bytes
+    here_off = (lo - here_first) * a.head_bytes
+    there_off = (lo - there_first) * b.head_bytes
     length = (hi - lo) * a.head_bytes
     out = []
     for i, j in zip(here_blocks, there_blocks, strict=True):
@@ -190,6 +199,18 @@ def _region_ranges(
                 )
             )
     return out
+
+
+def _first_head(layer: LayerLayout, rank: int, heads: int, tp_size: int, total: int) -> int:
+    """The model's index of the first KV head ``rank`` holds."""
+    if heads * tp_size == total:
+        return rank * heads
+    if heads == 1:  # more ranks than KV heads: each rank holds a copy of one head
+        return rank * total // tp_size
+    raise LayoutError(
+        f"layer {layer.name!r}: {heads} KV heads on each of {tp_size} ranks on one side, {total} KV heads in "
+        "all on the other (not the same model?)"
+    )
 
 
 def _merged(ranges: list[tuple[int, int, int]]) -> tuple[list[int], list[int], list[int]]:
