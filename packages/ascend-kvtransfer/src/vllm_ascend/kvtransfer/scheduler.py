@@ -50,6 +50,7 @@ class MooncakeScheduler:
         self._release: list[str] = []
         self._loading: set[str] = set()
         self._pushing: dict[str, tuple[Request, dict[str, Any]]] = {}
+        self._push_started: set[str] = set()
 
     def bind_kv_cache_manager(self, manager: KVCacheManager) -> None:
         self._kv_cache_manager = manager
@@ -150,10 +151,13 @@ class MooncakeScheduler:
                 continue
             request, params = entry
             prompt = len(request.prompt_token_ids or ())
-            start, end = request.num_computed_tokens, min(request.num_computed_tokens + scheduled, prompt)
-            if start >= prompt:
-                self._pushing.pop(req_id)
+            end = min(request.num_computed_tokens + scheduled, prompt)
+            if request.num_computed_tokens >= prompt:
+                self._end_push(req_id)
                 continue
+            # the first chunk also carries the blocks prefill found in its own prefix cache
+            start = request.num_computed_tokens if req_id in self._push_started else 0
+            self._push_started.add(req_id)
             first_remote = int(params.get("remote_first_block") or 0)
             remote = list(params["remote_block_ids"])
             lo, hi = max(start // self.block_size, first_remote), -(-end // self.block_size)
@@ -177,8 +181,12 @@ class MooncakeScheduler:
                 )
             )
             if last:
-                self._pushing.pop(req_id)
+                self._end_push(req_id)
         return tasks
+
+    def _end_push(self, req_id: str) -> None:
+        self._pushing.pop(req_id, None)
+        self._push_started.discard(req_id)
 
     def _block_ids(self, request_id: str) -> list[int]:
         if self._kv_cache_manager is None:
@@ -209,7 +217,7 @@ class MooncakeScheduler:
         from vllm.v1.request import RequestStatus
 
         req_id = request.request_id
-        self._pushing.pop(req_id, None)
+        self._end_push(req_id)
         if req_id in self._recv:  # allocated but never handed to the worker: nothing is in flight
             del self._recv[req_id]
         if req_id in self._loading:  # decode: the transfer is writing these blocks; free them once it ended
