@@ -204,16 +204,19 @@ def _region_ranges(
         return [(a.base + i * a.block_stride, b.base + j * b.block_stride, a.block_len) for i, j in pairs]
     # cell by cell: a slice of the heads (different TP sizes) or a different in-block order (another runner)
     if not (a.heads and b.heads) or a.cell_bytes != b.cell_bytes or a.rows != b.rows:
+        if same_heads:
+            raise LayoutError(
+                f"layer {layer.name!r}: local blocks of {a.block_len} bytes, remote blocks of {b.block_len} (or laid "
+                "out differently): different dtype, block size, heads or attention backend?"
+            )
         raise LayoutError(
-            f"layer {layer.name!r}: blocks that differ in heads or layout must be grids of tokens x heads of equal "
-            "cells on both sides"
+            f"layer {layer.name!r}: different tensor parallel sizes need blocks that are grids of tokens x heads "
+            "with equal cells on both sides"
         )
-    if a.heads * here.tp_size != b.heads * there.tp_size:
-        raise LayoutError(
-            f"layer {layer.name!r}: {a.heads} KV heads x tp {here.tp_size} here, {b.heads} x tp {there.tp_size} on "
-            "the peer: KV heads replicated across ranks cannot move between different tensor parallel sizes"
-        )
-    h_here, h_there = here.tp_rank * a.heads, there.tp_rank * b.heads
+    # the model's KV heads; a side with more ranks than heads holds one replicated head per rank (vLLM)
+    total = min(a.heads * here.tp_size, b.heads * there.tp_size)
+    h_here = _first_head(layer, here.tp_rank, a.heads, here.tp_size, total)
+    h_there = _first_head(layer, there.tp_rank, b.heads, there.tp_size, total)
     lo, hi = max(h_here, h_there), min(h_here + a.heads, h_there + b.heads)
     if lo >= hi:
         return []
@@ -231,6 +234,18 @@ def _region_ranges(
         for i, j in pairs
         for r, h in cells
     ]
+
+
+def _first_head(layer: LayerLayout, rank: int, heads: int, tp_size: int, total: int) -> int:
+    """The model's index of the first KV head ``rank`` holds."""
+    if heads * tp_size == total:
+        return rank * heads
+    if heads == 1:  # more ranks than KV heads: each rank holds a copy of one head
+        return rank * total // tp_size
+    raise LayoutError(
+        f"layer {layer.name!r}: {heads} KV heads on each of {tp_size} ranks on one side, {total} KV heads in "
+        "all on the other (not the same model?)"
+    )
 
 
 def _merged(ranges: list[tuple[int, int, int]]) -> tuple[list[int], list[int], list[int]]:
