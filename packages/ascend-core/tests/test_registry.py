@@ -103,6 +103,8 @@ def test_core_registries_are_exactly_the_served_ones():
         "model_loaders",
         "device_overlays",
         "device_adaptors",
+        "kv_connectors",
+        "doctor_probes",
         "cli_commands",
         "workers",
         "config_sections",
