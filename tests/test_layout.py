@@ -157,16 +157,27 @@ def test_meta_distribution_uv_sources_and_packages_agree():
     default = {_name(d) for d in project["dependencies"]}
     assert default == {"vllm-ascend-core", "vllm-ascend-runner", "vllm-ascend-kernels"}
     extras = project["optional-dependencies"]
-    sibling_extras = {name: reqs for name, reqs in extras.items() if name not in {"all", "npu"}}
+    # an extra per sibling, named after it; a sibling with per-host builds of a dependency (kvtransfer's Mooncake)
+    # also has `<name>-<host>` variants selecting the sibling's own extra
+    sibling_extras = {
+        name: reqs for name, reqs in extras.items() if name not in {"all", "npu"} and name in PACKAGES
+    }
+    variants = {
+        name: reqs for name, reqs in extras.items() if name not in {"all", "npu"} and name not in PACKAGES
+    }
     assert set(sibling_extras) == {name for name in PACKAGES if f"vllm-ascend-{name}" not in default}
+    assert all(name.split("-")[0] in sibling_extras for name in variants), variants
     for name, leaf in PACKAGES.items():
         version_file = ROOT / f"packages/ascend-{name}/src/vllm_ascend/{leaf}/_version.py"
         version = version_file.read_text().split('"')[1]
         wanted = f"vllm-ascend-{name}{_range_for(version)}"
         if name in sibling_extras:
-            assert sibling_extras[name] == [wanted]
+            assert [r.replace("[tcp]", "") for r in sibling_extras[name]] == [wanted]
         else:
             assert wanted in project["dependencies"]
+    for name, reqs in variants.items():
+        base = name.split("-")[0]
+        assert _name(reqs[0]) == f"vllm-ascend-{base}" and reqs[0].endswith(_range_for("0.1.0")), reqs
     assert extras["all"] == [f"vllm-ascend[{','.join(sibling_extras)}]"]
     assert sorted(_name(r) for r in extras["npu"]) == ["torch-npu", "triton-ascend"]
 
@@ -196,7 +207,9 @@ def test_readme_package_table_agrees_with_the_metadata():
     assert set(rows) == {"vllm-ascend", *DISTS}
     default = {_name(d) for d in ROOT_PROJECT["project"]["dependencies"]}
     extras = {
-        _name(reqs[0]): extra for extra, reqs in ROOT_PROJECT["project"]["optional-dependencies"].items()
+        _name(reqs[0]): extra
+        for extra, reqs in ROOT_PROJECT["project"]["optional-dependencies"].items()
+        if extra in PACKAGES or extra in {"all", "npu"}
     }
     for name, leaf in PACKAGES.items():
         dist = f"vllm-ascend-{name}"
