@@ -217,9 +217,9 @@ class MooncakeScheduler:
         req_id = request.request_id
         self._pushing.pop(req_id, None)
         self._pushed.pop(req_id, None)
-        if req_id in self._recv:  # allocated but never handed to the worker: nothing is in flight
-            del self._recv[req_id]
-        if req_id in self._loading:  # decode: the transfer is writing these blocks; free them once it ended
+        # decode: a transfer writes (or, not yet handed to the worker, will write) these blocks and prefill waits
+        # for its notice: the worker still runs it, tells prefill, then reports the blocks free
+        if req_id in self._recv or req_id in self._loading:
             self._release.append(req_id)
             return True, None
         params = request.kv_transfer_params
