@@ -142,11 +142,12 @@ class TestHeterogeneousTP:
 
     @pytest.mark.parametrize("index", range(len(LENGTHS)))
     def test_greedy(self, pair, index: int):
-        _check_case(*pair, _prompts(1)[index], tp_size=2)
+        assert len(_check_case(*pair, _prompts(1)[index], tp_size=2)) == MAX_TOKENS
 
     @pytest.mark.parametrize("index", range(len(LENGTHS)))
     def test_seeded(self, pair, index: int):
-        _check_case(*pair, _prompts(2)[index], tp_size=2, temperature=0.8, seed=100 + index)
+        tokens = _check_case(*pair, _prompts(2)[index], tp_size=2, temperature=0.8, seed=100 + index)
+        assert len(tokens) == MAX_TOKENS
 
 
 # -- MLA ------------------------------------------------------------------------------------------------
@@ -171,7 +172,7 @@ class TestMla:
 
     @pytest.mark.parametrize("index", range(len(LENGTHS)))
     def test_greedy(self, pair, index: int):
-        _check_case(*pair, _prompts(4)[index], tp_size=1)
+        assert len(_check_case(*pair, _prompts(4)[index], tp_size=1)) == MAX_TOKENS
 
     def test_seeded(self, pair):
-        _check_case(*pair, _prompts(5)[0], tp_size=1, temperature=0.8, seed=7)
+        assert len(_check_case(*pair, _prompts(5)[0], tp_size=1, temperature=0.8, seed=7)) == MAX_TOKENS

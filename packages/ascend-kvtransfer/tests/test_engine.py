@@ -97,8 +97,13 @@ def test_register_is_idempotent_and_close_unregisters(engines):
 
 
 def test_empty_transfer_is_a_no_op(engines):
+    """Nothing to move contacts no peer: the same unserved session fails as soon as one range is asked."""
     _, b = engines
-    b.read("127.0.0.1:1", Transfer([], [], []))  # no peer is contacted
+    t = torch.zeros(8, dtype=torch.uint8)
+    b.register(t.data_ptr(), 8)
+    assert b.read("127.0.0.1:1", Transfer([], [], [])) is None
+    with pytest.raises(TransferError):
+        b.read("127.0.0.1:1", Transfer([t.data_ptr()], [t.data_ptr()], [8]))
 
 
 def test_transfer_needs_equal_lists():

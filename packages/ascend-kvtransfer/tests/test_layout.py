@@ -435,7 +435,11 @@ def test_notified_ranks_ignore_replication():
 
 @pytest.mark.parametrize("a,b", [(1, 1), (1, 8), (8, 1), (2, 4), (16, 4)])
 def test_check_tp_accepts_divisors(a, b):
+    """Accepted sizes: every remote rank hears from some local rank, the same number each."""
     check_tp(a, b)
+    heard = [r for rank in range(a) for r in notified_ranks(rank, a, b)]
+    assert sorted(set(heard)) == list(range(b))
+    assert {heard.count(r) for r in range(b)} == {max(1, a // b)}
 
 
 @pytest.mark.parametrize("a,b", [(2, 3), (3, 2), (4, 6), (6, 4)])
