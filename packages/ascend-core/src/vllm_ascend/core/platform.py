@@ -428,38 +428,102 @@ class AscendPlatform(Platform):
     @classmethod
     def _check_kv_connector(cls, vllm_config: VllmConfig) -> None:
         """Serve only the KV connectors a sibling registered (``KV_CONNECTORS``; vLLM's own move blocks with CUDA
-        calls); the connector class then checks its ``kv_connector_extra_config`` (``check_kv_transfer_config``).
-        A connector named with ``kv_connector_module_path`` is the user's own and is used as given, except upstream
+        calls) and vLLM's device-free composites over served parts: ``OffloadingConnector`` with a spec in
+        ``KV_OFFLOAD_SPECS`` (vLLM's default ``spec_name`` becomes the first registered, upstream's
+        ``NPUOffloadingSpec``) and ``MultiConnector`` over served children, each checked the same way. A served
+        connector class then checks its ``kv_connector_extra_config`` (``check_kv_transfer_config``). A connector
+        named with ``kv_connector_module_path`` is the user's own and is used as given, except upstream
         vllm-ascend's paths (``vllm_ascend.distributed...``) for a name served here, so their configs carry over."""
         transfer = vllm_config.kv_transfer_config
         if transfer is None or transfer.kv_connector is None:
             return
-        from vllm_ascend.core.config import ConfigError
         from vllm_ascend.core.extensions import load_extensions
-        from vllm_ascend.core.registry import KV_CONNECTORS
 
         load_extensions()
-        module = transfer.kv_connector_module_path
-        if module and module.startswith("vllm_ascend.") and transfer.kv_connector in KV_CONNECTORS:
+        fields = {
+            "kv_connector": transfer.kv_connector,
+            "kv_connector_module_path": transfer.kv_connector_module_path,
+            "kv_connector_extra_config": transfer.kv_connector_extra_config,
+        }
+        cls._check_connector_fields(fields, vllm_config, "kv_transfer_config")
+        transfer.kv_connector_module_path = fields.get("kv_connector_module_path")
+
+    @classmethod
+    def _check_connector_fields(cls, fields: dict[str, Any], vllm_config: VllmConfig, where: str) -> None:
+        """Check one connector's ``kv_transfer_config`` fields (a ``MultiConnector`` child's dict, or the top
+        level's), rewriting in place what is served under another name."""
+        import copy
+
+        from vllm.config import KVTransferConfig
+
+        from vllm_ascend.core.config import ConfigError
+        from vllm_ascend.core.registry import KV_CONNECTORS, KV_OFFLOAD_SPECS
+
+        name = fields.get("kv_connector")
+        module = fields.get("kv_connector_module_path")
+        extra = fields.setdefault("kv_connector_extra_config", {})
+        if module and module.startswith("vllm_ascend.") and name in KV_CONNECTORS:
             # upstream vllm-ascend's module paths (vllm_ascend.distributed...): the sibling serves that name
             logger.info(
-                "kv_connector %s: served by %s (kv_connector_module_path %s not used)",
-                transfer.kv_connector,
-                KV_CONNECTORS.owner(transfer.kv_connector),
+                "%s.kv_connector %s: served by %s (kv_connector_module_path %s not used)",
+                where,
+                name,
+                KV_CONNECTORS.owner(name),
                 module,
             )
-            transfer.kv_connector_module_path = None
+            fields.pop("kv_connector_module_path")
         elif module:
             return
-        if transfer.kv_connector not in KV_CONNECTORS:
-            offered = ", ".join(KV_CONNECTORS.names()) or "none (install vllm-ascend[kvtransfer])"
+        if name == "MultiConnector":
+            children = extra.get("connectors")
+            if (
+                not isinstance(children, list)
+                or not children
+                or not all(isinstance(c, dict) for c in children)
+            ):
+                raise ConfigError(
+                    f"{where}.kv_connector_extra_config.connectors must be a non-empty list of connector configs "
+                    f"(each with kv_connector, kv_role, kv_connector_extra_config), got {children!r}"
+                )
+            for index, child in enumerate(children):
+                cls._check_connector_fields(
+                    child, vllm_config, f"{where}.kv_connector_extra_config.connectors[{index}]"
+                )
+            return
+        if name == "OffloadingConnector":
+            spec_name = extra.get("spec_name")
+            if spec_name in (None, "CPUOffloadingSpec") and len(KV_OFFLOAD_SPECS):
+                extra["spec_name"] = spec_name = KV_OFFLOAD_SPECS.names()[0]
+                extra.pop("spec_module_path", None)
+            if spec_name in KV_OFFLOAD_SPECS:
+                extra.pop("spec_module_path", None)  # upstream's module path for a spec served here
+                check = getattr(KV_OFFLOAD_SPECS.get(spec_name), "check_kv_transfer_config", None)
+                if check is not None:
+                    check(extra, f"{where}.kv_connector_extra_config")
+                return
+            if extra.get("spec_module_path"):
+                return  # the user's own spec
+            offered = ", ".join(KV_OFFLOAD_SPECS.names()) or "none (install vllm-ascend[kvtransfer])"
             raise ConfigError(
-                f"kv_transfer_config.kv_connector = {transfer.kv_connector!r} is not supported by vllm-ascend; "
-                f"supported: {offered}"
+                f"{where}.kv_connector_extra_config.spec_name = {spec_name!r} is not supported by vllm-ascend "
+                f"(vLLM's CPUOffloadingSpec moves blocks with CUDA kernels); supported: {offered}"
             )
-        check = getattr(KV_CONNECTORS.get(transfer.kv_connector), "check_kv_transfer_config", None)
+        if name not in KV_CONNECTORS:
+            offered = ", ".join(["MultiConnector", "OffloadingConnector", *KV_CONNECTORS.names()])
+            raise ConfigError(
+                f"{where}.kv_connector = {name!r} is not supported by vllm-ascend; supported: {offered}"
+                + ("" if len(KV_CONNECTORS) else " (install vllm-ascend[kvtransfer])")
+            )
+        check = getattr(KV_CONNECTORS.get(name), "check_kv_transfer_config", None)
         if check is not None:
-            check(vllm_config)
+            child_config = vllm_config
+            if where != "kv_transfer_config":
+                child_config = copy.copy(vllm_config)
+                parent = vllm_config.kv_transfer_config
+                child_config.kv_transfer_config = KVTransferConfig(
+                    **fields, engine_id=fields.get("engine_id", parent.engine_id if parent else None)
+                )
+            check(child_config)
 
     @classmethod
     def _check_parallelism(cls, vllm_config: VllmConfig) -> None:

@@ -61,6 +61,7 @@ def load_extensions() -> None:
             accept_served_spec_methods_in_vllm,
             register_kv_connectors_with_vllm,
             register_model_loaders_with_vllm,
+            register_offload_specs_with_vllm,
             register_quant_methods_with_vllm,
             serve_model_runner_v2_in_vllm,
         )
@@ -68,6 +69,7 @@ def load_extensions() -> None:
         register_model_loaders_with_vllm()
         register_quant_methods_with_vllm()
         register_kv_connectors_with_vllm()
+        register_offload_specs_with_vllm()
         accept_served_spec_methods_in_vllm()
         serve_model_runner_v2_in_vllm()
         get_device_adaptor().install_runtime_shims()

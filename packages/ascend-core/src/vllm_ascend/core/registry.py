@@ -257,6 +257,11 @@ DEVICE_ADAPTORS: Registry[type] = Registry(
 KV_CONNECTORS: Registry[type] = Registry(
     "KV connector", _is_class, "a KVConnectorBase_V1 subclass", import_at_load=False
 )
+#: ``OffloadingConnector``'s ``spec_name`` -> a vLLM ``OffloadingSpec`` subclass (handed to vLLM's
+#: ``OffloadingSpecFactory``; the platform names the first one for a connector left at vLLM's default spec).
+KV_OFFLOAD_SPECS: Registry[type] = Registry(
+    "KV offloading spec", _is_class, "an OffloadingSpec subclass", import_at_load=False
+)
 #: any name -> ``probe() -> dict[str, str]``: what ``vllm-ascend doctor`` shows about something a sibling
 #: depends on at run time (label -> one line), e.g. whether a transfer engine initializes here.
 DOCTOR_PROBES: Registry[Callable[..., Any]] = Registry(
@@ -286,6 +291,7 @@ ALL_REGISTRIES: dict[str, Registry[Any]] = {
     "device_overlays": DEVICE_OVERLAYS,
     "device_adaptors": DEVICE_ADAPTORS,
     "kv_connectors": KV_CONNECTORS,
+    "kv_offload_specs": KV_OFFLOAD_SPECS,
     "doctor_probes": DOCTOR_PROBES,
     "cli_commands": CLI_COMMANDS,
     "workers": WORKERS,

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from vllm_ascend.core.registry import DEVICE_OVERLAYS as DEVICE_OVERLAYS
     from vllm_ascend.core.registry import DOCTOR_PROBES as DOCTOR_PROBES
     from vllm_ascend.core.registry import KV_CONNECTORS as KV_CONNECTORS
+    from vllm_ascend.core.registry import KV_OFFLOAD_SPECS as KV_OFFLOAD_SPECS
     from vllm_ascend.core.registry import MODEL_LOADERS as MODEL_LOADERS
     from vllm_ascend.core.registry import MOE_PLACEMENTS as MOE_PLACEMENTS
     from vllm_ascend.core.registry import QUANT_METHODS as QUANT_METHODS
@@ -90,6 +91,7 @@ _EXPORTS: dict[str, str] = {
     "DEVICE_OVERLAYS": "vllm_ascend.core.registry",
     "DOCTOR_PROBES": "vllm_ascend.core.registry",
     "KV_CONNECTORS": "vllm_ascend.core.registry",
+    "KV_OFFLOAD_SPECS": "vllm_ascend.core.registry",
     "MODEL_LOADERS": "vllm_ascend.core.registry",
     "MOE_PLACEMENTS": "vllm_ascend.core.registry",
     "QUANT_METHODS": "vllm_ascend.core.registry",

@@ -1,7 +1,7 @@
 """Hand what siblings registered with core to vLLM's own registries, and report what vLLM can reach.
 
-``load_format`` names (``MODEL_LOADERS``), quantization methods (``QUANT_METHODS``) and KV connectors
-(``KV_CONNECTORS``) become vLLM entries when the platform is active, and vLLM's speculative config stops requiring arctic-inference for
+``load_format`` names (``MODEL_LOADERS``), quantization methods (``QUANT_METHODS``), KV connectors
+(``KV_CONNECTORS``) and KV offloading specs (``KV_OFFLOAD_SPECS``) become vLLM entries when the platform is active, and vLLM's speculative config stops requiring arctic-inference for
 ``suffix`` when a sibling serves that method (``SPEC_DECODE_METHODS``); :func:`reachability` tells
 ``vllm-ascend doctor`` which registered entries vLLM (or the plugin's serving path) actually reaches.
 """
@@ -15,6 +15,7 @@ from vllm_ascend.core.registry import (
     ALL_REGISTRIES,
     CONFIG_SECTIONS,
     KV_CONNECTORS,
+    KV_OFFLOAD_SPECS,
     MODEL_LOADERS,
     QUANT_METHODS,
     SPEC_DECODE_METHODS,
@@ -103,6 +104,24 @@ def register_kv_connectors_with_vllm() -> list[str]:
     return added
 
 
+def register_offload_specs_with_vllm() -> list[str]:
+    """Name every spec in :data:`KV_OFFLOAD_SPECS` to vLLM's ``OffloadingSpecFactory`` by its lazy path (vLLM's
+    ``OffloadingConnector`` builds it by ``spec_name`` in the scheduler and in each worker); return the names
+    added."""
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+    added = []
+    for name in KV_OFFLOAD_SPECS.names():
+        if name in OffloadingSpecFactory._registry:
+            continue
+        value = KV_OFFLOAD_SPECS.entry(name).value
+        path = value if isinstance(value, str) else f"{value.__module__}:{value.__qualname__}"
+        module, _, attr = path.replace(":", ".").rpartition(".")
+        OffloadingSpecFactory.register_spec(name, module, attr)
+        added.append(name)
+    return added
+
+
 def _suffix_method_is_served() -> bool:
     """Stands for vLLM's ``has_arctic_inference`` check once a sibling serves ``suffix``."""
     return True
@@ -173,6 +192,13 @@ def _reached(registry: str, name: str) -> tuple[bool, str]:
         ok = name in KVConnectorFactory._registry
         return ok and KVConnectorFactory.get_connector_class_by_name(name) is KV_CONNECTORS.get(name), (
             f"vLLM kv_transfer_config.kv_connector {name!r}"
+        )
+    if registry == "kv_offload_specs":
+        from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+        ok = name in OffloadingSpecFactory._registry
+        return ok and OffloadingSpecFactory.get_spec_cls({"spec_name": name}) is KV_OFFLOAD_SPECS.get(name), (
+            f"vLLM OffloadingConnector spec_name {name!r}"
         )
     if registry == "spec_decode_methods":
         return "default" in WORKERS, f"speculative_config.method {name!r} (the runner's drafter)"

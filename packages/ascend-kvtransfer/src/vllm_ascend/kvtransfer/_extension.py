@@ -8,12 +8,13 @@ from vllm_ascend.kvtransfer._version import __version__
 
 def register() -> None:
     """Fill core's registries with lazy paths (nothing heavy is imported here)."""
-    from vllm_ascend.core.sdk import CLI_COMMANDS, DOCTOR_PROBES, KV_CONNECTORS
+    from vllm_ascend.core.sdk import CLI_COMMANDS, DOCTOR_PROBES, KV_CONNECTORS, KV_OFFLOAD_SPECS
 
     KV_CONNECTORS.register("MooncakeConnectorV1", "vllm_ascend.kvtransfer.connector:MooncakeConnectorV1")
     KV_CONNECTORS.register(
         "MooncakeLayerwiseConnector", "vllm_ascend.kvtransfer.connector:MooncakeLayerwiseConnector"
     )
+    KV_OFFLOAD_SPECS.register("NPUOffloadingSpec", "vllm_ascend.kvtransfer.offload:NPUOffloadingSpec")
     CLI_COMMANDS.register("pd-proxy", "vllm_ascend.kvtransfer.proxy_cli:PD_PROXY_COMMAND")
     DOCTOR_PROBES.register("kvtransfer", "vllm_ascend.kvtransfer.engine:probe")
 
@@ -22,7 +23,7 @@ EXTENSION = ExtensionDescriptor(
     name="kvtransfer",
     version=__version__,
     core_requires=">=0.1,<0.2",
-    provides=("kv_connectors", "cli_commands", "doctor_probes"),
+    provides=("kv_connectors", "kv_offload_specs", "cli_commands", "doctor_probes"),
     register=register,
-    description="Prefill/decode disaggregation over Mooncake (KV connectors, PD proxy)",
+    description="KV transfer: prefill/decode disaggregation over Mooncake, KV offload to host memory, KV pool",
 )

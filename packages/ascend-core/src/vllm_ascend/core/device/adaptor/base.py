@@ -63,7 +63,10 @@ FUSED_OPS: tuple[str, ...] = (
 )
 
 #: Ops of the runtime section counted like :data:`OPS` (the random draws samplers make).
-RUNTIME_OPS: tuple[str, ...] = ("random_fill",)
+RUNTIME_OPS: tuple[str, ...] = ("random_fill", "swap_blocks")
+#: Above this many separate runs of consecutive rows, :meth:`BaseDeviceAdaptor.swap_blocks` gathers and
+#: scatters once instead of one copy per run.
+SWAP_BLOCKS_MAX_RUNS = 64
 #: What :meth:`BaseDeviceAdaptor.random_fill` draws: ``uniform`` in ``[0, 1)``, ``exponential`` Exp(1) (at or
 #: above the dtype's smallest normal, so reciprocals stay finite), ``seed`` integers in ``[0, 2**62)``.
 RANDOM_DISTRIBUTIONS: tuple[str, ...] = ("uniform", "exponential", "seed")
@@ -232,6 +235,38 @@ class BaseDeviceAdaptor(abc.ABC):
         if distribution == "exponential":
             out.clamp_(min=torch.finfo(out.dtype).tiny)
         return out
+
+    def swap_blocks(
+        self,
+        src: torch.Tensor,
+        dst: torch.Tensor,
+        src_ids: torch.Tensor,
+        dst_ids: torch.Tensor,
+    ) -> int:
+        """Copy row ``src[src_ids[i]]`` to ``dst[dst_ids[i]]`` for every ``i``; return the bytes copied.
+
+        The KV offload copies between the device cache and host memory: ``src`` / ``dst`` are 2-D int8 views
+        ``[rows, page_bytes]`` of one page size (rows may be strided, a page is contiguous), one of them
+        on the device or both on the host; ``src_ids`` / ``dst_ids`` are int64 host vectors of one length,
+        in range. Issued on the caller's current stream, asynchronous where the host side is pinned (the
+        caller orders it with events). No two ``dst_ids`` may be equal.
+
+        Default: each run of rows consecutive on both sides is one ``copy_`` (no staging); past
+        :data:`SWAP_BLOCKS_MAX_RUNS` runs, one gather on the source's device, one copy across and one
+        scatter on the destination's. Any device torch copies on runs it."""
+        check_swap_blocks(src, dst, src_ids, dst_ids)
+        count = src_ids.numel()
+        if count == 0:
+            return 0
+        non_blocking = src.is_pinned() or dst.is_pinned()
+        runs = _consecutive_runs(src_ids, dst_ids)
+        if len(runs) <= SWAP_BLOCKS_MAX_RUNS:
+            for s, d, n in runs:
+                dst[d : d + n].copy_(src[s : s + n], non_blocking=non_blocking)
+        else:
+            rows = src.index_select(0, src_ids.to(src.device))
+            dst.index_copy_(0, dst_ids.to(dst.device), rows.to(dst.device, non_blocking=non_blocking))
+        return count * src.shape[1]
 
     @staticmethod
     def random_fill_segments(
@@ -649,7 +684,48 @@ class BaseDeviceAdaptor(abc.ABC):
         torch computes it)."""
 
 
-count_overrides(BaseDeviceAdaptor, RUNTIME_OPS)  # the default random_fill is counted too
+count_overrides(BaseDeviceAdaptor, RUNTIME_OPS)  # the default runtime ops are counted too
+
+
+def check_swap_blocks(
+    src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor
+) -> None:
+    """Raise :class:`DeviceOpError` unless :meth:`BaseDeviceAdaptor.swap_blocks`'s arguments are in contract."""
+
+    def require(cond: bool, message: str) -> None:
+        if not cond:
+            raise DeviceOpError(message)
+
+    for name, t in (("src", src), ("dst", dst)):
+        require(
+            t.dim() == 2 and t.dtype == torch.int8, f"{name} must be 2-D int8, got {t.dtype} {tuple(t.shape)}"
+        )
+        require(
+            t.shape[1] == 0 or t.stride(1) == 1,
+            f"{name}'s pages must be contiguous, got strides {t.stride()}",
+        )
+    require(src.shape[1] == dst.shape[1], f"src pages are {src.shape[1]} bytes, dst pages {dst.shape[1]}")
+    for name, ids, rows in (("src_ids", src_ids, src.shape[0]), ("dst_ids", dst_ids, dst.shape[0])):
+        require(
+            ids.dim() == 1 and ids.dtype == torch.int64 and ids.device.type == "cpu",
+            f"{name} must be a 1-D int64 host tensor, got {ids.dtype} {tuple(ids.shape)} on {ids.device}",
+        )
+        require(
+            ids.numel() == 0 or (int(ids.min()) >= 0 and int(ids.max()) < rows),
+            f"{name} must lie in [0, {rows})",
+        )
+    require(src_ids.numel() == dst_ids.numel(), f"{src_ids.numel()} src_ids but {dst_ids.numel()} dst_ids")
+
+
+def _consecutive_runs(src_ids: torch.Tensor, dst_ids: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``(src_start, dst_start, length)`` of the maximal runs where both id vectors step by one."""
+    if src_ids.numel() == 1:
+        return [(int(src_ids[0]), int(dst_ids[0]), 1)]
+    breaks = ((src_ids[1:] - src_ids[:-1] != 1) | (dst_ids[1:] - dst_ids[:-1] != 1)).nonzero().flatten() + 1
+    starts = [0, *breaks.tolist()]
+    ends = [*starts[1:], src_ids.numel()]
+    s_list, d_list = src_ids.tolist(), dst_ids.tolist()
+    return [(s_list[a], d_list[a], b - a) for a, b in zip(starts, ends, strict=True)]
 
 
 def _draw(t: torch.Tensor, distribution: str, generator: torch.Generator | None) -> None:
