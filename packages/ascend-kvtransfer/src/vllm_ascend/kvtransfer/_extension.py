@@ -15,6 +15,7 @@ def register() -> None:
         "MooncakeLayerwiseConnector", "vllm_ascend.kvtransfer.connector:MooncakeLayerwiseConnector"
     )
     CLI_COMMANDS.register("pd-proxy", "vllm_ascend.kvtransfer.proxy_cli:PD_PROXY_COMMAND")
+    CLI_COMMANDS.register("kv-pool", "vllm_ascend.kvtransfer.pool_cli:KV_POOL_COMMAND")
     DOCTOR_PROBES.register("kvtransfer", "vllm_ascend.kvtransfer.engine:probe")
 
 
@@ -24,5 +25,5 @@ EXTENSION = ExtensionDescriptor(
     core_requires=">=0.1,<0.2",
     provides=("kv_connectors", "cli_commands", "doctor_probes"),
     register=register,
-    description="Prefill/decode disaggregation over Mooncake (KV connectors, PD proxy)",
+    description="Prefill/decode disaggregation over Mooncake (KV connectors, PD proxy, KV pool master)",
 )
