@@ -31,7 +31,7 @@ def test_defaults_and_roles():
     assert (consumer.saves, consumer.loads) == (False, True)
     putting = StoreConnectorConfig.from_vllm_config(
         _vllm({"master_server_address": "127.0.0.1:5000", "consumer_is_to_put": True, "load_async": False,
-               "lookup_rpc_port": 12345, "backend": "mooncake"}, role="kv_consumer")
+               "backend": "mooncake"}, role="kv_consumer")
     )  # fmt: skip
     assert (putting.saves, putting.load_async, putting.pool.master) == (True, False, "127.0.0.1:5000")
 
@@ -44,6 +44,7 @@ def test_defaults_and_roles():
         ({"master": "127.0.0.1:5000", "load_async": "yes"}, "load_async must be true or false"),
         ({"master": "127.0.0.1:5000", "prefill_pp_size": 2}, "pipeline-parallel prefill is not supported"),
         ({"master": "127.0.0.1:5000", "pool_namespace": "a/b"}, "pool_namespace must be a non-empty string without '/'"),
+        ({"master": "127.0.0.1:5000", "lookup_rpc_port": 1}, "lookup_rpc_port is not used .*: remove it"),
         ({"master": "127.0.0.1:5000", "bogus": 1}, r"'bogus'.* not supported; allowed: .*AscendStoreConnector's own keys: backend"),
     ],
 )  # fmt: skip
@@ -60,7 +61,7 @@ def test_mooncake_config_file_fills_pool_fields(tmp_path, monkeypatch):
     config = StoreConnectorConfig.from_vllm_config(_vllm({}))
     assert (config.pool.master, config.pool.global_segment_size) == ("127.0.0.1:6001", 1 << 30)
     path.write_text("[1]")
-    with pytest.raises(ConfigError, match="MOONCAKE_CONFIG_PATH=.*expected a JSON object, got list"):
+    with pytest.raises(ConfigError, match=r"MOONCAKE_CONFIG_PATH=.*expected a JSON object, got list"):
         StoreConnectorConfig.from_vllm_config(_vllm({}))
 
 

@@ -459,7 +459,7 @@ class AscendPlatform(Platform):
         from vllm_ascend.core.config import ConfigError
         from vllm_ascend.core.registry import KV_CONNECTORS, KV_OFFLOAD_SPECS
 
-        name = fields.get("kv_connector")
+        name = str(fields.get("kv_connector"))
         module = fields.get("kv_connector_module_path")
         extra = fields.setdefault("kv_connector_extra_config", {})
         if module and module.startswith("vllm_ascend.") and name in KV_CONNECTORS:

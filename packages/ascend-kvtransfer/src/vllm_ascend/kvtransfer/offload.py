@@ -77,14 +77,14 @@ class NPUOffloadingSpec(CPUOffloadingSpec):
         return False
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> NPUOffloadingWorker:
-        if self._worker is None:
-            self._worker = NPUOffloadingWorker(
-                kv_caches,
-                self.blocks_per_chunk,
-                self.num_chunks,
-                latent_split=_latent_split(self.tokens_per_block),
+        worker: NPUOffloadingWorker | None = getattr(self, "_npu_worker", None)
+        if worker is None:
+            split = _latent_split(self.tokens_per_block)
+            worker = NPUOffloadingWorker(
+                kv_caches, self.blocks_per_chunk, self.num_chunks, latent_split=split
             )
-        return self._worker
+            self._npu_worker = worker
+        return worker
 
 
 def _latent_split(tokens_per_block: tuple[int, ...]) -> tuple[int, int, int] | None:

@@ -226,7 +226,7 @@ def _run(args: argparse.Namespace) -> int:
         port, metrics_port = _port("--port", args.port), _port("--metrics-port", args.metrics_port)
         if port == metrics_port:
             raise UsageError(f"--metrics-port must differ from --port, both are {port}")
-        settings = {
+        settings: dict[str, Any] = {
             "metrics_port": metrics_port,
             "eviction_high_watermark_ratio": _ratio(
                 "--eviction-high-watermark-ratio", args.eviction_high_watermark_ratio

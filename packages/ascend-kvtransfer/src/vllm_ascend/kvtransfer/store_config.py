@@ -23,7 +23,6 @@ STORE_KEYS: dict[str, str] = {
     "consumer_is_to_put": "bool (default false): a kv_consumer also puts its blocks into the pool",
     "consumer_is_to_load": "bool (default true): a kv_consumer loads pool hits",
     "pool_namespace": "str: share blocks only among instances naming the same namespace (default: from the model)",
-    "lookup_rpc_port": "accepted for upstream configs; unused (the scheduler asks the pool directly)",
     "prefill_pp_size": "1 only (pipeline parallel prefill is not served by the pool connector)",
     "prefill_pp_layer_partition": "unset only",
 }
@@ -53,6 +52,11 @@ class StoreConnectorConfig:
             )
         extra = dict(transfer.kv_connector_extra_config or {})
         own = {key: extra.pop(key) for key in list(extra) if key in STORE_KEYS}
+        if "lookup_rpc_port" in extra:
+            raise ConfigError(
+                "kv_connector_extra_config.lookup_rpc_port is not used by vllm-ascend's AscendStoreConnector (its "
+                "scheduler asks the pool directly, no RPC to the workers): remove it"
+            )
         backend = own.get("backend", "mooncake")
         if backend not in BACKENDS:
             raise ConfigError(
