@@ -1,7 +1,8 @@
-"""A shared KV pool (``AscendStoreConnector`` over Mooncake Store): two real ``vllm-ascend serve`` instances and
-one pool started with ``vllm-ascend kv-pool``, all on 127.0.0.1. Instance B serves a prompt A computed from the
-pool (vLLM's external prefix-cache hits) with A's tokens; 200 requests leave no block held; with the pool killed
-mid-run every request is still served (computed locally), within a bounded time.
+"""A shared KV pool (``AscendStoreConnector`` over Mooncake Store): real ``vllm-ascend serve`` instances and one
+pool started with ``vllm-ascend kv-pool``, all on 127.0.0.1. Instance B serves a prompt A computed from the pool
+(vLLM's external prefix-cache hits) with A's tokens; a P/D pair whose prefill composes the P/D connector and the
+pool through vLLM's ``MultiConnector`` hands the prompt to decode and to the pool at once; 200 requests leave no
+block held; with the pool killed mid-run every request is still served (computed locally), in bounded time.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .pd import Instance, completion, free_port, metric, running, start_serve
+from .pd import Instance, completion, free_port, free_port_block, metric, running, start_proxy, start_serve
 
 BLOCK = 16
 MAX_TOKENS = 6
@@ -57,22 +58,21 @@ def _start_pool(log: Path) -> tuple[subprocess.Popen, str]:
     return proc, f"127.0.0.1:{port}"
 
 
-def _pooled(model: Path, log: Path, master: str) -> Instance:
-    return start_serve(
-        model,
-        log,
-        kv_transfer={
-            "kv_connector": "AscendStoreConnector",
-            "kv_role": "kv_both",
-            "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {
-                "master": master,
-                "global_segment_size": 32 << 20,
-                "local_buffer_size": 16 << 20,
-                "op_timeout_s": 3,
-            },
+def _store(master: str, role: str = "kv_both") -> dict:
+    return {
+        "kv_connector": "AscendStoreConnector",
+        "kv_role": role,
+        "kv_connector_extra_config": {
+            "master": master,
+            "global_segment_size": 32 << 20,
+            "local_buffer_size": 16 << 20,
+            "op_timeout_s": 3,
         },
-    )
+    }
+
+
+def _pooled(model: Path, log: Path, master: str) -> Instance:
+    return start_serve(model, log, kv_transfer={**_store(master), "kv_load_failure_policy": "recompute"})
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +81,36 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3: Path):
     pool, master = _start_pool(logs / "pool.log")
     try:
         a, b = _pooled(tiny_qwen3, logs / "a.log", master), _pooled(tiny_qwen3, logs / "b.log", master)
-        with running(a, b):
-            yield {"a": a, "b": b, "pool": pool, "master": master}
+        prefill = start_serve(
+            tiny_qwen3,
+            logs / "prefill.log",
+            kv_transfer={
+                "kv_connector": "MultiConnector",
+                "kv_role": "kv_producer",
+                "kv_connector_extra_config": {
+                    "connectors": [
+                        {
+                            "kv_connector": "MooncakeConnectorV1",
+                            "kv_role": "kv_producer",
+                            "kv_port": free_port_block(4),
+                        },
+                        _store(master),
+                    ]
+                },
+            },
+        )
+        decode = start_serve(
+            tiny_qwen3,
+            logs / "decode.log",
+            kv_transfer={
+                "kv_connector": "MooncakeConnectorV1",
+                "kv_role": "kv_consumer",
+                "kv_port": free_port_block(4),
+            },
+        )
+        with running(a, b, prefill, decode):
+            with running(start_proxy([prefill], [decode], logs / "proxy.log")) as (proxy,):
+                yield {"a": a, "b": b, "prefill": prefill, "decode": decode, "proxy": proxy, "pool": pool}
     finally:
         if pool.poll() is None:
             pool.send_signal(signal.SIGTERM)
@@ -131,6 +159,19 @@ def test_a_shared_prefix_with_a_new_tail_hits_only_the_prefix(cluster):
     assert _hits(b) - before == 8 * BLOCK  # the tail's blocks are new to the pool
     # the same request again on A, computed there from its own prefix cache: the same tokens
     assert _tokens(a, shared + tail) == served
+
+
+def test_prefill_composes_pd_and_the_pool_through_multi_connector(cluster):
+    """The proxy's request: prefill computes the prompt once, decode pulls it (P/D), and the pool gets it too:
+    pooled instance B then loads every full block."""
+    a, b, proxy = cluster["a"], cluster["b"], cluster["proxy"]
+    prompt = _prompt(9 * BLOCK + 3, salt=5)
+    through_pd = _tokens(proxy, prompt)
+    assert _wait_idle(cluster["prefill"]) == 0 and _wait_idle(cluster["decode"]) == 0
+    before = _hits(b)
+    assert _tokens(b, prompt) == through_pd
+    assert _hits(b) - before == 9 * BLOCK
+    assert _tokens(a, prompt) == through_pd
 
 
 def test_no_leaked_blocks_after_200_requests(cluster):
