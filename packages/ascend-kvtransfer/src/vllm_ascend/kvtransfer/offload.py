@@ -232,12 +232,13 @@ class NPUOffloadingWorker(OffloadingWorker):
         with self._streams["stream"](stream):
             for group, device_rows, host_rows in plan:
                 device_ids, host_ids = torch.from_numpy(device_rows), torch.from_numpy(host_rows)
-                for index in self._group_tensors[group]:
-                    device, host = self.device_tensors[index], self.host_tensors[index]
-                    if store:
-                        num_bytes += self._adaptor.swap_blocks(device, host, device_ids, host_ids)
-                    else:
-                        num_bytes += self._adaptor.swap_blocks(host, device, host_ids, device_ids)
+                tensors = self._group_tensors[group]
+                device = [self.device_tensors[i] for i in tensors]
+                host = [self.host_tensors[i] for i in tensors]
+                if store:
+                    num_bytes += self._adaptor.swap_blocks(device, host, device_ids, host_ids)
+                else:
+                    num_bytes += self._adaptor.swap_blocks(host, device, host_ids, device_ids)
             event = self._streams["Event"]()
             event.record(stream)
         finished = event.query()

@@ -469,3 +469,41 @@ def _check_batch(
         if any(size <= 0 for size in key_sizes):
             raise ValueError(f"{what} key {key!r} has a buffer size <= 0: {key_sizes}")
     return keys, ptrs, sizes
+
+
+class PoolConnection:
+    """A :class:`KVPool` made on first use, tried again at most every ``retry_s`` while the master cannot be
+    reached; once made it is kept (it recovers by itself when its master answers again). ``on_connect`` runs on
+    a new client before it is handed out (e.g. registering the KV cache's memory)."""
+
+    def __init__(
+        self, config: PoolConfig, *, on_connect: Callable[[KVPool], None] | None = None, retry_s: float = 5.0
+    ) -> None:
+        self.config, self.retry_s = config, retry_s
+        self._on_connect = on_connect
+        self._lock = threading.Lock()
+        self._pool: KVPool | None = None
+        self._next_try = 0.0
+
+    def get(self) -> KVPool | None:
+        with self._lock:
+            if self._pool is not None or time.monotonic() < self._next_try:
+                return self._pool
+            self._next_try = time.monotonic() + self.retry_s
+            try:
+                pool = KVPool(self.config)
+                if self._on_connect is not None:
+                    self._on_connect(pool)
+            except PoolUnavailable as exc:
+                logger.warning(
+                    "%s; prompts are computed locally until it answers (next try in %gs)", exc, self.retry_s
+                )
+                return None
+            self._pool = pool
+            return pool
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None

@@ -4,20 +4,18 @@ A new request's prompt is looked up in the pool block by block, past what the de
 holds: the leading run of blocks present becomes an external hit, loaded by the workers into the blocks vLLM
 allocates (asynchronously by default: the request waits while others run). Each step, prompt blocks that the
 step completes are planned as saves; a finished request that had saves keeps its blocks until every worker
-has put them. With the pool unreachable the lookup answers no hit (the prompt is computed here) and a new
-connection is tried at most every ``RECONNECT_INTERVAL_S``.
+has put them. With the pool unreachable the lookup answers no hit (the prompt is computed here).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm_ascend.core.sdk import init_logger
 from vllm_ascend.kvtransfer.block_keys import RequestKeys, block_key, pool_namespace
-from vllm_ascend.kvtransfer.pool import KVPool, PoolUnavailable
+from vllm_ascend.kvtransfer.pool import PoolConnection, PoolUnavailable
 from vllm_ascend.kvtransfer.store_config import StoreConnectorConfig
 from vllm_ascend.kvtransfer.store_metadata import BlockTask, StoreConnectorMetadata, lookup_shard
 
@@ -28,8 +26,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = init_logger(__name__)
-
-RECONNECT_INTERVAL_S = 5.0
 
 
 @dataclass
@@ -51,8 +47,10 @@ class AscendStoreScheduler:
         self.namespace = pool_namespace(vllm_config, config.namespace)
         self.shard = lookup_shard(vllm_config)
         self._manager: KVCacheManager | None = None
-        self._pool: KVPool | None = None
-        self._next_connect = 0.0
+        # the scheduler only asks which keys exist: it lends the pool no memory
+        self._pool = PoolConnection(dataclasses.replace(config.pool, global_segment_size=0))
+        if config.loads:
+            self._pool.get()  # at start-up, not on the first request's lookup
         self._tracked: dict[str, _Tracked] = {}
         self._loads: list[BlockTask] = []
         self._loading: set[str] = set()  # loads planned and not yet reported received
@@ -61,22 +59,6 @@ class AscendStoreScheduler:
 
     def bind_kv_cache_manager(self, manager: KVCacheManager) -> None:
         self._manager = manager
-
-    def _connected(self) -> KVPool | None:
-        if self._pool is not None and self._pool.healthy:
-            return self._pool
-        if time.monotonic() < self._next_connect:
-            return None
-        self._next_connect = time.monotonic() + RECONNECT_INTERVAL_S
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-        try:
-            # the scheduler only asks which keys exist: it lends the pool no memory
-            self._pool = KVPool(dataclasses.replace(self.config.pool, global_segment_size=0))
-        except PoolUnavailable as error:
-            logger.warning("KV pool unreachable (%s); prompts are computed here until it answers", error)
-        return self._pool
 
     def _track(self, request: Request) -> _Tracked:
         tracked = self._tracked.get(request.request_id)
@@ -95,7 +77,7 @@ class AscendStoreScheduler:
         limit = (request.num_tokens - 1) // self.block_size
         if first >= limit:
             return 0, False
-        pool = self._connected()
+        pool = self._pool.get()
         if pool is None:
             return 0, False
         hashes = tracked.keys.extend(request.all_token_ids)[first:limit]
@@ -174,5 +156,4 @@ class AscendStoreScheduler:
         return False, None
 
     def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
+        self._pool.close()

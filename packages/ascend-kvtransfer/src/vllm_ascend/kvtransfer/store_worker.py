@@ -5,13 +5,12 @@ KV cache and the pool (no staging copy): one pool key per block holds that block
 this rank's slice (``shard``), as several buffers. Gets and puts run on a small thread pool, bounded by the
 pool's ``op_timeout_s``; a failed get marks its blocks invalid, so vLLM recomputes them
 (``kv_load_failure_policy``); a failed put is dropped. With the pool gone, loads fail at once and saves are
-skipped until a reconnect (at most every ``RECONNECT_INTERVAL_S``) succeeds.
+skipped until its master answers again.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -21,7 +20,7 @@ import torch
 from vllm_ascend.core.sdk import init_logger, latent_cache_parts
 from vllm_ascend.kvtransfer.block_keys import block_key, pool_namespace
 from vllm_ascend.kvtransfer.layout import Region, describe_cache
-from vllm_ascend.kvtransfer.pool import KVPool, PoolUnavailable
+from vllm_ascend.kvtransfer.pool import KVPool, PoolConnection, PoolUnavailable
 from vllm_ascend.kvtransfer.store_config import StoreConnectorConfig
 from vllm_ascend.kvtransfer.store_metadata import BlockTask, StoreConnectorMetadata, shard_name
 
@@ -30,8 +29,6 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
 logger = init_logger(__name__)
-
-RECONNECT_INTERVAL_S = 5.0
 
 
 class AscendStoreWorker:
@@ -61,8 +58,7 @@ class AscendStoreWorker:
         self._num_blocks = kv_cache_config.num_blocks
         self._regions: list[Region] = []
         self._storages: list[tuple[int, int]] = []
-        self._pool: KVPool | None = None
-        self._next_connect = 0.0
+        self._pool = PoolConnection(config.pool, on_connect=self._register)
         self._lock = threading.Lock()
         self._threads = ThreadPoolExecutor(2, thread_name_prefix="kvpool")
         self._outstanding: dict[str, list[Future[None]]] = defaultdict(list)
@@ -102,29 +98,11 @@ class AscendStoreWorker:
             self.namespace,
             self.config.pool.master,
         )
-        self._connected()
+        self._pool.get()
 
-    def _connected(self) -> KVPool | None:
-        with self._lock:
-            if self._pool is not None and self._pool.healthy:
-                return self._pool
-            if time.monotonic() < self._next_connect:
-                return None
-            self._next_connect = time.monotonic() + RECONNECT_INTERVAL_S
-            if self._pool is not None:
-                self._pool.close()
-                self._pool = None
-            try:
-                pool = KVPool(self.config.pool)
-                for base, size in self._storages:
-                    pool.register(base, size)
-            except PoolUnavailable as error:
-                logger.warning(
-                    "KV pool unreachable (%s): loads fail over to recompute, saves are skipped", error
-                )
-                return None
-            self._pool = pool
-            return pool
+    def _register(self, pool: KVPool) -> None:
+        for base, size in self._storages:
+            pool.register(base, size)
 
     def _buffers(self, block_ids: list[int]) -> tuple[list[list[int]], list[list[int]]]:
         ptrs = [[r.base + b * r.block_stride for r in self._regions] for b in block_ids]
@@ -136,7 +114,7 @@ class AscendStoreWorker:
 
     # -- loads ---------------------------------------------------------------------------------
     def _get(self, task: BlockTask) -> None:
-        pool = self._connected()
+        pool = self._pool.get()
         ok: list[bool] = [False] * len(task.block_ids)
         if pool is not None:
             ptrs, sizes = self._buffers(task.block_ids)
@@ -164,7 +142,7 @@ class AscendStoreWorker:
 
     # -- saves ---------------------------------------------------------------------------------
     def _put(self, task: BlockTask) -> None:
-        pool = self._connected()
+        pool = self._pool.get()
         if pool is None:
             with self._lock:
                 self.stats["dropped_put_blocks"] += len(task.block_ids)
@@ -217,8 +195,7 @@ class AscendStoreWorker:
 
     def shutdown(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
-        if self._pool is not None:
-            self._pool.close()
+        self._pool.close()
 
 
 def _done() -> Future[None]:

@@ -65,7 +65,7 @@ FUSED_OPS: tuple[str, ...] = (
 #: Ops of the runtime section counted like :data:`OPS` (the random draws samplers make).
 RUNTIME_OPS: tuple[str, ...] = ("random_fill", "swap_blocks")
 #: Above this many separate runs of consecutive rows, :meth:`BaseDeviceAdaptor.swap_blocks` gathers and
-#: scatters once instead of one copy per run.
+#: scatters once instead of one copy per run (for a pair of tensors on one device).
 SWAP_BLOCKS_MAX_RUNS = 64
 #: What :meth:`BaseDeviceAdaptor.random_fill` draws: ``uniform`` in ``[0, 1)``, ``exponential`` Exp(1) (at or
 #: above the dtype's smallest normal, so reciprocals stay finite), ``seed`` integers in ``[0, 2**62)``.
@@ -238,35 +238,41 @@ class BaseDeviceAdaptor(abc.ABC):
 
     def swap_blocks(
         self,
-        src: torch.Tensor,
-        dst: torch.Tensor,
+        srcs: Sequence[torch.Tensor],
+        dsts: Sequence[torch.Tensor],
         src_ids: torch.Tensor,
         dst_ids: torch.Tensor,
     ) -> int:
-        """Copy row ``src[src_ids[i]]`` to ``dst[dst_ids[i]]`` for every ``i``; return the bytes copied.
+        """For each pair ``(srcs[t], dsts[t])``, copy row ``src[src_ids[i]]`` to ``dst[dst_ids[i]]`` for every
+        ``i``; return the bytes copied.
 
-        The KV offload copies between the device cache and host memory: ``src`` / ``dst`` are 2-D int8 views
-        ``[rows, page_bytes]`` of one page size (rows may be strided, a page is contiguous), one of them
-        on the device or both on the host; ``src_ids`` / ``dst_ids`` are int64 host vectors of one length,
-        in range. Issued on the caller's current stream, asynchronous where the host side is pinned (the
-        caller orders it with events). No two ``dst_ids`` may be equal.
+        The KV offload's block copies between the device cache and host memory, one call per transfer for all
+        the cache tensors it touches: each tensor is a 2-D int8 view ``[rows, page_bytes]`` (rows may be
+        strided, a page is contiguous), a pair shares its page size; one side of a pair on the device or both on
+        the host. ``src_ids`` / ``dst_ids`` are int64 host vectors of one length, in range, with no two
+        ``dst_ids`` equal. Issued on the caller's current stream, asynchronous where the host side is pinned
+        (the caller orders it with events).
 
-        Default: each run of rows consecutive on both sides is one ``copy_`` (no staging); past
-        :data:`SWAP_BLOCKS_MAX_RUNS` runs, one gather on the source's device, one copy across and one
-        scatter on the destination's. Any device torch copies on runs it."""
-        check_swap_blocks(src, dst, src_ids, dst_ids)
+        Default: the runs of ids consecutive on both sides are found once; each run of each pair is one
+        ``copy_`` (no staging: host-side gathers and scatters are slower than row copies). Pairs on one device
+        with more than :data:`SWAP_BLOCKS_MAX_RUNS` runs gather and scatter there instead. Any device torch
+        copies on runs it."""
+        check_swap_blocks(srcs, dsts, src_ids, dst_ids)
         count = src_ids.numel()
         if count == 0:
             return 0
-        non_blocking = src.is_pinned() or dst.is_pinned()
         runs = _consecutive_runs(src_ids, dst_ids)
-        if len(runs) <= SWAP_BLOCKS_MAX_RUNS:
-            for s, d, n in runs:
-                dst[d : d + n].copy_(src[s : s + n], non_blocking=non_blocking)
-        else:
-            rows = src.index_select(0, src_ids.to(src.device))
-            dst.index_copy_(0, dst_ids.to(dst.device), rows.to(dst.device, non_blocking=non_blocking))
-        return count * src.shape[1]
+        copied = 0
+        for src, dst in zip(srcs, dsts, strict=True):
+            on_device = src.device == dst.device and src.device.type != "cpu"
+            if on_device and len(runs) > SWAP_BLOCKS_MAX_RUNS:
+                dst.index_copy_(0, dst_ids.to(dst.device), src.index_select(0, src_ids.to(src.device)))
+            else:
+                non_blocking = src.is_pinned() or dst.is_pinned()
+                for s, d, n in runs:
+                    dst[d : d + n].copy_(src[s : s + n], non_blocking=non_blocking)
+            copied += count * src.shape[1]
+        return copied
 
     @staticmethod
     def random_fill_segments(
@@ -688,7 +694,7 @@ count_overrides(BaseDeviceAdaptor, RUNTIME_OPS)  # the default runtime ops are c
 
 
 def check_swap_blocks(
-    src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor
+    srcs: Sequence[torch.Tensor], dsts: Sequence[torch.Tensor], src_ids: torch.Tensor, dst_ids: torch.Tensor
 ) -> None:
     """Raise :class:`DeviceOpError` unless :meth:`BaseDeviceAdaptor.swap_blocks`'s arguments are in contract."""
 
@@ -696,24 +702,24 @@ def check_swap_blocks(
         if not cond:
             raise DeviceOpError(message)
 
-    for name, t in (("src", src), ("dst", dst)):
+    require(len(srcs) == len(dsts), f"{len(srcs)} source tensors but {len(dsts)} destination tensors")
+    for index, (src, dst) in enumerate(zip(srcs, dsts, strict=True)):
+        for name, t in ((f"srcs[{index}]", src), (f"dsts[{index}]", dst)):
+            require(
+                t.dim() == 2 and t.dtype == torch.int8, f"{name} must be 2-D int8, got {t.dtype} {tuple(t.shape)}"
+            )
+            require(t.shape[1] == 0 or t.stride(1) == 1, f"{name}'s pages must be contiguous, got strides {t.stride()}")
         require(
-            t.dim() == 2 and t.dtype == torch.int8, f"{name} must be 2-D int8, got {t.dtype} {tuple(t.shape)}"
+            src.shape[1] == dst.shape[1],
+            f"srcs[{index}] pages are {src.shape[1]} bytes, dsts[{index}] pages {dst.shape[1]}",
         )
-        require(
-            t.shape[1] == 0 or t.stride(1) == 1,
-            f"{name}'s pages must be contiguous, got strides {t.stride()}",
-        )
-    require(src.shape[1] == dst.shape[1], f"src pages are {src.shape[1]} bytes, dst pages {dst.shape[1]}")
-    for name, ids, rows in (("src_ids", src_ids, src.shape[0]), ("dst_ids", dst_ids, dst.shape[0])):
+    for name, ids, tensors in (("src_ids", src_ids, srcs), ("dst_ids", dst_ids, dsts)):
         require(
             ids.dim() == 1 and ids.dtype == torch.int64 and ids.device.type == "cpu",
             f"{name} must be a 1-D int64 host tensor, got {ids.dtype} {tuple(ids.shape)} on {ids.device}",
         )
-        require(
-            ids.numel() == 0 or (int(ids.min()) >= 0 and int(ids.max()) < rows),
-            f"{name} must lie in [0, {rows})",
-        )
+        rows = min((t.shape[0] for t in tensors), default=0)
+        require(ids.numel() == 0 or (int(ids.min()) >= 0 and int(ids.max()) < rows), f"{name} must lie in [0, {rows})")
     require(src_ids.numel() == dst_ids.numel(), f"{src_ids.numel()} src_ids but {dst_ids.numel()} dst_ids")
 
 
