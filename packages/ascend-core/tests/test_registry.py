@@ -104,6 +104,7 @@ def test_core_registries_are_exactly_the_served_ones():
         "device_overlays",
         "device_adaptors",
         "kv_connectors",
+        "kv_offload_specs",
         "doctor_probes",
         "cli_commands",
         "workers",

@@ -566,6 +566,13 @@ class AscendPlatform(Platform):
                 f"speculative decoding with {arch} (Gated DeltaNet layers) is not supported yet by "
                 f"vllm-ascend {__version__}; supported: speculative_config=None"
             )
+        transfer = vllm_config.kv_transfer_config
+        if transfer is not None and transfer.kv_connector is not None:
+            raise ConfigError(
+                f"kv_transfer_config.kv_connector = {transfer.kv_connector!r} with {arch} (Gated DeltaNet state "
+                f"beside the KV cache) is not supported yet by vllm-ascend {__version__}: the connectors move "
+                "attention KV blocks only and prefix caching is off for this model; supported: no kv_transfer_config"
+            )
         tp = vllm_config.parallel_config.tensor_parallel_size
         if tp != 1:
             raise ConfigError(

@@ -104,21 +104,30 @@ def register_kv_connectors_with_vllm() -> list[str]:
     return added
 
 
+#: vLLM's default ``spec_name`` of its ``OffloadingConnector`` (its CUDA spec).
+VLLM_DEFAULT_OFFLOAD_SPEC = "CPUOffloadingSpec"
+
+
 def register_offload_specs_with_vllm() -> list[str]:
     """Name every spec in :data:`KV_OFFLOAD_SPECS` to vLLM's ``OffloadingSpecFactory`` by its lazy path (vLLM's
     ``OffloadingConnector`` builds it by ``spec_name`` in the scheduler and in each worker); return the names
-    added."""
+    added.
+
+    vLLM's default name (``CPUOffloadingSpec``, whose worker refuses non-CUDA devices) is pointed at the first
+    registered spec: a connector configured as vLLM documents it, or built by vLLM's ``kv_offloading_size`` after
+    the platform checked the config, gets the Ascend spec."""
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
     added = []
-    for name in KV_OFFLOAD_SPECS.names():
-        if name in OffloadingSpecFactory._registry:
-            continue
+    for index, name in enumerate(KV_OFFLOAD_SPECS.names()):
         value = KV_OFFLOAD_SPECS.entry(name).value
         path = value if isinstance(value, str) else f"{value.__module__}:{value.__qualname__}"
         module, _, attr = path.replace(":", ".").rpartition(".")
-        OffloadingSpecFactory.register_spec(name, module, attr)
-        added.append(name)
+        if name not in OffloadingSpecFactory._registry:
+            OffloadingSpecFactory.register_spec(name, module, attr)
+            added.append(name)
+        if index == 0:
+            OffloadingSpecFactory._registry[VLLM_DEFAULT_OFFLOAD_SPEC] = OffloadingSpecFactory._registry[name]
     return added
 
 

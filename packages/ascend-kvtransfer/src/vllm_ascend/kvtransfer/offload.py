@@ -78,8 +78,49 @@ class NPUOffloadingSpec(CPUOffloadingSpec):
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> NPUOffloadingWorker:
         if self._worker is None:
-            self._worker = NPUOffloadingWorker(kv_caches, self.blocks_per_chunk, self.num_chunks)
+            self._worker = NPUOffloadingWorker(
+                kv_caches,
+                self.blocks_per_chunk,
+                self.num_chunks,
+                latent_split=_latent_split(self.tokens_per_block),
+            )
         return self._worker
+
+
+def _latent_split(tokens_per_block: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """``(block_size, kv_lora_rank, qk_rope_head_dim)`` when the model's caches are MLA latent allocations (the
+    worker is built inside vLLM's config context): the platform's latent cache stores every block's ``c_kv``
+    first, then every block's ``k_pe`` (``latent_cache_parts``), so a block is two ranges, not one page."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    vllm_config = get_current_vllm_config_or_none()
+    if vllm_config is None:
+        raise RuntimeError(
+            "the offloading worker must be built inside vLLM's config context (its worker does so)"
+        )
+    if not vllm_config.model_config.use_mla:
+        return None
+    text = vllm_config.model_config.hf_text_config
+    rank, rope = int(getattr(text, "kv_lora_rank", 0) or 0), int(getattr(text, "qk_rope_head_dim", 0) or 0)
+    return (tokens_per_block[0], rank, rope)
+
+
+def latent_planes(
+    tensor: torch.Tensor, block_size: int, kv_lora_rank: int, rope_dim: int
+) -> list[torch.Tensor]:
+    """A latent allocation's ``[blocks, page]`` byte view as its ``c_kv`` and ``k_pe`` planes, each
+    ``[blocks, bytes of one block]`` (the allocation holds every block's ``c_kv``, then every block's ``k_pe``)."""
+    num_blocks, page = tensor.shape
+    element, rest = divmod(page, block_size * (kv_lora_rank + rope_dim))
+    if rest or tensor.stride() != (page, 1):
+        raise ValueError(
+            f"MLA latent cache view {tuple(tensor.shape)} (strides {tensor.stride()}) is not one allocation of "
+            f"{block_size} tokens x ({kv_lora_rank} + {rope_dim}) elements per block"
+        )
+    flat = tensor.reshape(-1)
+    c_kv_bytes = block_size * kv_lora_rank * element
+    split = num_blocks * c_kv_bytes
+    return [flat[:split].view(num_blocks, c_kv_bytes), flat[split:].view(num_blocks, page - c_kv_bytes)]
 
 
 @dataclass
@@ -99,13 +140,20 @@ class NPUOffloadingWorker(OffloadingWorker):
     order on one side stream that first waits for the compute stream (stores read what the model wrote,
     loads must land after pending writes to their blocks)."""
 
-    def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_chunks: int) -> None:
+    def __init__(
+        self,
+        kv_caches: CanonicalKVCaches,
+        blocks_per_chunk: int,
+        num_chunks: int,
+        latent_split: tuple[int, int, int] | None = None,
+    ) -> None:
         self._adaptor = get_device_adaptor()
         self._streams = self._adaptor.stream_api()
         self.blocks_per_chunk = blocks_per_chunk
         pin = self._adaptor.pin_memory_available()
         self.device_tensors: list[torch.Tensor] = []
         self.host_tensors: list[torch.Tensor] = []
+        parts_of: list[list[int]] = []  # canonical tensor -> the device tensors its blocks are made of
         for index, cache in enumerate(kv_caches.tensors):
             tensor = cache.tensor
             if tensor.dim() != 2 or tensor.dtype != torch.int8:
@@ -114,14 +162,20 @@ class NPUOffloadingWorker(OffloadingWorker):
                 raise ValueError(
                     f"KV cache tensor {index}: {tensor.shape[1]}-byte rows but a {cache.page_size_bytes}-byte page"
                 )
-            self.device_tensors.append(tensor)
-            self.host_tensors.append(
-                torch.zeros(
-                    (num_chunks * blocks_per_chunk, cache.page_size_bytes), dtype=torch.int8, pin_memory=pin
+            parts = latent_planes(tensor, *latent_split) if latent_split else [tensor]
+            parts_of.append(list(range(len(self.device_tensors), len(self.device_tensors) + len(parts))))
+            for part in parts:
+                self.device_tensors.append(part)
+                self.host_tensors.append(
+                    torch.zeros(
+                        (num_chunks * blocks_per_chunk, part.shape[1]), dtype=torch.int8, pin_memory=pin
+                    )
                 )
-            )
         # per group: the distinct tensors its layers live in (aliased layers share one)
-        self._group_tensors = [sorted({ref.tensor_idx for ref in refs}) for refs in kv_caches.group_data_refs]
+        self._group_tensors = [
+            sorted({part for ref in refs for part in parts_of[ref.tensor_idx]})
+            for refs in kv_caches.group_data_refs
+        ]
         self._stores: deque[_Transfer] = deque()
         self._loads: deque[_Transfer] = deque()
         self._store_stream = self._streams["Stream"]()
