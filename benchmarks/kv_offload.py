@@ -150,6 +150,18 @@ def copy(args: argparse.Namespace) -> str:
                         f"{rate:7.2f} GB/s",
                         flush=True,
                     )
+    # fixed cost per call: one 16 KiB block (what a per-layer call costs beyond its bytes)
+    dev, host, peer_dev, peer_host = tensors[min(tensors)]
+    one = (dev, host, torch.tensor([1]), torch.tensor([2]))
+    per_call: dict[str, float] = {}
+    for round_ in range(args.rounds):
+        sides = [
+            ("swap_blocks", lambda: adaptor.swap_blocks(*one)),
+            ("copy_", lambda: peer_host[:1].copy_(peer_dev[:1])),
+        ]
+        for side, fn in sides if round_ % 2 == 0 else sides[::-1]:
+            seconds = min(tensors) / _rate(fn, min(tensors), args.seconds) / 1e9
+            per_call[side] = min(per_call.get(side, 1e9), seconds * 1e6)
     header = "| page | blocks | ids |"
     rule = "|---:|---:|---|"
     for direction in args.direction:
@@ -172,6 +184,11 @@ def copy(args: argparse.Namespace) -> str:
             )
             row += f" {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f} |"
         lines.append(row)
+    lines += [
+        "",
+        f"Per call, one {min(tensors) >> 10} KiB block (store, best of {args.rounds}): `swap_blocks` "
+        f"{per_call['swap_blocks']:.1f} us, `copy_` of one row {per_call['copy_']:.1f} us.",
+    ]
     return "\n".join(lines)
 
 
