@@ -36,7 +36,6 @@ import json
 import os
 import platform
 import random
-import shutil
 import signal
 import socket
 import statistics
@@ -311,25 +310,22 @@ def _free_port() -> int:
 
 
 def _start_master(workdir: Path) -> tuple[subprocess.Popen, str]:
-    """``vllm-ascend kv-pool`` on a free 127.0.0.1 port; waits until the port accepts connections."""
-    port = _free_port()
-    exe = shutil.which("vllm-ascend", path=str(Path(sys.executable).parent)) or "vllm-ascend"
-    log = open(workdir / "kv-pool.log", "w")
-    proc = subprocess.Popen(
-        [exe, "kv-pool", "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT
-    )
+    """``vllm-ascend kv-pool`` on free 127.0.0.1 ports, as users start it; returns once it printed its address."""
+    port, metrics = _free_port(), _free_port()
+    log = workdir / "kv-pool.log"
+    with open(log, "wb") as out:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm_ascend.core.cli", "kv-pool", "--host", "127.0.0.1", "--port", str(port),
+             "--metrics-port", str(metrics)],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"kv-pool exited with {proc.returncode}:\n{(workdir / 'kv-pool.log').read_text()}"
-            )
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc, f"127.0.0.1:{port}"
+    while f"kv-pool master at 127.0.0.1:{port}" not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"kv-pool did not start:\n{log.read_text(errors='replace')}")
         time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("kv-pool did not open its port in 60 s")
+    return proc, f"127.0.0.1:{port}"
 
 
 # -- replay: the trace ---------------------------------------------------------------------------------
@@ -421,9 +417,15 @@ def replay(args: argparse.Namespace) -> str:
         for side_engines in engines.values():
             for engine in side_engines:
                 engine.close()
-        if master_proc is not None:
-            master_proc.kill()
-            master_proc.wait(timeout=30)
+        if (
+            master_proc is not None
+        ):  # SIGTERM: kv-pool forwards it to mooncake_master (SIGKILL would orphan it)
+            master_proc.terminate()
+            try:
+                master_proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                master_proc.kill()
+                master_proc.wait(timeout=30)
     reference = args.sides[0]
     same = {
         side: all(
@@ -439,7 +441,7 @@ def replay(args: argparse.Namespace) -> str:
         f"(new conversations each, sides alternating); tiny Qwen3 (hidden {spec.hidden_size}, "
         f"{spec.num_layers} layers, {spec.num_kv_heads} KV heads, fp32, {args.kv_bytes_per_token >> 10} KiB KV "
         f"per token) on the reference device, device KV cache {args.device_kv_tokens} tokens, host offload "
-        f"{args.host_mib} MiB; TTFT = vLLM's `first_token_latency`, best round by turns-2+ p50; token counts "
+        f"{args.host_mib} MiB; TTFT = vLLM's `first_token_latency`, each TTFT cell the best of the rounds; token counts "
         f"summed over all rounds' turns 2+; {len(set(replies))} distinct replies among the {len(replies)} "
         f"requests; {_machine()}",
         "",
@@ -453,14 +455,16 @@ def replay(args: argparse.Namespace) -> str:
         "pool": "`AscendStoreConnector` (turn 1 on A, turns 2+ on B)",
     }
     for side in args.sides:
-        best = min(results[side], key=lambda r: statistics.median(r["ttft"]))
+        runs = results[side]
+        t1 = min(statistics.median(r["ttft1"]) for r in runs) * 1e3
+        t50 = min(statistics.median(r["ttft"]) for r in runs) * 1e3
+        t90 = min(_p(r["ttft"], 0.9) for r in runs) * 1e3
         total: dict[str, float] = {}
         for record in results[side]:
             for key, value in record["counters"].items():
                 total[key] = total.get(key, 0.0) + value
         lines.append(
-            f"| {label[side]} | {statistics.median(best['ttft1']) * 1e3:.1f} | "
-            f"{statistics.median(best['ttft']) * 1e3:.1f} | {_p(best['ttft'], 0.9) * 1e3:.1f} | "
+            f"| {label[side]} | {t1:.1f} | {t50:.1f} | {t90:.1f} | "
             f"{total.get('vllm:prompt_tokens', 0):.0f} | {total.get(f'vllm:prompt_tokens_by_source:{SOURCES[0]}', 0):.0f} | "
             f"{total.get('vllm:prefix_cache_hits', 0):.0f} | {total.get('vllm:external_prefix_cache_hits', 0):.0f} / "
             f"{total.get('vllm:external_prefix_cache_queries', 0):.0f} | "
