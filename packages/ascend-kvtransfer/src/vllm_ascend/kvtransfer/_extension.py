@@ -14,8 +14,10 @@ def register() -> None:
     KV_CONNECTORS.register(
         "MooncakeLayerwiseConnector", "vllm_ascend.kvtransfer.connector:MooncakeLayerwiseConnector"
     )
+    KV_CONNECTORS.register("AscendStoreConnector", "vllm_ascend.kvtransfer.store_connector:AscendStoreConnector")
     KV_OFFLOAD_SPECS.register("NPUOffloadingSpec", "vllm_ascend.kvtransfer.offload:NPUOffloadingSpec")
     CLI_COMMANDS.register("pd-proxy", "vllm_ascend.kvtransfer.proxy_cli:PD_PROXY_COMMAND")
+    CLI_COMMANDS.register("kv-pool", "vllm_ascend.kvtransfer.pool_cli:KV_POOL_COMMAND")
     DOCTOR_PROBES.register("kvtransfer", "vllm_ascend.kvtransfer.engine:probe")
 
 
@@ -25,5 +27,5 @@ EXTENSION = ExtensionDescriptor(
     core_requires=">=0.1,<0.2",
     provides=("kv_connectors", "kv_offload_specs", "cli_commands", "doctor_probes"),
     register=register,
-    description="KV transfer: prefill/decode disaggregation over Mooncake, KV offload to host memory, KV pool",
+    description="KV transfer over Mooncake (P/D disaggregation, a KV pool in Mooncake Store), KV offload to host",
 )
