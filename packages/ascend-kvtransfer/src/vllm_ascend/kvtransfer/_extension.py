@@ -14,7 +14,9 @@ def register() -> None:
     KV_CONNECTORS.register(
         "MooncakeLayerwiseConnector", "vllm_ascend.kvtransfer.connector:MooncakeLayerwiseConnector"
     )
-    KV_CONNECTORS.register("AscendStoreConnector", "vllm_ascend.kvtransfer.store_connector:AscendStoreConnector")
+    KV_CONNECTORS.register(
+        "AscendStoreConnector", "vllm_ascend.kvtransfer.store_connector:AscendStoreConnector"
+    )
     KV_OFFLOAD_SPECS.register("NPUOffloadingSpec", "vllm_ascend.kvtransfer.offload:NPUOffloadingSpec")
     CLI_COMMANDS.register("pd-proxy", "vllm_ascend.kvtransfer.proxy_cli:PD_PROXY_COMMAND")
     CLI_COMMANDS.register("kv-pool", "vllm_ascend.kvtransfer.pool_cli:KV_POOL_COMMAND")
