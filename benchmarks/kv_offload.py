@@ -18,7 +18,8 @@ the device prefix cache has evicted a conversation's prefix before its next turn
 the platform's ``NPUOffloadingSpec``), ``pool`` (``AscendStoreConnector`` with a ``vllm-ascend kv-pool``
 master: turn 1 runs on instance A, turns 2+ on a second instance B, which can only get the prefixes from
 the pool). Every engine is its own process (kept for the whole run; one vLLM engine per process) driven over
-a pipe; per round all sides replay the same trace (new conversations each round), in alternating order. TTFT
+a pipe; after one uncounted warm-up round (2 conversations: first requests, the pool's first connections), per
+round all sides replay the same trace (new conversations each round), in alternating order. TTFT
 is vLLM's own per-request ``first_token_latency``; prompt tokens by source come from ``llm.get_metrics()``
 (``vllm:prompt_tokens_by_source``, ``vllm:external_prefix_cache_queries`` / ``_hits``), read around each turn.
 Greedy output tokens of every request are compared across sides.
@@ -344,6 +345,28 @@ def _p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _replay_round(engines: list[Engine], seed: int, conversations: int, args: argparse.Namespace) -> dict:
+    """Every turn of ``conversations`` conversations of ``seed``: turn 1 on the first engine, later turns on the
+    last (the same engine unless the side has two). Per-turn TTFTs, turns 2+ counter deltas, all outputs."""
+    first, later = engines[0], engines[-1]
+    prompts = _turn1(conversations, seed)
+    record: dict[str, Any] = {"ttft1": [], "ttft": [], "counters": {}, "outputs": []}
+    for turn in range(args.turns):
+        answer = (first if turn == 0 else later).turn(prompts, args.reply)
+        record["outputs"].append(answer["outputs"])
+        if turn == 0:
+            record["ttft1"] += answer["ttft"]
+        else:
+            record["ttft"] += answer["ttft"]
+            for key, value in answer["counters"].items():
+                record["counters"][key] = record["counters"].get(key, 0.0) + value
+        prompts = [
+            p + reply + _user_tokens(seed, i, turn + 1)
+            for i, (p, reply) in enumerate(zip(prompts, answer["outputs"], strict=True))
+        ]
+    return record
+
+
 def replay(args: argparse.Namespace) -> str:
     from vllm_ascend.testing.tiny_models import build_tiny_model, qwen3_spec
 
@@ -373,42 +396,26 @@ def replay(args: argparse.Namespace) -> str:
             f"{sum(map(len, engines.values()))} engines ready in {time.monotonic() - started:.0f} s",
             flush=True,
         )
+        for side in args.sides:  # warm-up, not counted: first requests, the pool's first connections
+            warm = _replay_round(engines[side], 999, min(2, args.conversations), args)
+            print(
+                f"warm-up {side:8s} TTFT turn 1 max {max(warm['ttft1']) * 1e3:7.1f} ms, turns 2+ max "
+                f"{max(warm['ttft']) * 1e3:7.1f} ms",
+                flush=True,
+            )
         for round_ in range(args.rounds):
-            seed = 1000 + round_
             order = list(args.sides) if round_ % 2 == 0 else list(args.sides)[::-1]
             for side in order:
-                first, later = engines[side][0], engines[side][-1]
-                prompts = _turn1(args.conversations, seed)
-                record: dict[str, Any] = {
-                    "ttft1": [],
-                    "ttft": [],
-                    "counters": {},
-                    "counters1": {},
-                    "outputs": [],
-                }
-                for turn in range(args.turns):
-                    engine = first if turn == 0 else later
-                    answer = engine.turn(prompts, args.reply)
-                    record["outputs"].append(answer["outputs"])
-                    if turn == 0:
-                        record["ttft1"] += answer["ttft"]
-                        record["counters1"] = answer["counters"]
-                    else:
-                        record["ttft"] += answer["ttft"]
-                        for key, value in answer["counters"].items():
-                            record["counters"][key] = record["counters"].get(key, 0.0) + value
-                    prompts = [
-                        p + reply + _user_tokens(seed, i, turn + 1)
-                        for i, (p, reply) in enumerate(zip(prompts, answer["outputs"], strict=True))
-                    ]
+                record = _replay_round(engines[side], 1000 + round_, args.conversations, args)
                 results[side].append(record)
                 c = record["counters"]
                 print(
                     f"round {round_ + 1} {side:8s} TTFT turn 1 p50 {statistics.median(record['ttft1']) * 1e3:6.1f} "
                     f"ms, turns 2+ p50 {statistics.median(record['ttft']) * 1e3:6.1f} ms p90 "
-                    f"{_p(record['ttft'], 0.9) * 1e3:6.1f} ms; turns 2+ prompt tokens "
-                    f"{c.get('vllm:prompt_tokens', 0):.0f}: computed {c.get(f'vllm:prompt_tokens_by_source:{SOURCES[0]}', 0):.0f}, "
-                    f"device hits {c.get('vllm:prefix_cache_hits', 0):.0f}, external hits "
+                    f"{_p(record['ttft'], 0.9) * 1e3:6.1f} ms max {max(record['ttft']) * 1e3:6.1f} ms; turns 2+ "
+                    f"prompt tokens {c.get('vllm:prompt_tokens', 0):.0f}: computed "
+                    f"{c.get(f'vllm:prompt_tokens_by_source:{SOURCES[0]}', 0):.0f}, device hits "
+                    f"{c.get('vllm:prefix_cache_hits', 0):.0f}, external hits "
                     f"{c.get('vllm:external_prefix_cache_hits', 0):.0f} of "
                     f"{c.get('vllm:external_prefix_cache_queries', 0):.0f} queried",
                     flush=True,
@@ -417,10 +424,8 @@ def replay(args: argparse.Namespace) -> str:
         for side_engines in engines.values():
             for engine in side_engines:
                 engine.close()
-        if (
-            master_proc is not None
-        ):  # SIGTERM: kv-pool forwards it to mooncake_master (SIGKILL would orphan it)
-            master_proc.terminate()
+        if master_proc is not None:
+            master_proc.terminate()  # kv-pool forwards SIGTERM to mooncake_master (SIGKILL would orphan it)
             try:
                 master_proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -437,7 +442,7 @@ def replay(args: argparse.Namespace) -> str:
     replies = [tuple(o) for r in results[reference] for turn in r["outputs"] for o in turn]
     lines = [
         f"{args.conversations} conversations x {args.turns} turns (turn 1: 300-420 tokens; each later turn adds "
-        f"the {args.reply}-token greedy reply + 40-80 user tokens), one request at a time, {args.rounds} rounds "
+        f"the {args.reply}-token greedy reply + 40-80 user tokens), one request at a time, an uncounted warm-up round, then {args.rounds} rounds "
         f"(new conversations each, sides alternating); tiny Qwen3 (hidden {spec.hidden_size}, "
         f"{spec.num_layers} layers, {spec.num_kv_heads} KV heads, fp32, {args.kv_bytes_per_token >> 10} KiB KV "
         f"per token) on the reference device, device KV cache {args.device_kv_tokens} tokens, host offload "
