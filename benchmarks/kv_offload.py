@@ -518,7 +518,9 @@ def main() -> None:
     c.add_argument("--rounds", type=int, default=5)
     c.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     r = sub.add_parser("replay", help="multi-turn TTFT and prefill tokens: no connector vs offload vs pool")
-    r.add_argument("--sides", nargs="+", choices=("none", "offload", "pool"), default=["none", "offload"])
+    r.add_argument(
+        "--sides", nargs="+", choices=("none", "offload", "pool"), default=["none", "offload", "pool"]
+    )
     r.add_argument("--conversations", type=int, default=8)
     r.add_argument("--turns", type=int, default=3)
     r.add_argument("--reply", type=int, default=8, help="greedy tokens generated per turn")
