@@ -112,7 +112,7 @@ def copy(args: argparse.Namespace) -> str:
             s_ids, d_ids = (src_ids, dst_ids) if direction == "store" else (dst_ids, src_ids)
             src.copy_(torch.randint(-128, 128, src.shape, dtype=torch.int8, generator=gen))
             dst.zero_()
-            moved = adaptor.swap_blocks(src, dst, s_ids, d_ids)
+            moved = adaptor.swap_blocks([src], [dst], s_ids, d_ids)
             adaptor.synchronize()
             untouched = torch.ones(rows, dtype=torch.bool)
             untouched[d_ids] = False
@@ -132,10 +132,10 @@ def copy(args: argparse.Namespace) -> str:
             src_ids, dst_ids = plans[page, n, ids]
             for direction in args.direction:
                 if direction == "store":
-                    ours = (dev, host, src_ids, dst_ids)
+                    ours = ([dev], [host], src_ids, dst_ids)
                     theirs = (peer_dev[:n], peer_host[:n])
                 else:
-                    ours = (host, dev, dst_ids, src_ids)
+                    ours = ([host], [dev], dst_ids, src_ids)
                     theirs = (peer_host[:n], peer_dev[:n])
                 sides = [
                     ("swap_blocks", lambda o=ours: adaptor.swap_blocks(*o)),
@@ -152,7 +152,7 @@ def copy(args: argparse.Namespace) -> str:
                     )
     # fixed cost per call: one 16 KiB block (what a per-layer call costs beyond its bytes)
     dev, host, peer_dev, peer_host = tensors[min(tensors)]
-    one = (dev, host, torch.tensor([1]), torch.tensor([2]))
+    one = ([dev], [host], torch.tensor([1]), torch.tensor([2]))
     per_call: dict[str, float] = {}
     for round_ in range(args.rounds):
         sides = [

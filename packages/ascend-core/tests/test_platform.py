@@ -295,8 +295,9 @@ def test_speculative_method_must_be_registered(spec_methods):
     NPUPlatform._check_speculative_method(SimpleNamespace(speculative_config=None))
 
 
-def _hybrid_config(arch, hybrid=True, inner_state=True, spec=None, tp=1, prefix_caching=True):
+def _hybrid_config(arch, hybrid=True, inner_state=True, spec=None, tp=1, prefix_caching=True, connector=None):
     return SimpleNamespace(
+        kv_transfer_config=SimpleNamespace(kv_connector=connector) if connector else None,
         model_config=SimpleNamespace(
             architecture=arch, is_hybrid=hybrid, has_inner_state=inner_state, max_model_len=256
         ),
@@ -337,6 +338,14 @@ def test_qwen3_next_is_served_without_prefix_caching_spec_decode_or_tp():
         ConfigError, match=r"tensor_parallel_size=2 with Qwen3NextForCausalLM .*supported: 1$"
     ):
         NPUPlatform._check_hybrid_model(_hybrid_config("Qwen3NextForCausalLM", tp=2))
+    with pytest.raises(
+        ConfigError,
+        match=r"kv_transfer_config.kv_connector = 'OffloadingConnector' with Qwen3NextForCausalLM .*supported: no "
+        "kv_transfer_config$",
+    ):
+        NPUPlatform._check_hybrid_model(
+            _hybrid_config("Qwen3NextForCausalLM", connector="OffloadingConnector")
+        )
 
 
 def test_models_without_mamba_style_state_are_left_alone():
