@@ -94,6 +94,7 @@ def _run(model: Path, offload: str | None, kv_bytes: int, conversations: list[li
             "stored": _counter(llm, "vllm:kv_offload_store_bytes"),
             "loaded": _counter(llm, "vllm:kv_offload_load_bytes"),
             "spec": spec,
+            "runner": llm.collective_rpc(lambda wrapper: type(wrapper.worker.model_runner).__name__)[0],
         }
     finally:
         llm.llm_engine.engine_core.shutdown()
@@ -154,3 +155,12 @@ def test_hybrid_models_are_refused_by_name(tmp_path: Path):
         ValueError, match=r"kv_connector = 'OffloadingConnector' with Qwen3NextForCausalLM .* not supported"
     ):
         _engine(model, "connector", 1 << 20)
+
+
+def test_offload_on_the_v1_runner(v1_runner, tiny_qwen3: Path, qwen3_runs):
+    """vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``) drives the same connector and worker."""
+    offload = _run(tiny_qwen3, "connector", DEVICE_KV_BYTES["qwen3"], _conversations(4, seed=0))
+    assert offload["spec"] == ("NPUOffloadingSpec", "NPUOffloadingWorker")
+    assert (offload["runner"], qwen3_runs["connector"]["runner"]) == ("NPUModelRunner", "NPUModelRunnerV2")
+    assert offload["first"] == qwen3_runs[None]["first"] and offload["second"] == qwen3_runs[None]["second"]
+    assert offload["external_hits"] == qwen3_runs["connector"]["external_hits"]
