@@ -24,7 +24,10 @@ def test_rows_land_where_the_ids_say(count: int):
     src_ids = torch.arange(count, dtype=torch.int64) * 2  # never consecutive: one run per row
     dst_ids = perm[:count].to(torch.int64)
     before = dst.clone()
-    src2, dst2 = _pages(200, 16, 5), torch.zeros(150, 16, dtype=torch.int8)  # a second pair, another page size
+    src2, dst2 = (
+        _pages(200, 16, 5),
+        torch.zeros(150, 16, dtype=torch.int8),
+    )  # a second pair, another page size
     copied = adaptor.swap_blocks([src, src2], [dst, dst2], src_ids, dst_ids)
     assert copied == count * (48 + 16)
     expected = before.clone()
@@ -66,7 +69,10 @@ def test_empty_copy_is_a_no_op():
     ("change", "message"),
     [
         ({"srcs": [torch.zeros(4, 8, dtype=torch.float32)]}, r"srcs\[0\] must be 2-D int8"),
-        ({"dsts": [torch.zeros(4, 16, dtype=torch.int8)]}, r"srcs\[0\] pages are 8 bytes, dsts\[0\] pages 16"),
+        (
+            {"dsts": [torch.zeros(4, 16, dtype=torch.int8)]},
+            r"srcs\[0\] pages are 8 bytes, dsts\[0\] pages 16",
+        ),
         ({"dsts": []}, "1 source tensors but 0 destination tensors"),
         ({"src_ids": torch.tensor([0, 4])}, r"src_ids must lie in \[0, 4\)"),
         ({"dst_ids": torch.tensor([0, -1])}, r"dst_ids must lie in \[0, 4\)"),

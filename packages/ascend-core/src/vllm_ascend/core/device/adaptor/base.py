@@ -706,9 +706,13 @@ def check_swap_blocks(
     for index, (src, dst) in enumerate(zip(srcs, dsts, strict=True)):
         for name, t in ((f"srcs[{index}]", src), (f"dsts[{index}]", dst)):
             require(
-                t.dim() == 2 and t.dtype == torch.int8, f"{name} must be 2-D int8, got {t.dtype} {tuple(t.shape)}"
+                t.dim() == 2 and t.dtype == torch.int8,
+                f"{name} must be 2-D int8, got {t.dtype} {tuple(t.shape)}",
             )
-            require(t.shape[1] == 0 or t.stride(1) == 1, f"{name}'s pages must be contiguous, got strides {t.stride()}")
+            require(
+                t.shape[1] == 0 or t.stride(1) == 1,
+                f"{name}'s pages must be contiguous, got strides {t.stride()}",
+            )
         require(
             src.shape[1] == dst.shape[1],
             f"srcs[{index}] pages are {src.shape[1]} bytes, dsts[{index}] pages {dst.shape[1]}",
@@ -719,7 +723,10 @@ def check_swap_blocks(
             f"{name} must be a 1-D int64 host tensor, got {ids.dtype} {tuple(ids.shape)} on {ids.device}",
         )
         rows = min((t.shape[0] for t in tensors), default=0)
-        require(ids.numel() == 0 or (int(ids.min()) >= 0 and int(ids.max()) < rows), f"{name} must lie in [0, {rows})")
+        require(
+            ids.numel() == 0 or (int(ids.min()) >= 0 and int(ids.max()) < rows),
+            f"{name} must lie in [0, {rows})",
+        )
     require(src_ids.numel() == dst_ids.numel(), f"{src_ids.numel()} src_ids but {dst_ids.numel()} dst_ids")
 
 
