@@ -55,7 +55,6 @@ class AscendStoreScheduler:
         self._loads: list[BlockTask] = []
         self._loading: set[str] = set()  # loads planned and not yet reported received
         self._release: list[str] = []
-        self.lookups = self.hit_blocks = 0
 
     def bind_kv_cache_manager(self, manager: KVCacheManager) -> None:
         self._manager = manager
@@ -89,7 +88,6 @@ class AscendStoreScheduler:
         hits = 0
         while hits < len(present) and present[hits]:
             hits += 1
-        self.lookups += len(hashes)
         tracked.hit = (first, first + hits)
         tracked.load = hashes[:hits]
         if hits == 0:
@@ -111,7 +109,6 @@ class AscendStoreScheduler:
             BlockTask(request.request_id, tracked.load[:count], list(block_ids[first : first + count]))
         )
         self._loading.add(request.request_id)
-        self.hit_blocks += count
         tracked.saved = max(tracked.saved, first + count)
         tracked.load = []
 

@@ -194,6 +194,9 @@ class AscendStoreWorker:
         return failed
 
     def shutdown(self) -> None:
+        logger.info(
+            "KV pool (shard %s): %s", self.shard, ", ".join(f"{k} {v}" for k, v in self.stats.items())
+        )
         self._threads.shutdown(wait=False, cancel_futures=True)
         self._pool.close()
 
