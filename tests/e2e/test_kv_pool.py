@@ -7,8 +7,10 @@ block held; with the pool killed mid-run every request is still served (computed
 
 from __future__ import annotations
 
+import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -110,10 +112,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3: Path):
         )
         with running(a, b, prefill, decode):
             with running(start_proxy([prefill], [decode], logs / "proxy.log")) as (proxy,):
-                yield {"a": a, "b": b, "prefill": prefill, "decode": decode, "proxy": proxy, "pool": pool}
+                yield {
+                    "a": a,
+                    "b": b,
+                    "prefill": prefill,
+                    "decode": decode,
+                    "proxy": proxy,
+                    "pool": pool,
+                    "master": master,
+                }
     finally:
         if pool.poll() is None:
-            pool.send_signal(signal.SIGTERM)
+            os.killpg(pool.pid, signal.SIGTERM)
             pool.wait(timeout=30)
 
 
@@ -197,8 +207,12 @@ def test_pool_killed_mid_run_still_serves_every_request(cluster):
     prompts = [_prompt(10 * BLOCK + i, salt=300 + i) for i in range(6)]
     expected = [_tokens(a, p) for p in prompts]
     assert _wait_idle(a) == 0
-    cluster["pool"].send_signal(signal.SIGKILL)
-    cluster["pool"].wait(timeout=30)
+    pool = cluster["pool"]
+    os.killpg(pool.pid, signal.SIGKILL)  # the command and its mooncake_master
+    pool.wait(timeout=30)
+    host, port = cluster["master"].split(":")
+    with pytest.raises(OSError):  # nothing answers at the master's address any more
+        socket.create_connection((host, int(port)), timeout=2).close()
     started = time.monotonic()
     with ThreadPoolExecutor(3) as workers:
         got = list(workers.map(lambda p: _tokens(b, p), prompts))

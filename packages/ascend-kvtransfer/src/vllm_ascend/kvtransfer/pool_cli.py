@@ -11,6 +11,7 @@ signal if a signal ended it). Mistakes are one line on stderr naming the option:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib.util
 import math
 import os
@@ -112,7 +113,17 @@ def start_master(
         socket.create_server((host, port), family=family).close()
     except OSError as exc:
         raise MasterError(f"--host {host} --port {port}: cannot listen: {exc.strerror or exc}") from None
-    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
+    return subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, preexec_fn=_die_with_parent
+    )
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the process that started it dies, so a killed
+    ``vllm-ascend kv-pool`` (even by SIGKILL, which it cannot forward) takes its master down with it."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def wait_ready(proc: subprocess.Popen[Any], host: str, port: int, timeout: float = 30.0) -> None:
