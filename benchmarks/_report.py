@@ -23,3 +23,25 @@ def write_measured_table(path: Path, table: str) -> None:
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
     path.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+
+
+def cpu_model() -> str:
+    """The processor's name as ``/proc/cpuinfo`` gives it (else what ``platform`` knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def write_part_table(path: Path, part: str, table: str) -> None:
+    """Put ``table`` between ``<!-- <part> table: begin/end -->`` in ``path`` (a file with one table per part)."""
+    begin, end = f"<!-- {part} table: begin -->", f"<!-- {part} table: end -->"
+    text = path.read_text()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{path} has no {begin} ... {end} markers")
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
+    path.write_text(f"{head}{begin}\n{table}\n{end}{tail}")

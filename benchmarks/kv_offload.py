@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import signal
 import socket
@@ -46,6 +45,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from _report import cpu_model, write_part_table
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_ENV = {
@@ -482,27 +483,9 @@ def replay(args: argparse.Namespace) -> str:
 
 # -- report --------------------------------------------------------------------------------------------
 def _machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return f"{os.cpu_count()} CPUs ({model}), load average {load:.1f} at the end, {time.strftime('%Y-%m-%d %H:%M')}"
-
-
-def _write(path: Path, part: str, table: str) -> None:
-    """Put ``table`` between ``<!-- <part> table: begin/end -->`` in ``path`` (the rest is kept)."""
-    begin, end = f"<!-- {part} table: begin -->", f"<!-- {part} table: end -->"
-    text = path.read_text()
-    if begin not in text or end not in text:
-        raise SystemExit(f"{path} has no {begin} ... {end} markers")
-    head, _, rest = text.partition(begin)
-    _, _, tail = rest.partition(end)
-    path.write_text(f"{head}{begin}\n{table}\n{end}{tail}")
 
 
 def main() -> None:
@@ -550,7 +533,7 @@ def main() -> None:
     table = (copy if args.part == "copy" else replay)(args)
     print(f"\n{table}")
     if args.write:
-        _write(args.write, args.part, table)
+        write_part_table(args.write, args.part, table)
 
 
 if __name__ == "__main__":

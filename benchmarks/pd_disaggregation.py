@@ -27,7 +27,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import re
 import signal
 import subprocess
@@ -38,6 +37,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from _report import cpu_model, write_part_table
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS_PER_BLOCK, HEAD_DIM, ELEMENT = 16, 128, 2  # bf16 cache, vLLM's [2, blocks, 16, heads, head_dim]
@@ -371,26 +372,8 @@ def serving(args: argparse.Namespace) -> str:
 
 # -- report --------------------------------------------------------------------------------------------
 def _machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model()
     return f"{os.cpu_count()} CPUs ({model}), {time.strftime('%Y-%m-%d')}"
-
-
-def _write(path: Path, part: str, table: str) -> None:
-    """Put ``table`` between ``<!-- <part> table: begin/end -->`` in ``path`` (the rest is kept)."""
-    begin, end = f"<!-- {part} table: begin -->", f"<!-- {part} table: end -->"
-    text = path.read_text()
-    if begin not in text or end not in text:
-        raise SystemExit(f"{path} has no {begin} ... {end} markers")
-    head, _, rest = text.partition(begin)
-    _, _, tail = rest.partition(end)
-    path.write_text(f"{head}{begin}\n{table}\n{end}{tail}")
 
 
 def main() -> None:
@@ -421,7 +404,7 @@ def main() -> None:
     table = (transfer if args.part == "transfer" else serving)(args)
     print(f"\n{table}")
     if args.write:
-        _write(args.write, args.part, table)
+        write_part_table(args.write, args.part, table)
 
 
 if __name__ == "__main__":

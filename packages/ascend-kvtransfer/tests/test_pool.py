@@ -358,6 +358,16 @@ def test_kv_pool_command_starts_reports_and_stops_on_sigterm():
             proc.wait()
 
 
+def kv_pool_command(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``vllm-ascend kv-pool ARGV`` run to its end, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_ascend.core.cli", "kv-pool", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [
@@ -377,33 +387,14 @@ def test_kv_pool_command_starts_reports_and_stops_on_sigterm():
     ],
 )
 def test_kv_pool_command_mistakes(argv, message):
-    proc = subprocess.run(
-        [sys.executable, "-m", "vllm_ascend.core.cli", "kv-pool", *argv],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = kv_pool_command(*argv)
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", message)
 
 
 def test_kv_pool_command_reports_a_taken_port():
     with socket.create_server((HOST, 0)) as taken:
         port = taken.getsockname()[1]
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "vllm_ascend.core.cli",
-                "kv-pool",
-                "--port",
-                str(port),
-                "--metrics-port",
-                str(free_port()),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = kv_pool_command("--port", str(port), "--metrics-port", str(free_port()))
     assert proc.returncode == 1
     assert proc.stdout == ""
     assert proc.stderr.startswith(f"kv-pool: --host {HOST} --port {port}: cannot listen: ")
@@ -414,21 +405,7 @@ def test_kv_pool_command_reports_a_master_that_exits():
     port = free_port()
     with socket.create_server((HOST, 0)) as taken:
         metrics = taken.getsockname()[1]
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "vllm_ascend.core.cli",
-                "kv-pool",
-                "--port",
-                str(port),
-                "--metrics-port",
-                str(metrics),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = kv_pool_command("--port", str(port), "--metrics-port", str(metrics))
     assert (proc.returncode, proc.stdout) == (1, "")
     assert f"kv-pool: mooncake_master exited with status 1 before listening on {HOST}:{port}\n" in proc.stderr
 
