@@ -8,9 +8,13 @@ metadata server: peers are addressed as ``host:rpc_port``), registers memory and
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
+
+#: pause before the one retry of a failed batch transfer
+RETRY_DELAY_S = 0.05
 
 INSTALL_HINT = (
     "install vllm-ascend[kvtransfer] (Mooncake's TCP/RDMA build) or vllm-ascend[kvtransfer-npu] on Ascend "
@@ -107,6 +111,11 @@ class MooncakeEngine:
             return
         call = getattr(self._engine, f"batch_transfer_sync_{direction}")
         rc = call(peer, transfer.local, transfer.remote, transfer.lengths)
+        if rc != 0:
+            # once more: the ranges are the same, and a TCP transfer starved of CPU can fail once and then pass
+            # (seen under a load average of 20 on 2 cores); a peer that is gone fails again
+            time.sleep(RETRY_DELAY_S)
+            rc = call(peer, transfer.local, transfer.remote, transfer.lengths)
         if rc != 0:
             raise TransferError(
                 f"Mooncake batch_transfer_sync_{direction} with {peer} ({len(transfer.lengths)} ranges, "
