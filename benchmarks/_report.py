@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from pathlib import Path
 
 import torch
@@ -45,3 +46,11 @@ def write_part_table(path: Path, part: str, table: str) -> None:
     head, _, rest = text.partition(begin)
     _, _, tail = rest.partition(end)
     path.write_text(f"{head}{begin}\n{table}\n{end}{tail}")
+
+
+def host_line(*, with_load: bool = False) -> str:
+    """CPUs, processor and date (and the load average now, for runs that share a host) for a RESULTS table."""
+    line = f"{os.cpu_count()} CPUs ({cpu_model()})"
+    if with_load and hasattr(os, "getloadavg"):
+        line += f", load average {os.getloadavg()[0]:.1f} at the end"
+    return f"{line}, {time.strftime('%Y-%m-%d %H:%M')}"

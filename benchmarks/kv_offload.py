@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _report import cpu_model, write_part_table
+from _report import host_line, write_part_table
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_ENV = {
@@ -171,7 +171,7 @@ def copy(args: argparse.Namespace) -> str:
     lines = [
         f"reference device ({device.type}), int8 `[{rows} rows, page]` device tensor and host tensor (not pinned: "
         f"`pin_memory_available()` = {adaptor.pin_memory_available()}), torch {torch.__version__} with "
-        f"{args.threads} intra-op thread(s), {args.seconds:g} s per timing, best of {args.rounds}; {_machine()}",
+        f"{args.threads} intra-op thread(s), {args.seconds:g} s per timing, best of {args.rounds}; {host_line(with_load=True)}",
         "",
         header,
         rule,
@@ -449,7 +449,7 @@ def replay(args: argparse.Namespace) -> str:
         f"per token) on the reference device, device KV cache {args.device_kv_tokens} tokens, host offload "
         f"{args.host_mib} MiB; TTFT = vLLM's `first_token_latency`, each TTFT cell the best of the rounds; token counts "
         f"summed over all rounds' turns 2+; {len(set(replies))} distinct replies among the {len(replies)} "
-        f"requests; {_machine()}",
+        f"requests; {host_line(with_load=True)}",
         "",
         "| side | TTFT turn 1 p50 ms | TTFT turns 2+ p50 ms | TTFT turns 2+ p90 ms | prompt tokens (turns 2+) "
         "| computed | device prefix hits | external hits / queried | greedy tokens = `" + reference + "` |",
@@ -479,13 +479,6 @@ def replay(args: argparse.Namespace) -> str:
     if not all(same.values()):
         print("WARNING: greedy outputs differ across sides", flush=True)
     return "\n".join(lines)
-
-
-# -- report --------------------------------------------------------------------------------------------
-def _machine() -> str:
-    model = cpu_model()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"{os.cpu_count()} CPUs ({model}), load average {load:.1f} at the end, {time.strftime('%Y-%m-%d %H:%M')}"
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from _report import cpu_model, write_part_table
+from _report import host_line, write_part_table
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS_PER_BLOCK, HEAD_DIM, ELEMENT = 16, 128, 2  # bf16 cache, vLLM's [2, blocks, 16, heads, head_dim]
@@ -250,7 +250,7 @@ def transfer(args: argparse.Namespace) -> str:
                 side.close()
     lines = [
         f"127.0.0.1, TCP, `-operation read`, batch {args.batch} ranges, {args.threads} threads, "
-        f"{args.seconds:g} s per measurement, {args.buffer_mib} MiB buffer, best of {args.rounds}; {_machine()}",
+        f"{args.seconds:g} s per measurement, {args.buffer_mib} MiB buffer, best of {args.rounds}; {host_line()}",
         "",
         "| block | vllm-ascend kvtransfer (`plan_copies` + `MooncakeEngine.read`) GB/s "
         "| Mooncake `transfer_engine_bench` GB/s | ours / peer |",
@@ -358,7 +358,7 @@ def serving(args: argparse.Namespace) -> str:
         f"output tokens each, concurrency {args.concurrency}, best of {args.rounds}; tiny Qwen3 (hidden "
         f"{spec.hidden_size}, {spec.num_layers} layers, {spec.num_kv_heads} KV heads, fp32) on the reference "
         f"device, prefix caching off; decode pulled {' / '.join(pulled)} prompt tokens per P/D round "
-        f"(`{hits}`); {_machine()}",
+        f"(`{hits}`); {host_line()}",
         "",
         "| side | TTFT p50 ms | TTFT p90 ms | output tok/s |",
         "|---|---:|---:|---:|",
@@ -368,12 +368,6 @@ def serving(args: argparse.Namespace) -> str:
     o, p = best["one instance"], best["P/D (pd-proxy)"]
     lines.append(f"| P/D / one instance | {p[0] / o[0]:.2f} | {p[1] / o[1]:.2f} | {p[2] / o[2]:.2f} |")
     return "\n".join(lines)
-
-
-# -- report --------------------------------------------------------------------------------------------
-def _machine() -> str:
-    model = cpu_model()
-    return f"{os.cpu_count()} CPUs ({model}), {time.strftime('%Y-%m-%d')}"
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ engine-core process and a worker half in every worker, and each connector method
 
 from __future__ import annotations
 
+import abc
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import torch
@@ -63,11 +64,13 @@ class SplitConnector(KVConnectorBase_V1, Generic[S, W, M]):
                 raise ValueError(f"{type(self).__name__}'s worker half needs vLLM's KVCacheConfig")
             self._worker = self.make_worker(vllm_config, kv_cache_config)
 
+    @abc.abstractmethod
     def make_scheduler(self, vllm_config: VllmConfig) -> S:
-        raise NotImplementedError
+        """The scheduler half (engine-core process)."""
 
+    @abc.abstractmethod
     def make_worker(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> W:
-        raise NotImplementedError
+        """The worker half (one per rank)."""
 
     @property
     def scheduler(self) -> S:
