@@ -367,6 +367,37 @@ class FakeTorchNpu(types.ModuleType):
             torch.einsum("hqs,shd->qhd", scores.softmax(-1), value[0].double()).unsqueeze(0).to(query.dtype)
         )
 
+    def npu_fusion_attention(
+        self,
+        query,
+        key,
+        value,
+        head_num,
+        input_layout,
+        *,
+        scale=1.0,
+        atten_mask=None,
+        sparse_mode=0,
+        actual_seq_qlen=None,
+        actual_seq_kvlen=None,
+        **unused,
+    ):
+        # TND varlen: cumulative per-sequence ends; N2 KV heads may divide N1; sparse_mode 3 =
+        # right-down causal from the compressed 2048x2048 mask (True = masked); 0 with no mask = full.
+        assert input_layout == "TND" and not unused and query.shape[1] == head_num
+        assert (sparse_mode, atten_mask is None) in ((0, True), (3, False))
+        if atten_mask is not None:
+            assert atten_mask.dtype == torch.bool and tuple(atten_mask.shape) == (2048, 2048)
+        out = torch.full_like(query, GARBAGE)
+        start = 0
+        for q_end, kv_end in zip(actual_seq_qlen, actual_seq_kvlen, strict=True):
+            assert q_end == kv_end
+            if q_end > start:
+                q, k, v = (t[start:q_end].double() for t in (query, key, value))
+                out[start:q_end] = _attend(q, k, v, scale, sparse_mode == 3).to(query.dtype)
+            start = q_end
+        return out, None, None, None, 0, 0, 0
+
 
 @pytest.fixture
 def fake_npu(monkeypatch) -> FakeTorchNpu:
@@ -625,3 +656,18 @@ def test_npu_gating_refuses_bad_groups_before_the_kernel(npu_adaptor, fake_npu):
     with pytest.raises(DeviceOpError, match="num_experts=30 must be divisible by num_groups=4"):
         npu_adaptor.moe_gating_top_k(torch.randn(2, 30), 2, num_groups=4)
     assert fake_npu.calls["npu_moe_gating_top_k"] == before
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_attention_matches_reference(npu_adaptor, fake_npu, causal):
+    ref = ReferenceDeviceAdaptor()
+    cu = torch.tensor([0, 5, 5, 12, 19], dtype=torch.int32)  # an empty sequence and two of equal length
+    q = torch.randn(21, 4, 16).half()
+    k, v = torch.randn(21, 2, 16).half(), torch.randn(21, 2, 16).half()
+    expected = ref.packed_attention(q, k, v, cu, 0.25, causal=causal)
+    out = torch.full((21, 4, 16), 7.0, dtype=torch.float16)
+    got = npu_adaptor.packed_attention(q, k, v, cu, 0.25, causal=causal, output=out)
+    assert got.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(got[:19], expected[:19], atol=2e-3, rtol=2e-3)
+    assert torch.all(got[19:] == 7.0)  # rows past cu_seqlens[-1] are left untouched
+    assert fake_npu.calls["npu_fusion_attention"] + fake_npu.calls["npu_prompt_flash_attention"] >= 1

@@ -28,6 +28,7 @@ from vllm_ascend.core.sdk import (
     DeviceOpError,
     DeviceOverlay,
     HardwareCapability,
+    check_packed_attention,
 )
 from vllm_ascend.kernels.device import (
     A2A3DeviceAdaptor,
@@ -161,6 +162,27 @@ class _Attention310Ops:
     call_counts: Any
     kv_load: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     prompt_attention_310p: Callable[..., torch.Tensor]
+
+    @_counted_310p
+    def packed_attention(self, query, key, value, cu_seqlens, scale, *, causal=False, output=None):
+        """310P has no varlen fusion attention: each sequence through ``prompt_attention_310p`` (no mask, or
+        the additive causal mask), written into ``output``."""
+        bounds = check_packed_attention(query, key, value, cu_seqlens, output)
+        if output is None:
+            output = query.new_zeros(query.shape[0], query.shape[1], value.shape[2])
+        for start, stop in itertools.pairwise(bounds):
+            if stop == start:
+                continue
+            mask = None
+            if causal:
+                mask = torch.full(
+                    (stop - start, stop - start), MASK_VALUE, dtype=query.dtype, device=query.device
+                )
+                mask.triu_(1)
+            self.prompt_attention_310p(
+                query[start:stop], key[start:stop], value[start:stop], mask, scale, output=output[start:stop]
+            )
+        return output
 
     @_counted_310p
     def splitfuse_attention_310p(

@@ -27,6 +27,7 @@ from vllm_ascend.core.sdk import (
     check_clipped_swiglu,
     check_group_bias,
     check_moe_gating,
+    check_packed_attention,
     check_window_sinks,
 )
 from vllm_ascend.kernels.device.graph import NPUGraph
@@ -161,6 +162,29 @@ class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
     def kv_load(self, key_cache, value_cache, block_table, seq_lens):
         """No torch_npu op gathers paged KV: indexing on the NPU tensors does."""
         return gather_paged_kv(key_cache, value_cache, block_table, seq_lens)
+
+    def packed_attention(self, query, key, value, cu_seqlens, scale, *, causal=False, output=None):
+        """``npu_fusion_attention`` in TND with cumulative ``actual_seq_qlen`` / ``actual_seq_kvlen`` (the
+        documented varlen layout; KV heads may be fewer than query heads); causal: ``sparse_mode=3`` with
+        the op's 2048x2048 compressed causal mask, else no mask."""
+        bounds = check_packed_attention(query, key, value, cu_seqlens, output)
+        used = bounds[-1]
+        out = torch_npu_module().npu_fusion_attention(
+            query[:used],
+            key[:used],
+            value[:used],
+            query.shape[1],
+            input_layout="TND",
+            scale=scale,
+            atten_mask=self._causal_mask(query.device).bool() if causal else None,
+            sparse_mode=3 if causal else 0,
+            actual_seq_qlen=bounds[1:],
+            actual_seq_kvlen=bounds[1:],
+        )[0]
+        if output is None:
+            return out
+        output[:used].copy_(out)
+        return output
 
     # -- runtime ---------------------------------------------------------------------------
     def torch_device(self, local_rank: int) -> torch.device:

@@ -32,6 +32,7 @@ from vllm_ascend.core.sdk import (
     check_clipped_swiglu,
     check_group_bias,
     check_moe_gating,
+    check_packed_attention,
     check_window_sinks,
     envs,
 )
@@ -268,6 +269,40 @@ def _padded_query_rows(
     jq = torch.minimum(j, q_lens_t.unsqueeze(1) - 1)
     q_idx = torch.tensor([starts[b] for b in reqs], device=device).unsqueeze(1) + jq
     return q_lens_t, keep, jq, q_idx
+
+
+def packed_attention_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bounds: list[int],
+    scale: float,
+    causal: bool,
+    output: torch.Tensor | None,
+) -> torch.Tensor:
+    """:meth:`packed_attention` in plain torch: one fp32 SDPA call per run of equal-length sequences (a
+    batch of same-size images or equal prompts is one call), written into ``output``."""
+    num_tokens, num_heads = query.shape[:2]
+    if output is None:
+        output = query.new_zeros(num_tokens, num_heads, value.shape[2])
+    lengths = [b - a for a, b in itertools.pairwise(bounds)]
+    gqa = num_heads != key.shape[1]
+    start, i = 0, 0
+    while i < len(lengths):
+        j = i
+        while j < len(lengths) and lengths[j] == lengths[i]:
+            j += 1
+        length, count = lengths[i], j - i
+        stop = start + length * count
+        if length:
+            q, k, v = (
+                t[start:stop].float().view(count, length, t.shape[1], t.shape[2]).transpose(1, 2)
+                for t in (query, key, value)
+            )
+            out = F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal, enable_gqa=gqa)
+            output[start:stop] = out.transpose(1, 2).reshape(stop - start, num_heads, -1).to(output.dtype)
+        start, i = stop, j
+    return output
 
 
 def _attend_group(
@@ -755,6 +790,10 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
 
     def kv_load(self, key_cache, value_cache, block_table, seq_lens):
         return gather_paged_kv(key_cache, value_cache, block_table, seq_lens)
+
+    def packed_attention(self, query, key, value, cu_seqlens, scale, *, causal=False, output=None):
+        bounds = check_packed_attention(query, key, value, cu_seqlens, output)
+        return packed_attention_sdpa(query, key, value, bounds, scale, causal, output)
 
     # -- norms, activations, rotary --------------------------------------------------------
     def rms_norm(self, x, weight, eps):

@@ -29,6 +29,7 @@ OPS: tuple[str, ...] = (
     "reshape_and_cache",
     "fused_infer_attention",
     "kv_load",
+    "packed_attention",
     "rms_norm",
     "add_rms_norm",
     "swiglu",
@@ -361,6 +362,29 @@ class BaseDeviceAdaptor(abc.ABC):
         seq_lens: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Gather each request's first ``seq_lens[b]`` cached tokens into packed ``[sum(seq_lens), Hkv, D|Dv]``."""
+
+    @abc.abstractmethod
+    def packed_attention(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        scale: float,
+        *,
+        causal: bool = False,
+        output: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention of packed sequences with no KV cache; returns ``[T, Hq, Dv]``.
+
+        What encoders need: encoder-only models (BERT-style embedders and cross-encoders, no KV cache) and
+        vision towers (vLLM's MM-encoder attention, one sequence per image / window). Sequence ``i`` owns
+        rows ``cu_seqlens[i]:cu_seqlens[i+1]`` of ``query [T, Hq, D]``, ``key [T, Hkv, D]`` and
+        ``value [T, Hkv, Dv]`` and attends to its own rows only: all of them, or rows ``0..j`` for its query
+        ``j`` when ``causal``. Query head ``h`` reads KV head ``h // (Hq // Hkv)``. ``cu_seqlens`` is an int
+        vector ``[N+1]`` starting at 0, non-decreasing, ending at most at ``T`` (later rows are padding and
+        left untouched in ``output``). Computed in fp32, returned in the query dtype (into ``output[:T]``
+        when given)."""
 
     # -- norms, activations, rotary --------------------------------------------------------
     @abc.abstractmethod
@@ -838,3 +862,50 @@ def check_window_sinks(
             f"sinks must be a floating tensor of shape [num_heads={num_heads}], got "
             f"{sinks.dtype} of shape {tuple(sinks.shape)}"
         )
+
+
+def check_packed_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    output: torch.Tensor | None,
+) -> list[int]:
+    """Raise :class:`DeviceOpError` unless :meth:`BaseDeviceAdaptor.packed_attention`'s arguments are in
+    contract; return ``cu_seqlens`` as host ints."""
+    if query.dim() != 3 or key.dim() != 3 or value.dim() != 3:
+        raise DeviceOpError(
+            "packed_attention: query/key/value must be [T, H, D], got shapes "
+            f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+        )
+    num_tokens, num_heads, head_size = query.shape
+    if key.shape[0] != num_tokens or value.shape[0] != num_tokens:
+        raise DeviceOpError(
+            f"packed_attention: key/value have {key.shape[0]}/{value.shape[0]} rows, query has {num_tokens}"
+        )
+    if key.shape[1] != value.shape[1] or num_heads % key.shape[1] != 0:
+        raise DeviceOpError(
+            f"packed_attention: query heads ({num_heads}) must be a multiple of KV heads "
+            f"(key {key.shape[1]}, value {value.shape[1]})"
+        )
+    if key.shape[2] != head_size:
+        raise DeviceOpError(f"packed_attention: key head size {key.shape[2]} != query head size {head_size}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.numel() < 1:
+        raise DeviceOpError(
+            f"packed_attention: cu_seqlens must be a 1-D int vector [N+1], got {cu_seqlens.dtype} "
+            f"{tuple(cu_seqlens.shape)}"
+        )
+    bounds = [int(v) for v in cu_seqlens.tolist()]
+    if bounds[0] != 0 or any(b < a for a, b in itertools.pairwise(bounds)) or bounds[-1] > num_tokens:
+        raise DeviceOpError(
+            f"packed_attention: cu_seqlens must start at 0, not decrease and end at most at {num_tokens}, "
+            f"got {bounds}"
+        )
+    if output is not None and (
+        output.shape[0] < bounds[-1] or tuple(output.shape[1:]) != (num_heads, value.shape[2])
+    ):
+        raise DeviceOpError(
+            f"packed_attention: output must be [>= {bounds[-1]}, {num_heads}, {value.shape[2]}], "
+            f"got {tuple(output.shape)}"
+        )
+    return bounds
