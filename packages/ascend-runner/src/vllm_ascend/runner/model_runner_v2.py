@@ -132,6 +132,11 @@ class NPUModelRunnerV2(GPUModelRunner):
         with device_context.torch_device_wrapper():
             return super().sample_tokens(*args, **kwargs)
 
+    def pool(self, *args: Any, **kwargs: Any) -> Any:
+        """A pooling model's step output (the pooler, then an async copy on V2's output stream)."""
+        with device_context.torch_device_wrapper():
+            return super().pool(*args, **kwargs)
+
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig, *args: Any, **kwargs: Any) -> None:
         check_region_split_caches(kv_cache_config, self.compilation_config.static_forward_context)
         with device_context.torch_device_wrapper():
@@ -144,7 +149,7 @@ class NPUModelRunnerV2(GPUModelRunner):
             super()._init_kv_zero_meta()
 
     def warm_up(self) -> None:
-        """One profile-sized dummy run through the model and the sampler."""
+        """One profile-sized dummy run through the model and the sampler (a pooling model: the pooler)."""
         with device_context.torch_device_wrapper():
             self.profile_run()
 

@@ -1,4 +1,5 @@
-"""Attention forward: KV cache write by ``reshape_and_cache``, attention by ``fused_infer_attention``.
+"""Attention forward: KV cache write by ``reshape_and_cache``, attention by ``fused_infer_attention``;
+encoder-only layers (no KV cache) by ``packed_attention`` over the step's packed sequences.
 
 vLLM calls both inside its own opaque ops (``unified_kv_cache_update``, ``unified_attention_with_output``);
 the KV write goes through the custom op ``vllm_ascend::reshape_and_cache``.
@@ -22,9 +23,16 @@ def split_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor
     return token_major[..., :head_size], token_major[..., head_size:]
 
 
+#: The attention types the backend serves: decoder self-attention over the paged KV cache (causal, or
+#: bidirectional where vLLM's metadata says ``causal=False``) and encoder-only self-attention without a cache.
+SERVED_ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER_ONLY)
+
+
 class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
     """Decoder self-attention (MHA/GQA/MQA) for prefill, chunked prefill and decode, optionally with a
-    sliding window (vLLM's int: the last ``W`` keys, the query's own included) and per-head sinks."""
+    sliding window (vLLM's int: the last ``W`` keys, the query's own included) and per-head sinks; and
+    encoder-only self-attention (BERT-style embedders and cross-encoders: each sequence attends to all of
+    its tokens, nothing cached)."""
 
     def __init__(
         self,
@@ -75,10 +83,17 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
                 raise AttentionConfigError(
                     f"{field} is not supported by the Ascend attention backend; allowed: None"
                 )
-        if attn_type != AttentionType.DECODER:
+        if attn_type not in SERVED_ATTN_TYPES:
             raise AttentionConfigError(
-                f"attn_type={attn_type!r} is not supported by the Ascend attention backend; "
-                f"allowed: {AttentionType.DECODER.value!r}"
+                f"attn_type={getattr(attn_type, 'value', attn_type)!r} is not supported by the Ascend attention "
+                f"backend; allowed: {', '.join(repr(t.value) for t in SERVED_ATTN_TYPES)}"
+            )
+        if attn_type == AttentionType.ENCODER_ONLY and (sliding_window is not None or sinks is not None):
+            # packed_attention attends to whole sequences; a window or sinks would be dropped.
+            field = "sliding_window" if sliding_window is not None else "sinks"
+            raise AttentionConfigError(
+                f"{field} with attn_type='encoder_only' is not supported by the Ascend attention backend; "
+                "allowed: None"
             )
         self.num_heads = num_heads
         self.head_size = head_size
@@ -103,6 +118,8 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
+        if self.attn_type == AttentionType.ENCODER_ONLY:  # encoder-only layers have no KV cache
+            return
         key_cache, value_cache = split_kv_cache(kv_cache, self.head_size)
         n = slot_mapping.shape[0]
         device_ops().reshape_and_cache(key[:n], value[:n], key_cache, value_cache, slot_mapping)
@@ -126,6 +143,17 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
         if attn_metadata is None:  # profile / dummy run: no KV cache is bound yet
             return output.zero_()
         n = attn_metadata.num_actual_tokens
+        if self.attn_type == AttentionType.ENCODER_ONLY:
+            get_device_adaptor().packed_attention(
+                query[:n],
+                key[:n],
+                value[:n],
+                attn_metadata.query_start_loc_cpu,
+                self.scale,
+                causal=False,
+                output=output[:n],
+            )
+            return output
         key_cache, value_cache = split_kv_cache(kv_cache, self.head_size)
         get_device_adaptor().fused_infer_attention(
             query[:n],
