@@ -367,6 +367,7 @@ class AscendPlatform(Platform):
         cls._check_kv_connector(vllm_config)
         cls._check_parallelism(vllm_config)
         cls._check_hybrid_model(vllm_config)
+        cls._check_encoder_only_chunking(vllm_config)
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":
             worker = _workers().entry(_worker_name()).value
@@ -540,6 +541,29 @@ class AscendPlatform(Platform):
                     f"{option}={size} is not supported yet by vllm-ascend {__version__}; supported: 1 "
                     "(tensor_parallel_size, pipeline_parallel_size and data_parallel_size are)"
                 )
+
+    @classmethod
+    def _check_encoder_only_chunking(cls, vllm_config: VllmConfig) -> None:
+        """Refuse chunked prefill that could split an encoder-only (bidirectional) prompt: each chunk would
+        attend to its own tokens only, so the pooled result would silently differ (vLLM only warns)."""
+        model_config = vllm_config.model_config
+        scheduler_config = vllm_config.scheduler_config
+        if (
+            model_config is None
+            or model_config.runner_type != "pooling"
+            or model_config.attn_type != "encoder_only"
+            or not scheduler_config.enable_chunked_prefill
+            or scheduler_config.max_num_batched_tokens >= model_config.max_model_len
+        ):
+            return
+        from vllm_ascend.core.config import ConfigError
+
+        raise ConfigError(
+            f"enable_chunked_prefill=True with max_num_batched_tokens={scheduler_config.max_num_batched_tokens} < "
+            f"max_model_len={model_config.max_model_len} is not supported by vllm-ascend for the encoder-only "
+            f"pooling model {model_config.architecture}: a chunk of a bidirectional prompt attends to itself only; "
+            "allowed: enable_chunked_prefill=False, or max_num_batched_tokens >= max_model_len"
+        )
 
     @classmethod
     def _check_hybrid_model(cls, vllm_config: VllmConfig) -> None:
