@@ -63,7 +63,6 @@ def _llm(model_dir: Path, **overrides):
 
 def _shutdown(llm) -> None:
     llm.llm_engine.engine_core.shutdown()
-    del llm
     gc.collect()
 
 
@@ -102,40 +101,68 @@ def tiny_qwen3_classifier(pooling_root: Path) -> Path:
     return build_tiny_qwen3_classifier(pooling_root, num_labels=3)
 
 
+@pytest.fixture(scope="class")
+def bert_llm(tiny_bert):
+    llm = _llm(tiny_bert)
+    yield llm
+    _shutdown(llm)
+
+
+@pytest.fixture(scope="class")
+def qwen3_last_llm(tiny_qwen3):
+    llm = _llm(
+        tiny_qwen3,
+        pooler_config={"seq_pooling_type": "LAST"},
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=16,
+        async_scheduling=True,
+    )
+    yield llm
+    _shutdown(llm)
+
+
+@pytest.fixture(scope="class")
+def cross_encoder_llm(tiny_cross_encoder):
+    llm = _llm(tiny_cross_encoder)
+    yield llm
+    _shutdown(llm)
+
+
+@pytest.fixture(scope="class")
+def classifier_llm(tiny_qwen3_classifier):
+    llm = _llm(tiny_qwen3_classifier)
+    yield llm
+    _shutdown(llm)
+
+
 class TestBertEmbedder:
     """``BertModel`` (vLLM's ``BertEmbeddingModel``: encoder-only attention, CLS pooling, normalised)."""
 
-    @pytest.fixture(scope="class")
-    def llm(self, tiny_bert):
-        llm = _llm(tiny_bert)
-        yield llm
-        _shutdown(llm)
-
-    def test_runs_on_model_runner_v2(self, llm):
+    def test_runs_on_model_runner_v2(self, bert_llm):
         from vllm_ascend.runner.model_runner_v2 import NPUModelRunnerV2
 
-        assert type(_runner(llm)) is NPUModelRunnerV2
-        config = llm.llm_engine.vllm_config
+        assert type(_runner(bert_llm)) is NPUModelRunnerV2
+        config = bert_llm.llm_engine.vllm_config
         # vLLM turns async scheduling off by default for pooling models (the async test asks for it).
         assert config.scheduler_config.async_scheduling is False
         assert config.model_config.pooler_config.seq_pooling_type == "CLS"
 
-    def test_cls_embeddings_match_hf(self, llm, tiny_bert):
+    def test_cls_embeddings_match_hf(self, bert_llm, tiny_bert):
         from vllm_ascend.testing.tiny_pooling import hf_embeddings
 
         token_ids = _ids(tiny_bert)
         assert len({len(ids) for ids in token_ids}) == len(token_ids)  # different lengths in one batch
-        got = _embed(llm, token_ids)
+        got = _embed(bert_llm, token_ids)
         assert all(g.shape == (64,) for g in got)
         assert all(abs(float(g.norm()) - 1.0) < 1e-5 for g in got)
         _assert_close(got, hf_embeddings(tiny_bert, token_ids, "CLS"))
 
-    def test_encoder_layers_run_on_packed_attention(self, llm, tiny_bert):
+    def test_encoder_layers_run_on_packed_attention(self, bert_llm, tiny_bert):
         from vllm_ascend.core.sdk import get_device_adaptor
 
         adaptor = get_device_adaptor()
         adaptor.call_counts.clear()
-        _embed(llm, _ids(tiny_bert)[:2])
+        _embed(bert_llm, _ids(tiny_bert)[:2])
         # Two layers, one step: at least one call per layer; no paged attention at all.
         assert adaptor.call_counts["packed_attention"] >= 2, dict(adaptor.call_counts)
         assert adaptor.call_counts["fused_infer_attention"] == 0, dict(adaptor.call_counts)
@@ -159,44 +186,33 @@ class TestBertEmbedder:
         with pytest.raises(ValueError, match=r"enable_chunked_prefill=True .* allowed: enable_chunked_prefill=False"):
             chunked.create_engine_config()
 
-    def test_prompt_longer_than_the_model_is_refused(self, llm, tiny_bert):
+    def test_prompt_longer_than_the_model_is_refused(self, bert_llm, tiny_bert):
         # Without chunking, a prompt must fit max_model_len (128) in one step.
         from vllm.exceptions import VLLMValidationError
 
         long_prompt = (_ids(tiny_bert)[3] * 8)[:200]
         with pytest.raises(VLLMValidationError, match="maximum context length is 128 tokens"):
-            _embed(llm, [long_prompt])
+            _embed(bert_llm, [long_prompt])
 
 
 class TestQwen3LastTokenEmbedder:
     """A Qwen3 decoder as an embedder (Qwen3-Embedding: LAST-token pooling, normalised), chunked prefill with
     a 16-token step budget so the long prompts span several steps, and async scheduling asked for."""
 
-    @pytest.fixture(scope="class")
-    def llm(self, tiny_qwen3):
-        llm = _llm(
-            tiny_qwen3,
-            pooler_config={"seq_pooling_type": "LAST"},
-            enable_chunked_prefill=True,
-            max_num_batched_tokens=16,
-            async_scheduling=True,
-        )
-        yield llm
-        _shutdown(llm)
-
-    def test_chunked_last_token_embeddings_match_hf(self, llm, tiny_qwen3):
+    def test_chunked_last_token_embeddings_match_hf(self, qwen3_last_llm, tiny_qwen3):
         from vllm_ascend.core.sdk import get_device_adaptor
+        from vllm_ascend.runner.model_runner_v2 import NPUModelRunnerV2
         from vllm_ascend.testing.tiny_pooling import hf_embeddings
 
-        config = llm.llm_engine.vllm_config
+        config = qwen3_last_llm.llm_engine.vllm_config
         assert config.scheduler_config.enable_chunked_prefill is True
         assert config.scheduler_config.async_scheduling is True
-        assert type(_runner(llm)).__name__ == "NPUModelRunnerV2"
+        assert type(_runner(qwen3_last_llm)) is NPUModelRunnerV2
         token_ids = _ids(tiny_qwen3)
         assert max(len(ids) for ids in token_ids) > config.scheduler_config.max_num_batched_tokens
         adaptor = get_device_adaptor()
         adaptor.call_counts.clear()
-        got = _embed(llm, token_ids)
+        got = _embed(qwen3_last_llm, token_ids)
         assert all(g.shape == (128,) for g in got)
         _assert_close(got, hf_embeddings(tiny_qwen3, token_ids, "LAST"))
         assert adaptor.call_counts["fused_infer_attention"] > 0
@@ -222,19 +238,13 @@ class TestBertCrossEncoder:
     """``BertForSequenceClassification`` with one label: ``score(query, documents)`` is the sigmoid of the
     classifier's logit over ``[CLS] query [SEP] document [SEP]`` with token types."""
 
-    @pytest.fixture(scope="class")
-    def llm(self, tiny_cross_encoder):
-        llm = _llm(tiny_cross_encoder)
-        yield llm
-        _shutdown(llm)
-
-    def test_scores_match_hf(self, llm, tiny_cross_encoder):
+    def test_scores_match_hf(self, cross_encoder_llm, tiny_cross_encoder):
         from transformers import AutoTokenizer
 
         from vllm_ascend.testing.tiny_pooling import hf_class_probs
 
         query, documents = TEXTS[0], list(TEXTS[1:])
-        outputs = llm.score(query, documents, use_tqdm=False)
+        outputs = cross_encoder_llm.score(query, documents, use_tqdm=False)
         got = [torch.tensor([o.outputs.score]) for o in outputs]
         tokenizer = AutoTokenizer.from_pretrained(tiny_cross_encoder)
         pairs = [dict(tokenizer(query, doc)) for doc in documents]
@@ -248,17 +258,11 @@ class TestQwen3Classifier:
     """``Qwen3ForSequenceClassification`` with three labels: ``classify`` is the softmax of the last token's
     logits."""
 
-    @pytest.fixture(scope="class")
-    def llm(self, tiny_qwen3_classifier):
-        llm = _llm(tiny_qwen3_classifier)
-        yield llm
-        _shutdown(llm)
-
-    def test_class_probabilities_match_hf(self, llm, tiny_qwen3_classifier):
+    def test_class_probabilities_match_hf(self, classifier_llm, tiny_qwen3_classifier):
         from vllm_ascend.testing.tiny_pooling import hf_class_probs
 
         token_ids = _ids(tiny_qwen3_classifier)
-        outputs = llm.classify([{"prompt_token_ids": ids} for ids in token_ids], use_tqdm=False)
+        outputs = classifier_llm.classify([{"prompt_token_ids": ids} for ids in token_ids], use_tqdm=False)
         got = [torch.tensor(o.outputs.probs) for o in outputs]
         assert all(g.shape == (3,) for g in got)
         _assert_close(got, hf_class_probs(tiny_qwen3_classifier, [{"input_ids": ids} for ids in token_ids]))

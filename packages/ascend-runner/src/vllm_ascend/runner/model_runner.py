@@ -407,9 +407,10 @@ class NPUModelRunner(GPUModelRunner):
         """One dummy forward at the largest batch of requests on every rank; on the last pipeline stage
         (the only one that samples) first compile every sampling-kernel variant a step can hit
         (``kernel_warmup``: failures are logged, not raised) and then run the sampler once (fills lazy
-        state). Earlier stages produce intermediate tensors, not hidden states to sample from."""
+        state); a pooling model runs its pooler instead, once per task it serves. Earlier stages produce
+        intermediate tensors, not hidden states to sample from."""
         is_last_stage = get_pp_group().is_last_rank
-        if is_last_stage:
+        if is_last_stage and not self.is_pooling_model:
             self.kernel_warmup_results = kernel_warmup(
                 self.device,
                 self.model_config.get_vocab_size(),
@@ -417,8 +418,11 @@ class NPUModelRunner(GPUModelRunner):
                 exclude=_unused_warmup_items(self.speculative_config),
             )
         num_reqs = min(self.scheduler_config.max_num_seqs, self.scheduler_config.max_num_batched_tokens)
-        _, last_hidden_states = self._dummy_run(
+        hidden_states, last_hidden_states = self._dummy_run(
             num_tokens=num_reqs, skip_eplb=True, cudagraph_runtime_mode=CUDAGraphMode.NONE
         )
-        if is_last_stage:
+        if is_last_stage and self.is_pooling_model:
+            with device_context.torch_device_wrapper():
+                self._dummy_pooler_run(hidden_states)
+        elif is_last_stage:
             self._dummy_sampler_run(hidden_states=last_hidden_states)
