@@ -41,7 +41,9 @@ def _ids(model_dir: Path, texts=TEXTS) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return [tokenizer(text)["input_ids"] for text in texts]
+    token_ids = [tokenizer(text)["input_ids"] for text in texts]
+    assert all(tokenizer.unk_token_id not in ids for ids in token_ids)  # real words, not a run of [UNK]
+    return token_ids
 
 
 def _llm(model_dir: Path, **overrides):

@@ -1,6 +1,7 @@
 """vLLM's OpenAI pooling endpoints through ``vllm-ascend serve --device reference --runner pooling`` on
 127.0.0.1: ``/v1/embeddings`` of a tiny BERT embedder, ``/v1/score``, ``/rerank`` and ``/v1/rerank`` of a tiny
-BERT cross-encoder, each number equal to HF transformers fp32 (within 1e-5 relative). Two server starts.
+BERT cross-encoder (and ``/rerank`` of the embedder: a bi-encoder's cosine similarities), each number equal to
+HF transformers fp32 (within 1e-5 relative). Two server starts.
 """
 
 from __future__ import annotations
@@ -115,11 +116,11 @@ def test_embeddings_endpoint_matches_hf(models_root):
         assert status == 200, body
         for item, expected in zip(body["data"], ref[:2]):
             _assert_close(torch.tensor(item["embedding"]), expected)
-        # Scoring is a classify task this embedder does not serve: a client error, and the server stays up.
+        # An embedder reranks as a bi-encoder: the cosine similarity of the query's and each document's vector.
         status, body = _post(f"{base}/rerank", {"model": "tiny", "query": QUERY, "documents": DOCUMENTS})
-        assert 400 <= status < 500, body
-        status, body = _post(f"{base}/v1/embeddings", {"model": "tiny", "input": [QUERY]})
         assert status == 200, body
+        got = torch.tensor([r["relevance_score"] for r in sorted(body["results"], key=lambda r: r["index"])])
+        _assert_close(got, torch.stack([ref[0] @ doc for doc in ref[1:]]))
 
 
 def test_score_and_rerank_endpoints_match_hf(models_root):

@@ -23,17 +23,35 @@ POOLING_TYPES = ("CLS", "MEAN", "LAST")
 
 
 def _bert_tokenizer(out_dir: Path) -> Any:
-    """A lower-casing WordPiece tokenizer whose vocabulary is the demo corpus's words plus punctuation."""
+    """A lower-casing WordPiece tokenizer whose vocabulary is the demo corpus's words plus punctuation, with
+    BERT's templates: ``[CLS] a [SEP]`` and, for pairs, ``[CLS] a [SEP] b [SEP]`` with token types 0/1."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
     from transformers import BertTokenizerFast
 
     out_dir.mkdir(parents=True, exist_ok=True)
     words = {word.rstrip(".") for line in corpus() for word in line.split()}
-    vocab = [*BERT_SPECIAL_TOKENS, ".", ",", "?", *sorted(words)]
-    vocab_file = out_dir / "vocab.txt"
-    vocab_file.write_text("\n".join(vocab) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True, model_max_length=512)
-    tokenizer.save_pretrained(out_dir)
-    return tokenizer
+    vocab = {token: i for i, token in enumerate([*BERT_SPECIAL_TOKENS, ".", ",", "?", *sorted(words)])}
+    tokenizer = Tokenizer(WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    cls, sep = vocab["[CLS]"], vocab["[SEP]"]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    fast = BertTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        mask_token="[MASK]",
+        model_max_length=512,
+    )
+    fast.save_pretrained(out_dir)
+    return fast
 
 
 def _bert_config(vocab_size: int, num_labels: int | None, max_positions: int) -> Any:
