@@ -465,6 +465,34 @@ def test_impl_refuses_other_dtypes_and_non_310p_adaptors(monkeypatch):
     assert impl.forward(None, out, None, None, torch.zeros(1), None, out).abs().sum() == 0  # profile run
 
 
+def test_encoder_only_layers_run_packed_attention_and_bidirectional_decoders_are_refused(ref310):
+    """Encoder-only layers (vLLM's metadata: causal=False, no KV cache) attend to their whole sequence through
+    the 310P adaptor's packed_attention; a non-causal decoder layer is refused by name."""
+    from vllm.v1.attention.backend import AttentionType
+
+    gen = torch.Generator().manual_seed(5)
+    q_lens = [5, 3, 9]
+    n = sum(q_lens)
+    q = torch.randn(n, HQ, D, generator=gen).to(F16)
+    k = torch.randn(n, HKV, D, generator=gen).to(F16)
+    v = torch.randn(n, HKV, D, generator=gen).to(F16)
+    common = _common(q_lens, q_lens, torch.zeros(3, 1, dtype=torch.int32))
+    common.causal = False
+    md = _builder().build(0, common)
+    impl = AscendAttentionBackendImpl310(HQ, D, SCALE, HKV, attn_type=AttentionType.ENCODER_ONLY)
+    out = impl.forward(None, q, k, v, torch.empty(0, dtype=F16), md, torch.zeros(n, HQ, D, dtype=F16))
+    qsl = qsl_of(q_lens)
+    # Bidirectional: every query sees its sequence's last key (ctx = length - 1 puts no key in the future).
+    expected = torch.cat(
+        [dense_attention(q[a:b], k[a:b], v[a:b], b - a - 1) for a, b in zip(qsl[:-1].tolist(), qsl[1:].tolist())]
+    )
+    torch.testing.assert_close(out.float(), expected, atol=2e-3, rtol=2e-3)
+    assert ref310.call_counts["packed_attention"] == 1
+    decoder = AscendAttentionBackendImpl310(HQ, D, SCALE, HKV)
+    with pytest.raises(AttentionConfigError, match=r"non-causal decoder attention .*allowed: causal decoder"):
+        decoder.forward(None, q, k, v, torch.zeros(NUM_BLOCKS, HKV, BS, 2 * D, dtype=F16), md, torch.zeros_like(q))
+
+
 def test_backend_serves_float16_with_the_310p_classes():
     assert AscendAttentionBackend310.supported_dtypes == [torch.float16]
     assert AscendAttentionBackend310.supported_kv_cache_dtypes == ["auto", "float16"]

@@ -6,6 +6,9 @@
 - chunked prefill / mixed: each request's queries over its paged KV with the splitfuse mask,
   ``splitfuse_attention_310p``.
 
+Encoder-only layers (no KV cache, bidirectional) run the 310P adaptor's ``packed_attention`` (one
+unmasked prompt attention per sequence).
+
 The KV write is the runner's (``do_kv_cache_update`` through ``reshape_and_cache``), run by vLLM before
 the forward, so the paged paths read the step's own tokens too.
 """
@@ -16,7 +19,7 @@ import itertools
 
 import torch
 from vllm.config import get_current_vllm_config_or_none
-from vllm.v1.attention.backend import AttentionLayer
+from vllm.v1.attention.backend import AttentionLayer, AttentionType
 
 from vllm_ascend.ascend310p.attention.metadata import AscendAttentionMetadata310, AscendAttentionState310
 from vllm_ascend.core.sdk import get_device_adaptor
@@ -45,7 +48,7 @@ def attention_adaptor_310p():
 
 
 class AscendAttentionBackendImpl310(AscendAttentionImpl):
-    """Decoder self-attention (MHA/GQA/MQA) on 310P, float16 only."""
+    """Causal decoder self-attention (MHA/GQA/MQA) and encoder-only self-attention on 310P, float16 only."""
 
     def __init__(
         self, num_heads: int, head_size: int, scale: float, num_kv_heads: int | None = None, *args, **kwargs
@@ -86,12 +89,24 @@ class AscendAttentionBackendImpl310(AscendAttentionImpl):
             raise TypeError(
                 f"the Atlas 310P attention backend needs AscendAttentionMetadata310, got {type(attn_metadata).__name__}"
             )
-        if not attn_metadata.causal:
-            raise AttentionConfigError(
-                "non-causal attention is not supported by the Atlas 310P attention backend"
-            )
         adaptor = attention_adaptor_310p()
         n = attn_metadata.num_actual_tokens
+        if self.attn_type == AttentionType.ENCODER_ONLY:
+            adaptor.packed_attention(
+                query[:n],
+                key[:n],
+                value[:n],
+                attn_metadata.query_start_loc_cpu,
+                self.scale,
+                causal=False,
+                output=output[:n],
+            )
+            return output
+        if not attn_metadata.causal:
+            raise AttentionConfigError(
+                "non-causal decoder attention is not supported by the Atlas 310P attention backend; allowed: "
+                "causal decoder layers, or encoder-only layers (attn_type='encoder_only')"
+            )
         state = attn_metadata.attn_state
         if state is AscendAttentionState310.PREFILL_NO_CACHE:
             mask = attn_metadata.attn_mask
