@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata
 
 from vllm_ascend.runner.attention.backend import AscendAttentionBackend
 from vllm_ascend.runner.attention.impl import AscendAttentionImpl
@@ -154,8 +154,48 @@ def test_unsupported_configurations_name_field_and_allowed_values(args, message)
 def test_unsupported_attention_features_are_refused():
     with pytest.raises(AttentionConfigError, match=r"alibi_slopes is not supported.*allowed: None"):
         AscendAttentionImpl(HQ, D, 0.1, HKV, alibi_slopes=[1.0] * HQ)
-    with pytest.raises(AttentionConfigError, match="attn_type='encoder_only'"):
-        AscendAttentionImpl(HQ, D, 0.1, HKV, attn_type="encoder_only")
+    for attn_type in (AttentionType.ENCODER, AttentionType.ENCODER_DECODER):
+        with pytest.raises(
+            AttentionConfigError,
+            match=rf"attn_type='{attn_type.value}' is not supported .*allowed: 'decoder', 'encoder_only'",
+        ):
+            AscendAttentionImpl(HQ, D, 0.1, HKV, attn_type=attn_type)
+    with pytest.raises(AttentionConfigError, match=r"sliding_window with attn_type='encoder_only' .*allowed: None"):
+        AscendAttentionImpl(HQ, D, 0.1, HKV, attn_type=AttentionType.ENCODER_ONLY, sliding_window=8)
+
+
+def test_encoder_only_attends_to_whole_sequences_through_packed_attention_and_writes_no_kv():
+    """vLLM's encoder-only metadata (causal=False, a dummy block table, no KV cache tensor): each sequence's
+    queries see all of its keys, computed by the adaptor's packed_attention; the KV update writes nothing."""
+    from vllm_ascend.core.sdk import get_device_adaptor
+
+    gen = torch.Generator().manual_seed(3)
+    impl = AscendAttentionImpl(HQ, D, 1 / math.sqrt(D), HKV, attn_type=AttentionType.ENCODER_ONLY)
+    q_lens = [6, 1, 11]
+    n = sum(q_lens)
+    q, k, v = (torch.randn(n + 2, h, D, generator=gen) for h in (HQ, HKV, HKV))  # 2 padding rows
+    kv_cache = torch.empty(0)
+    impl.do_kv_cache_update(None, k, v, kv_cache, torch.zeros(n + 2, dtype=torch.int64))
+    assert kv_cache.numel() == 0
+    common = _common(q_lens, q_lens, torch.zeros(3, 1, dtype=torch.int32), n + 2)
+    common.causal = False
+    md = _builder().build(0, common)
+    assert md.causal is False
+    adaptor = get_device_adaptor()
+    adaptor.call_counts.clear()
+    output = torch.full((n + 2, HQ, D), 7.0)
+    impl.forward(None, q, k, v, kv_cache, md, output)
+    bounds = [0, 6, 7, 18]
+    ref = _dense_reference(
+        [q[a:b] for a, b in zip(bounds, bounds[1:])],
+        [k[a:b] for a, b in zip(bounds, bounds[1:])],
+        [v[a:b] for a, b in zip(bounds, bounds[1:])],
+        [b - a - 1 for a, b in zip(bounds, bounds[1:])],  # every key is at or before "ctx + 0": bidirectional
+        1 / math.sqrt(D),
+    )
+    torch.testing.assert_close(output[:n], ref, atol=1e-5, rtol=1e-5)
+    assert (output[n:] == 7.0).all()  # padding rows untouched
+    assert adaptor.call_counts["packed_attention"] == 1 and adaptor.call_counts["fused_infer_attention"] == 0
 
 
 def test_backend_identity():
