@@ -137,7 +137,10 @@ def main() -> None:
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(_measure(args.model_dir, args.batch, args.max_words, args.repeats)), flush=True)
+        print(
+            "RESULT " + json.dumps(_measure(args.model_dir, args.batch, args.max_words, args.repeats)),
+            flush=True,
+        )
         return
     if args.hidden % 32:
         raise SystemExit(f"--hidden={args.hidden} is invalid; allowed: multiples of 32 (heads of 32)")

@@ -1,6 +1,7 @@
 """Pooling models through ``vllm.LLM(runner="pooling")`` with the plugin on the reference device equal HF
 transformers fp32 (within 1e-5 relative): a BERT embedder (CLS), a Qwen3 embedder (LAST token with chunked
-prefill; MEAN on the V1 runner), a BERT cross-encoder (``score``) and Qwen3 sequence classification.
+prefill; MEAN on the V1 runner), a BERT cross-encoder (``score``, on both runners) and Qwen3 sequence
+classification.
 
 Encoder-only layers must run on the adaptor's ``packed_attention`` (counted), decoder layers on
 ``fused_infer_attention``. One engine per class, shut down when the class ends.
@@ -32,7 +33,7 @@ def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _assert_close(got: list[torch.Tensor], ref: list[torch.Tensor]) -> None:
     assert len(got) == len(ref)
-    for g, r in zip(got, ref):
+    for g, r in zip(got, ref, strict=True):
         assert g.shape == r.shape, (g.shape, r.shape)
         assert _rel_err(g, r) <= REL_TOL, (_rel_err(g, r), g, r)
 
@@ -185,7 +186,9 @@ class TestBertEmbedder:
             max_num_batched_tokens=16,
         )
         # The platform's ConfigError reaches the caller inside pydantic's ValidationError (a ValueError).
-        with pytest.raises(ValueError, match=r"enable_chunked_prefill=True .* allowed: enable_chunked_prefill=False"):
+        with pytest.raises(
+            ValueError, match=r"enable_chunked_prefill=True .* allowed: enable_chunked_prefill=False"
+        ):
             chunked.create_engine_config()
 
     def test_prompt_longer_than_the_model_is_refused(self, bert_llm, tiny_bert):
@@ -232,6 +235,29 @@ def test_qwen3_mean_embeddings_on_the_v1_runner_match_hf(v1_runner, tiny_qwen3):
         assert llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill is False
         token_ids = _ids(tiny_qwen3)
         _assert_close(_embed(llm, token_ids), hf_embeddings(tiny_qwen3, token_ids, "MEAN"))
+    finally:
+        _shutdown(llm)
+
+
+def test_bert_cross_encoder_on_the_v1_runner_matches_hf(v1_runner, tiny_cross_encoder):
+    """Encoder-only layers on vLLM's V1 runner (which gives them an encoder-only KV cache group the backend
+    never writes): scores equal HF's, computed by packed_attention."""
+    from transformers import AutoTokenizer
+
+    from vllm_ascend.core.sdk import get_device_adaptor
+    from vllm_ascend.runner.model_runner import NPUModelRunner
+    from vllm_ascend.testing.tiny_pooling import hf_class_probs
+
+    llm = _llm(tiny_cross_encoder)
+    try:
+        assert type(_runner(llm)) is NPUModelRunner
+        adaptor = get_device_adaptor()
+        adaptor.call_counts.clear()
+        outputs = llm.score(TEXTS[0], list(TEXTS[1:]), use_tqdm=False)
+        assert adaptor.call_counts["packed_attention"] >= 2 and adaptor.call_counts["fused_infer_attention"] == 0
+        tokenizer = AutoTokenizer.from_pretrained(tiny_cross_encoder)
+        ref = hf_class_probs(tiny_cross_encoder, [dict(tokenizer(TEXTS[0], doc)) for doc in TEXTS[1:]])
+        _assert_close([torch.tensor([o.outputs.score]) for o in outputs], ref)
     finally:
         _shutdown(llm)
 

@@ -39,7 +39,9 @@ def _free_port() -> int:
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             return resp.status, json.loads(resp.read() or b"{}")
@@ -73,7 +75,9 @@ def _serve(model_dir: Path, log: Path) -> Iterator[str]:
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"server did not become healthy in {STARTUP_TIMEOUT_S}s:\n{log.read_text()[-4000:]}")
+                pytest.fail(
+                    f"server did not become healthy in {STARTUP_TIMEOUT_S}s:\n{log.read_text()[-4000:]}"
+                )
             time.sleep(1)
         yield base
     finally:
@@ -109,12 +113,12 @@ def test_embeddings_endpoint_matches_hf(models_root):
         assert status == 200, body
         assert [item["index"] for item in body["data"]] == list(range(len(texts)))
         assert body["usage"]["prompt_tokens"] == sum(len(ids) for ids in token_ids)
-        for item, expected in zip(body["data"], ref):
+        for item, expected in zip(body["data"], ref, strict=True):
             _assert_close(torch.tensor(item["embedding"]), expected)
         # Token ids are accepted as input too, and give the same vectors.
         status, body = _post(f"{base}/v1/embeddings", {"model": "tiny", "input": token_ids[:2]})
         assert status == 200, body
-        for item, expected in zip(body["data"], ref[:2]):
+        for item, expected in zip(body["data"], ref[:2], strict=True):
             _assert_close(torch.tensor(item["embedding"]), expected)
         # An embedder reranks as a bi-encoder: the cosine similarity of the query's and each document's vector.
         status, body = _post(f"{base}/rerank", {"model": "tiny", "query": QUERY, "documents": DOCUMENTS})

@@ -8,6 +8,7 @@ checks layouts, masks and parameters they receive.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from types import SimpleNamespace
@@ -484,13 +485,15 @@ def test_encoder_only_layers_run_packed_attention_and_bidirectional_decoders_are
     qsl = qsl_of(q_lens)
     # Bidirectional: every query sees its sequence's last key (ctx = length - 1 puts no key in the future).
     expected = torch.cat(
-        [dense_attention(q[a:b], k[a:b], v[a:b], b - a - 1) for a, b in zip(qsl[:-1].tolist(), qsl[1:].tolist())]
+        [dense_attention(q[a:b], k[a:b], v[a:b], b - a - 1) for a, b in itertools.pairwise(qsl.tolist())]
     )
     torch.testing.assert_close(out.float(), expected, atol=2e-3, rtol=2e-3)
     assert ref310.call_counts["packed_attention"] == 1
     decoder = AscendAttentionBackendImpl310(HQ, D, SCALE, HKV)
     with pytest.raises(AttentionConfigError, match=r"non-causal decoder attention .*allowed: causal decoder"):
-        decoder.forward(None, q, k, v, torch.zeros(NUM_BLOCKS, HKV, BS, 2 * D, dtype=F16), md, torch.zeros_like(q))
+        decoder.forward(
+            None, q, k, v, torch.zeros(NUM_BLOCKS, HKV, BS, 2 * D, dtype=F16), md, torch.zeros_like(q)
+        )
 
 
 def test_backend_serves_float16_with_the_310p_classes():

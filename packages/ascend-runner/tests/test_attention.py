@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from types import SimpleNamespace
 
@@ -160,7 +161,9 @@ def test_unsupported_attention_features_are_refused():
             match=rf"attn_type='{attn_type.value}' is not supported .*allowed: 'decoder', 'encoder_only'",
         ):
             AscendAttentionImpl(HQ, D, 0.1, HKV, attn_type=attn_type)
-    with pytest.raises(AttentionConfigError, match=r"sliding_window with attn_type='encoder_only' .*allowed: None"):
+    with pytest.raises(
+        AttentionConfigError, match=r"sliding_window with attn_type='encoder_only' .*allowed: None"
+    ):
         AscendAttentionImpl(HQ, D, 0.1, HKV, attn_type=AttentionType.ENCODER_ONLY, sliding_window=8)
 
 
@@ -185,12 +188,12 @@ def test_encoder_only_attends_to_whole_sequences_through_packed_attention_and_wr
     adaptor.call_counts.clear()
     output = torch.full((n + 2, HQ, D), 7.0)
     impl.forward(None, q, k, v, kv_cache, md, output)
-    bounds = [0, 6, 7, 18]
+    runs = list(itertools.pairwise([0, 6, 7, 18]))
     ref = _dense_reference(
-        [q[a:b] for a, b in zip(bounds, bounds[1:])],
-        [k[a:b] for a, b in zip(bounds, bounds[1:])],
-        [v[a:b] for a, b in zip(bounds, bounds[1:])],
-        [b - a - 1 for a, b in zip(bounds, bounds[1:])],  # every key is at or before "ctx + 0": bidirectional
+        [q[a:b] for a, b in runs],
+        [k[a:b] for a, b in runs],
+        [v[a:b] for a, b in runs],
+        [b - a - 1 for a, b in runs],  # every key is at or before "ctx + 0": bidirectional
         1 / math.sqrt(D),
     )
     torch.testing.assert_close(output[:n], ref, atol=1e-5, rtol=1e-5)
