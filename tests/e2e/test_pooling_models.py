@@ -254,7 +254,9 @@ def test_bert_cross_encoder_on_the_v1_runner_matches_hf(v1_runner, tiny_cross_en
         adaptor = get_device_adaptor()
         adaptor.call_counts.clear()
         outputs = llm.score(TEXTS[0], list(TEXTS[1:]), use_tqdm=False)
-        assert adaptor.call_counts["packed_attention"] >= 2 and adaptor.call_counts["fused_infer_attention"] == 0
+        assert (
+            adaptor.call_counts["packed_attention"] >= 2 and adaptor.call_counts["fused_infer_attention"] == 0
+        )
         tokenizer = AutoTokenizer.from_pretrained(tiny_cross_encoder)
         ref = hf_class_probs(tiny_cross_encoder, [dict(tokenizer(TEXTS[0], doc)) for doc in TEXTS[1:]])
         _assert_close([torch.tensor([o.outputs.score]) for o in outputs], ref)

@@ -295,6 +295,31 @@ def test_speculative_method_must_be_registered(spec_methods):
     NPUPlatform._check_speculative_method(SimpleNamespace(speculative_config=None))
 
 
+def _pooling_config(attn_type, chunked, budget, runner="pooling"):
+    return SimpleNamespace(
+        model_config=SimpleNamespace(
+            runner_type=runner, attn_type=attn_type, max_model_len=128, architecture="BertModel"
+        ),
+        scheduler_config=SimpleNamespace(enable_chunked_prefill=chunked, max_num_batched_tokens=budget),
+    )
+
+
+def test_chunked_prefill_that_could_split_an_encoder_only_prompt_is_refused():
+    """vLLM only warns when chunked prefill is asked for an encoder-only pooling model; a chunk of a
+    bidirectional prompt would attend to itself only, so the platform refuses it by name."""
+    with pytest.raises(ConfigError, match=r"enable_chunked_prefill=True with max_num_batched_tokens=16 < "
+                       r"max_model_len=128 .*BertModel.*allowed: enable_chunked_prefill=False"):  # fmt: skip
+        ReferencePlatform._check_encoder_only_chunking(_pooling_config("encoder_only", True, 16))
+    # Served: no chunking, a budget that holds any prompt, causal decoders (LAST pooling chunks), generation.
+    for config in (
+        _pooling_config("encoder_only", False, 128),
+        _pooling_config("encoder_only", True, 128),
+        _pooling_config("decoder", True, 16),
+        _pooling_config("encoder_only", True, 16, runner="generate"),
+    ):
+        ReferencePlatform._check_encoder_only_chunking(config)
+
+
 def _hybrid_config(arch, hybrid=True, inner_state=True, spec=None, tp=1, prefix_caching=True, connector=None):
     return SimpleNamespace(
         kv_transfer_config=SimpleNamespace(kv_connector=connector) if connector else None,
