@@ -200,6 +200,23 @@ class TestBertEmbedder:
             _embed(bert_llm, [long_prompt])
 
 
+def test_bert_embeddings_in_graph_mode_match_hf(tiny_bert):
+    """Compiled (VLLM_COMPILE) with graphs asked for: vLLM keeps PIECEWISE for pooling models (no FULL graphs),
+    the encoder layers' attention runs between the captured pieces with no KV cache; equal to HF."""
+    from vllm.config import CUDAGraphMode
+
+    from vllm_ascend.testing.tiny_pooling import hf_embeddings
+
+    llm = _llm(tiny_bert, compilation_config={"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"})
+    try:
+        assert llm.llm_engine.vllm_config.compilation_config.cudagraph_mode == CUDAGraphMode.PIECEWISE
+        token_ids = _ids(tiny_bert)
+        for _ in range(2):  # the second pass replays what the first captured or compiled
+            _assert_close(_embed(llm, token_ids), hf_embeddings(tiny_bert, token_ids, "CLS"))
+    finally:
+        _shutdown(llm)
+
+
 class TestQwen3LastTokenEmbedder:
     """A Qwen3 decoder as an embedder (Qwen3-Embedding: LAST-token pooling, normalised), chunked prefill with
     a 16-token step budget so the long prompts span several steps, and async scheduling asked for."""
