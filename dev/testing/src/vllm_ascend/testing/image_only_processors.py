@@ -20,8 +20,10 @@ general plugin of this dev-only distribution, acting only where ``VLLM_ASCEND_TE
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from transformers.utils import PushToHubMixin
@@ -30,11 +32,18 @@ _installed = False
 
 
 class NoVideoProcessor(PushToHubMixin):
-    """Stands in for ``AutoVideoProcessor`` and the video processor it would load: refuses every video."""
+    """Stands in for ``AutoVideoProcessor`` and the video processor it would load: carries the checkpoint's
+    ``video_preprocessor_config.json`` fields (vLLM sizes its video budget from them) and refuses every video."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.fields = fields
+        for name, value in fields.items():
+            setattr(self, name, value)
 
     @classmethod
-    def from_pretrained(cls, *_: Any, **__: Any) -> NoVideoProcessor:
-        return cls()
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, *_: Any, **__: Any) -> NoVideoProcessor:
+        config = Path(pretrained_model_name_or_path) / "video_preprocessor_config.json"
+        return cls(**(json.loads(config.read_text()) if config.is_file() else {}))
 
     @property
     def valid_kwargs(self) -> type:
@@ -43,7 +52,7 @@ class NoVideoProcessor(PushToHubMixin):
         return VideosKwargs
 
     def to_dict(self) -> dict[str, Any]:
-        return {"video_processor_type": type(self).__name__}
+        return {**self.fields, "video_processor_type": type(self).__name__}
 
     def __call__(self, *_: Any, **__: Any) -> Any:
         raise RuntimeError("video inputs need torchvision, which is not installed (image-only processor)")

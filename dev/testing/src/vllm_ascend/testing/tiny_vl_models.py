@@ -3,7 +3,8 @@
 Each build holds the model, a locally trained tokenizer with Qwen's vision special tokens and a chat template
 that renders image items, and a processor saved with the PIL image processor (``Qwen2VLImageProcessorPil``):
 the default image processor class needs torchvision, which cannot be installed beside this torch. No video
-processor is saved: transformers' Qwen video processors require torchvision too.
+processor class is saved: transformers' Qwen video processors require torchvision too (Qwen3-VL's checkpoint
+carries the video geometry fields vLLM reads, see :data:`QWEN3_VL_VIDEO_FIELDS`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,20 @@ IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 #: Pixels per image bounds of the saved processor: small, so tiny images stay a few dozen tokens.
 MIN_PIXELS = 56 * 56
 MAX_PIXELS = 224 * 224
+
+
+#: Qwen3-VL's video geometry (transformers' ``Qwen3VLVideoProcessor`` defaults), saved for vLLM's video budget:
+#: its Qwen3-VL processing info reads these fields from the video processor even when videos are disabled.
+QWEN3_VL_VIDEO_FIELDS = {
+    "size": {"shortest_edge": 128 * 32 * 32, "longest_edge": 32 * 32 * 768},
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "min_frames": 4,
+    "max_frames": 768,
+    "max_video_tokens": 768,
+    "fps": 2,
+}
 
 
 @dataclass(frozen=True)
@@ -176,4 +191,6 @@ def build_tiny_vl_model(spec: TinyVLSpec | None = None, root: Path | None = None
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     _processor(spec, tokenizer).save_pretrained(tmp)
+    if spec.kind == "qwen3_vl":
+        (tmp / "video_preprocessor_config.json").write_text(json.dumps(QWEN3_VL_VIDEO_FIELDS))
     return publish_build(tmp, out, json.dumps(asdict(spec), sort_keys=True))
