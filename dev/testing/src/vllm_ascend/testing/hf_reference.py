@@ -55,7 +55,9 @@ def hf_greedy(
 
 
 @torch.inference_mode()
-def hf_vl_greedy(model_dir: Path | str, requests: list[tuple[str, list[Any]]], max_new_tokens: int) -> list[list[int]]:
+def hf_vl_greedy(
+    model_dir: Path | str, requests: list[tuple[str, list[Any]]], max_new_tokens: int
+) -> list[list[int]]:
     """Greedy ids of a vision-language checkpoint in fp32 for ``(prompt text, images)`` requests: the
     checkpoint's own processor expands each image placeholder, then HF's ``generate`` (KV cache, EOS ignored),
     one request at a time. (Not re-computation: a random model may generate an image placeholder token, which

@@ -107,17 +107,25 @@ def _text_config(spec: TinyVLSpec, vocab_size: int, mrope_section: list[int], **
         num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=2048,
         initializer_range=spec.init_std,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope_section, **extra},
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": mrope_section,
+            **extra,
+        },
     )
 
 
 def _config(spec: TinyVLSpec, tokenizer: Any) -> Any:
-    ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in (
-        ("vision_start_token_id", "<|vision_start|>"),
-        ("vision_end_token_id", "<|vision_end|>"),
-        ("image_token_id", "<|image_pad|>"),
-        ("video_token_id", "<|video_pad|>"),
-    )}
+    ids = {
+        name: tokenizer.convert_tokens_to_ids(tok)
+        for name, tok in (
+            ("vision_start_token_id", "<|vision_start|>"),
+            ("vision_end_token_id", "<|vision_end|>"),
+            ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"),
+        )
+    }
     vocab_size = max(len(tokenizer), spec.vocab_size)
     half_head = spec.hidden_size // spec.num_heads // 2
     section = [half_head - 2 * (half_head * 3 // 8), half_head * 3 // 8, half_head * 3 // 8]
@@ -140,9 +148,7 @@ def _config(spec: TinyVLSpec, tokenizer: Any) -> Any:
             fullatt_block_indexes=[spec.vision_depth - 1],
         )
         text = _text_config(spec, vocab_size, section, type="mrope")
-        return Qwen2_5_VLConfig(
-            text_config=text, vision_config=vision, tie_word_embeddings=False, **ids
-        )
+        return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **ids)
     if spec.kind == "qwen3_vl":
         from transformers import Qwen3VLConfig
 

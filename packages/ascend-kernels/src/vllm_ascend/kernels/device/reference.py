@@ -272,7 +272,9 @@ def _padded_query_rows(
     return q_lens_t, keep, jq, q_idx
 
 
-def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int, is_neox: bool) -> torch.Tensor:
+def rope_rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int, is_neox: bool
+) -> torch.Tensor:
     """Rotate the first ``rot_dim = 2 * cos.shape[-1]`` dims of every head of ``x [T, H*D]`` by per-token
     angles ``cos``/``sin [T, rot_dim/2]`` (fp32): neox halves or GPT-J interleaved pairs; in ``x``'s dtype."""
     half = cos.shape[-1]
@@ -890,7 +892,9 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
     def mrope(self, positions, query, key, head_size, cos_sin_cache, mrope_section, is_neox, interleaved):
         check_mrope(positions, cos_sin_cache, head_size, mrope_section)
         cos, sin = mrope_cos_sin(positions, cos_sin_cache, mrope_section, interleaved)
-        return rope_rotate(query, cos, sin, head_size, is_neox), rope_rotate(key, cos, sin, head_size, is_neox)
+        return rope_rotate(query, cos, sin, head_size, is_neox), rope_rotate(
+            key, cos, sin, head_size, is_neox
+        )
 
     # -- MoE -------------------------------------------------------------------------------
     def moe_gating_top_k(

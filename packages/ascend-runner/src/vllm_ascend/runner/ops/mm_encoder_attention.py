@@ -48,5 +48,7 @@ class AscendMMEncoderAttention(MMEncoderAttention):
         q = query.reshape(rows, self.num_heads, self.head_size)
         k = key.reshape(rows, self.num_kv_heads, self.head_size)
         v = value.reshape(rows, self.num_kv_heads, self.head_size)
-        out = get_device_adaptor().packed_attention(q, k, v, packed_bounds(cu_seqlens, batch, q_len), self.scale)
+        out = get_device_adaptor().packed_attention(
+            q, k, v, packed_bounds(cu_seqlens, batch, q_len), self.scale
+        )
         return out.reshape(out_shape)

@@ -45,7 +45,9 @@ class AscendMRotaryEmbedding(MRotaryEmbedding):
         cos_sin_cache = self._match_cos_sin_cache_dtype(query)
         section = list(self.mrope_section or [])
         if positions.dim() == 2 and not section:
-            raise ValueError("AscendMRotaryEmbedding: [3, T] positions need an mrope_section, the model has none")
+            raise ValueError(
+                "AscendMRotaryEmbedding: [3, T] positions need an mrope_section, the model has none"
+            )
         return device_ops().mrope(
             positions,
             query,

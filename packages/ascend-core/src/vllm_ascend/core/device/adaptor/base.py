@@ -887,13 +887,17 @@ def check_window_sinks(
         )
 
 
-def check_mrope(positions: torch.Tensor, cos_sin_cache: torch.Tensor, head_size: int, mrope_section: list[int]) -> None:
+def check_mrope(
+    positions: torch.Tensor, cos_sin_cache: torch.Tensor, head_size: int, mrope_section: list[int]
+) -> None:
     """Raise :class:`DeviceOpError` unless :meth:`BaseDeviceAdaptor.mrope`'s positions, cache and sections agree."""
     if not (positions.dim() == 1 or (positions.dim() == 2 and positions.shape[0] == 3)):
         raise DeviceOpError(f"mrope: positions must be [T] or [3, T], got shape {tuple(positions.shape)}")
     rot_dim = cos_sin_cache.shape[-1]
     if rot_dim % 2 != 0 or rot_dim > head_size:
-        raise DeviceOpError(f"mrope: cos_sin_cache rot_dim={rot_dim} must be even and <= head_size={head_size}")
+        raise DeviceOpError(
+            f"mrope: cos_sin_cache rot_dim={rot_dim} must be even and <= head_size={head_size}"
+        )
     if len(mrope_section) != 3 or min(mrope_section) < 0 or sum(mrope_section) != rot_dim // 2:
         raise DeviceOpError(
             f"mrope: mrope_section must be 3 non-negative ints summing to rot_dim // 2 = {rot_dim // 2}, "
