@@ -12,6 +12,7 @@ Images only: transformers' Qwen video processors need torchvision, which cannot 
 from __future__ import annotations
 
 import os
+
 import pytest
 
 os.environ["VLLM_ASCEND_TESTING_IMAGE_ONLY_PROCESSORS"] = "1"
@@ -108,7 +109,11 @@ def test_images_of_different_sizes_in_a_mixed_batch_match_hf(vl):
     assert after.get("packed_attention", 0) > before.get("packed_attention", 0), (before, after)
     assert after.get("mrope", 0) > before.get("mrope", 0), (before, after)
     # Every image prompt is longer than a step: its image-token run is split between steps.
-    assert all(length > STEP_TOKENS for length, (_, images) in zip(_LAST_PROMPT_LENGTHS, requests) if images)
+    assert all(
+        length > STEP_TOKENS
+        for length, (_, images) in zip(_LAST_PROMPT_LENGTHS, requests, strict=True)
+        if images
+    )
 
 
 def test_prefix_cache_is_keyed_by_the_image(vl):
