@@ -367,6 +367,6 @@ def test_vit_attention_is_torch_sdpa_and_other_backends_are_refused_by_name():
         assert platform.get_vit_attn_backend(64, torch.float16) is sdpa
         assert platform.get_vit_attn_backend(64, torch.float16, sdpa) is sdpa
         with pytest.raises(
-            ValueError, match="mm_encoder_attn_backend='FLASH_ATTN' is not supported.*TORCH_SDPA"
+            ValueError, match=r"mm_encoder_attn_backend='FLASH_ATTN' is not supported.*TORCH_SDPA"
         ):
             platform.get_vit_attn_backend(64, torch.float16, AttentionBackendEnum.FLASH_ATTN)
