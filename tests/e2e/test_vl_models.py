@@ -142,3 +142,56 @@ def _prefix_cache_hits(llm) -> int:
         for metric in llm.get_metrics()
         if isinstance(metric, Counter) and metric.name == "vllm:prefix_cache_hits"
     )
+
+
+def test_qwen2_5_vl_language_model_in_compiled_piecewise_graphs_matches_hf(
+    tmp_path_factory, tmp_path, monkeypatch
+):
+    """Graph mode for the language model (``mode=3``, PIECEWISE graphs of the compiled pieces between attention
+    ops; the vision tower runs eagerly, as vLLM compiles no MM encoder by default): tokens still equal HF fp32,
+    the pieces replay, and ``mrope`` is traced as one op."""
+    from vllm import LLM
+
+    from vllm_ascend.testing.hf_reference import hf_vl_greedy
+    from vllm_ascend.testing.image_only_processors import install
+    from vllm_ascend.testing.tiny_vl_models import TinyVLSpec, build_tiny_vl_model
+
+    from .test_graph_mode import _replays, _wrappers
+
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
+    install()
+    model_dir = build_tiny_vl_model(TinyVLSpec(kind="qwen2_5_vl"), tmp_path_factory.mktemp("vl-graph"))
+    requests = [
+        (_prompt("the river and the mountain", 1), [_image(168, 224, 31)]),
+        (_prompt("the quick ascend kernel reads the cache", 0), []),
+        (_prompt("compare the two", 2), [_image(112, 140, 32), _image(224, 112, 33)]),
+    ]
+    expected = hf_vl_greedy(model_dir, requests, MAX_NEW_TOKENS)
+    llm = LLM(
+        model=str(model_dir),
+        dtype="float32",
+        block_size=16,
+        max_model_len=1024,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+        limit_mm_per_prompt={"image": 2, "video": 0},
+        kv_cache_memory_bytes=64 << 20,
+        compilation_config={
+            "mode": 3,
+            "cudagraph_mode": "PIECEWISE",
+            "cudagraph_capture_sizes": [1, 2, 4, 16],
+        },
+        seed=0,
+    )
+    try:
+        assert llm.llm_engine.vllm_config.compilation_config.mode == 3
+        before_replays, before = _replays(_wrappers(llm)["PIECEWISE"]), _counts()
+        assert _generate(llm, requests) == expected
+        after = _counts()
+        assert _replays(_wrappers(llm)["PIECEWISE"]) > before_replays
+        assert after.get("mrope", 0) > before.get("mrope", 0) and after.get(
+            "packed_attention", 0
+        ) > before.get("packed_attention", 0), (before, after)
+    finally:
+        llm.llm_engine.engine_core.shutdown()

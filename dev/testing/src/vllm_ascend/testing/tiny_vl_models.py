@@ -19,7 +19,7 @@ import torch
 
 from vllm_ascend.runner.demo_model import corpus, default_cache_dir, publish_build
 
-VL_BUILD_VERSION = 1
+VL_BUILD_VERSION = 2
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", *VISION_TOKENS)
 #: Renders string contents and Qwen-style content lists (``{"type": "image"}`` / ``"text"`` items).
@@ -189,9 +189,10 @@ def build_tiny_vl_model(spec: TinyVLSpec | None = None, root: Path | None = None
     tmp.mkdir(parents=True, exist_ok=True)
     tokenizer = _train_tokenizer(tmp, spec.vocab_size, spec.seed)
     config = _config(spec, tokenizer)
-    config.eos_token_id = tokenizer.eos_token_id
-    config.pad_token_id = tokenizer.pad_token_id
-    config.bos_token_id = None
+    for cfg in (config, config.text_config):
+        cfg.eos_token_id = tokenizer.eos_token_id
+        cfg.pad_token_id = tokenizer.pad_token_id
+        cfg.bos_token_id = None
     torch.manual_seed(spec.seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     model.save_pretrained(tmp, safe_serialization=True)
