@@ -148,29 +148,6 @@ def torch_npu_runtime() -> Any:
     return torch.npu  # type: ignore[attr-defined]
 
 
-def _npu_rotary_mul(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int, is_neox: bool
-) -> torch.Tensor:
-    """Rotate the first ``2 * cos.shape[-1]`` dims of every head of ``x [T, H*D]`` by ``npu_rotary_mul``."""
-    rot_dim = 2 * cos.shape[-1]
-    if is_neox:
-        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
-    else:
-        cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
-    # BSND with B=1: r1/r2 are 1S1D.
-    cos, sin = cos.reshape(1, -1, 1, rot_dim), sin.reshape(1, -1, 1, rot_dim)
-    heads = x.reshape(1, x.shape[0], -1, head_size)
-    rotated = torch_npu_module().npu_rotary_mul(
-        heads[..., :rot_dim].contiguous(),
-        cos.to(x.dtype),
-        sin.to(x.dtype),
-        rotary_mode="half" if is_neox else "interleave",
-    )
-    if rot_dim < head_size:
-        rotated = torch.cat((rotated, heads[..., rot_dim:]), dim=-1)
-    return rotated.reshape(x.shape)
-
-
 class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
     """Atlas A2 and A3 (Ascend910B / Ascend910_93): ``torch_npu`` fused ops and the ``torch.npu`` runtime."""
 
@@ -507,10 +484,32 @@ class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
             x.contiguous(), dim=-1, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved
         )
 
+    def _rotary_mul(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int, is_neox: bool
+    ) -> torch.Tensor:
+        """Rotate the first ``2 * cos.shape[-1]`` dims of every head of ``x [T, H*D]`` by ``npu_rotary_mul``."""
+        rot_dim = 2 * cos.shape[-1]
+        if is_neox:
+            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+        else:
+            cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+        # BSND with B=1: r1/r2 are 1S1D.
+        cos, sin = cos.reshape(1, -1, 1, rot_dim), sin.reshape(1, -1, 1, rot_dim)
+        heads = x.reshape(1, x.shape[0], -1, head_size)
+        rotated = torch_npu_module().npu_rotary_mul(
+            heads[..., :rot_dim].contiguous(),
+            cos.to(x.dtype),
+            sin.to(x.dtype),
+            rotary_mode="half" if is_neox else "interleave",
+        )
+        if rot_dim < head_size:
+            rotated = torch.cat((rotated, heads[..., rot_dim:]), dim=-1)
+        return rotated.reshape(x.shape)
+
     def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
         cos, sin = cos_sin_cache[positions.long()].chunk(2, dim=-1)
-        return _npu_rotary_mul(query, cos, sin, head_size, is_neox), (
-            _npu_rotary_mul(key, cos, sin, head_size, is_neox) if key is not None else None
+        return self._rotary_mul(query, cos, sin, head_size, is_neox), (
+            self._rotary_mul(key, cos, sin, head_size, is_neox) if key is not None else None
         )
 
     def mrope(self, positions, query, key, head_size, cos_sin_cache, mrope_section, is_neox, interleaved):
@@ -520,7 +519,7 @@ class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
         check_mrope(positions, cos_sin_cache, head_size, mrope_section)
         if interleaved and positions.dim() == 2:
             cos, sin = mrope_cos_sin(positions, cos_sin_cache, mrope_section, interleaved)
-            return _npu_rotary_mul(query, cos, sin, head_size, is_neox), _npu_rotary_mul(
+            return self._rotary_mul(query, cos, sin, head_size, is_neox), self._rotary_mul(
                 key, cos, sin, head_size, is_neox
             )
         section = [0, 0, 0] if positions.dim() == 1 else [int(n) for n in mrope_section]
