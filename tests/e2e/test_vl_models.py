@@ -3,8 +3,9 @@ transformers fp32 for text+image prompts, on the runner vLLM selects (Model Runn
 
 One engine per model, shared by the module's tests: chunked prefill with a step budget (32 tokens) smaller
 than the prompts, so image-token runs are split across steps; prefix caching on. The vision tower's attention
-goes through the adaptor's ``packed_attention`` (``AscendMMEncoderAttention``) and the language model's
-multimodal rotary embedding through ``mrope`` (``AscendMRotaryEmbedding``); the tests count both calls.
+goes through the adaptor's ``packed_attention`` (``AscendMMEncoderAttention``), its 2-D rope through
+``rotary_embedding`` (``AscendApplyRotaryEmb``) and the language model's multimodal rotary embedding through
+``mrope`` (``AscendMRotaryEmbedding``); the tests count the calls.
 Images only: transformers' Qwen video processors need torchvision, which cannot be installed here
 (``vllm_ascend.testing.image_only_processors``).
 """
@@ -108,6 +109,8 @@ def test_images_of_different_sizes_in_a_mixed_batch_match_hf(vl):
     assert got == expected, (kind, got, expected)
     assert after.get("packed_attention", 0) > before.get("packed_attention", 0), (before, after)
     assert after.get("mrope", 0) > before.get("mrope", 0), (before, after)
+    # the vision tower's 2-D rope (vLLM's ApplyRotaryEmb) through rotary_embedding
+    assert after.get("rotary_embedding", 0) > before.get("rotary_embedding", 0), (before, after)
     # Every image prompt is longer than a step: its image-token run is split between steps.
     assert all(
         length > STEP_TOKENS

@@ -38,6 +38,7 @@ def test_custom_op_registration_is_idempotent_and_refuses_conflicts(monkeypatch)
         "+RotaryEmbedding",
         "+MRotaryEmbedding",
         "+MMEncoderAttention",
+        "+ApplyRotaryEmb",
     ]
 
 

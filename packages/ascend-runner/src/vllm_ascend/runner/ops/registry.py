@@ -21,7 +21,11 @@ from vllm_ascend.runner.ops.linear import (
 )
 from vllm_ascend.runner.ops.mm_encoder_attention import AscendMMEncoderAttention
 from vllm_ascend.runner.ops.moe import AscendMoERunner
-from vllm_ascend.runner.ops.rotary_embedding import AscendMRotaryEmbedding, AscendRotaryEmbedding
+from vllm_ascend.runner.ops.rotary_embedding import (
+    AscendApplyRotaryEmb,
+    AscendMRotaryEmbedding,
+    AscendRotaryEmbedding,
+)
 
 #: vLLM class name -> the Ascend replacement. CustomOps dispatch to ``forward_oot``.
 CUSTOM_OPS: dict[str, type] = {
@@ -30,6 +34,7 @@ CUSTOM_OPS: dict[str, type] = {
     "RotaryEmbedding": AscendRotaryEmbedding,
     "MRotaryEmbedding": AscendMRotaryEmbedding,
     "MMEncoderAttention": AscendMMEncoderAttention,
+    "ApplyRotaryEmb": AscendApplyRotaryEmb,
 }
 #: vLLM class name -> the Ascend replacement for pluggable layers (replaced at instantiation).
 PLUGGABLE_LAYERS: dict[str, type] = {

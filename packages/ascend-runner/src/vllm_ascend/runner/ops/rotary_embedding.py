@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+from vllm.model_executor.layers.rotary_embedding.common import ApplyRotaryEmb
 from vllm.model_executor.layers.rotary_embedding.mrope import MRotaryEmbedding
 
 from vllm_ascend.kernels.device.graph_ops import device_ops
@@ -58,3 +59,28 @@ class AscendMRotaryEmbedding(MRotaryEmbedding):
             self.is_neox_style,
             bool(self.mrope_interleaved),
         )
+
+
+class AscendApplyRotaryEmb(ApplyRotaryEmb):
+    """vLLM's rotation by given angles (the vision towers' 2-D rope) by the adaptor's ``rotary_embedding``.
+
+    ``x [B, S, H, D]`` or ``[S, H, D]`` rotated in full by ``cos``/``sin [S, D/2]`` (row ``s`` for sequence
+    position ``s`` of every batch row): the angles become a ``[S, D]`` cos/sin cache read at positions
+    ``0..S-1`` of each row. Computed in fp32, returned in ``x``'s dtype.
+    """
+
+    def forward_oot(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        seq_len, head_size = x.shape[-3], x.shape[-1]
+        if cos.shape != (seq_len, head_size // 2) or sin.shape != cos.shape:
+            raise ValueError(
+                f"AscendApplyRotaryEmb: cos/sin must be [seq_len={seq_len}, head_size/2={head_size // 2}], "
+                f"got {tuple(cos.shape)} and {tuple(sin.shape)}"
+            )
+        rows = x.numel() // (seq_len * x.shape[-2] * head_size)
+        positions = torch.arange(seq_len, device=x.device).repeat(rows)
+        cache = torch.cat((cos, sin), dim=-1)
+        flat = x.reshape(rows * seq_len, -1)
+        rotated, _ = device_ops().rotary_embedding(
+            positions, flat, None, head_size, cache, self.is_neox_style
+        )
+        return rotated.view(x.shape)
