@@ -1,8 +1,8 @@
 """Tiny random-weight vision-language checkpoints (Qwen2.5-VL, Qwen3-VL) built offline from HF config classes.
 
 Each build holds the model, a locally trained tokenizer with Qwen's vision special tokens and a chat template
-that renders image items, and a processor saved with the PIL image processor (``Qwen2VLImageProcessorPil``):
-the default image processor class needs torchvision, which cannot be installed beside this torch. No video
+that renders image items, and the PIL image processor (``Qwen2VLImageProcessorPil``, which transformers loads for the saved
+``Qwen2VLImageProcessor`` where torchvision is missing: torchvision cannot be installed beside this torch). No video
 processor class is saved: transformers' Qwen video processors require torchvision too (Qwen3-VL's checkpoint
 carries the video geometry fields vLLM reads, see :data:`QWEN3_VL_VIDEO_FIELDS`).
 """
@@ -76,7 +76,7 @@ class TinyVLSpec:
         return f"{self.kind}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
-def _train_tokenizer(out_dir: Path, vocab_size: int, seed: int) -> Any:
+def _train_tokenizer(vocab_size: int, seed: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -129,7 +129,7 @@ def _config(spec: TinyVLSpec, tokenizer: Any) -> Any:
     vocab_size = max(len(tokenizer), spec.vocab_size)
     half_head = spec.hidden_size // spec.num_heads // 2
     section = [half_head - 2 * (half_head * 3 // 8), half_head * 3 // 8, half_head * 3 // 8]
-    vision = dict(
+    vision: dict[str, Any] = dict(
         depth=spec.vision_depth,
         hidden_size=spec.vision_hidden_size,
         num_heads=spec.vision_heads,
@@ -164,17 +164,17 @@ def _config(spec: TinyVLSpec, tokenizer: Any) -> Any:
     raise ValueError(f"tiny VL kind {spec.kind!r} is unknown; allowed: qwen2_5_vl, qwen3_vl")
 
 
-def _processor(spec: TinyVLSpec, tokenizer: Any) -> Any:
+def _image_processor(spec: TinyVLSpec) -> Any:
+    """The PIL image processor (transformers saves it as ``Qwen2VLImageProcessor`` and, without torchvision,
+    loads that name's PIL backend)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    patch = 14 if spec.kind == "qwen2_5_vl" else 16
-    image_processor = Qwen2VLImageProcessorPil(
-        patch_size=patch,
+    return Qwen2VLImageProcessorPil(
+        patch_size=14 if spec.kind == "qwen2_5_vl" else 16,
         merge_size=2,
         temporal_patch_size=2,
         size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
     )
-    return image_processor
 
 
 def build_tiny_vl_model(spec: TinyVLSpec | None = None, root: Path | None = None) -> Path:
@@ -187,7 +187,7 @@ def build_tiny_vl_model(spec: TinyVLSpec | None = None, root: Path | None = None
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_tokenizer(tmp, spec.vocab_size, spec.seed)
+    tokenizer = _train_tokenizer(spec.vocab_size, spec.seed)
     config = _config(spec, tokenizer)
     for cfg in (config, config.text_config):
         cfg.eos_token_id = tokenizer.eos_token_id
@@ -197,7 +197,7 @@ def build_tiny_vl_model(spec: TinyVLSpec | None = None, root: Path | None = None
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    _processor(spec, tokenizer).save_pretrained(tmp)
+    _image_processor(spec).save_pretrained(tmp)
     if spec.kind == "qwen3_vl":
         (tmp / "video_preprocessor_config.json").write_text(json.dumps(QWEN3_VL_VIDEO_FIELDS))
     return publish_build(tmp, out, json.dumps(asdict(spec), sort_keys=True))
