@@ -5,73 +5,23 @@ The server's token budget (``--max-num-batched-tokens 128``) chunks any longer p
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-STARTUP_TIMEOUT_S = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _request(url: str, body: dict | None = None, raw: bytes | None = None) -> tuple[int, dict]:
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
+from .serving import request_json as _request
+from .serving import served
 
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen3, tmp_path_factory):
-    port = _free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
-    argv = [
-        sys.executable, "-m", "vllm_ascend.core.cli", "serve", str(tiny_qwen3), "--device", "reference",
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--block-size", "16",
-        "--max-model-len", "256", "--kv-cache-memory-bytes", str(64 << 20), "--served-model-name", "tiny",
-        "--max-num-batched-tokens", "128",
+    args = [
+        "--dtype", "float32", "--block-size", "16", "--max-model-len", "256",
+        "--kv-cache-memory-bytes", str(64 << 20), "--served-model-name", "tiny", "--max-num-batched-tokens", "128",
     ]  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"server did not become healthy in {STARTUP_TIMEOUT_S}s:\n{log.read_text()[-4000:]}")
-        time.sleep(1)
-    yield base, log
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    with served(tiny_qwen3, args, log) as base:
+        yield base, log
 
 
 def test_completions_and_chat(server, qwen3_prompts, qwen3_hf):

@@ -381,3 +381,17 @@ def test_models_without_mamba_style_state_are_left_alone():
     )
     ReferencePlatform._check_hybrid_model(SimpleNamespace(model_config=None))
     assert ReferencePlatform.support_hybrid_kv_cache() and NPUPlatform.support_hybrid_kv_cache()
+
+
+def test_vit_attention_is_torch_sdpa_and_other_backends_are_refused_by_name():
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    sdpa = AttentionBackendEnum.TORCH_SDPA
+    for platform in (ReferencePlatform, NPUPlatform):
+        assert platform.get_supported_vit_attn_backends() == [sdpa]
+        assert platform.get_vit_attn_backend(64, torch.float16) is sdpa
+        assert platform.get_vit_attn_backend(64, torch.float16, sdpa) is sdpa
+        with pytest.raises(
+            ValueError, match=r"mm_encoder_attn_backend='FLASH_ATTN' is not supported.*TORCH_SDPA"
+        ):
+            platform.get_vit_attn_backend(64, torch.float16, AttentionBackendEnum.FLASH_ATTN)

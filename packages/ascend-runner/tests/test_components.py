@@ -31,7 +31,15 @@ def test_custom_op_registration_is_idempotent_and_refuses_conflicts(monkeypatch)
         register_custom_ops()
     ops = ["none", "-SiluAndMul"]
     enable_custom_ops(ops)
-    assert ops == ["none", "-SiluAndMul", "+RMSNorm", "+RotaryEmbedding"]
+    assert ops == [
+        "none",
+        "-SiluAndMul",
+        "+RMSNorm",
+        "+RotaryEmbedding",
+        "+MRotaryEmbedding",
+        "+MMEncoderAttention",
+        "+ApplyRotaryEmb",
+    ]
 
 
 def test_kv_zeroer_zeroes_only_the_given_blocks_of_every_layer():

@@ -18,6 +18,8 @@ SCHEMAS = {
     "swiglu": "vllm_ascend::swiglu(Tensor x) -> Tensor",
     "rotary_embedding": "vllm_ascend::rotary_embedding(Tensor positions, Tensor query, Tensor? key, "
     "SymInt head_size, Tensor cos_sin_cache, bool is_neox) -> Tensor[]",
+    "mrope": "vllm_ascend::mrope(Tensor positions, Tensor query, Tensor key, SymInt head_size, "
+    "Tensor cos_sin_cache, SymInt[] mrope_section, bool is_neox, bool interleaved) -> (Tensor, Tensor)",
     "reshape_and_cache": "vllm_ascend::reshape_and_cache(Tensor key, Tensor value, Tensor(a2!) key_cache, "
     "Tensor(a3!) value_cache, Tensor slot_mapping) -> ()",
     "dynamic_quant": "vllm_ascend::dynamic_quant(Tensor x, Tensor? smooth_scales=None) -> (Tensor, Tensor)",

@@ -74,6 +74,34 @@ class FakeTorchNpu(types.ModuleType):
             x_new = torch.stack((-xd[..., 1::2], xd[..., ::2]), -1).flatten(-2)
         return (r1.double() * xd + r2.double() * x_new).to(x.dtype)
 
+    def npu_mrope(
+        self, positions, query, key, cos_sin_cache, head_size, *, mrope_section=None, rotary_mode="half"
+    ):
+        """Chunked sections: the first t frequencies of a [3, T] position from T, next h from H, last w from W;
+        [T] positions with section [0, 0, 0] rotate like plain rope."""
+        rot = cos_sin_cache.shape[-1]
+        cos, sin = cos_sin_cache.double()[positions.long()].chunk(2, -1)
+        if positions.dim() == 2:
+            assert sum(mrope_section) == rot // 2, mrope_section
+            cos = torch.cat([part[i] for i, part in enumerate(cos.split(mrope_section, -1))], -1)
+            sin = torch.cat([part[i] for i, part in enumerate(sin.split(mrope_section, -1))], -1)
+        else:
+            assert list(mrope_section) == [0, 0, 0], mrope_section
+
+        def rotate(x):
+            heads = x.double().view(x.shape[0], -1, head_size)
+            r, rest = heads[..., :rot], heads[..., rot:]
+            c, s_ = cos.unsqueeze(1), sin.unsqueeze(1)
+            if rotary_mode == "half":
+                x1, x2 = r.chunk(2, -1)
+                out = torch.cat((x1 * c - x2 * s_, x2 * c + x1 * s_), -1)
+            else:
+                x1, x2 = r[..., 0::2], r[..., 1::2]
+                out = torch.stack((x1 * c - x2 * s_, x2 * c + x1 * s_), -1).flatten(-2)
+            return torch.cat((out, rest), -1).reshape(x.shape).to(x.dtype)
+
+        return rotate(query), rotate(key)
+
     def npu_dynamic_quant(self, x, *, smooth_scales=None, group_index=None, dst_type=None):
         xd = x.double() * (smooth_scales.double() if smooth_scales is not None else 1.0)
         scale = xd.abs().amax(-1) / 127
@@ -483,6 +511,25 @@ def test_norms_activation_and_rotary_match_reference(npu_adaptor):
             strict=True,
         ):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("neox", [True, False])
+def test_mrope_matches_reference(npu_adaptor, fake_npu, interleaved, neox):
+    ref = ReferenceDeviceAdaptor()
+    inv = 1.0 / 10000 ** (torch.arange(0, 12, 2).float() / 12)
+    freqs = torch.outer(torch.arange(32).float(), inv)
+    cache = torch.cat((freqs.cos(), freqs.sin()), -1)  # rot_dim 12 < head_size 16
+    positions = torch.randint(0, 32, (3, 5))
+    q, k = torch.randn(5, 64), torch.randn(5, 32)
+    for pos in (positions, positions[0]):
+        got = npu_adaptor.mrope(pos, q, k, 16, cache, [2, 2, 2], neox, interleaved)
+        want = ref.mrope(pos, q, k, 16, cache, [2, 2, 2], neox, interleaved)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    assert npu_adaptor.call_counts["mrope"] == 2
+    if "mrope" not in npu_adaptor.TORCH_OPS:  # 310P rotates in torch; A2/A3/A5 call npu_mrope
+        assert fake_npu.calls["npu_mrope"] == (1 if interleaved else 2)
 
 
 def test_moe_path_matches_reference(npu_adaptor):

@@ -52,3 +52,31 @@ def hf_greedy(
         all_ids.append(ids[0, len(prompt) :].tolist())
         all_logits.append(torch.stack(steps))
     return GreedyResult(all_ids, all_logits)
+
+
+@torch.inference_mode()
+def hf_vl_greedy(
+    model_dir: Path | str, requests: list[tuple[str, list[Any]]], max_new_tokens: int
+) -> list[list[int]]:
+    """Greedy ids of a vision-language checkpoint in fp32 for ``(prompt text, images)`` requests: the
+    checkpoint's own processor expands each image placeholder, then HF's ``generate`` (KV cache, EOS ignored),
+    one request at a time. (Not re-computation: a random model may generate an image placeholder token, which
+    a full re-run would take for an image.)"""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = hf_model_class(model_dir).from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    results: list[list[int]] = []
+    for text, images in requests:
+        inputs = processor(text=[text], images=images or None, return_tensors="pt")
+        out = model.generate(
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=0,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=processor.tokenizer.pad_token_id,
+        )
+        results.append(out[0, inputs["input_ids"].shape[1] :].tolist())
+    return results

@@ -258,6 +258,7 @@ class Ascend310PDeviceAdaptor(_Attention310Ops, A2A3DeviceAdaptor):
             "kv_load",
             "reshape_and_cache",
             "rotary_embedding",
+            "mrope",
             "swiglu",
             "clipped_swiglu",
             "moe_gating_top_k",
@@ -273,6 +274,7 @@ class Ascend310PDeviceAdaptor(_Attention310Ops, A2A3DeviceAdaptor):
 
     reshape_and_cache = ReferenceDeviceAdaptor.reshape_and_cache
     rotary_embedding = ReferenceDeviceAdaptor.rotary_embedding
+    mrope = ReferenceDeviceAdaptor.mrope  # npu_mrope is an Atlas A2/A3 op: 310P rotates in torch
     swiglu = ReferenceDeviceAdaptor.swiglu
     # npu_clipped_swiglu is documented for Atlas A2/A3 only.
     clipped_swiglu = ReferenceDeviceAdaptor.clipped_swiglu

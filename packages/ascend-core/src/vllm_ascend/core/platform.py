@@ -211,6 +211,29 @@ class AscendPlatform(Platform):
         return str(worker.attention_backend_qualname())
 
     @classmethod
+    def get_supported_vit_attn_backends(cls) -> list[AttentionBackendEnum]:
+        """TORCH_SDPA only: the enum under which vLLM's vision towers hand ``MMEncoderAttention`` packed
+        sequences as ``cu_seqlens`` (no FlashInfer/FA re-layout); the runner's ``AscendMMEncoderAttention``
+        (registered for that op) computes them with the adaptor's ``packed_attention``."""
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        return [AttentionBackendEnum.TORCH_SDPA]
+
+    @classmethod
+    def get_vit_attn_backend(
+        cls, head_size: int, dtype: torch.dtype, backend: AttentionBackendEnum | None = None
+    ) -> AttentionBackendEnum:
+        """The vision-tower attention backend: TORCH_SDPA (see :meth:`get_supported_vit_attn_backends`);
+        any other ``mm_encoder_attn_backend`` is refused by name."""
+        supported = cls.get_supported_vit_attn_backends()
+        if backend is not None and backend not in supported:
+            raise ValueError(
+                f"mm_encoder_attn_backend={backend.name!r} is not supported by vllm-ascend; allowed: "
+                f"{', '.join(b.name for b in supported)} (served by the adaptor's packed_attention)"
+            )
+        return supported[0]
+
+    @classmethod
     def get_mla_prefill_backend_cls(cls, mla_selector_config: Any) -> Any:
         """The MLA prefill-backend class the runner's worker names (vLLM's MLA layer builds one)."""
         from vllm.utils.import_utils import resolve_obj_by_qualname

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.adaptor.base import check_clipped_swiglu as check_clipped_swiglu
     from vllm_ascend.core.device.adaptor.base import check_group_bias as check_group_bias
     from vllm_ascend.core.device.adaptor.base import check_moe_gating as check_moe_gating
+    from vllm_ascend.core.device.adaptor.base import check_mrope as check_mrope
     from vllm_ascend.core.device.adaptor.base import check_packed_attention as check_packed_attention
     from vllm_ascend.core.device.adaptor.base import check_window_sinks as check_window_sinks
     from vllm_ascend.core.device.adaptor.graph import CapturedGraph as CapturedGraph
@@ -143,6 +144,7 @@ _EXPORTS: dict[str, str] = {
     "check_clipped_swiglu": "vllm_ascend.core.device.adaptor.base",
     "check_group_bias": "vllm_ascend.core.device.adaptor.base",
     "check_window_sinks": "vllm_ascend.core.device.adaptor.base",
+    "check_mrope": "vllm_ascend.core.device.adaptor.base",
     "check_packed_attention": "vllm_ascend.core.device.adaptor.base",
     "CapturedGraph": "vllm_ascend.core.device.adaptor.graph",
     "GraphCaptureError": "vllm_ascend.core.device.adaptor.graph",

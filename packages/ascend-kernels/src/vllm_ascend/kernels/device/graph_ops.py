@@ -122,6 +122,7 @@ GRAPH_OPS: tuple[GraphOp, ...] = (
         lambda positions, query, key, *_: (_like(query), None if key is None else _like(key)),
         optional_outputs={1: "key"},
     ),
+    GraphOp("mrope", lambda positions, query, key, *_: (_like(query), _like(key))),
     GraphOp("reshape_and_cache", lambda *_: None, mutates=("key_cache", "value_cache")),
     GraphOp("dynamic_quant", lambda x, *_: _per_token_int8(x)),
     GraphOp("quantize", lambda x, *_: _like(x, dtype=torch.int8)),

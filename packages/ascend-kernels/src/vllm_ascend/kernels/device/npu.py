@@ -27,12 +27,13 @@ from vllm_ascend.core.sdk import (
     check_clipped_swiglu,
     check_group_bias,
     check_moe_gating,
+    check_mrope,
     check_packed_attention,
     check_window_sinks,
 )
 from vllm_ascend.kernels.device.graph import NPUGraph
 from vllm_ascend.kernels.device.mla import MLANPUOps
-from vllm_ascend.kernels.device.reference import gather_paged_kv, grouped_top_k, int8_weight
+from vllm_ascend.kernels.device.reference import gather_paged_kv, grouped_top_k, int8_weight, mrope_cos_sin
 from vllm_ascend.kernels.device.sparse import SparseAttentionNPUOps
 
 #: Size of the compressed causal mask the fused attention ops take with ``sparse_mode=3``.
@@ -483,28 +484,54 @@ class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
             x.contiguous(), dim=-1, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved
         )
 
-    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
-        torch_npu = torch_npu_module()
-        rot_dim = cos_sin_cache.shape[-1]
-        cos, sin = cos_sin_cache[positions.long()].chunk(2, dim=-1)
+    def _rotary_mul(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int, is_neox: bool
+    ) -> torch.Tensor:
+        """Rotate the first ``2 * cos.shape[-1]`` dims of every head of ``x [T, H*D]`` by ``npu_rotary_mul``."""
+        rot_dim = 2 * cos.shape[-1]
         if is_neox:
             cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
         else:
             cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
         # BSND with B=1: r1/r2 are 1S1D.
-        cos, sin = cos.view(1, -1, 1, rot_dim), sin.view(1, -1, 1, rot_dim)
-        mode = "half" if is_neox else "interleave"
+        cos, sin = cos.reshape(1, -1, 1, rot_dim), sin.reshape(1, -1, 1, rot_dim)
+        heads = x.reshape(1, x.shape[0], -1, head_size)
+        rotated = torch_npu_module().npu_rotary_mul(
+            heads[..., :rot_dim].contiguous(),
+            cos.to(x.dtype),
+            sin.to(x.dtype),
+            rotary_mode="half" if is_neox else "interleave",
+        )
+        if rot_dim < head_size:
+            rotated = torch.cat((rotated, heads[..., rot_dim:]), dim=-1)
+        return rotated.reshape(x.shape)
 
-        def rotate(x: torch.Tensor) -> torch.Tensor:
-            heads = x.reshape(1, x.shape[0], -1, head_size)
-            rotated = torch_npu.npu_rotary_mul(
-                heads[..., :rot_dim].contiguous(), cos.to(x.dtype), sin.to(x.dtype), rotary_mode=mode
+    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
+        cos, sin = cos_sin_cache[positions.long()].chunk(2, dim=-1)
+        return self._rotary_mul(query, cos, sin, head_size, is_neox), (
+            self._rotary_mul(key, cos, sin, head_size, is_neox) if key is not None else None
+        )
+
+    def mrope(self, positions, query, key, head_size, cos_sin_cache, mrope_section, is_neox, interleaved):
+        """``npu_mrope`` (chunked T/H/W sections; ``[0, 0, 0]`` for text-only positions). Its sections are
+        chunked only, so interleaved sections (Qwen3-VL) pick each frequency's angle in torch and rotate by
+        ``npu_rotary_mul``."""
+        check_mrope(positions, cos_sin_cache, head_size, mrope_section)
+        if interleaved and positions.dim() == 2:
+            cos, sin = mrope_cos_sin(positions, cos_sin_cache, mrope_section, interleaved)
+            return self._rotary_mul(query, cos, sin, head_size, is_neox), self._rotary_mul(
+                key, cos, sin, head_size, is_neox
             )
-            if rot_dim < head_size:
-                rotated = torch.cat((rotated, heads[..., rot_dim:]), dim=-1)
-            return rotated.reshape(x.shape)
-
-        return rotate(query), (rotate(key) if key is not None else None)
+        section = [0, 0, 0] if positions.dim() == 1 else [int(n) for n in mrope_section]
+        return torch_npu_module().npu_mrope(
+            positions.contiguous(),
+            query.contiguous(),
+            key.contiguous(),
+            cos_sin_cache.contiguous(),
+            head_size,
+            mrope_section=section,
+            rotary_mode="half" if is_neox else "interleave",
+        )
 
     def moe_gating_top_k(
         self,

@@ -32,6 +32,7 @@ from vllm_ascend.core.sdk import (
     check_clipped_swiglu,
     check_group_bias,
     check_moe_gating,
+    check_mrope,
     check_packed_attention,
     check_window_sinks,
     envs,
@@ -269,6 +270,57 @@ def _padded_query_rows(
     jq = torch.minimum(j, q_lens_t.unsqueeze(1) - 1)
     q_idx = torch.tensor([starts[b] for b in reqs], device=device).unsqueeze(1) + jq
     return q_lens_t, keep, jq, q_idx
+
+
+def rope_rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int, is_neox: bool
+) -> torch.Tensor:
+    """Rotate the first ``rot_dim = 2 * cos.shape[-1]`` dims of every head of ``x [T, H*D]`` by per-token
+    angles ``cos``/``sin [T, rot_dim/2]`` (fp32): neox halves or GPT-J interleaved pairs; in ``x``'s dtype."""
+    half = cos.shape[-1]
+    rot_dim = 2 * half
+    _require(
+        x.shape[-1] % head_size == 0,
+        f"tensor of shape {tuple(x.shape)} is not a multiple of head_size={head_size}",
+    )
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    # (first, second) halves of the rotated dims: neox halves, GPT-J interleaved pairs
+    first, second = (
+        (slice(0, half), slice(half, rot_dim)) if is_neox else (slice(0, rot_dim, 2), slice(1, rot_dim, 2))
+    )
+    heads = x.reshape(x.shape[0], -1, head_size).float()
+    out = torch.empty_like(heads, memory_format=torch.contiguous_format)
+    x1, x2 = heads[..., first], heads[..., second]
+    o1, o2 = out[..., first], out[..., second]
+    # written in place, same expressions (bitwise): x1*cos - x2*sin, x2*cos + x1*sin
+    torch.mul(x1, cos, out=o1).sub_(x2 * sin)
+    torch.mul(x2, cos, out=o2).add_(x1 * sin)
+    if rot_dim < head_size:
+        out[..., rot_dim:] = heads[..., rot_dim:]
+    return out.view(x.shape).to(x.dtype)
+
+
+def mrope_cos_sin(
+    positions: torch.Tensor, cos_sin_cache: torch.Tensor, mrope_section: list[int], interleaved: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``cos``, ``sin [T, rot_dim/2]`` (fp32) of :meth:`BaseDeviceAdaptor.mrope`: each frequency's
+    angle at its T/H/W position (``[T]`` positions: the same position for every frequency)."""
+    cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)
+    if positions.dim() == 1:
+        return cos, sin
+    half = cos.shape[-1]
+    freq = torch.arange(half, device=cos.device)
+    if interleaved:
+        axis = torch.zeros(half, dtype=torch.long, device=cos.device)
+        axis[(freq % 3 == 1) & (freq < 3 * mrope_section[1])] = 1
+        axis[(freq % 3 == 2) & (freq < 3 * mrope_section[2])] = 2
+    else:
+        axis = torch.repeat_interleave(
+            torch.arange(3, device=cos.device), torch.tensor(mrope_section, device=cos.device)
+        )
+    # cos/sin are [3, T, half]: frequency i reads row axis[i]
+    pick = axis.view(1, 1, half).expand(1, cos.shape[1], half)
+    return cos.gather(0, pick)[0], sin.gather(0, pick)[0]
 
 
 def packed_attention_sdpa(
@@ -832,33 +884,17 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
             f"cos_sin_cache rot_dim={rot_dim} must be even and <= head_size={head_size}",
         )
         cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-
-        half = rot_dim // 2
-        # (first, second) halves of the rotated dims: neox halves, GPT-J interleaved pairs
-        first, second = (
-            (slice(0, half), slice(half, rot_dim))
-            if is_neox
-            else (slice(0, rot_dim, 2), slice(1, rot_dim, 2))
+        return (
+            rope_rotate(query, cos, sin, head_size, is_neox),
+            None if key is None else rope_rotate(key, cos, sin, head_size, is_neox),
         )
 
-        def rotate(x: torch.Tensor) -> torch.Tensor:
-            _require(
-                x.shape[-1] % head_size == 0,
-                f"tensor of shape {tuple(x.shape)} is not a multiple of head_size={head_size}",
-            )
-            heads = x.reshape(x.shape[0], -1, head_size).float()
-            out = torch.empty_like(heads, memory_format=torch.contiguous_format)
-            x1, x2 = heads[..., first], heads[..., second]
-            o1, o2 = out[..., first], out[..., second]
-            # written in place, same expressions (bitwise): x1*cos - x2*sin, x2*cos + x1*sin
-            torch.mul(x1, cos, out=o1).sub_(x2 * sin)
-            torch.mul(x2, cos, out=o2).add_(x1 * sin)
-            if rot_dim < head_size:
-                out[..., rot_dim:] = heads[..., rot_dim:]
-            return out.view(x.shape).to(x.dtype)
-
-        return rotate(query), (rotate(key) if key is not None else None)
+    def mrope(self, positions, query, key, head_size, cos_sin_cache, mrope_section, is_neox, interleaved):
+        check_mrope(positions, cos_sin_cache, head_size, mrope_section)
+        cos, sin = mrope_cos_sin(positions, cos_sin_cache, mrope_section, interleaved)
+        return rope_rotate(query, cos, sin, head_size, is_neox), rope_rotate(
+            key, cos, sin, head_size, is_neox
+        )
 
     # -- MoE -------------------------------------------------------------------------------
     def moe_gating_top_k(

@@ -19,14 +19,22 @@ from vllm_ascend.runner.ops.linear import (
     AscendRowParallelLinear,
     AscendVocabParallelEmbedding,
 )
+from vllm_ascend.runner.ops.mm_encoder_attention import AscendMMEncoderAttention
 from vllm_ascend.runner.ops.moe import AscendMoERunner
-from vllm_ascend.runner.ops.rotary_embedding import AscendRotaryEmbedding
+from vllm_ascend.runner.ops.rotary_embedding import (
+    AscendApplyRotaryEmb,
+    AscendMRotaryEmbedding,
+    AscendRotaryEmbedding,
+)
 
 #: vLLM class name -> the Ascend replacement. CustomOps dispatch to ``forward_oot``.
 CUSTOM_OPS: dict[str, type] = {
     "RMSNorm": AscendRMSNorm,
     "SiluAndMul": AscendSiluAndMul,
     "RotaryEmbedding": AscendRotaryEmbedding,
+    "MRotaryEmbedding": AscendMRotaryEmbedding,
+    "MMEncoderAttention": AscendMMEncoderAttention,
+    "ApplyRotaryEmb": AscendApplyRotaryEmb,
 }
 #: vLLM class name -> the Ascend replacement for pluggable layers (replaced at instantiation).
 PLUGGABLE_LAYERS: dict[str, type] = {

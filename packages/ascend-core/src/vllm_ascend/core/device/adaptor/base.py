@@ -35,6 +35,7 @@ OPS: tuple[str, ...] = (
     "swiglu",
     "clipped_swiglu",
     "rotary_embedding",
+    "mrope",
     "moe_gating_top_k",
     "moe_init_routing",
     "moe_finalize_routing",
@@ -434,6 +435,28 @@ class BaseDeviceAdaptor(abc.ABC):
         ``cos_sin_cache [max_pos, rot_dim]`` holds cos in its first half and sin in its second (vLLM's
         convention). Neox style rotates halves ``(x[:r/2], x[r/2:r])``; GPT-J style rotates interleaved
         pairs ``(x[0::2], x[1::2])``. Returns new tensors of the input shapes and dtypes.
+        """
+
+    @abc.abstractmethod
+    def mrope(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        head_size: int,
+        cos_sin_cache: torch.Tensor,
+        mrope_section: list[int],
+        is_neox: bool,
+        interleaved: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Multimodal rotary embedding (Qwen2-VL family): :meth:`rotary_embedding` with per-frequency positions.
+
+        ``positions`` is ``[T]`` (text only: exactly :meth:`rotary_embedding`) or ``[3, T]`` (temporal, height,
+        width). ``mrope_section = [t, h, w]`` splits the ``rot_dim // 2`` frequencies of ``cos_sin_cache``
+        (``t + h + w == rot_dim // 2``); frequency ``i`` takes its angle from the T, H or W position: chunked,
+        the first ``t`` frequencies from T, the next ``h`` from H, the last ``w`` from W; ``interleaved``
+        (Qwen3-VL), H where ``i % 3 == 1 and i < 3 * h``, W where ``i % 3 == 2 and i < 3 * w``, T elsewhere.
+        Returns new ``query [T, Hq*D]`` and ``key [T, Hkv*D]`` of the input shapes and dtypes.
         """
 
     # -- MoE -------------------------------------------------------------------------------
@@ -861,6 +884,24 @@ def check_window_sinks(
         raise DeviceOpError(
             f"sinks must be a floating tensor of shape [num_heads={num_heads}], got "
             f"{sinks.dtype} of shape {tuple(sinks.shape)}"
+        )
+
+
+def check_mrope(
+    positions: torch.Tensor, cos_sin_cache: torch.Tensor, head_size: int, mrope_section: list[int]
+) -> None:
+    """Raise :class:`DeviceOpError` unless :meth:`BaseDeviceAdaptor.mrope`'s positions, cache and sections agree."""
+    if not (positions.dim() == 1 or (positions.dim() == 2 and positions.shape[0] == 3)):
+        raise DeviceOpError(f"mrope: positions must be [T] or [3, T], got shape {tuple(positions.shape)}")
+    rot_dim = cos_sin_cache.shape[-1]
+    if rot_dim % 2 != 0 or rot_dim > head_size:
+        raise DeviceOpError(
+            f"mrope: cos_sin_cache rot_dim={rot_dim} must be even and <= head_size={head_size}"
+        )
+    if len(mrope_section) != 3 or min(mrope_section) < 0 or sum(mrope_section) != rot_dim // 2:
+        raise DeviceOpError(
+            f"mrope: mrope_section must be 3 non-negative ints summing to rot_dim // 2 = {rot_dim // 2}, "
+            f"got {list(mrope_section)}"
         )
 
 
