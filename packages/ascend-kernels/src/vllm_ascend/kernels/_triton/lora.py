@@ -155,7 +155,7 @@ def lora_shrink(
 def lora_shrink_tokens(
     x: torch.Tensor, a: torch.Tensor, out: torch.Tensor, token_lora_indices: torch.Tensor, scale: float
 ) -> None:
-    starts = torch.arange(x.shape[0], dtype=torch.int64, device=x.device)
+    starts = torch.arange(token_lora_indices.shape[0], dtype=torch.int64, device=x.device)
     lora_shrink(x, a, out, starts, torch.ones_like(starts), token_lora_indices, 1, scale)
 
 
@@ -191,5 +191,5 @@ def lora_expand_tokens(
     offset: int,
     add_inputs: bool,
 ) -> None:
-    starts = torch.arange(z.shape[0], dtype=torch.int64, device=z.device)
+    starts = torch.arange(token_lora_indices.shape[0], dtype=torch.int64, device=z.device)
     lora_expand(z, b, out, starts, torch.ones_like(starts), token_lora_indices, 1, offset, add_inputs)
