@@ -417,20 +417,22 @@ class AscendPlatform(Platform):
         model_config = vllm_config.model_config
         tp = vllm_config.parallel_config.tensor_parallel_size
         graphs = vllm_config.compilation_config.cudagraph_mode
-        refused = []
+        refused: list[tuple[str, str]] = []  # (what, allowed)
         if model_config is not None and model_config.is_moe:
             arch = ", ".join(model_config.architectures)
-            refused.append(f"a mixture-of-experts model ({arch}: fused-MoE LoRA); allowed: dense models")
+            refused.append((f"a mixture-of-experts model ({arch}: fused-MoE LoRA)", "dense models"))
         if model_config is not None and model_config.quantization is not None:
-            refused.append(f"quantization={model_config.quantization!r}; allowed: None (an unquantized base model)")
+            refused.append((f"quantization={model_config.quantization!r}", "None (an unquantized base model)"))
         if tp != 1:
-            refused.append(f"tensor_parallel_size={tp}; allowed: 1")
+            refused.append((f"tensor_parallel_size={tp}", "1"))
         if graphs is not None and graphs != CUDAGraphMode.NONE:
-            refused.append(f"compilation_config.cudagraph_mode={graphs.name}; allowed: NONE (enforce_eager=True)")
+            refused.append((f"compilation_config.cudagraph_mode={graphs.name}", "NONE (enforce_eager=True)"))
         if refused:
             raise ConfigError(
-                f"enable_lora with {refused[0]} is not supported yet by vllm-ascend {__version__}"
-                + "".join(f"; and with {more}" for more in refused[1:])
+                ". ".join(
+                    f"enable_lora with {what} is not supported yet by vllm-ascend {__version__}; allowed: {allowed}"
+                    for what, allowed in refused
+                )
             )
 
     @classmethod
