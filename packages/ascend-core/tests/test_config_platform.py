@@ -190,7 +190,11 @@ def test_platform_refuses_the_lora_configurations_not_served_by_name(tmp_path):
         "served": {**lora},
         "tp2": {**lora, "tensor_parallel_size": 2},
         "graphs": {**lora, "compilation_config": {"cudagraph_mode": "PIECEWISE"}},
-        "tp2_graphs": {**lora, "tensor_parallel_size": 2, "compilation_config": {"cudagraph_mode": "PIECEWISE"}},
+        "tp2_graphs": {
+            **lora,
+            "tensor_parallel_size": 2,
+            "compilation_config": {"cudagraph_mode": "PIECEWISE"},
+        },
     }
     env = {**os.environ, "VLLM_ASCEND_DEVICE": "reference", "HF_HUB_OFFLINE": "1"}
     results, output = run_vllm_script(PARALLEL_SCRIPT, str(dense), json.dumps(cases), env=env, timeout=540)

@@ -146,4 +146,10 @@ def test_shape_mismatches_are_refused(shapes, field):
 
 def test_expand_outside_the_output_is_refused():
     with pytest.raises(ValueError, match=r"no columns \[8, 24\)"):
-        K.lora_expand(torch.zeros(2, 4), torch.zeros(2, 1, 16, 4), torch.zeros(2, 20), torch.zeros(2, dtype=torch.long), 8)
+        K.lora_expand(
+            torch.zeros(2, 4),
+            torch.zeros(2, 1, 16, 4),
+            torch.zeros(2, 20),
+            torch.zeros(2, dtype=torch.long),
+            8,
+        )

@@ -422,7 +422,9 @@ class AscendPlatform(Platform):
             arch = ", ".join(model_config.architectures)
             refused.append((f"a mixture-of-experts model ({arch}: fused-MoE LoRA)", "dense models"))
         if model_config is not None and model_config.quantization is not None:
-            refused.append((f"quantization={model_config.quantization!r}", "None (an unquantized base model)"))
+            refused.append(
+                (f"quantization={model_config.quantization!r}", "None (an unquantized base model)")
+            )
         if tp != 1:
             refused.append((f"tensor_parallel_size={tp}", "1"))
         if graphs is not None and graphs != CUDAGraphMode.NONE:

@@ -19,20 +19,26 @@ def _stacked(weights: torch.Tensor, name: str) -> torch.Tensor:
     if weights.ndim == 4 and weights.shape[1] == 1:
         return weights[:, 0]
     if weights.ndim != 3:
-        raise ValueError(f"{name} must be [L, rows, cols] or [L, 1, rows, cols], got shape {tuple(weights.shape)}")
+        raise ValueError(
+            f"{name} must be [L, rows, cols] or [L, 1, rows, cols], got shape {tuple(weights.shape)}"
+        )
     return weights
 
 
 def _check_shrink(x: torch.Tensor, a: torch.Tensor, out: torch.Tensor) -> None:
     if x.ndim != 2 or x.shape[1] != a.shape[2]:
-        raise ValueError(f"x must be [T, {a.shape[2]}] to match lora_a {tuple(a.shape)}, got {tuple(x.shape)}")
+        raise ValueError(
+            f"x must be [T, {a.shape[2]}] to match lora_a {tuple(a.shape)}, got {tuple(x.shape)}"
+        )
     if out.ndim != 2 or out.shape[0] < x.shape[0] or out.shape[1] < a.shape[1]:
         raise ValueError(f"out must be at least [{x.shape[0]}, {a.shape[1]}], got {tuple(out.shape)}")
 
 
 def _check_expand(z: torch.Tensor, b: torch.Tensor, out: torch.Tensor, offset: int) -> None:
     if z.ndim != 2 or z.shape[1] < b.shape[2]:
-        raise ValueError(f"z must be [T, >= {b.shape[2]}] to match lora_b {tuple(b.shape)}, got {tuple(z.shape)}")
+        raise ValueError(
+            f"z must be [T, >= {b.shape[2]}] to match lora_b {tuple(b.shape)}, got {tuple(z.shape)}"
+        )
     if out.ndim != 2 or out.shape[0] < z.shape[0] or not 0 <= offset <= out.shape[1] - b.shape[1]:
         raise ValueError(
             f"out {tuple(out.shape)} has no columns [{offset}, {offset + b.shape[1]}) for {z.shape[0]} tokens"

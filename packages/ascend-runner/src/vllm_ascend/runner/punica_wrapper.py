@@ -71,7 +71,12 @@ class AscendPunicaWrapper(PunicaWrapperBase):
             offset += width
 
     def add_lora_embedding(
-        self, y: torch.Tensor, x: torch.Tensor, lora_b_stacked: torch.Tensor, add_inputs: bool = True, **kwargs: Any
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_b_stacked: torch.Tensor,
+        add_inputs: bool = True,
+        **kwargs: Any,
     ) -> None:
         """``y += x @ B^T``: ``x`` is each token's row of its adapter's embedding A (looked up by vLLM)."""
         self._expand(y.view(-1, y.shape[-1]), x, lora_b_stacked, 0, add_inputs)
@@ -91,7 +96,9 @@ class AscendPunicaWrapper(PunicaWrapperBase):
         """``y[:, slice_i] += scale * x @ A_i^T @ B_i^T`` through an fp32 rank-wide buffer."""
         if buffer is None:
             rank = lora_b_stacked[0].size(-1)
-            buffer = tuple(torch.zeros(x.size(0), rank, dtype=torch.float32, device=x.device) for _ in output_slices)
+            buffer = tuple(
+                torch.zeros(x.size(0), rank, dtype=torch.float32, device=x.device) for _ in output_slices
+            )
         self.add_shrink(buffer, x, lora_a_stacked, scale)
         self.add_expand(y, buffer, lora_b_stacked, output_slices, add_inputs=True)
 

@@ -125,7 +125,9 @@ def _tiles(device: torch.device, columns: int, reduction: int) -> tuple[int, int
     tiles of rows, columns and the accumulator live at once)."""
     geo = geometry(device)
     block_cols = max(_DOT_MIN, min(64, triton.next_power_of_2(columns)))
-    block_k = geo.max_block(4, _DOT_MIN + block_cols, cap=max(_DOT_MIN, min(256, triton.next_power_of_2(reduction))))
+    block_k = geo.max_block(
+        4, _DOT_MIN + block_cols, cap=max(_DOT_MIN, min(256, triton.next_power_of_2(reduction)))
+    )
     return block_cols, max(_DOT_MIN, block_k)
 
 
