@@ -40,7 +40,10 @@ def test_linear_with_merged_slices_matches_the_equation(is_prefill):
         if adapter:
             s = _slot(adapter)
             want[t] += torch.cat(
-                [0.5 * x[t].double() @ ai[s, 0].double().T @ bi[s, 0].double().T for ai, bi in zip(a, b)]
+                [
+                    0.5 * x[t].double() @ ai[s, 0].double().T @ bi[s, 0].double().T
+                    for ai, bi in zip(a, b, strict=True)
+                ]
             )
     _wrapper(is_prefill).add_lora_linear(y, x, a, b, 0.5, slices)
     torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-4)
