@@ -77,3 +77,12 @@ def test_logits_use_each_requests_adapter_and_drop_padded_vocabulary():
             want[r] += 2.0 * x[r].double() @ a[s, 0].double().T @ b[s, 0, :VOCAB].double().T
     _wrapper(False).add_lora_logits(y, x, a, b, 2.0)
     torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_both_platforms_hand_vllm_this_wrapper(monkeypatch):
+    """The worker names the wrapper; core's platforms read it (the reference device no longer gets vLLM's CPU one)."""
+    from vllm_ascend.core.platform import NPUPlatform, ReferencePlatform
+
+    monkeypatch.setenv("VLLM_ASCEND_DEVICE", "reference")
+    for platform in (ReferencePlatform, NPUPlatform):
+        assert platform.get_punica_wrapper() == "vllm_ascend.runner.punica_wrapper.AscendPunicaWrapper"
