@@ -86,3 +86,21 @@ def test_both_platforms_hand_vllm_this_wrapper(monkeypatch):
     monkeypatch.setenv("VLLM_ASCEND_DEVICE", "reference")
     for platform in (ReferencePlatform, NPUPlatform):
         assert platform.get_punica_wrapper() == "vllm_ascend.runner.punica_wrapper.AscendPunicaWrapper"
+
+
+def test_full_linear_replaces_the_rows_of_enabled_adapters():
+    """Classifier heads an adapter replaces: ``x @ W^T + b`` for requests whose adapter enables the module,
+    the base output for the others (no adapter, or an adapter with the module disabled)."""
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(4, 1, 6, HIDDEN, generator=gen)
+    bias = torch.randn(4, 6, generator=gen)
+    enabled = torch.tensor([True, True, False, False])
+    x = torch.randn(len(REQUEST_IDS), HIDDEN, generator=gen)
+    y = torch.randn(len(REQUEST_IDS), 6, generator=gen)
+    want = y.double().clone()
+    for r, adapter in enumerate(REQUEST_IDS):
+        if adapter and enabled[_slot(adapter)]:
+            s = _slot(adapter)
+            want[r] = x[r].double() @ weight[s, 0].double().T + bias[s].double()
+    _wrapper(False).apply_lora_full_linear(y, x, weight, bias, enabled)
+    torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-4)

@@ -1,8 +1,9 @@
 """vLLM's punica wrapper (multi-LoRA) on the kernels' LoRA shrink / expand.
 
-vLLM keeps the token->adapter mapping (``PunicaWrapperBase.update_metadata``); this class applies it: decode
-batches per token, prefill batches per run of tokens sharing an adapter (vLLM's ``prefill_metadata``). The
-kernels run their Triton kernels on NPUs and their torch references on the reference device.
+vLLM keeps the token->adapter mapping (``PunicaWrapperBase.update_metadata``); this class applies it: a mapping
+vLLM marks prefill (vLLM 0.32's V1 and V2 runners mark every step so) runs per run of tokens sharing an adapter
+(``prefill_metadata``), any other per token; the logits per sampled row. The kernels run their Triton kernels
+on NPUs and their torch references on the reference device.
 """
 
 from __future__ import annotations
