@@ -165,3 +165,54 @@ def test_model_runner_v2_is_vllms_choice_or_refused_by_name(tmp_path):
         error = results["0"]["error"]
         assert error is None or "vllm-ascend-runner" in error, error
         assert results["0"]["v2"] in (False, None)
+
+
+def test_platform_refuses_the_lora_configurations_not_served_by_name(tmp_path):
+    """LoRA is served on dense, unquantized models at TP 1 without captured graphs; the rest is refused at
+    config time, naming the field and the allowed values (every refusal of one config in its message)."""
+    dense = tmp_path / "tiny-llama"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    moe = tmp_path / "tiny-qwen3-moe"
+    moe.mkdir()
+    moe_config = {
+        **MODEL_CONFIG,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "head_dim": 16,
+    }
+    (moe / "config.json").write_text(json.dumps(moe_config))
+    lora = {"enable_lora": True, "max_lora_rank": 8}
+    cases = {
+        "served": {**lora},
+        "tp2": {**lora, "tensor_parallel_size": 2},
+        "graphs": {**lora, "compilation_config": {"cudagraph_mode": "PIECEWISE"}},
+        "tp2_graphs": {
+            **lora,
+            "tensor_parallel_size": 2,
+            "compilation_config": {"cudagraph_mode": "PIECEWISE"},
+        },
+    }
+    env = {**os.environ, "VLLM_ASCEND_DEVICE": "reference", "HF_HUB_OFFLINE": "1"}
+    results, output = run_vllm_script(PARALLEL_SCRIPT, str(dense), json.dumps(cases), env=env, timeout=540)
+    assert results is not None, output[-OUTPUT_TAIL_CHARS:]
+    assert results["served"] is None
+    tp2 = "enable_lora with tensor_parallel_size=2 is not supported yet by vllm-ascend 0.1.0; allowed: 1"
+    graphs = (
+        "enable_lora with compilation_config.cudagraph_mode=PIECEWISE is not supported yet by vllm-ascend 0.1.0; "
+        "allowed: NONE (enforce_eager=True)"
+    )
+    assert tp2 in results["tp2"]
+    assert graphs in results["graphs"]
+    assert tp2 in results["tp2_graphs"] and graphs in results["tp2_graphs"]
+    moe_results, output = run_vllm_script(
+        PARALLEL_SCRIPT, str(moe), json.dumps({"moe": lora}), env=env, timeout=540
+    )
+    assert moe_results is not None, output[-OUTPUT_TAIL_CHARS:]
+    assert (
+        "enable_lora with a mixture-of-experts model (Qwen3MoeForCausalLM: fused-MoE LoRA) is not supported yet "
+        "by vllm-ascend 0.1.0; allowed: dense models"
+    ) in moe_results["moe"]

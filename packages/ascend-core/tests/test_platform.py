@@ -16,6 +16,7 @@ from vllm_ascend.core import platform as platform_module
 from vllm_ascend.core.config import ConfigError
 from vllm_ascend.core.device.adaptor.base import BaseDeviceAdaptor, DeviceOpError
 from vllm_ascend.core.device.config import clear_device_caches, get_device_adaptor
+from vllm_ascend.core.device.family import AscendDeviceType
 from vllm_ascend.core.device.profile import (
     BUILTIN_PROFILES,
     REFERENCE_PROFILE,
@@ -395,3 +396,38 @@ def test_vit_attention_is_torch_sdpa_and_other_backends_are_refused_by_name():
             ValueError, match=r"mm_encoder_attn_backend='FLASH_ATTN' is not supported.*TORCH_SDPA"
         ):
             platform.get_vit_attn_backend(64, torch.float16, AttentionBackendEnum.FLASH_ATTN)
+
+
+def _lora_request(lora=True, moe=False, quantization=None, tp=1, graphs="NONE"):
+    from vllm.config import CUDAGraphMode
+
+    return SimpleNamespace(
+        lora_config=SimpleNamespace(max_lora_rank=8) if lora else None,
+        model_config=SimpleNamespace(
+            is_moe=moe, quantization=quantization, architectures=["Qwen3MoeForCausalLM"]
+        ),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp),
+        compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode[graphs]),
+    )
+
+
+def test_lora_is_refused_on_families_without_triton_and_served_on_the_others(monkeypatch):
+    """310P (no Triton) refuses enable_lora by name; A2 serves it eagerly; without LoRA nothing is checked."""
+    p310 = next(p for p in BUILTIN_PROFILES.values() if not p.supports(HardwareCapability.TRITON))
+    use_profile(monkeypatch, p310)
+    with pytest.raises(
+        ConfigError,
+        match=r"enable_lora on Atlas 310P .* is not supported yet by vllm-ascend .*; "
+        r"allowed: families with Triton \(Atlas A2, Atlas A3, Ascend 950\) and the reference device",
+    ):
+        NPUPlatform._check_lora(_lora_request())
+    NPUPlatform._check_lora(_lora_request(lora=False))
+    use_profile(monkeypatch, BUILTIN_PROFILES[AscendDeviceType.A2])
+    with pytest.raises(
+        ConfigError,
+        match=r"enable_lora with compilation_config.cudagraph_mode=PIECEWISE .*"
+        r"allowed: NONE \(enforce_eager=True\)",
+    ):
+        NPUPlatform._check_lora(_lora_request(graphs="PIECEWISE"))
+    with pytest.raises(ConfigError, match=r"enable_lora with quantization='ascend' .*allowed: None"):
+        NPUPlatform._check_lora(_lora_request(quantization="ascend"))

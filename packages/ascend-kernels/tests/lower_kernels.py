@@ -182,6 +182,17 @@ def _exercise() -> None:
     for dtype in (torch.int32, torch.int64):
         tokens = torch.randint(0, 50, (3, 40), generator=gen, dtype=dtype)
         K.ngram_propose(tokens, torch.tensor([40, 7, 0], dtype=torch.int32), 1, 4, 5, 256)
+    loras = torch.tensor([0, -1, 1, 1])
+    starts, lens, seg = torch.tensor([0, 1, 2]), torch.tensor([1, 1, 2]), torch.tensor([0, -1, 1])
+    for dtype in (torch.float32, torch.bfloat16):
+        x, shrunk = torch.randn(4, 96, generator=gen).to(dtype), torch.zeros(4, 16)
+        lora_a, lora_b = torch.randn(2, 1, 16, 96).to(dtype), torch.randn(2, 1, 48, 16).to(dtype)
+        out = torch.zeros(4, 80, dtype=dtype)
+        K.lora_shrink(x, lora_a, shrunk, loras, 0.5)
+        K.lora_shrink_segmented(x, lora_a, shrunk, starts, lens, seg, 2, 0.5)
+        for add_inputs in (True, False):
+            K.lora_expand(shrunk, lora_b, out, loras, 32, add_inputs)
+            K.lora_expand_segmented(shrunk, lora_b, out, starts, lens, seg, 2, 0, add_inputs)
 
 
 def main() -> int:

@@ -420,6 +420,46 @@ class AscendPlatform(Platform):
         if not profile.async_scheduling:
             vllm_config.scheduler_config.async_scheduling = False
         cls._size_kv_cache(vllm_config)
+        cls._check_lora(vllm_config)
+
+    @classmethod
+    def get_punica_wrapper(cls) -> str:
+        """Multi-LoRA: the punica wrapper the family's worker names (the runner's, on the kernels' LoRA ops)."""
+        return str(_workers().get(_worker_name()).punica_wrapper_qualname())
+
+    @classmethod
+    def _check_lora(cls, vllm_config: VllmConfig) -> None:
+        """Refuse the LoRA configurations not served yet: fused-MoE LoRA, quantized base models, tensor
+        parallelism, captured graphs (each names its field and the allowed values)."""
+        if vllm_config.lora_config is None:
+            return
+        from vllm.config import CUDAGraphMode
+
+        from vllm_ascend.core._version import __version__
+        from vllm_ascend.core.config import ConfigError
+
+        model_config = vllm_config.model_config
+        tp = vllm_config.parallel_config.tensor_parallel_size
+        graphs = vllm_config.compilation_config.cudagraph_mode
+        refused: list[tuple[str, str]] = []  # (what, allowed)
+        if model_config is not None and model_config.is_moe:
+            arch = ", ".join(model_config.architectures)
+            refused.append((f"a mixture-of-experts model ({arch}: fused-MoE LoRA)", "dense models"))
+        if model_config is not None and model_config.quantization is not None:
+            refused.append(
+                (f"quantization={model_config.quantization!r}", "None (an unquantized base model)")
+            )
+        if tp != 1:
+            refused.append((f"tensor_parallel_size={tp}", "1"))
+        if graphs is not None and graphs != CUDAGraphMode.NONE:
+            refused.append((f"compilation_config.cudagraph_mode={graphs.name}", "NONE (enforce_eager=True)"))
+        if refused:
+            raise ConfigError(
+                ". ".join(
+                    f"enable_lora with {what} is not supported yet by vllm-ascend {__version__}; allowed: {allowed}"
+                    for what, allowed in refused
+                )
+            )
 
     @classmethod
     def verify_quantization(cls, quant: str) -> None:
@@ -691,13 +731,18 @@ class NPUPlatform(AscendPlatform):
         return str(_workers().get(_worker_name()).compiler_qualname())
 
     @classmethod
-    def get_punica_wrapper(cls) -> str:
-        from vllm_ascend.core._version import __version__
+    def _check_lora(cls, vllm_config: VllmConfig) -> None:
+        """Besides the shared refusals: a family without Triton (310P) is refused, its LoRA path untested."""
+        super()._check_lora(vllm_config)
+        profile = cls.profile()
+        if vllm_config.lora_config is not None and not profile.supports(HardwareCapability.TRITON):
+            from vllm_ascend.core._version import __version__
+            from vllm_ascend.core.config import ConfigError
 
-        raise ValueError(
-            f"LoRA (enable_lora) is not supported yet by vllm-ascend {__version__} on Ascend NPUs; "
-            "supported on the reference device only"
-        )
+            raise ConfigError(
+                f"enable_lora on {profile.name} is not supported yet by vllm-ascend {__version__}; allowed: "
+                "families with Triton (Atlas A2, Atlas A3, Ascend 950) and the reference device"
+            )
 
 
 class ReferencePlatform(AscendPlatform):
@@ -715,10 +760,6 @@ class ReferencePlatform(AscendPlatform):
         """vLLM's CPU kernel library for this host's ISA, chosen by vLLM's CPU platform (the base class would
         import the AVX-512 + BF16 build on every host: SIGILL on AVX2-only CPUs)."""
         import_host_kernels()
-
-    @classmethod
-    def get_punica_wrapper(cls) -> str:
-        return "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"  # torch ops on the cpu device
 
     @classmethod
     def _size_kv_cache(cls, vllm_config: VllmConfig) -> None:

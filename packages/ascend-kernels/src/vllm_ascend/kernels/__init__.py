@@ -1,4 +1,4 @@
-"""Sampling, KV-cache and sequence kernels: portable Triton with plain-torch references.
+"""Sampling, KV-cache, sequence and LoRA kernels: portable Triton with plain-torch references.
 
 Every public function dispatches per call on its tensors' device (see ``_backend``): the Triton
 kernel where Triton can run there, else the torch reference of the same signature
@@ -27,6 +27,10 @@ if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names loa
     from vllm_ascend.kernels.kv_zero import zero_kv_blocks as zero_kv_blocks
     from vllm_ascend.kernels.logprobs import compute_token_logprobs as compute_token_logprobs
     from vllm_ascend.kernels.logprobs import compute_topk_logprobs as compute_topk_logprobs
+    from vllm_ascend.kernels.lora import lora_expand as lora_expand
+    from vllm_ascend.kernels.lora import lora_expand_segmented as lora_expand_segmented
+    from vllm_ascend.kernels.lora import lora_shrink as lora_shrink
+    from vllm_ascend.kernels.lora import lora_shrink_segmented as lora_shrink_segmented
     from vllm_ascend.kernels.min_p import apply_min_p as apply_min_p
     from vllm_ascend.kernels.ngram import ngram_propose as ngram_propose
     from vllm_ascend.kernels.penalties import apply_penalties as apply_penalties
@@ -77,6 +81,10 @@ _EXPORTS = {
     "chunk_gated_delta_rule": "vllm_ascend.kernels.gated_delta_rule",
     "recurrent_gated_delta_rule": "vllm_ascend.kernels.gated_delta_rule",
     "ngram_propose": "vllm_ascend.kernels.ngram",
+    "lora_expand": "vllm_ascend.kernels.lora",
+    "lora_expand_segmented": "vllm_ascend.kernels.lora",
+    "lora_shrink": "vllm_ascend.kernels.lora",
+    "lora_shrink_segmented": "vllm_ascend.kernels.lora",
     "rejection_greedy_sample": "vllm_ascend.kernels.rejection",
     "rejection_random_sample": "vllm_ascend.kernels.rejection",
     "sample_recovered_tokens": "vllm_ascend.kernels.rejection",

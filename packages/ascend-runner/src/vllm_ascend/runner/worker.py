@@ -49,6 +49,7 @@ MLA_PREFILL_BACKEND = "vllm.v1.attention.backends.mla.prefill.cpu_sdpa.CPUSDPAML
 GRAPH_WRAPPER = "vllm_ascend.runner.graph_wrapper.ACLGraphWrapper"
 PASS_MANAGER = "vllm_ascend.runner.compilation.pass_manager.GraphFusionPassManager"
 COMPILER = "vllm_ascend.runner.compilation.compiler.AscendCompiler"
+PUNICA_WRAPPER = "vllm_ascend.runner.punica_wrapper.AscendPunicaWrapper"
 SLEEP_LEVELS = (1, 2)
 #: Kernel tables handed to vLLM's dispatcher in this process ("v1", "v2").
 _REGISTERED_TABLES: set[str] = set()
@@ -118,6 +119,11 @@ class NPUWorker(Worker):
     @classmethod
     def compiler_qualname(cls) -> str:
         return COMPILER
+
+    @classmethod
+    def punica_wrapper_qualname(cls) -> str:
+        """Multi-LoRA (``enable_lora``): the punica wrapper on the kernels' LoRA shrink / expand."""
+        return PUNICA_WRAPPER
 
     @classmethod
     def triton_kernel_overrides(cls) -> dict[str, Any]:

@@ -1,0 +1,193 @@
+"""Multi-LoRA (punica) shrink and expand: each token's adapter picked from stacked weights.
+
+Adapters sit in stacked tensors, one slot per loaded adapter: ``lora_a`` ``[L, (1,) rank, in]``, ``lora_b``
+``[L, (1,) out, rank]`` (vLLM's layout, the singleton layer axis optional). A token's slot comes from the
+token->adapter mapping (``-1``: no adapter; such tokens are left untouched). Decode maps every token on its
+own (``token_lora_indices``); segmented prefill maps runs of consecutive tokens sharing an adapter
+(``seq_starts`` / ``seq_lens`` / ``seq_loras``), so each run is one matrix product.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_ascend.kernels._backend import dispatch
+
+
+def _stacked(weights: torch.Tensor, name: str) -> torch.Tensor:
+    """``weights`` as ``[L, rows, cols]`` (vLLM stacks them with a singleton axis 1)."""
+    if weights.ndim == 4 and weights.shape[1] == 1:
+        return weights[:, 0]
+    if weights.ndim != 3:
+        raise ValueError(
+            f"{name} must be [L, rows, cols] or [L, 1, rows, cols], got shape {tuple(weights.shape)}"
+        )
+    return weights
+
+
+def _check_shrink(x: torch.Tensor, a: torch.Tensor, out: torch.Tensor) -> None:
+    if x.ndim != 2 or x.shape[1] != a.shape[2]:
+        raise ValueError(
+            f"x must be [T, {a.shape[2]}] to match lora_a {tuple(a.shape)}, got {tuple(x.shape)}"
+        )
+    if out.ndim != 2 or out.shape[0] < x.shape[0] or out.shape[1] < a.shape[1]:
+        raise ValueError(f"out must be at least [{x.shape[0]}, {a.shape[1]}], got {tuple(out.shape)}")
+
+
+def _check_expand(z: torch.Tensor, b: torch.Tensor, out: torch.Tensor, offset: int) -> None:
+    if z.ndim != 2 or z.shape[1] < b.shape[2]:
+        raise ValueError(
+            f"z must be [T, >= {b.shape[2]}] to match lora_b {tuple(b.shape)}, got {tuple(z.shape)}"
+        )
+    if out.ndim != 2 or out.shape[0] < z.shape[0] or not 0 <= offset <= out.shape[1] - b.shape[1]:
+        raise ValueError(
+            f"out {tuple(out.shape)} has no columns [{offset}, {offset + b.shape[1]}) for {z.shape[0]} tokens"
+        )
+
+
+def lora_shrink_segmented_torch(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    out: torch.Tensor,
+    seq_starts: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_loras: torch.Tensor,
+    max_len: int,
+    scale: float,
+) -> None:
+    """Reference of :func:`lora_shrink_segmented`: one fp32 product per run."""
+    a = _stacked(lora_a, "lora_a")
+    rank = a.shape[1]
+    for start, length, lora in zip(seq_starts.tolist(), seq_lens.tolist(), seq_loras.tolist(), strict=True):
+        if lora < 0 or length == 0:
+            continue
+        rows = slice(start, start + length)
+        out[rows, :rank] = (scale * (x[rows].float() @ a[lora].float().T)).to(out.dtype)
+
+
+def lora_shrink_segmented(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    out: torch.Tensor,
+    seq_starts: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_loras: torch.Tensor,
+    max_len: int,
+    scale: float,
+) -> None:
+    """``out[s:s+n, :rank] = scale * x[s:s+n] @ lora_a[l]^T`` per run ``(s, n, l)`` with ``l >= 0``; in place.
+
+    ``x``: ``[T, in]``; ``out``: ``[>= T, >= rank]`` (fp32 in vLLM); other rows untouched. ``max_len``: the
+    longest run (the Triton grid's row extent).
+    """
+    a = _stacked(lora_a, "lora_a")
+    _check_shrink(x, a, out)
+    impl = dispatch("lora", "lora_shrink", lora_shrink_segmented_torch, x.device)
+    impl(x, a, out, seq_starts, seq_lens, seq_loras, max_len, scale)
+
+
+def lora_shrink_torch(
+    x: torch.Tensor, lora_a: torch.Tensor, out: torch.Tensor, token_lora_indices: torch.Tensor, scale: float
+) -> None:
+    """Reference of :func:`lora_shrink`: the selected adapters gathered, one batched fp32 product."""
+    a = _stacked(lora_a, "lora_a")
+    idx = token_lora_indices[: x.shape[0]].to(torch.int64)
+    rows = (idx >= 0).nonzero().squeeze(1)
+    picked = a[idx[rows]].float()
+    out[rows, : a.shape[1]] = (scale * torch.einsum("ti,tri->tr", x[rows].float(), picked)).to(out.dtype)
+
+
+def lora_shrink(
+    x: torch.Tensor, lora_a: torch.Tensor, out: torch.Tensor, token_lora_indices: torch.Tensor, scale: float
+) -> None:
+    """``out[t, :rank] = scale * x[t] @ lora_a[i_t]^T`` for each token ``t`` with ``i_t >= 0``; in place.
+
+    Decode: ``token_lora_indices`` ``[>= T]`` maps each token to its adapter slot.
+    """
+    a = _stacked(lora_a, "lora_a")
+    _check_shrink(x, a, out)
+    impl = dispatch("lora", "lora_shrink_tokens", lora_shrink_torch, x.device)
+    impl(x, a, out, token_lora_indices[: x.shape[0]], scale)
+
+
+def lora_expand_segmented_torch(
+    z: torch.Tensor,
+    lora_b: torch.Tensor,
+    out: torch.Tensor,
+    seq_starts: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_loras: torch.Tensor,
+    max_len: int,
+    offset: int,
+    add_inputs: bool,
+) -> None:
+    """Reference of :func:`lora_expand_segmented`: one fp32 product per run."""
+    b = _stacked(lora_b, "lora_b")
+    rank, width = b.shape[2], b.shape[1]
+    for start, length, lora in zip(seq_starts.tolist(), seq_lens.tolist(), seq_loras.tolist(), strict=True):
+        if lora < 0 or length == 0:
+            continue
+        rows = slice(start, start + length)
+        delta = z[rows, :rank].float() @ b[lora].float().T
+        target = out[rows, offset : offset + width]
+        target.copy_((target.float() + delta) if add_inputs else delta)
+
+
+def lora_expand_segmented(
+    z: torch.Tensor,
+    lora_b: torch.Tensor,
+    out: torch.Tensor,
+    seq_starts: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_loras: torch.Tensor,
+    max_len: int,
+    offset: int = 0,
+    add_inputs: bool = True,
+) -> None:
+    """``out[s:s+n, offset:offset+N] (+)= z[s:s+n, :rank] @ lora_b[l]^T`` per run with ``l >= 0``; in place.
+
+    ``offset`` places one slice of a merged layer (QKV, gate-up); ``add_inputs`` adds to ``out`` instead of
+    overwriting it. Sums in fp32, one cast to ``out``'s dtype.
+    """
+    b = _stacked(lora_b, "lora_b")
+    _check_expand(z, b, out, offset)
+    impl = dispatch("lora", "lora_expand", lora_expand_segmented_torch, z.device)
+    impl(z, b, out, seq_starts, seq_lens, seq_loras, max_len, offset, add_inputs)
+
+
+def lora_expand_torch(
+    z: torch.Tensor,
+    lora_b: torch.Tensor,
+    out: torch.Tensor,
+    token_lora_indices: torch.Tensor,
+    offset: int,
+    add_inputs: bool,
+) -> None:
+    """Reference of :func:`lora_expand`: the selected adapters gathered, one batched fp32 product."""
+    b = _stacked(lora_b, "lora_b")
+    rank, width = b.shape[2], b.shape[1]
+    idx = token_lora_indices[: z.shape[0]].to(torch.int64)
+    rows = (idx >= 0).nonzero().squeeze(1)
+    delta = torch.einsum("tr,tor->to", z[rows, :rank].float(), b[idx[rows]].float())
+    columns = slice(offset, offset + width)
+    if add_inputs:
+        delta = out[rows, columns].float() + delta
+    out[rows, columns] = delta.to(out.dtype)
+
+
+def lora_expand(
+    z: torch.Tensor,
+    lora_b: torch.Tensor,
+    out: torch.Tensor,
+    token_lora_indices: torch.Tensor,
+    offset: int = 0,
+    add_inputs: bool = True,
+) -> None:
+    """``out[t, offset:offset+N] (+)= z[t, :rank] @ lora_b[i_t]^T`` for each token with ``i_t >= 0``; in place.
+
+    Decode counterpart of :func:`lora_expand_segmented`.
+    """
+    b = _stacked(lora_b, "lora_b")
+    _check_expand(z, b, out, offset)
+    impl = dispatch("lora", "lora_expand_tokens", lora_expand_torch, z.device)
+    impl(z, b, out, token_lora_indices[: z.shape[0]], offset, add_inputs)

@@ -1,0 +1,155 @@
+"""LoRA shrink / expand: the references against float64 equations, the Triton kernels against the references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vllm_ascend.kernels as K
+from vllm_ascend.kernels import lora
+
+DTYPES = [torch.float32, torch.bfloat16]
+#: Slot 1 is empty (zeros, as vLLM leaves unused slots); -1 tokens have no adapter.
+TOKEN_LORAS = [0, 2, -1, 2, 3, 0, -1, 3, 3, 2, 0]
+#: Segmented prefill: runs of (length, adapter), consecutive tokens sharing one.
+RUNS = [(5, 2), (1, -1), (19, 0), (3, 3), (17, 2)]
+
+
+def _weights(gen, loras, rows, cols, dtype):
+    w = torch.randn(loras, 1, rows, cols, generator=gen).to(dtype)
+    w[1] = 0
+    return w
+
+
+def _runs_meta(runs):
+    lens = torch.tensor([n for n, _ in runs])
+    starts = torch.cumsum(lens, 0) - lens
+    return starts, lens, torch.tensor([lo for _, lo in runs]), int(lens.max())
+
+
+def _token_loras(runs):
+    return torch.tensor([lo for n, lo in runs for _ in range(n)])
+
+
+def _shrink_equation(x, a, loras, scale):
+    """float64 ``scale * x[t] @ A[l_t]^T``; NaN rows for tokens without an adapter (must stay untouched)."""
+    out = torch.full((x.shape[0], a.shape[2]), float("nan"), dtype=torch.float64)
+    for t, lo in enumerate(loras.tolist()):
+        if lo >= 0:
+            out[t] = scale * (x[t].double() @ a[lo, 0].double().T)
+    return out
+
+
+def _expand_equation(z, b, loras, base, offset, add_inputs):
+    out = base.double().clone()
+    width = b.shape[2]
+    for t, lo in enumerate(loras.tolist()):
+        if lo >= 0:
+            delta = z[t].double() @ b[lo, 0].double().T
+            out[t, offset : offset + width] = (out[t, offset : offset + width] if add_inputs else 0) + delta
+    return out
+
+
+def _check_shrink(got, want, dtype):
+    done = ~want.isnan().any(1)
+    assert torch.isnan(got[~done]).all()  # tokens without an adapter: untouched
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got[done].double(), want[done], rtol=tol, atol=tol * 10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rank", [8, 16, 24])
+@pytest.mark.parametrize("segmented", [False, True])
+def test_shrink_matches_the_equation(gen, dtype, rank, segmented):
+    hidden, scale = 72, 0.37
+    loras = _token_loras(RUNS) if segmented else torch.tensor(TOKEN_LORAS)
+    x = torch.randn(loras.shape[0], hidden, generator=gen).to(dtype)
+    a = _weights(gen, 4, rank, hidden, dtype)
+    want = _shrink_equation(x, a, loras, scale)
+    for fn in ("kernel", "reference"):
+        got = torch.full((loras.shape[0], rank), float("nan"), dtype=torch.float32)
+        if segmented:
+            starts, lens, seg, max_len = _runs_meta(RUNS)
+            impl = K.lora_shrink_segmented if fn == "kernel" else lora.lora_shrink_segmented_torch
+            impl(x, a, got, starts, lens, seg, max_len, scale)
+        else:
+            impl = K.lora_shrink if fn == "kernel" else lora.lora_shrink_torch
+            impl(x, a, got, loras, scale)
+        _check_shrink(got, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("segmented", [False, True])
+@pytest.mark.parametrize("add_inputs", [True, False])
+def test_expand_slices_match_the_equation(gen, dtype, segmented, add_inputs):
+    """Three slices of a merged QKV output (widths 64 / 16 / 16), each its own B, at increasing offsets."""
+    rank, slices = 16, (64, 16, 16)
+    loras = _token_loras(RUNS) if segmented else torch.tensor(TOKEN_LORAS)
+    tokens = loras.shape[0]
+    z = torch.randn(tokens, rank, generator=gen)  # vLLM's fp32 shrink buffer
+    bs = [_weights(gen, 4, width, rank, dtype) for width in slices]
+    base = torch.randn(tokens, sum(slices), generator=gen).to(dtype)
+    want = base.double()
+    offset = 0
+    for b in bs:
+        want = _expand_equation(z, b, loras, want, offset, add_inputs)
+        offset += b.shape[2]
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for fn in ("kernel", "reference"):
+        got = base.clone()
+        offset = 0
+        for b in bs:
+            if segmented:
+                starts, lens, seg, max_len = _runs_meta(RUNS)
+                impl = K.lora_expand_segmented if fn == "kernel" else lora.lora_expand_segmented_torch
+                impl(z, b, got, starts, lens, seg, max_len, offset, add_inputs)
+            else:
+                impl = K.lora_expand if fn == "kernel" else lora.lora_expand_torch
+                impl(z, b, got, loras, offset, add_inputs)
+            offset += b.shape[2]
+        untouched = loras < 0
+        assert torch.equal(got[untouched], base[untouched])
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * 10)
+
+
+def test_kernel_equals_reference_on_a_wide_output(gen):
+    """An output wider than one column tile and a rank not a power of two: the Triton path against the reference."""
+    rank, width, hidden = 12, 200, 130
+    loras = torch.tensor(TOKEN_LORAS)
+    x = torch.randn(loras.shape[0], hidden, generator=gen)
+    a = _weights(gen, 4, rank, hidden, torch.float32)
+    b = _weights(gen, 4, width, rank, torch.float32)
+    outs = []
+    for shrink, expand in ((K.lora_shrink, K.lora_expand), (lora.lora_shrink_torch, lora.lora_expand_torch)):
+        z = torch.zeros(loras.shape[0], rank)
+        shrink(x, a, z, loras, 0.5)
+        y = torch.ones(loras.shape[0], width + 8)
+        expand(z, b, y, loras, 8, True)
+        outs.append(y)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-4)
+    assert not torch.equal(outs[0][:, 8:], torch.ones(loras.shape[0], width))
+
+
+def test_the_kernel_path_is_triton_here():
+    assert K.use_triton(torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    ("shapes", "field"),
+    [(((3, 8), (4, 1, 16, 9), (3, 16)), "x must be"), (((3, 9), (4, 1, 16, 9), (3, 8)), "out must be")],
+)
+def test_shape_mismatches_are_refused(shapes, field):
+    x, a, out = (torch.zeros(s) for s in shapes)
+    with pytest.raises(ValueError, match=field):
+        K.lora_shrink(x, a, out, torch.zeros(3, dtype=torch.long), 1.0)
+
+
+def test_expand_outside_the_output_is_refused():
+    with pytest.raises(ValueError, match=r"no columns \[8, 24\)"):
+        K.lora_expand(
+            torch.zeros(2, 4),
+            torch.zeros(2, 1, 16, 4),
+            torch.zeros(2, 20),
+            torch.zeros(2, dtype=torch.long),
+            8,
+        )

@@ -1,0 +1,137 @@
+"""vLLM's punica wrapper (multi-LoRA) on the kernels' LoRA shrink / expand.
+
+vLLM keeps the token->adapter mapping (``PunicaWrapperBase.update_metadata``); this class applies it: a mapping
+vLLM marks prefill (vLLM 0.32's V1 and V2 runners mark every step so) runs per run of tokens sharing an adapter
+(``prefill_metadata``), any other per token; the logits per sampled row. The kernels run their Triton kernels
+on NPUs and their torch references on the reference device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.lora.punica_wrapper.punica_base import PunicaWrapperBase
+
+from vllm_ascend.kernels.lora import lora_expand, lora_expand_segmented, lora_shrink, lora_shrink_segmented
+
+
+class AscendPunicaWrapper(PunicaWrapperBase):
+    """Multi-LoRA for the dense layers, the embedding, the logits and full-linear classifier heads
+    (fused-MoE LoRA is refused at config time by the platform)."""
+
+    def __init__(
+        self, max_num_batched_tokens: int, max_batches: int, device: torch.device | str, **kwargs: Any
+    ) -> None:
+        super().__init__(max_num_batched_tokens, max_batches, device)
+
+    def _shrink(self, out: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, scale: float) -> None:
+        if not self.is_prefill:
+            lora_shrink(x, lora_a, out, self.token_lora_indices, scale)
+        elif not self.no_lora:
+            starts, lens, loras, _, max_len, _ = self.prefill_metadata
+            lora_shrink_segmented(x, lora_a, out, starts, lens, loras, max_len, scale)
+
+    def _expand(
+        self, out: torch.Tensor, z: torch.Tensor, lora_b: torch.Tensor, offset: int, add_inputs: bool
+    ) -> None:
+        if not self.is_prefill:
+            lora_expand(z, lora_b, out, self.token_lora_indices, offset, add_inputs)
+        elif not self.no_lora:
+            starts, lens, loras, _, max_len, _ = self.prefill_metadata
+            lora_expand_segmented(z, lora_b, out, starts, lens, loras, max_len, offset, add_inputs)
+
+    def add_shrink(
+        self,
+        y: tuple[torch.Tensor, ...] | torch.Tensor,
+        x: torch.Tensor,
+        lora_a_stacked: tuple[torch.Tensor, ...],
+        scale: float,
+        **kwargs: Any,
+    ) -> None:
+        """``y[i] = scale * x @ A_i^T`` per slice, each token with its adapter's ``A_i``."""
+        x = x.view(-1, x.shape[-1])
+        for i, lora_a in enumerate(lora_a_stacked):
+            self._shrink(y[i], x, lora_a, scale)
+
+    def add_expand(
+        self,
+        y: torch.Tensor,
+        x: tuple[torch.Tensor, ...] | torch.Tensor,
+        lora_b_stacked: tuple[torch.Tensor, ...],
+        output_slices: tuple[int, ...],
+        offset_start: int = 0,
+        add_inputs: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        """``y[:, off_i:off_i+n_i] (+)= x[i] @ B_i^T``, the slices laid side by side from ``offset_start``."""
+        out = y.view(-1, y.shape[-1])
+        offset = offset_start
+        for i, (lora_b, width) in enumerate(zip(lora_b_stacked, output_slices, strict=True)):
+            self._expand(out, x[i], lora_b, offset, add_inputs)
+            offset += width
+
+    def add_lora_embedding(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_b_stacked: torch.Tensor,
+        add_inputs: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        """``y += x @ B^T``: ``x`` is each token's row of its adapter's embedding A (looked up by vLLM)."""
+        self._expand(y.view(-1, y.shape[-1]), x, lora_b_stacked, 0, add_inputs)
+
+    def add_lora_linear(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_a_stacked: tuple[torch.Tensor, ...],
+        lora_b_stacked: tuple[torch.Tensor, ...],
+        scale: float,
+        output_slices: tuple[int, ...],
+        *,
+        buffer: tuple[torch.Tensor, ...] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``y[:, slice_i] += scale * x @ A_i^T @ B_i^T`` through an fp32 rank-wide buffer."""
+        if buffer is None:
+            rank = lora_b_stacked[0].size(-1)
+            buffer = tuple(
+                torch.zeros(x.size(0), rank, dtype=torch.float32, device=x.device) for _ in output_slices
+            )
+        self.add_shrink(buffer, x, lora_a_stacked, scale)
+        self.add_expand(y, buffer, lora_b_stacked, output_slices, add_inputs=True)
+
+    def add_lora_logits(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_a_stacked: torch.Tensor,
+        lora_b_stacked: torch.Tensor,
+        scale: float,
+        *,
+        buffer: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``y += scale * x @ A^T @ B^T`` per sampled row (``sampler_indices``); B's padded vocabulary rows past
+        ``y``'s width are dropped."""
+        out = y.view(-1, y.shape[-1])
+        x = x.view(-1, x.shape[-1])
+        if buffer is None:
+            buffer = torch.zeros(x.size(0), lora_b_stacked.size(-1), dtype=torch.float32, device=x.device)
+        lora_shrink(x, lora_a_stacked, buffer, self.sampler_indices, scale)
+        lora_expand(buffer, lora_b_stacked[..., : out.shape[1], :], out, self.sampler_indices, 0, True)
+
+    def apply_lora_full_linear(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        weight_stacked: torch.Tensor,
+        bias_stacked: torch.Tensor,
+        module_enabled: torch.Tensor,
+    ) -> None:
+        """Rows of requests whose adapter replaces the module: ``x @ W^T + b`` instead of ``y``."""
+        adapter_y = torch.zeros(x.size(0), weight_stacked.size(-2), dtype=torch.float32, device=x.device)
+        lora_shrink(x, weight_stacked, adapter_y, self.sampler_indices, 1.0)
+        y.copy_(self._select_full_linear_output(y, adapter_y, bias_stacked, module_enabled))
