@@ -92,16 +92,7 @@ class AscendAttentionBackendImpl310(AscendAttentionImpl):
         adaptor = attention_adaptor_310p()
         n = attn_metadata.num_actual_tokens
         if self.attn_type == AttentionType.ENCODER_ONLY:
-            adaptor.packed_attention(
-                query[:n],
-                key[:n],
-                value[:n],
-                attn_metadata.query_start_loc_cpu,
-                self.scale,
-                causal=False,
-                output=output[:n],
-            )
-            return output
+            return self.encoder_only_forward(adaptor, query, key, value, attn_metadata, output)
         if not attn_metadata.causal:
             raise AttentionConfigError(
                 "non-causal decoder attention is not supported by the Atlas 310P attention backend; allowed: "

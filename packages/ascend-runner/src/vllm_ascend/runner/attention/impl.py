@@ -7,6 +7,8 @@ the KV write goes through the custom op ``vllm_ascend::reshape_and_cache``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from vllm.config import get_current_vllm_config_or_none
 from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
@@ -110,6 +112,30 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
         #: The model's per-head sink logits ``[Hq]`` (a parameter, read at each forward: weights load later).
         self.sinks = sinks
 
+    def encoder_only_forward(
+        self,
+        adaptor: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_metadata: Any,
+        output: torch.Tensor,
+    ) -> torch.Tensor:
+        """An encoder-only layer: every packed sequence of the step attends to all of its own tokens through
+        ``adaptor.packed_attention`` (no KV cache); ``attn_metadata`` carries ``num_actual_tokens`` and the
+        host ``query_start_loc_cpu``."""
+        n = attn_metadata.num_actual_tokens
+        adaptor.packed_attention(
+            query[:n],
+            key[:n],
+            value[:n],
+            attn_metadata.query_start_loc_cpu,
+            self.scale,
+            causal=False,
+            output=output[:n],
+        )
+        return output
+
     def do_kv_cache_update(
         self,
         layer: torch.nn.Module,
@@ -144,16 +170,7 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
             return output.zero_()
         n = attn_metadata.num_actual_tokens
         if self.attn_type == AttentionType.ENCODER_ONLY:
-            get_device_adaptor().packed_attention(
-                query[:n],
-                key[:n],
-                value[:n],
-                attn_metadata.query_start_loc_cpu,
-                self.scale,
-                causal=False,
-                output=output[:n],
-            )
-            return output
+            return self.encoder_only_forward(get_device_adaptor(), query, key, value, attn_metadata, output)
         key_cache, value_cache = split_kv_cache(kv_cache, self.head_size)
         get_device_adaptor().fused_infer_attention(
             query[:n],
