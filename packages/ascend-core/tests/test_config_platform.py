@@ -199,7 +199,8 @@ def test_platform_refuses_the_lora_configurations_not_served_by_name(tmp_path):
     env = {**os.environ, "VLLM_ASCEND_DEVICE": "reference", "HF_HUB_OFFLINE": "1"}
     results, output = run_vllm_script(PARALLEL_SCRIPT, str(dense), json.dumps(cases), env=env, timeout=540)
     assert results is not None, output[-OUTPUT_TAIL_CHARS:]
-    assert results["served"] is None
+    # Served: nothing refused (in core's own venv the runner sibling is absent, which is all it may say).
+    assert results["served"] is None or "vllm-ascend-runner" in results["served"], results["served"]
     tp2 = "enable_lora with tensor_parallel_size=2 is not supported yet by vllm-ascend 0.1.0; allowed: 1"
     graphs = (
         "enable_lora with compilation_config.cudagraph_mode=PIECEWISE is not supported yet by vllm-ascend 0.1.0; "

@@ -391,6 +391,7 @@ class AscendPlatform(Platform):
         cls._check_parallelism(vllm_config)
         cls._check_hybrid_model(vllm_config)
         cls._check_encoder_only_chunking(vllm_config)
+        cls._check_lora(vllm_config)
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":
             worker = _workers().entry(_worker_name()).value
@@ -420,7 +421,6 @@ class AscendPlatform(Platform):
         if not profile.async_scheduling:
             vllm_config.scheduler_config.async_scheduling = False
         cls._size_kv_cache(vllm_config)
-        cls._check_lora(vllm_config)
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
