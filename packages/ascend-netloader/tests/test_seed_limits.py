@@ -96,13 +96,19 @@ def test_idle_and_trickling_connections_are_closed_at_the_deadline(state_dict, t
         trickle = _connect(port)
         request = encode(MessageType.TENSOR_REQUEST, {"names": []})
         received, sent = bytearray(), 0
-        trickle.settimeout(0.1)
-        while sent < len(request):  # one byte per 0.1 s of silence: each read is quick, the request is late
+        trickle.settimeout(0.05)
+        # One byte per 0.05 s of silence for the first 0.3 s (each read is quick, the request stays incomplete),
+        # then silence: a byte still in flight when the seed closes would make its kernel reset the connection
+        # and drop the ERROR frame before this side reads it.
+        stop_sending, give_up = time.monotonic() + 0.3, time.monotonic() + 10
+        while True:
+            assert time.monotonic() < give_up, "the seed kept a late connection open"
             try:
                 chunk = trickle.recv(1 << 16)
             except TimeoutError:
-                trickle.sendall(request[sent : sent + 1])
-                sent += 1
+                if time.monotonic() < stop_sending:
+                    trickle.sendall(request[sent : sent + 1])
+                    sent += 1
                 continue
             if not chunk:
                 break  # the seed closed the connection
