@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from vllm_ascend.runner.demo_model import corpus, default_cache_dir, publish_build
+from vllm_ascend.runner.demo_model import build_tokenizer, default_cache_dir, publish_build
 
 VL_BUILD_VERSION = 2
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
@@ -74,27 +74,6 @@ class TinyVLSpec:
 
         blob = json.dumps({"version": VL_BUILD_VERSION, **asdict(self)}, sort_keys=True)
         return f"{self.kind}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
-
-
-def _train_tokenizer(vocab_size: int, seed: int) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(corpus(seed=seed), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
 
 
 def _text_config(spec: TinyVLSpec, vocab_size: int, mrope_section: list[int], **extra: Any) -> dict[str, Any]:
@@ -187,7 +166,7 @@ def build_tiny_vl_model(spec: TinyVLSpec | None = None, root: Path | None = None
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_tokenizer(spec.vocab_size, spec.seed)
+    tokenizer = build_tokenizer(spec.vocab_size, spec.seed, SPECIAL_TOKENS, CHAT_TEMPLATE)
     config = _config(spec, tokenizer)
     for cfg in (config, config.text_config):
         cfg.eos_token_id = tokenizer.eos_token_id

@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -119,8 +119,14 @@ def corpus(num_lines: int = 2000, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 14))) + "." for _ in range(num_lines)]
 
 
-def train_tokenizer(out_dir: Path, vocab_size: int, seed: int = 0) -> Any:
-    """Train a byte-level BPE on :func:`corpus` and save it (with the chat template) as a HF tokenizer."""
+def build_tokenizer(
+    vocab_size: int,
+    seed: int = 0,
+    special_tokens: Sequence[str] = SPECIAL_TOKENS,
+    chat_template: str = CHAT_TEMPLATE,
+) -> Any:
+    """A byte-level BPE trained on :func:`corpus` with ``special_tokens`` and ``chat_template`` (Qwen's
+    ``<|im_end|>`` end of turn, ``<|endoftext|>`` padding), as a HF fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -129,7 +135,7 @@ def train_tokenizer(out_dir: Path, vocab_size: int, seed: int = 0) -> Any:
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -140,7 +146,13 @@ def train_tokenizer(out_dir: Path, vocab_size: int, seed: int = 0) -> Any:
         pad_token="<|endoftext|>",
         bos_token=None,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
+    return fast
+
+
+def train_tokenizer(out_dir: Path, vocab_size: int, seed: int = 0) -> Any:
+    """Train the demo's tokenizer (:func:`build_tokenizer`) and save it (with the chat template) as a HF tokenizer."""
+    fast = build_tokenizer(vocab_size, seed)
     fast.save_pretrained(out_dir)
     return fast
 
