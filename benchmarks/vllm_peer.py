@@ -10,7 +10,7 @@ the device) with ``SOURCE.json`` (vLLM version, file hashes). :func:`load` then 
 modules in ``sys.modules`` for exactly the names those files import (``vllm.triton_utils`` is the real
 triton; the launch dispatcher that the top-k/top-p and rejection launches go through binds arguments
 by name as vLLM's does; ``compute_topk_scores`` returns a ``LogprobsTensors`` with vLLM's fields;
-``init_logger`` is ``logging.getLogger``; the rest are types and warm-up/state helpers that only
+``init_logger`` is a ``logging`` adapter with vLLM's ``*_once`` methods; the rest are types and warm-up/state helpers that only
 annotations and unused paths name: instantiating or calling one raises), imports the carried files
 and takes the stand-ins out of ``sys.modules`` again. The ``vllm_*``
 adapters call vLLM's kernels with inputs equivalent to what ours get in ``benchmarks/kernels.py``;
@@ -58,6 +58,12 @@ FILES = {
     "penalties": f"{_SAMPLE}/penalties.py",
     "topk_topp": "vllm/v1/sample/ops/topk_topp_triton.py",
     "rejection": "vllm/v1/sample/rejection_sampler.py",
+    # multi-LoRA (punica): helpers first, so the two ops import them from sys.modules
+    "lora_meta": "vllm/lora/ops/triton_ops/lora_kernel_metadata.py",
+    "lora_kernel_utils": "vllm/lora/ops/triton_ops/kernel_utils.py",
+    "lora_utils": "vllm/lora/ops/triton_ops/utils.py",
+    "lora_shrink": "vllm/lora/ops/triton_ops/lora_shrink_op.py",
+    "lora_expand": "vllm/lora/ops/triton_ops/lora_expand_op.py",
 }
 MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params' value; only LogprobTokenIdsState (unused) reads it
 
@@ -189,6 +195,49 @@ def _num_compute_units(device_id: int | None = 0) -> int:
     return os.cpu_count() or 1
 
 
+_LOGGED_ONCE: set[str] = set()
+
+
+class _PeerLogger(logging.LoggerAdapter):
+    """``logging`` logger with vLLM's ``*_once`` methods (each message logged once per process)."""
+
+    def _once(self, level: int, msg: str, *args: Any) -> None:
+        if msg not in _LOGGED_ONCE:
+            _LOGGED_ONCE.add(msg)
+            self.log(level, msg, *args)
+
+    def warning_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        self._once(logging.WARNING, msg, *args)
+
+    def info_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        self._once(logging.INFO, msg, *args)
+
+    def debug_once(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        self._once(logging.DEBUG, msg, *args)
+
+
+def _init_logger(name: str) -> _PeerLogger:
+    return _PeerLogger(logging.getLogger(name), {})
+
+
+def _async_tensor_h2d(
+    data: Any, device: Any = None, dtype: torch.dtype | None = None, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A host list/array/tensor on ``device`` (what vLLM's helper of that name returns; pointer tables of
+    the LoRA weights, built once per weight set)."""
+    tensor = torch.as_tensor(
+        data, dtype=dtype if dtype is not None else (out.dtype if out is not None else None)
+    )
+    if out is not None:
+        return out.copy_(tensor, non_blocking=True)
+    return tensor.to(device, non_blocking=True)
+
+
+def _no_custom_op(**kwargs: Any) -> None:
+    """Registers nothing: the carried LoRA files then call their Python functions directly (their own
+    fallback when ``torch.ops.vllm`` lacks the op)."""
+
+
 def _stand_in_modules() -> dict[str, types.ModuleType]:
     """The ``vllm`` modules the carried files import, holding only the names they import."""
     import triton
@@ -201,12 +250,31 @@ def _stand_in_modules() -> dict[str, types.ModuleType]:
         mod.__dict__.update(attrs)
         return mod
 
-    platform = types.SimpleNamespace(is_cuda_alike=torch.cuda.is_available)
+    def has_device_capability(capability: int) -> bool:
+        if not torch.cuda.is_available():
+            return False
+        major, minor = torch.cuda.get_device_capability()
+        return major * 10 + minor >= capability
+
+    platform = types.SimpleNamespace(
+        is_cuda_alike=torch.cuda.is_available,
+        is_cuda=torch.cuda.is_available,
+        has_device_capability=has_device_capability,
+    )
+    # vLLM 0.32's defaults of the variables the LoRA files read (unset in its environment)
+    env = module(
+        "vllm.envs",
+        VLLM_BATCH_INVARIANT=False,
+        VLLM_LORA_ENABLE_DUAL_STREAM=False,
+        VLLM_TUNED_CONFIG_FOLDER=None,
+        VLLM_LORA_DISABLE_PDL=False,
+    )
     mods = [
-        module("vllm", True),
+        module("vllm", True, envs=env),
+        env,
         module("vllm.config", True),
         module("vllm.config.model", PROCESSED_LOGPROBS_MODES=("processed_logits", "processed_logprobs")),
-        module("vllm.logger", init_logger=logging.getLogger),
+        module("vllm.logger", init_logger=_init_logger),
         module("vllm.triton_utils", triton=triton, tl=tl),
         module("vllm.platforms", current_platform=platform),
         module(
@@ -220,7 +288,14 @@ def _stand_in_modules() -> dict[str, types.ModuleType]:
             cdiv=triton.cdiv,
             next_power_of_2=triton.next_power_of_2,
         ),
-        module("vllm.utils.torch_utils", async_tensor_h2d=_stand_in_function("async_tensor_h2d")),
+        module(
+            "vllm.utils.torch_utils",
+            async_tensor_h2d=_async_tensor_h2d,
+            direct_register_custom_op=_no_custom_op,
+        ),
+        module("vllm.lora", True),
+        module("vllm.lora.ops", True),
+        module("vllm.lora.ops.triton_ops", True),
         module("vllm.utils.gpu_sync_debug", gpu_sync_allowed=contextlib.nullcontext),
         module("vllm.utils.platform_utils", num_compute_units=_num_compute_units),
         module("vllm.model_executor", True),
@@ -541,6 +616,35 @@ def vllm_expand_batch_to_tokens(
 
 _MANTISSA = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10}
 DTYPES = (torch.float32, torch.bfloat16)  # the selfcheck's logits dtypes
+
+
+def vllm_lora_meta(token_lora_indices: torch.Tensor, max_loras: int) -> Any:
+    """vLLM's per-step LoRA kernel metadata (tokens sorted by adapter, counts, starts) for a mapping; built
+    once per step in vLLM's punica wrapper, so outside the timed kernel calls."""
+    meta = _mod("lora_meta").LoRAKernelMeta.make(
+        max_loras, token_lora_indices.numel(), token_lora_indices.device
+    )
+    meta.prepare_tensors(token_lora_indices)
+    return meta
+
+
+def vllm_lora_shrink(
+    x: torch.Tensor, lora_a: list[torch.Tensor], out: torch.Tensor, meta: Any, scale: float
+) -> None:
+    """``out[s, t] = scale * x[t] @ lora_a[s][l_t]^T`` for every slice ``s`` in one launch (vLLM's
+    ``lora_shrink``; ``out`` ``[slices, T, rank]`` fp32, zeroed by it; padded active-adapter grid, vLLM's
+    default ``specialize_active_lora=False``)."""
+    _mod("lora_shrink").lora_shrink(x, lora_a, out, *meta.meta_args(x.size(0), False), scale)
+
+
+def vllm_lora_expand(
+    z: torch.Tensor, lora_b: list[torch.Tensor], out: torch.Tensor, meta: Any, add_inputs: bool
+) -> None:
+    """``out[t, slice s] (+)= z[s, t] @ lora_b[s][l_t]^T``, the slices side by side, in one launch (vLLM's
+    ``lora_expand``)."""
+    _mod("lora_expand").lora_expand(
+        z, lora_b, out, *meta.meta_args(z.size(1), False), offset_start=0, add_inputs=add_inputs
+    )
 
 
 def _ulps_off(

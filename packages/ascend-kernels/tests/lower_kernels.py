@@ -41,6 +41,7 @@ from triton.runtime.jit import JITFunction
 import vllm_ascend.kernels as K
 import vllm_ascend.kernels._backend as backend_choice
 from vllm_ascend.kernels import _geometry
+from vllm_ascend.kernels._triton import lora as triton_lora
 
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = CUDABackend(TARGET)
@@ -190,6 +191,7 @@ def _exercise() -> None:
         out = torch.zeros(4, 80, dtype=dtype)
         K.lora_shrink(x, lora_a, shrunk, loras, 0.5)
         K.lora_shrink_segmented(x, lora_a, shrunk, starts, lens, seg, 2, 0.5)
+        triton_lora.lora_shrink_tokens(x, lora_a[:, 0], shrunk, loras, 0.5, split_k=2)
         for add_inputs in (True, False):
             K.lora_expand(shrunk, lora_b, out, loras, 32, add_inputs)
             K.lora_expand_segmented(shrunk, lora_b, out, starts, lens, seg, 2, 0, add_inputs)

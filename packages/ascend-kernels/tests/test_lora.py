@@ -153,3 +153,22 @@ def test_expand_outside_the_output_is_refused():
             torch.zeros(2, dtype=torch.long),
             8,
         )
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("tokens", [5, 70, 300])
+def test_by_token_layout_matches_the_equation(gen, split_k, tokens):
+    """The decode layout over token tiles of every width (16 / 32 / 64), adapters interleaved token by token, the
+    reduction split into atomically added chunks or not: rows without an adapter stay untouched."""
+    from vllm_ascend.kernels._triton import lora as triton_lora
+
+    hidden, rank, scale = 40, 16, 0.5
+    loras = torch.randint(-1, 4, (tokens,), generator=gen)
+    x = torch.randn(tokens, hidden, generator=gen)
+    a = _weights(gen, 4, rank, hidden, torch.float32)[:, 0]
+    got = torch.full((tokens, rank), float("nan"))
+    triton_lora.lora_shrink_tokens(x, a, got, loras, scale, split_k=split_k)
+    want = _shrink_equation(x, a.unsqueeze(1), loras, scale)
+    done = loras >= 0
+    assert torch.isnan(got[~done]).all()
+    torch.testing.assert_close(got[done].double(), want[done], rtol=1e-5, atol=1e-5)

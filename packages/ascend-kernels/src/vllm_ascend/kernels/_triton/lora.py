@@ -1,8 +1,13 @@
 """Triton LoRA shrink / expand of :mod:`vllm_ascend.kernels.lora` (Ascend dialect: no warps, tiles UB-bounded).
 
-One kernel serves both directions (an adapter-indexed matmul into a column slice) over runs of tokens sharing an
-adapter: grid ``(runs, row tiles, column tiles)``, each program a ``tl.dot`` over the reduction axis (the cube unit
-on Ascend). Decode is runs of one token.
+One kernel serves both directions (an adapter-indexed matmul into a column slice), each program a ``tl.dot`` over
+the reduction axis (the cube unit on Ascend), in two layouts:
+
+- segmented (prefill): grid ``(runs, row tiles, column tiles)`` over runs of consecutive tokens sharing an adapter;
+- by token (decode): grid ``(adapter slots, token tiles, column tiles x K splits)``; a program takes the tokens of
+  its tile that use its slot (a tile with none exits), so an adapter's weights are read once per token tile, not
+  once per token, with no sort and no host sync (capturable). Small batches split the reduction over programs
+  (shrink only: partial sums added atomically into the fp32 buffer, its adapter rows zeroed first).
 """
 
 from __future__ import annotations
@@ -13,11 +18,11 @@ import triton.language as tl
 
 from vllm_ascend.kernels._geometry import geometry
 
-#: ``tl.dot``'s smallest tile side; row tiles stay at it (decode runs are one token).
+#: ``tl.dot``'s smallest tile side.
 _DOT_MIN = 16
 
 
-@triton.jit(do_not_specialize=["scale"])
+@triton.jit(do_not_specialize=["scale", "num_tokens"])
 def _lora_matmul_kernel(
     x_ptr,
     x_stride,
@@ -29,53 +34,85 @@ def _lora_matmul_kernel(
     starts_ptr,
     lens_ptr,
     loras_ptr,
+    num_tokens,
     reduction,
     columns,
     offset,
     scale,
     ADD_INPUTS: tl.constexpr,
+    BY_TOKEN: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """``out[s+i, offset+c] (+)= scale * x[s+i] . w[l, c]`` for the rows of run ``(s, n, l)``, ``l >= 0``:
-    shrink is ``w = lora_a`` (columns = rank, offset 0), expand ``w = lora_b`` (columns = the slice's width)."""
-    run = tl.program_id(0)
-    lora = tl.load(loras_ptr + run).to(tl.int64)
-    start = tl.load(starts_ptr + run).to(tl.int64)
-    length = tl.load(lens_ptr + run)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < tl.where(lora >= 0, length, 0)  # tokens without an adapter: no rows
-    col_ok = cols < columns
-    safe_lora = tl.maximum(lora, 0)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, reduction, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < reduction
-        xt = tl.load(
-            x_ptr + (start + rows)[:, None] * x_stride + ks[None, :],
-            mask=row_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        wt = tl.load(
-            w_ptr + safe_lora * w_stride_lora + cols[:, None] * w_stride_col + ks[None, :],
-            mask=col_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        acc += tl.dot(xt, tl.trans(wt))
-    acc = acc * scale
-    out = out_ptr + (start + rows)[:, None] * out_stride + offset + cols[None, :]
-    mask = row_ok[:, None] & col_ok[None, :]
-    if ADD_INPUTS:
-        acc += tl.load(out, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    """``out[r, offset+c] (+)= scale * x[r] . w[l, c]`` for the rows ``r`` of adapter ``l >= 0``: shrink is
+    ``w = lora_a`` (columns = rank, offset 0), expand ``w = lora_b`` (columns = the slice's width).
+
+    Segmented: program ``(run, tile, col)`` takes rows ``s + tile*BLOCK_M + i < s + n`` of run ``(s, n, l)``.
+    By token: program ``(l, tile, col*SPLIT_K + k)`` takes the tile's tokens whose ``loras[t] == l`` and the
+    ``k``-th of ``SPLIT_K`` interleaved reduction chunks (``SPLIT_K > 1``: atomic adds)."""
+    tiles = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    col_split = tl.program_id(2)
+    cols = (col_split // SPLIT_K) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_first = (col_split % SPLIT_K) * BLOCK_K
+    if BY_TOKEN:
+        lora = tl.program_id(0).to(tl.int64)
+        in_batch = tiles < num_tokens
+        token_lora = tl.load(loras_ptr + tiles, mask=in_batch, other=-1).to(tl.int64)
+        row_ok = in_batch & (token_lora == lora)
+        rows = tiles.to(tl.int64)
+    else:
+        run = tl.program_id(0)
+        lora = tl.load(loras_ptr + run).to(tl.int64)
+        length = tl.load(lens_ptr + run)
+        row_ok = tiles < tl.where(lora >= 0, length, 0)  # tokens without an adapter: no rows
+        rows = tl.load(starts_ptr + run).to(tl.int64) + tiles
+    if tl.max(row_ok.to(tl.int32), axis=0) > 0:
+        col_ok = cols < columns
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(k_first, reduction, BLOCK_K * SPLIT_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < reduction
+            xt = tl.load(
+                x_ptr + rows[:, None] * x_stride + ks[None, :],
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            ).to(DOT_DTYPE)
+            wt = tl.load(
+                w_ptr + lora * w_stride_lora + cols[:, None] * w_stride_col + ks[None, :],
+                mask=col_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            ).to(DOT_DTYPE)
+            acc += tl.dot(xt, tl.trans(wt))
+        acc = acc * scale
+        out = out_ptr + rows[:, None] * out_stride + offset + cols[None, :]
+        mask = row_ok[:, None] & col_ok[None, :]
+        if SPLIT_K > 1:
+            tl.atomic_add(out, acc, mask=mask)
+        else:
+            if ADD_INPUTS:
+                acc += tl.load(out, mask=mask, other=0.0).to(tl.float32)
+            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _rows_contiguous(**tensors: torch.Tensor) -> None:
     for name, tensor in tensors.items():
         if tensor.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last axis, got strides {tensor.stride()}")
+
+
+def _dot_dtype(x: torch.Tensor, w: torch.Tensor) -> tl.dtype:
+    """The operands' own 16-bit type when both share it (fp32 accumulation either way), else fp32; fp32 under
+    the interpreter (cpu), whose 16-bit dot is not the devices'."""
+    if x.device.type == "cpu":
+        return tl.float32
+    if x.dtype == w.dtype == torch.bfloat16:
+        return tl.bfloat16
+    if x.dtype == w.dtype == torch.float16:
+        return tl.float16
+    return tl.float32
 
 
 def _tiles(device: torch.device, columns: int, reduction: int) -> tuple[int, int]:
@@ -87,6 +124,18 @@ def _tiles(device: torch.device, columns: int, reduction: int) -> tuple[int, int
         4, _DOT_MIN + block_cols, cap=max(_DOT_MIN, min(256, triton.next_power_of_2(reduction)))
     )
     return block_cols, max(_DOT_MIN, block_k)
+
+
+def _token_block(num_tokens: int) -> int:
+    """Token tile of the by-token layout: wider tiles (more weight reuse) as the batch grows."""
+    return _DOT_MIN if num_tokens <= 64 else 32 if num_tokens <= 256 else 64
+
+
+def _split_k(device: torch.device, programs: int, reduction: int, block_k: int) -> int:
+    """Reduction splits that bring a small by-token shrink near one program per core (1: no split)."""
+    chunks = triton.cdiv(reduction, block_k)
+    cores = geometry(device).persistent_programs()
+    return max(1, min(chunks, cores // max(1, programs)))
 
 
 def _launch(
@@ -102,7 +151,7 @@ def _launch(
     *,
     add_inputs: bool,
 ) -> None:
-    """One :func:`_lora_matmul_kernel` launch over the runs: ``w`` is ``[L, columns, reduction]``."""
+    """One segmented :func:`_lora_matmul_kernel` launch over the runs: ``w`` is ``[L, columns, reduction]``."""
     runs, columns, reduction = seq_loras.shape[0], w.shape[1], w.shape[2]
     if runs == 0 or max_len == 0:
         return
@@ -110,8 +159,35 @@ def _launch(
     grid = (runs, triton.cdiv(max_len, _DOT_MIN), triton.cdiv(columns, block_n))
     _lora_matmul_kernel[grid](
         x, x.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0),
-        seq_starts, seq_lens, seq_loras, reduction, columns, offset, scale,
-        ADD_INPUTS=add_inputs, BLOCK_M=_DOT_MIN, BLOCK_N=block_n, BLOCK_K=block_k,
+        seq_starts, seq_lens, seq_loras, 0, reduction, columns, offset, scale,
+        ADD_INPUTS=add_inputs, BY_TOKEN=False, SPLIT_K=1, DOT_DTYPE=_dot_dtype(x, w),
+        BLOCK_M=_DOT_MIN, BLOCK_N=block_n, BLOCK_K=block_k,
+    )  # fmt: skip
+
+
+def _launch_by_token(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    token_lora_indices: torch.Tensor,
+    offset: int,
+    scale: float,
+    *,
+    add_inputs: bool,
+    split_k: int,
+) -> None:
+    """One by-token :func:`_lora_matmul_kernel` launch: ``w`` is ``[L, columns, reduction]``."""
+    tokens, (loras, columns, reduction) = x.shape[0], w.shape
+    if tokens == 0:
+        return
+    block_n, block_k = _tiles(x.device, columns, reduction)
+    block_m = _token_block(tokens)
+    grid = (loras, triton.cdiv(tokens, block_m), triton.cdiv(columns, block_n) * split_k)
+    _lora_matmul_kernel[grid](
+        x, x.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0),
+        token_lora_indices, token_lora_indices, token_lora_indices, tokens, reduction, columns, offset, scale,
+        ADD_INPUTS=add_inputs, BY_TOKEN=True, SPLIT_K=split_k, DOT_DTYPE=_dot_dtype(x, w),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
     )  # fmt: skip
 
 
@@ -130,10 +206,26 @@ def lora_shrink(
 
 
 def lora_shrink_tokens(
-    x: torch.Tensor, a: torch.Tensor, out: torch.Tensor, token_lora_indices: torch.Tensor, scale: float
+    x: torch.Tensor,
+    a: torch.Tensor,
+    out: torch.Tensor,
+    token_lora_indices: torch.Tensor,
+    scale: float,
+    *,
+    split_k: int | None = None,
 ) -> None:
-    starts = torch.arange(token_lora_indices.shape[0], dtype=torch.int64, device=x.device)
-    lora_shrink(x, a, out, starts, torch.ones_like(starts), token_lora_indices, 1, scale)
+    """``split_k``: reduction splits (default: by the batch and the device's cores; used for an fp32 ``out``)."""
+    _rows_contiguous(x=x, lora_a=a, out=out)
+    tokens, (_, rank, reduction) = x.shape[0], a.shape
+    if split_k is None:
+        block_n, block_k = _tiles(x.device, rank, reduction)
+        programs = triton.cdiv(tokens, _token_block(tokens)) * triton.cdiv(rank, block_n)
+        split_k = _split_k(x.device, programs, reduction, block_k)
+    if out.dtype != torch.float32:
+        split_k = 1
+    if split_k > 1:
+        out[:tokens, :rank].masked_fill_((token_lora_indices[:tokens] >= 0).unsqueeze(1), 0.0)
+    _launch_by_token(x, a, out, token_lora_indices, 0, float(scale), add_inputs=False, split_k=split_k)
 
 
 def lora_expand(
@@ -159,5 +251,5 @@ def lora_expand_tokens(
     offset: int,
     add_inputs: bool,
 ) -> None:
-    starts = torch.arange(token_lora_indices.shape[0], dtype=torch.int64, device=z.device)
-    lora_expand(z, b, out, starts, torch.ones_like(starts), token_lora_indices, 1, offset, add_inputs)
+    _rows_contiguous(z=z, lora_b=b, out=out)
+    _launch_by_token(z, b, out, token_lora_indices, offset, 1.0, add_inputs=add_inputs, split_k=1)
