@@ -73,13 +73,14 @@ class ExpertLoRA:
         self, local_ids: torch.Tensor, logical_ids: torch.Tensor, num_local: int
     ) -> torch.Tensor | None:
         """``slot * E + expert`` of each row ``moe_init_routing`` sorts ``local_ids [T, k]`` into (by local slot,
-        ties by ``t*k + j``), -1 for rows without an adapter or on another rank; ``None`` when no token of the
-        step has an adapter. ``expert`` is the row's logical expert (``logical_ids [T, k]``): adapters are
+        ties by ``t*k + j``), -1 for rows without an adapter or on another rank; ``None`` when vLLM's prefill
+        metadata (every step of its V1 and V2 runners) says no token of the step has one, read without a device
+        sync. ``expert`` is the row's logical expert (``logical_ids [T, k]``): adapters are
         per logical expert, whatever physical slot a placement schedule computes it in."""
+        if self.punica.is_prefill and self.punica.no_lora:
+            return None
         num_tokens, k = local_ids.shape
         mapped = self.punica.token_lora_indices[:num_tokens].to(local_ids.device, torch.int64)
-        if not bool((mapped >= 0).any()):
-            return None
         token_slots = torch.full((num_tokens,), -1, dtype=torch.int64, device=local_ids.device)
         token_slots[: mapped.shape[0]] = mapped
         ids = torch.where(local_ids < 0, num_local, local_ids).reshape(-1)
