@@ -168,8 +168,8 @@ def test_model_runner_v2_is_vllms_choice_or_refused_by_name(tmp_path):
 
 
 def test_platform_refuses_the_lora_configurations_not_served_by_name(tmp_path):
-    """LoRA is served on dense, unquantized models at TP 1 without captured graphs; the rest is refused at
-    config time, naming the field and the allowed values (every refusal of one config in its message)."""
+    """LoRA is served on unquantized models (dense or MoE) at TP 1 without captured graphs; the rest is refused
+    at config time, naming the field and the allowed values (every refusal of one config in its message)."""
     dense = tmp_path / "tiny-llama"
     dense.mkdir()
     (dense / "config.json").write_text(json.dumps(MODEL_CONFIG))
@@ -209,11 +209,23 @@ def test_platform_refuses_the_lora_configurations_not_served_by_name(tmp_path):
     assert tp2 in results["tp2"]
     assert graphs in results["graphs"]
     assert tp2 in results["tp2_graphs"] and graphs in results["tp2_graphs"]
+    moe_cases = {
+        "moe": lora,
+        "moe_ep_shared": {**lora, "enable_expert_parallel": True, "enable_moe_shared_loras": True},
+        "moe_dp2": {**lora, "data_parallel_size": 2},
+    }
     moe_results, output = run_vllm_script(
-        PARALLEL_SCRIPT, str(moe), json.dumps({"moe": lora}), env=env, timeout=540
+        PARALLEL_SCRIPT, str(moe), json.dumps(moe_cases), env=env, timeout=540
     )
     assert moe_results is not None, output[-OUTPUT_TAIL_CHARS:]
+    # Fused-MoE LoRA is served; expert/data parallelism and vLLM's shared-outer MoE adapters are refused.
+    assert moe_results["moe"] is None or "vllm-ascend-runner" in moe_results["moe"], moe_results["moe"]
+    refusal = (
+        "enable_lora with {} on a mixture-of-experts model (Qwen3MoeForCausalLM) is not supported yet by "
+    )
+    refusal += "vllm-ascend 0.1.0; allowed: {}"
     assert (
-        "enable_lora with a mixture-of-experts model (Qwen3MoeForCausalLM: fused-MoE LoRA) is not supported yet "
-        "by vllm-ascend 0.1.0; allowed: dense models"
-    ) in moe_results["moe"]
+        refusal.format("parallel_config.enable_expert_parallel=True", "False") in moe_results["moe_ep_shared"]
+    )
+    assert refusal.format("lora_config.enable_moe_shared_loras=True", "False") in moe_results["moe_ep_shared"]
+    assert refusal.format("parallel_config.data_parallel_size=2", "1") in moe_results["moe_dp2"]

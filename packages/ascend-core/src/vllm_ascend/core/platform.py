@@ -429,8 +429,9 @@ class AscendPlatform(Platform):
 
     @classmethod
     def _check_lora(cls, vllm_config: VllmConfig) -> None:
-        """Refuse the LoRA configurations not served yet: fused-MoE LoRA, quantized base models, tensor
-        parallelism, captured graphs (each names its field and the allowed values)."""
+        """Refuse the LoRA configurations not served yet: quantized base models, tensor parallelism, captured
+        graphs; on MoE models expert/data parallelism and vLLM's shared-outer MoE adapters (each names its
+        field and the allowed values)."""
         if vllm_config.lora_config is None:
             return
         from vllm.config import CUDAGraphMode
@@ -443,8 +444,24 @@ class AscendPlatform(Platform):
         graphs = vllm_config.compilation_config.cudagraph_mode
         refused: list[tuple[str, str]] = []  # (what, allowed)
         if model_config is not None and model_config.is_moe:
+            parallel = vllm_config.parallel_config
+            moe_refused = {
+                "parallel_config.enable_expert_parallel=True": ("False", parallel.enable_expert_parallel),
+                f"parallel_config.data_parallel_size={parallel.data_parallel_size}": (
+                    "1",
+                    parallel.data_parallel_size != 1,
+                ),
+                "lora_config.enable_moe_shared_loras=True": (
+                    "False",
+                    vllm_config.lora_config.enable_moe_shared_loras,
+                ),
+            }
             arch = ", ".join(model_config.architectures)
-            refused.append((f"a mixture-of-experts model ({arch}: fused-MoE LoRA)", "dense models"))
+            refused += [
+                (f"{field} on a mixture-of-experts model ({arch})", allowed)
+                for field, (allowed, bad) in moe_refused.items()
+                if bad
+            ]
         if model_config is not None and model_config.quantization is not None:
             refused.append(
                 (f"quantization={model_config.quantization!r}", "None (an unquantized base model)")

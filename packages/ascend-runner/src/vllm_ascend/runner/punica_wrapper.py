@@ -18,7 +18,7 @@ from vllm_ascend.kernels.lora import lora_expand, lora_expand_segmented, lora_sh
 
 class AscendPunicaWrapper(PunicaWrapperBase):
     """Multi-LoRA for the dense layers, the embedding, the logits and full-linear classifier heads
-    (fused-MoE LoRA is refused at config time by the platform)."""
+    (fused-MoE LoRA: ``ops/moe_lora.py``, on the MoE runner's expert rows with this wrapper's token mapping)."""
 
     def __init__(
         self, max_num_batched_tokens: int, max_batches: int, device: torch.device | str, **kwargs: Any

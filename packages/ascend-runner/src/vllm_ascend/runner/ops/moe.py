@@ -15,11 +15,15 @@ leaves partial outputs for vLLM's combine/all-reduce; all-to-all and MC2 return 
 output (vLLM's data-parallel dispatch and final all-reduce are skipped for that step). An
 expert-placement schedule (core's ``MOE_PLACEMENTS``, e.g. EPLB) may lay experts out in physical slots
 (with replicas on one rank; moved between ranks over several); it sees the rows computed per slot.
+
+Fused-MoE LoRA (``ops/moe_lora.py``): vLLM's MoE LoRA layer wrapping this runner sets ``expert_lora``; the
+unquantized expert path then adds each (token, expert) row's adapter delta after each grouped matmul.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -50,6 +54,9 @@ from vllm_ascend.runner.ops.moe_comm import (
     split_tokens,
 )
 from vllm_ascend.runner.ops.moe_routing import check_router, select_experts
+
+if TYPE_CHECKING:
+    from vllm_ascend.runner.ops.moe_lora import ExpertLoRA
 
 logger = init_logger(__name__)
 
@@ -134,6 +141,7 @@ class AscendMoERunner(MoERunner):
     With a placement schedule (set on the first forward): ``expert_map [ranks, n]`` (local slot or -1),
     ``log2phy [ranks, n]`` (the physical slot each rank routes each logical expert to) and ``moe_load``
     (rows computed per held physical slot). ``comm_steps`` counts the forwards run by each method.
+    ``expert_lora``: the adapters of the LoRA layer wrapping this runner (``None`` without LoRA).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -154,6 +162,7 @@ class AscendMoERunner(MoERunner):
         #: The ``[ranks, slots]`` placement this layer routes by (its weights are laid out for it).
         self.placement: np.ndarray | None = None
         self._placed: list[torch.nn.Parameter] = []
+        self.expert_lora: ExpertLoRA | None = None
 
     def _check_supported(self) -> None:
         check_router(self.router, self.layer_name)
@@ -300,7 +309,13 @@ class AscendMoERunner(MoERunner):
         if self.step_comm is MoECommType.ALLGATHER:
             weights, logical = select_experts(self.router, router_logits)
             local = self._local_ids(logical.long(), hidden_states.shape[0])
-            out = allgather_experts(hidden_states, local, weights, num_local, self._expert_rows)
+            experts = self._expert_rows
+            lora_rows = (
+                None if self.expert_lora is None else self.expert_lora.row_slots(local, logical, num_local)
+            )
+            if lora_rows is not None:
+                experts = functools.partial(self._expert_rows, lora_rows=lora_rows)
+            out = allgather_experts(hidden_states, local, weights, num_local, experts)
         else:
             tp_group = get_tp_group()
             x = split_tokens(hidden_states, tp_group.rank_in_group, self.comm.tp_size)
@@ -319,8 +334,11 @@ class AscendMoERunner(MoERunner):
             self.eplb.forward_end(_real_forward_phase(self.decode_query_len))
         return out.to(hidden_states.dtype)
 
-    def _expert_rows(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """This rank's experts on ``rows`` grouped by local expert (``counts`` rows each)."""
+    def _expert_rows(
+        self, rows: torch.Tensor, counts: torch.Tensor, lora_rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """This rank's experts on ``rows`` grouped by local expert (``counts`` rows each); with ``lora_rows``
+        (each row's ``slot * E + expert``, -1 without an adapter) plus the adapters' deltas."""
         if self.moe_load is not None and _real_forward_phase(self.decode_query_len) is not None:
             self.moe_load += counts.to(self.moe_load.device)
         quant_method = self.routed_experts.quant_method
@@ -330,7 +348,14 @@ class AscendMoERunner(MoERunner):
         w13 = self.routed_experts.w13_weight.transpose(1, 2)
         w2 = self.routed_experts.w2_weight.transpose(1, 2)
         hidden = ad.grouped_matmul(rows, w13, counts, bias=self._expert_bias("w13_bias"))
-        return ad.grouped_matmul(self._activation(hidden), w2, counts, bias=self._expert_bias("w2_bias"))
+        if lora_rows is None:
+            return ad.grouped_matmul(self._activation(hidden), w2, counts, bias=self._expert_bias("w2_bias"))
+        assert self.expert_lora is not None
+        self.expert_lora.add_w13(hidden, rows, lora_rows)
+        activated = self._activation(hidden)
+        out = ad.grouped_matmul(activated, w2, counts, bias=self._expert_bias("w2_bias"))
+        self.expert_lora.add_w2(out, activated, lora_rows)
+        return out
 
     def _local_ids(self, logical: torch.Tensor, num_tokens: int) -> torch.Tensor:
         """Local slot of each token copy (-1 where another rank computes it): the placement's physical

@@ -21,6 +21,7 @@ from vllm_ascend.runner.ops.linear import (
 )
 from vllm_ascend.runner.ops.mm_encoder_attention import AscendMMEncoderAttention
 from vllm_ascend.runner.ops.moe import AscendMoERunner
+from vllm_ascend.runner.ops.moe_lora import LORA_LAYERS
 from vllm_ascend.runner.ops.rotary_embedding import (
     AscendApplyRotaryEmb,
     AscendMRotaryEmbedding,
@@ -57,10 +58,13 @@ def register_custom_ops() -> None:
 
     Also defines the device ops ``torch.ops.vllm_ascend.*`` the layers call, before any model is built or
     compiled. Raises ``RuntimeError`` when another plugin already registered a different class under one
-    of the names.
+    of the names. The Ascend LoRA layers (``moe_lora.LORA_LAYERS``) go ahead of vLLM's in
+    ``vllm.lora.utils._all_lora_classes``: vLLM's ``from_layer`` takes the first class that accepts a layer and
+    has no registration hook for LoRA layers.
     """
     register_device_ops()
     with _lock:
+        _register_lora_layers()
         for table, register in (
             (CUSTOM_OPS, CustomOp.register_oot),
             (PLUGGABLE_LAYERS, PluggableLayer.register_oot),
@@ -75,6 +79,13 @@ def register_custom_ops() -> None:
                         f"{existing.__qualname__}; cannot register {cls.__qualname__}"
                     )
                 register(cls, name=name)
+
+
+def _register_lora_layers() -> None:
+    import vllm.lora.utils as lora_utils
+
+    missing = tuple(cls for cls in LORA_LAYERS if cls not in lora_utils._all_lora_classes)
+    lora_utils._all_lora_classes = missing + lora_utils._all_lora_classes
 
 
 def enable_custom_ops(custom_ops: list[str]) -> None:
