@@ -195,35 +195,21 @@ def test_vllm_built_the_ascend_punica_wrapper_on_the_runner_it_chose(llm):
 
 @pytest.fixture(scope="module")
 def merged_tokens(tiny_qwen3, adapters, qwen3_prompts, tmp_path_factory) -> list[list[int]]:
-    """vLLM greedy tokens of a full checkpoint holding PEFT's ``merge_and_unload()`` of ``attn-r8`` (W + s·BA in
-    the weights; the base model's tokenizer files alongside)."""
-    import shutil
-
+    """Greedy tokens of a full checkpoint holding PEFT's ``merge_and_unload()`` of ``attn-r8`` (W + s·BA in the
+    weights), run by HF transformers from the saved files: a second in-process vLLM engine would tear down the
+    process's distributed groups at its shutdown, under the module's engine."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
-    from vllm import LLM, SamplingParams, TokensPrompt
 
     merged_dir = tmp_path_factory.mktemp("lora-merged") / "attn-r8-merged"
-    shutil.copytree(tiny_qwen3, merged_dir)
     base = AutoModelForCausalLM.from_pretrained(tiny_qwen3, torch_dtype=torch.float32)
     PeftModel.from_pretrained(base, adapters["attn-r8"]).merge_and_unload().save_pretrained(merged_dir)
-    engine = LLM(
-        model=str(merged_dir),
-        dtype="float32",
-        block_size=16,
-        max_model_len=256,
-        kv_cache_memory_bytes=64 << 20,
-        seed=0,
-    )
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, min_tokens=MAX_NEW_TOKENS)
-    outs = engine.generate([TokensPrompt(prompt_token_ids=p) for p in qwen3_prompts], params)
-    engine.llm_engine.engine_core.shutdown()
-    return [list(o.outputs[0].token_ids) for o in outs]
+    return _hf_greedy(merged_dir, None, qwen3_prompts)
 
 
 def test_the_adapter_equals_its_merged_checkpoint(llm, adapters, merged_tokens, hf_tokens, qwen3_prompts):
-    """The oracle without PEFT at serving time: vLLM serving base + ``attn-r8`` gives the greedy tokens vLLM gives
-    on the checkpoint with the adapter merged into its weights."""
+    """The oracle without PEFT at inference time: vLLM serving base + ``attn-r8`` gives the greedy tokens of the
+    checkpoint with the adapter merged into its weights."""
     got = _generate(llm, qwen3_prompts, ["attn-r8"] * len(qwen3_prompts), adapters)
     assert got == merged_tokens
     assert merged_tokens != hf_tokens[None]  # the merge changed the model

@@ -126,11 +126,11 @@ def check_weights(
             if f".{part}." in key:
                 hf_name = key.split(f".{part}.")[0].removeprefix("base_model.model.")
                 pairs.setdefault(hf_name, {})[part] = (key, shape)
-    allowed = sorted({name.rsplit(".", 1)[-1] for name in shapes})
+    allowed = sorted({module.rsplit(".", 1)[-1] for module in shapes})
     for hf_name, parts in pairs.items():
         present = next(iter(parts.values()))[0]
         module, _ = parse_fine_tuned_lora_name(present, weights_mapper)
-        if module not in shapes:
+        if module.rsplit(".", 1)[-1] not in allowed:
             raise InvalidLoRAAdapterError(
                 f"{where}: tensor {present!r} targets module {module!r}, which is not a LoRA-capable module "
                 f"of the model; allowed target modules: {', '.join(allowed)}"
@@ -139,8 +139,10 @@ def check_weights(
             if part not in parts:
                 raise InvalidLoRAAdapterError(f"{where}: tensor {present!r} has no {part} partner")
         (a_key, a_shape), (b_key, b_shape) = parts["lora_A"], parts["lora_B"]
-        widths = shapes[module]
-        if widths is None:
+        widths = shapes.get(module)
+        if (
+            widths is None
+        ):  # not a linear module, or a path vLLM's manager resolves itself (as vLLM, by leaf name)
             continue
         rank = helper.get_rank_and_scaling(hf_name)[0]
         in_features, out_features = widths
