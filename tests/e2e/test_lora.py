@@ -193,6 +193,28 @@ def test_vllm_built_the_ascend_punica_wrapper_on_the_runner_it_chose(llm):
     assert [type(w) for w in wrappers] == [AscendPunicaWrapper]
 
 
+@pytest.fixture(scope="module")
+def merged_tokens(tiny_qwen3, adapters, qwen3_prompts, tmp_path_factory) -> list[list[int]]:
+    """Greedy tokens of a full checkpoint holding PEFT's ``merge_and_unload()`` of ``attn-r8`` (W + s·BA in the
+    weights), run by HF transformers from the saved files: a second in-process vLLM engine would tear down the
+    process's distributed groups at its shutdown, under the module's engine."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    merged_dir = tmp_path_factory.mktemp("lora-merged") / "attn-r8-merged"
+    base = AutoModelForCausalLM.from_pretrained(tiny_qwen3, torch_dtype=torch.float32)
+    PeftModel.from_pretrained(base, adapters["attn-r8"]).merge_and_unload().save_pretrained(merged_dir)
+    return _hf_greedy(merged_dir, None, qwen3_prompts)
+
+
+def test_the_adapter_equals_its_merged_checkpoint(llm, adapters, merged_tokens, hf_tokens, qwen3_prompts):
+    """The oracle without PEFT at inference time: vLLM serving base + ``attn-r8`` gives the greedy tokens of the
+    checkpoint with the adapter merged into its weights."""
+    got = _generate(llm, qwen3_prompts, ["attn-r8"] * len(qwen3_prompts), adapters)
+    assert got == merged_tokens
+    assert merged_tokens != hf_tokens[None]  # the merge changed the model
+
+
 def test_an_unknown_adapter_is_vllms_clean_error(llm, qwen3_prompts, tmp_path):
     """A request naming a path with no adapter fails with vLLM's LoRAAdapterNotFoundError naming the adapter
     and the path. Last in the module: vLLM 0.32's in-process ``LLM`` keeps the failed request scheduled, so

@@ -43,7 +43,8 @@ def load_extensions() -> None:
     When the platform is active, also hand the siblings' model loaders and quantization methods to
     vLLM so that ``--load-format <name>`` / ``--quantization <name>`` work, let vLLM's speculative config
     accept ``suffix`` without arctic-inference when a sibling serves it, let vLLM select Model Runner V2 where
-    the family's worker serves it (``serve_model_runner_v2_in_vllm``), and install the device
+    the family's worker serves it (``serve_model_runner_v2_in_vllm``), let the API server answer a malformed
+    LoRA adapter with 400 (``answer_invalid_lora_adapters_with_400``), and install the device
     adaptor's runtime shims: processes that build no worker (the engine core under the ``mp``
     executor) still call ``torch.accelerator`` at shutdown. Otherwise vLLM sees nothing of the plugin.
     """
@@ -59,6 +60,7 @@ def load_extensions() -> None:
         from vllm_ascend.core.device.config import get_device_adaptor
         from vllm_ascend.core.vllm_bridge import (
             accept_served_spec_methods_in_vllm,
+            answer_invalid_lora_adapters_with_400,
             register_kv_connectors_with_vllm,
             register_model_loaders_with_vllm,
             register_offload_specs_with_vllm,
@@ -72,4 +74,5 @@ def load_extensions() -> None:
         register_offload_specs_with_vllm()
         accept_served_spec_methods_in_vllm()
         serve_model_runner_v2_in_vllm()
+        answer_invalid_lora_adapters_with_400()
         get_device_adaptor().install_runtime_shims()

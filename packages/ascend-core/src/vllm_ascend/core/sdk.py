@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.profile import HardwareProfile as HardwareProfile
     from vllm_ascend.core.extensions import ExtensionDescriptor as ExtensionDescriptor
     from vllm_ascend.core.logger import init_logger as init_logger
+    from vllm_ascend.core.lora import InvalidLoRAAdapterError as InvalidLoRAAdapterError
     from vllm_ascend.core.registry import CLI_COMMANDS as CLI_COMMANDS
     from vllm_ascend.core.registry import CONFIG_SECTIONS as CONFIG_SECTIONS
     from vllm_ascend.core.registry import DEVICE_ADAPTORS as DEVICE_ADAPTORS
@@ -103,6 +104,7 @@ _EXPORTS: dict[str, str] = {
     "WORKERS": "vllm_ascend.core.registry",
     # configuration (additional_config sections, JSON inputs)
     "ConfigError": "vllm_ascend.core.config",
+    "InvalidLoRAAdapterError": "vllm_ascend.core.lora",
     "get_ascend_config": "vllm_ascend.core.config",
     "get_section": "vllm_ascend.core.config",
     "Section": "vllm_ascend.core.config",

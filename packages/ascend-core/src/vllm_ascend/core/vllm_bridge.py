@@ -173,6 +173,50 @@ def serve_model_runner_v2_in_vllm() -> bool:
     return answer
 
 
+#: vLLM's model-serving module of the OpenAI server (imported in the API server process only).
+SERVING_MODELS_MODULE = "vllm.entrypoints.openai.models.serving"
+
+
+def answer_invalid_lora_adapters_with_400() -> bool:
+    """vLLM's ``/v1/load_lora_adapter`` answers every engine error but a missing adapter with 500. A malformed
+    adapter refused by the runner's checks (:class:`~vllm_ascend.core.lora.InvalidLoRAAdapterError`, whose text
+    reaches the server inside the engine's error) is the client's fault: ``OpenAIServingModels.load_lora_adapter``
+    is wrapped to answer it with 400 and the check's message. Done only in the process that imported vLLM's
+    serving module (the API server; other processes serve no HTTP), once; returns whether it is in place."""
+    import sys
+
+    serving = sys.modules.get(SERVING_MODELS_MODULE)
+    if serving is None:
+        return False
+    cls = serving.OpenAIServingModels
+    if getattr(cls.load_lora_adapter, "__wrapped_by_ascend__", False):
+        return True
+    from http import HTTPStatus
+
+    from vllm_ascend.core.lora import INVALID_ADAPTER_PREFIX
+
+    original = cls.load_lora_adapter
+
+    async def load_lora_adapter(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = await original(self, *args, **kwargs)
+        error = getattr(result, "error", None)
+        if (
+            error is not None
+            and error.code == HTTPStatus.INTERNAL_SERVER_ERROR
+            and INVALID_ADAPTER_PREFIX in error.message
+        ):
+            message = error.message[error.message.index(INVALID_ADAPTER_PREFIX) :].splitlines()[0]
+            return serving.create_error_response(
+                message=message, err_type="BadRequestError", status_code=HTTPStatus.BAD_REQUEST
+            )
+        return result
+
+    load_lora_adapter.__wrapped_by_ascend__ = True  # type: ignore[attr-defined]
+    load_lora_adapter.__doc__ = original.__doc__
+    cls.load_lora_adapter = load_lora_adapter
+    return True
+
+
 def _reached(registry: str, name: str) -> tuple[bool, str]:
     """Whether vLLM (or the plugin's serving path) reaches entry ``name`` of ``registry``, and how."""
     if registry == "model_loaders":

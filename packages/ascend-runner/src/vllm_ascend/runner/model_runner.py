@@ -69,6 +69,7 @@ from vllm_ascend.runner import device_context
 from vllm_ascend.runner.graph_wrapper import ACLGraphWrapper
 from vllm_ascend.runner.input_batch import NPUInputBatch
 from vllm_ascend.runner.kv_zeroer import AscendKVBlockZeroer
+from vllm_ascend.runner.lora_adapters import load_lora_model
 from vllm_ascend.runner.model_patches import apply_config_defaults, model_patches
 from vllm_ascend.runner.patching import replaced_names
 from vllm_ascend.runner.sample.rejection_sampler import AscendRejectionSampler
@@ -264,6 +265,12 @@ class NPUModelRunner(GPUModelRunner):
         self.vllm_drives_drafter = vllm_drives(proposer_cls)
         self.dynamic_spec = dynamic_spec_scheduler(vllm_config)
         self.kernel_warmup_results: dict[str, bool] = {}  # item -> compiled cleanly, after warm_up()
+
+    def load_lora_model(
+        self, model: torch.nn.Module, vllm_config: VllmConfig, device: torch.device
+    ) -> torch.nn.Module:
+        """vLLM's LoRA manager, with each adapter checked against the model before it loads."""
+        return load_lora_model(self, model, vllm_config, device)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         configs = [self.model_config.hf_text_config]

@@ -22,6 +22,7 @@ from vllm_ascend.core.sdk import ConfigError, get_ascend_config, get_device_adap
 from vllm_ascend.runner import device_context
 from vllm_ascend.runner.kernel_overrides import v2_kernel_table
 from vllm_ascend.runner.kv_zeroer import AscendKVBlockZeroer
+from vllm_ascend.runner.lora_adapters import load_lora_model
 from vllm_ascend.runner.model_patches import apply_config_defaults, model_patches
 from vllm_ascend.runner.model_runner import check_region_split_caches
 from vllm_ascend.runner.patching import replaced_names
@@ -113,6 +114,12 @@ class NPUModelRunnerV2(GPUModelRunner):
         get_device_adaptor().install_runtime_shims()
         with device_context.torch_device_wrapper():
             super().__init__(vllm_config, device)
+
+    def load_lora_model(
+        self, model: torch.nn.Module, vllm_config: VllmConfig, device: torch.device
+    ) -> torch.nn.Module:
+        """vLLM's LoRA manager, with each adapter checked against the model before it loads."""
+        return load_lora_model(self, model, vllm_config, device)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         configs = [self.model_config.hf_text_config]
