@@ -3,6 +3,8 @@
 
 - Model Runner V2 (vLLM's default) with PIECEWISE graphs and ``cudagraph_specialize_lora=True``: graphs are
   captured per batch size for no adapter (0) and for adapters active (``max_loras + 1``).
+- The V1 runner with FULL_DECODE_ONLY and no compilation: decode replays captured whole-model graphs (per
+  token inside them), mixed steps run eagerly (segmented).
 - The V1 runner with FULL_AND_PIECEWISE (decode replays whole-model graphs; V2 refuses FULL graphs on the
   reference device) and ``cudagraph_specialize_lora=False``: only adapter-active graphs are captured (their
   base rows and padding mapped to no adapter); a base-only batch runs the compiled model without graphs.
@@ -78,14 +80,14 @@ def shrink_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     return counts
 
 
-def _engine(make_llm, model: Path, graphs: str, specialize: bool):
+def _engine(make_llm, model: Path, graphs: str, specialize: bool, mode: int = 3):
     return make_llm(
         model,
         enable_lora=True,
         max_loras=2,
         max_lora_rank=MAX_LORA_RANK,
         compilation_config={
-            "mode": 3,
+            "mode": mode,
             "cudagraph_mode": graphs,
             "cudagraph_capture_sizes": CAPTURE_SIZES,
             "cudagraph_specialize_lora": specialize,
@@ -130,9 +132,10 @@ def _replays(wrappers: list) -> int:
     return sum(w.replays for w in wrappers)
 
 
-def _check_mixed_batch(llm, adapters, hf_tokens, prompts, shrink_calls) -> None:
+def _check_mixed_batch(llm, adapters, hf_tokens, prompts, shrink_calls, compiled: bool = True) -> None:
     """Each prompt under the base model and under each adapter, in one batch: every request equals HF + PEFT;
-    the compiled model ran the per-token shrink, never the segmented one."""
+    a compiled model ran the per-token shrink, never the segmented one (an uncompiled one runs its eager
+    prefill steps segmented)."""
     requests, expected = [], []
     for i, prompt in enumerate(prompts):
         for name in (None, *NAMES):
@@ -141,9 +144,8 @@ def _check_mixed_batch(llm, adapters, hf_tokens, prompts, shrink_calls) -> None:
     got = _generate(llm, adapters, requests)
     for (_, name), want, have in zip(requests, expected, got, strict=True):
         assert have == want, f"adapter {name}"
-    assert shrink_calls["lora_shrink_torch"] > 0 and shrink_calls["lora_shrink_segmented_torch"] == 0, (
-        shrink_calls
-    )
+    assert shrink_calls["lora_shrink_torch"] > 0, shrink_calls
+    assert (shrink_calls["lora_shrink_segmented_torch"] == 0) == compiled, shrink_calls
 
 
 @pytest.mark.usefixtures("fresh_compile_cache")
@@ -182,3 +184,17 @@ def test_full_and_piecewise_graphs_unspecialized_equal_hf_peft(
     base = _generate(llm, adapters, [(p, None) for p in qwen3_prompts])
     assert base == hf_tokens[None]
     assert _replays(wrappers["FULL"]) == before_full
+
+
+@pytest.mark.usefixtures("v1_runner")
+def test_full_decode_graphs_without_compilation_equal_hf_peft(
+    make_llm, tiny_qwen3, adapters, hf_tokens, qwen3_prompts, shrink_calls
+):
+    """V1, FULL_DECODE_ONLY, mode 0: the decode steps of the mixed batch replay the captured FULL graphs."""
+    llm = _engine(make_llm, tiny_qwen3, "FULL_DECODE_ONLY", specialize=True, mode=0)
+    (full,) = _wrappers(llm)["FULL"]
+    assert {d.num_active_loras for d in full.entries} == {0, 3}, list(full.entries)
+    before = _replays([full])
+    _check_mixed_batch(llm, adapters, hf_tokens, qwen3_prompts, shrink_calls, compiled=False)
+    assert _replays([full]) > before
+    assert any(e.graph.replays for d, e in full.entries.items() if d.num_active_loras == 3)

@@ -207,3 +207,38 @@ def test_compiled_lora_runs_per_token_on_the_step_mapping_and_leaves_padding_alo
         out[:n].double(), _linear_equation(x[:n], a, b, y[:n], 0.5), rtol=1e-5, atol=1e-4
     )
     assert torch.equal(first[n:], y[n:]) and torch.equal(out[n:], y[n:])  # the padding rows: no adapter
+
+
+@pytest.mark.parametrize("mode", ["NONE", "FULL", "PIECEWISE"])
+def test_a_captured_step_runs_per_token_and_an_eager_one_segmented(monkeypatch, mode):
+    """A step vLLM runs under a graph runtime mode (captured uncompiled, e.g. FULL_DECODE_ONLY) takes the
+    per-token kernels even on a prefill mapping (a device graph would bake the segmented path's host ints);
+    an eager step (NONE) the segmented ones. Both give the equation."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import ForwardContext, override_forward_context
+
+    from vllm_ascend.kernels import lora
+
+    calls = {"lora_shrink_torch": 0, "lora_shrink_segmented_torch": 0}
+    for name in calls:
+        original = getattr(lora, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(lora, name, counted)
+    gen = torch.Generator().manual_seed(6)
+    a = (torch.randn(4, 1, RANK, HIDDEN, generator=gen),)
+    b = (torch.randn(4, 1, 16, RANK, generator=gen),)
+    x = torch.randn(len(TOKEN_IDS), HIDDEN, generator=gen)
+    y = torch.randn(len(TOKEN_IDS), 16, generator=gen)
+    want = _linear_equation(x, a, b, y, 1.0)
+    context = ForwardContext(
+        no_compile_layers={}, attn_metadata={}, slot_mapping={}, cudagraph_runtime_mode=CUDAGraphMode[mode]
+    )
+    with override_forward_context(context):
+        _wrapper(is_prefill=True).add_lora_linear(y, x, a, b, 1.0, (16,))
+    torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-4)
+    per_token = mode != "NONE"
+    assert calls == {"lora_shrink_torch": int(per_token), "lora_shrink_segmented_torch": int(not per_token)}
