@@ -59,8 +59,11 @@ def moe_report(wrapper):
 def run_llm():
     from vllm import LLM
 
+    from vllm.lora.request import LoRARequest
+
     llm = LLM(**common)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    loras = [None if r is None else LoRARequest(*r) for r in spec["lora_requests"]] if spec["lora_requests"] else None
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, lora_request=loras)
     workers = llm.collective_rpc(describe)
     reports = llm.collective_rpc(moe_report) if spec.get("report") else None
     llm.llm_engine.engine_core.shutdown()
@@ -98,17 +101,20 @@ def run_case(
     env: dict[str, str] | None = None,
     max_tokens: int = MAX_NEW_TOKENS,
     report: bool = False,
+    lora_requests: list[tuple[str, int, str] | None] | None = None,
     **options,
 ) -> tuple[dict, str]:
     """Serve ``prompts`` greedily in a fresh process (``env``: variables added to this process's): its
     tokens and, through ``LLM``, its workers (``[class, pid, DP index, rank]`` each) and with ``report``
-    each rank's MoE layers' state (``moe_report``), and everything it printed."""
+    each rank's MoE layers' state (``moe_report``), and everything it printed. ``lora_requests``: per prompt,
+    ``(name, id, path)`` of a LoRA adapter or None (through ``LLM``; needs ``enable_lora=True``)."""
     spec = {
         "model": str(model),
         "prompts": prompts,
         "options": options,
         "max_tokens": max_tokens,
         "report": report,
+        "lora_requests": lora_requests,
     }
     environ = {**os.environ, **env} if env else None
     result, output = run_vllm_script(CASE_SCRIPT, json.dumps(spec), env=environ, timeout=300)

@@ -412,7 +412,7 @@ def _lora_request(lora=True, moe=False, quantization=None, tp=1, graphs="NONE"):
 
 
 def test_lora_is_refused_on_families_without_triton_and_served_on_the_others(monkeypatch):
-    """310P (no Triton) refuses enable_lora by name; A2 serves it eagerly; without LoRA nothing is checked."""
+    """310P (no Triton) refuses enable_lora by name; A2 serves it (TP 2, graphs); without LoRA nothing is checked."""
     p310 = next(p for p in BUILTIN_PROFILES.values() if not p.supports(HardwareCapability.TRITON))
     use_profile(monkeypatch, p310)
     with pytest.raises(
@@ -423,11 +423,6 @@ def test_lora_is_refused_on_families_without_triton_and_served_on_the_others(mon
         NPUPlatform._check_lora(_lora_request())
     NPUPlatform._check_lora(_lora_request(lora=False))
     use_profile(monkeypatch, BUILTIN_PROFILES[AscendDeviceType.A2])
-    with pytest.raises(
-        ConfigError,
-        match=r"enable_lora with compilation_config.cudagraph_mode=PIECEWISE .*"
-        r"allowed: NONE \(enforce_eager=True\)",
-    ):
-        NPUPlatform._check_lora(_lora_request(graphs="PIECEWISE"))
+    NPUPlatform._check_lora(_lora_request(tp=2, graphs="FULL_AND_PIECEWISE"))  # served: TP and graphs
     with pytest.raises(ConfigError, match=r"enable_lora with quantization='ascend' .*allowed: None"):
         NPUPlatform._check_lora(_lora_request(quantization="ascend"))

@@ -104,3 +104,141 @@ def test_full_linear_replaces_the_rows_of_enabled_adapters():
             want[r] = x[r].double() @ weight[s, 0].double().T + bias[s].double()
     _wrapper(False).apply_lora_full_linear(y, x, weight, bias, enabled)
     torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-4)
+
+
+def _linear_equation(x, a, b, y, scale, tokens=TOKEN_IDS):
+    """``y + scale * x @ A^T @ B^T`` per token's adapter slot (float64), the slices side by side."""
+    want = y.double().clone()
+    for t, adapter in enumerate(tokens):
+        if adapter:
+            s = _slot(adapter)
+            want[t] += torch.cat(
+                [
+                    scale * x[t].double() @ ai[s, 0].double().T @ bi[s, 0].double().T
+                    for ai, bi in zip(a, b, strict=True)
+                ]
+            )
+    return want
+
+
+@pytest.mark.parametrize("is_prefill", [True, False])
+def test_fully_sharded_tp2_call_patterns_add_up_to_the_equation(is_prefill):
+    """vLLM's fully sharded LoRA layers over two ranks, simulated in one process. Column-parallel: each rank
+    shrinks with its half of A's rank into a [slices, T, rank/2] buffer, the halves are concatenated (the
+    all-gather), and the full rank expands. Row-parallel: each rank shrinks its half of the input with A's
+    matching columns, the shrinks are summed (the all-reduce), and each rank expands its half of B's outputs at
+    ``offset_start = rank * shard`` into its partial output."""
+    gen = torch.Generator().manual_seed(4)
+    wrapper = _wrapper(is_prefill)
+    slices = (16, 8)
+    a = tuple(torch.randn(4, 1, RANK, HIDDEN, generator=gen) for _ in slices)
+    b = tuple(torch.randn(4, 1, width, RANK, generator=gen) for width in slices)
+    x = torch.randn(len(TOKEN_IDS), HIDDEN, generator=gen)
+    y = torch.randn(len(TOKEN_IDS), sum(slices), generator=gen)
+    want = _linear_equation(x, a, b, y, 1.0)
+    half = RANK // 2
+    shrunk = []
+    for rank in range(2):
+        buffer = torch.zeros(len(slices), len(TOKEN_IDS), half)
+        wrapper.add_shrink(buffer, x, tuple(ai[:, :, rank * half : (rank + 1) * half] for ai in a), 1.0)
+        shrunk.append(buffer)
+    wrapper.add_expand(y, torch.cat(shrunk, dim=-1), b, slices, offset_start=0)
+    torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-4)
+
+    (a_row,), (b_row,) = a[:1], b[:1]
+    y = torch.randn(len(TOKEN_IDS), slices[0], generator=gen)
+    want = _linear_equation(x, (a_row,), (b_row,), y, 1.0)
+    cols, shard = HIDDEN // 2, slices[0] // 2
+    reduced = torch.zeros(1, len(TOKEN_IDS), RANK)
+    for rank in range(2):
+        partial = torch.zeros(1, len(TOKEN_IDS), RANK)
+        part = (a_row[:, :, :, rank * cols : (rank + 1) * cols],)
+        wrapper.add_shrink(partial, x[:, rank * cols : (rank + 1) * cols].contiguous(), part, 1.0)
+        reduced += partial
+    outputs = [torch.zeros_like(y) for _ in range(2)]
+    for rank in range(2):
+        b_shard = (b_row[:, :, rank * shard : (rank + 1) * shard],)
+        wrapper.add_expand(outputs[rank], reduced, b_shard, (shard,), offset_start=rank * shard)
+    torch.testing.assert_close((y + outputs[0] + outputs[1]).double(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_compiled_lora_runs_per_token_on_the_step_mapping_and_leaves_padding_alone(monkeypatch):
+    """Under ``torch.compile`` (full graph: Dynamo traces the wrapper) a prefill mapping runs per token through
+    ``torch.ops.vllm.ascend_lora_shrink`` / ``ascend_lora_expand`` (never the segmented kernels); one graph
+    serves successive steps, reading each step's mapping from the persistent buffer; rows past the step's
+    tokens (a graph's padding) are left as they were."""
+    from vllm_ascend.kernels import lora
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the segmented kernel ran in a compiled region")
+
+    monkeypatch.setattr(lora, "lora_shrink_segmented_torch", refused)
+    monkeypatch.setattr(lora, "lora_expand_segmented_torch", refused)
+    gen = torch.Generator().manual_seed(5)
+    slices = (16, 8)
+    a = tuple(torch.randn(4, 1, RANK, HIDDEN, generator=gen) for _ in slices)
+    b = tuple(torch.randn(4, 1, width, RANK, generator=gen) for width in slices)
+    padded = len(TOKEN_IDS) + 2
+    x = torch.randn(padded, HIDDEN, generator=gen)
+    y = torch.randn(padded, sum(slices), generator=gen)
+    wrapper = AscendPunicaWrapper(64, 8, "cpu")
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm
+
+    compiled = torch.compile(
+        lambda out, x: wrapper.add_lora_linear(out, x, a, b, 0.5, slices), backend=backend, fullgraph=True
+    )
+    n = len(TOKEN_IDS)
+    wrapper.update_metadata(LoRAMapping((5,) * n, (5,) * 3, is_prefill=True), SLOTS, 4, VOCAB)
+    first = y.clone()
+    compiled(first, x)
+    wrapper.update_metadata(LoRAMapping(TOKEN_IDS, REQUEST_IDS, is_prefill=True), SLOTS, 4, VOCAB)
+    out = y.clone()
+    compiled(out, x)
+    assert (
+        len(graphs) == 1 and "vllm.ascend_lora_shrink" in graphs[0] and "vllm.ascend_lora_expand" in graphs[0]
+    )
+    step_one = _linear_equation(x[:n], a, b, y[:n], 0.5, (5,) * n)
+    torch.testing.assert_close(first[:n].double(), step_one, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        out[:n].double(), _linear_equation(x[:n], a, b, y[:n], 0.5), rtol=1e-5, atol=1e-4
+    )
+    assert torch.equal(first[n:], y[n:]) and torch.equal(out[n:], y[n:])  # the padding rows: no adapter
+
+
+@pytest.mark.parametrize("mode", ["NONE", "FULL", "PIECEWISE"])
+def test_a_captured_step_runs_per_token_and_an_eager_one_segmented(monkeypatch, mode):
+    """A step vLLM runs under a graph runtime mode (captured uncompiled, e.g. FULL_DECODE_ONLY) takes the
+    per-token kernels even on a prefill mapping (a device graph would bake the segmented path's host ints);
+    an eager step (NONE) the segmented ones. Both give the equation."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import ForwardContext, override_forward_context
+
+    from vllm_ascend.kernels import lora
+
+    calls = {"lora_shrink_torch": 0, "lora_shrink_segmented_torch": 0}
+    for name in calls:
+        original = getattr(lora, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(lora, name, counted)
+    gen = torch.Generator().manual_seed(6)
+    a = (torch.randn(4, 1, RANK, HIDDEN, generator=gen),)
+    b = (torch.randn(4, 1, 16, RANK, generator=gen),)
+    x = torch.randn(len(TOKEN_IDS), HIDDEN, generator=gen)
+    y = torch.randn(len(TOKEN_IDS), 16, generator=gen)
+    want = _linear_equation(x, a, b, y, 1.0)
+    context = ForwardContext(
+        no_compile_layers={}, attn_metadata={}, slot_mapping={}, cudagraph_runtime_mode=CUDAGraphMode[mode]
+    )
+    with override_forward_context(context):
+        _wrapper(is_prefill=True).add_lora_linear(y, x, a, b, 1.0, (16,))
+    torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-4)
+    per_token = mode != "NONE"
+    assert calls == {"lora_shrink_torch": int(per_token), "lora_shrink_segmented_torch": int(not per_token)}

@@ -48,9 +48,21 @@ def test_a_stale_static_buffer_replays_the_stale_result(captured):
     assert not torch.allclose(graph.output["hidden"], fresh @ weight + bias)
 
 
-def test_outputs_must_be_tensors_and_keep_their_shapes():
-    with pytest.raises(GraphCaptureError, match=r"must return tensors.*int"):
-        ReferenceGraph(lambda: (torch.zeros(2), 3), (), {})
+def test_outputs_must_be_tensors_and_sizes_and_keep_their_shapes():
+    with pytest.raises(GraphCaptureError, match=r"must return tensors and int sizes.*\['str'\]"):
+        ReferenceGraph(lambda: (torch.zeros(2), "3"), (), {})
+    tokens = [2]
+    sized = ReferenceGraph(lambda: (torch.zeros(tokens[0]), tokens[0] * 8), (), {})  # a piece's size output
+    assert sized.output[1] == 16
+    sized.replay()
+    tokens[0] = 3
+    with pytest.raises(GraphCaptureError, match=r"other shapes than the capture"):
+        sized.replay()
+    sizes_only = [16]
+    graph_of_sizes = ReferenceGraph(lambda: (torch.zeros(2), sizes_only[0]), (), {})
+    sizes_only[0] = 24
+    with pytest.raises(GraphCaptureError, match=r"other sizes than the capture: \[24\] vs \[16\]"):
+        graph_of_sizes.replay()
     size = [2]
     graph = ReferenceGraph(lambda: torch.zeros(size[0]), (), {})
     size[0] = 3

@@ -429,19 +429,15 @@ class AscendPlatform(Platform):
 
     @classmethod
     def _check_lora(cls, vllm_config: VllmConfig) -> None:
-        """Refuse the LoRA configurations not served yet: quantized base models, tensor parallelism, captured
-        graphs; on MoE models expert/data parallelism and vLLM's shared-outer MoE adapters (each names its
-        field and the allowed values)."""
+        """Refuse the LoRA configurations not served yet: quantized base models; on MoE models expert/data
+        parallelism and vLLM's shared-outer MoE adapters (each names its field and the allowed values). Tensor
+        parallelism and compiled / captured graphs are served."""
         if vllm_config.lora_config is None:
             return
-        from vllm.config import CUDAGraphMode
-
         from vllm_ascend.core._version import __version__
         from vllm_ascend.core.config import ConfigError
 
         model_config = vllm_config.model_config
-        tp = vllm_config.parallel_config.tensor_parallel_size
-        graphs = vllm_config.compilation_config.cudagraph_mode
         refused: list[tuple[str, str]] = []  # (what, allowed)
         if model_config is not None and model_config.is_moe:
             parallel = vllm_config.parallel_config
@@ -466,10 +462,6 @@ class AscendPlatform(Platform):
             refused.append(
                 (f"quantization={model_config.quantization!r}", "None (an unquantized base model)")
             )
-        if tp != 1:
-            refused.append((f"tensor_parallel_size={tp}", "1"))
-        if graphs is not None and graphs != CUDAGraphMode.NONE:
-            refused.append((f"compilation_config.cudagraph_mode={graphs.name}", "NONE (enforce_eager=True)"))
         if refused:
             raise ConfigError(
                 ". ".join(

@@ -4,6 +4,15 @@ vLLM keeps the token->adapter mapping (``PunicaWrapperBase.update_metadata``); t
 vLLM marks prefill (vLLM 0.32's V1 and V2 runners mark every step so) runs per run of tokens sharing an adapter
 (``prefill_metadata``), any other per token; the logits per sampled row. The kernels run their Triton kernels
 on NPUs and their torch references on the reference device.
+
+Graphs: what ``torch.compile`` traces or a device graph captures runs per token, through the custom ops
+``torch.ops.vllm.ascend_lora_shrink`` / ``ascend_lora_expand`` (opaque to Dynamo) on the persistent
+``max_num_batched_tokens`` mapping buffer, sliced to the batch's (padded) rows inside the op: the segmented
+path reads the step's runs as host integers, which a traced or captured region would bake in. Rows past the
+step's tokens (graph padding) map to no adapter.
+
+Tensor parallelism needs nothing more: vLLM's LoRA layers slice A and B per rank and call ``add_shrink`` /
+``add_expand`` (with ``offset_start``) around their own all-gather / all-reduce (``fully_sharded_loras``).
 """
 
 from __future__ import annotations
@@ -11,9 +20,56 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from vllm.config import CUDAGraphMode
+from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.lora.punica_wrapper.punica_base import PunicaWrapperBase
+from vllm.utils.torch_utils import direct_register_custom_op
 
 from vllm_ascend.kernels.lora import lora_expand, lora_expand_segmented, lora_shrink, lora_shrink_segmented
+
+
+def _shrink_op(
+    x: torch.Tensor, lora_a: torch.Tensor, out: torch.Tensor, token_lora_indices: torch.Tensor, scale: float
+) -> None:
+    """``torch.ops.vllm.ascend_lora_shrink``: the kernels' per-token shrink (rows past ``x``'s unmapped)."""
+    lora_shrink(x, lora_a, out, token_lora_indices, scale)
+
+
+def _shrink_op_fake(
+    x: torch.Tensor, lora_a: torch.Tensor, out: torch.Tensor, token_lora_indices: torch.Tensor, scale: float
+) -> None:
+    return None
+
+
+def _expand_op(
+    z: torch.Tensor,
+    lora_b: torch.Tensor,
+    out: torch.Tensor,
+    token_lora_indices: torch.Tensor,
+    offset: int,
+    add_inputs: bool,
+) -> None:
+    """``torch.ops.vllm.ascend_lora_expand``: the kernels' per-token expand."""
+    lora_expand(z, lora_b, out, token_lora_indices, offset, add_inputs)
+
+
+def _expand_op_fake(
+    z: torch.Tensor,
+    lora_b: torch.Tensor,
+    out: torch.Tensor,
+    token_lora_indices: torch.Tensor,
+    offset: int,
+    add_inputs: bool,
+) -> None:
+    return None
+
+
+direct_register_custom_op(
+    op_name="ascend_lora_shrink", op_func=_shrink_op, mutates_args=["out"], fake_impl=_shrink_op_fake
+)
+direct_register_custom_op(
+    op_name="ascend_lora_expand", op_func=_expand_op, mutates_args=["out"], fake_impl=_expand_op_fake
+)
 
 
 class AscendPunicaWrapper(PunicaWrapperBase):
@@ -25,9 +81,24 @@ class AscendPunicaWrapper(PunicaWrapperBase):
     ) -> None:
         super().__init__(max_num_batched_tokens, max_batches, device)
 
+    def update_metadata(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM's update, then the rows past the step's tokens (a graph's padding) mapped to no adapter."""
+        super().update_metadata(*args, **kwargs)
+        self._token_lora_indices[self.indices_len[0] :].fill_(-1)
+
+    def _per_token(self) -> bool:
+        """Per token for a decode mapping and wherever the call is traced (``torch.compile``) or captured (a
+        step with a graph runtime mode); segmented otherwise."""
+        if torch.compiler.is_compiling() or not self.is_prefill:
+            return True
+        return (
+            is_forward_context_available()
+            and get_forward_context().cudagraph_runtime_mode != CUDAGraphMode.NONE
+        )
+
     def _shrink(self, out: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, scale: float) -> None:
-        if not self.is_prefill:
-            lora_shrink(x, lora_a, out, self.token_lora_indices, scale)
+        if self._per_token():
+            torch.ops.vllm.ascend_lora_shrink(x, lora_a, out, self._token_lora_indices, scale)
         elif not self.no_lora:
             starts, lens, loras, _, max_len, _ = self.prefill_metadata
             lora_shrink_segmented(x, lora_a, out, starts, lens, loras, max_len, scale)
@@ -35,8 +106,8 @@ class AscendPunicaWrapper(PunicaWrapperBase):
     def _expand(
         self, out: torch.Tensor, z: torch.Tensor, lora_b: torch.Tensor, offset: int, add_inputs: bool
     ) -> None:
-        if not self.is_prefill:
-            lora_expand(z, lora_b, out, self.token_lora_indices, offset, add_inputs)
+        if self._per_token():
+            torch.ops.vllm.ascend_lora_expand(z, lora_b, out, self._token_lora_indices, offset, add_inputs)
         elif not self.no_lora:
             starts, lens, loras, _, max_len, _ = self.prefill_metadata
             lora_expand_segmented(z, lora_b, out, starts, lens, loras, max_len, offset, add_inputs)

@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from torch.utils._pytree import tree_flatten
+
 from vllm_ascend.core.sdk import GraphCaptureError, captured_tensors
+
+
+def _sizes(output: Any) -> list[int]:
+    """The int leaves of a capture's output (the graph returns them as captured)."""
+    return [leaf for leaf in tree_flatten(output)[0] if isinstance(leaf, int)]
 
 
 class ReferenceGraph:
@@ -15,14 +22,20 @@ class ReferenceGraph:
         self._fn, self._args, self._kwargs = fn, args, kwargs
         self.output = fn(*args, **kwargs)
         self._outputs = captured_tensors(self.output)
+        self._sizes = _sizes(self.output)
         self.replays = 0
 
     def replay(self) -> None:
-        fresh = captured_tensors(self._fn(*self._args, **self._kwargs))
+        output = self._fn(*self._args, **self._kwargs)
+        fresh = captured_tensors(output)
         if [t.shape for t in fresh] != [t.shape for t in self._outputs]:
             raise GraphCaptureError(
                 "replay produced outputs of other shapes than the capture: "
                 f"{[tuple(t.shape) for t in fresh]} vs {[tuple(t.shape) for t in self._outputs]}"
+            )
+        if _sizes(output) != self._sizes:
+            raise GraphCaptureError(
+                f"replay produced other sizes than the capture: {_sizes(output)} vs {self._sizes}"
             )
         for static, new in zip(self._outputs, fresh, strict=True):
             static.copy_(new)

@@ -32,14 +32,22 @@ class CapturedGraph(Protocol):
 
 
 class GraphCaptureError(RuntimeError):
-    """A capture whose output cannot be replayed in place (not made of tensors)."""
+    """A capture whose output cannot be replayed in place (not made of tensors and sizes)."""
 
 
 def captured_tensors(output: Any) -> list[torch.Tensor]:
+    """The output's tensors. Int leaves are allowed: sizes a compiled piece hands the next one (e.g. a token
+    count times a LoRA rank), fixed for the captured batch shape; anything else is refused."""
     leaves, _ = tree_flatten(output)
-    if not all(isinstance(leaf, torch.Tensor) for leaf in leaves if leaf is not None):
-        kinds = sorted({type(leaf).__name__ for leaf in leaves if not isinstance(leaf, torch.Tensor)})
+    kinds = sorted(
+        {
+            type(leaf).__name__
+            for leaf in leaves
+            if leaf is not None and not isinstance(leaf, torch.Tensor | int)
+        }
+    )
+    if kinds:
         raise GraphCaptureError(
-            f"a captured callable must return tensors (or containers of them); got {kinds}"
+            f"a captured callable must return tensors and int sizes (or containers of them); got {kinds}"
         )
-    return [leaf for leaf in leaves if leaf is not None]
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
