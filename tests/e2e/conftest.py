@@ -146,3 +146,24 @@ def llama_hf(tiny_llama: Path, llama_prompts: list[list[int]]):
     from vllm_ascend.testing.hf_reference import hf_greedy
 
     return hf_greedy(tiny_llama, llama_prompts, MAX_NEW_TOKENS)
+
+
+@pytest.fixture(scope="session")
+def qwen3_lora_adapters(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The PEFT adapters of ``lora_adapters.ADAPTERS`` on tiny Qwen3, built once for the LoRA modules."""
+    from tests.e2e.lora_adapters import ADAPTERS, build_adapter
+
+    root = tmp_path_factory.mktemp("lora")
+    built = {}
+    for seed, (name, rank, alpha, targets) in enumerate(ADAPTERS):
+        built[name] = root / name
+        build_adapter(tiny_qwen3, built[name], rank, alpha, targets, seed)
+    return built
+
+
+@pytest.fixture(scope="session")
+def qwen3_lora_hf_tokens(tiny_qwen3, qwen3_lora_adapters, qwen3_prompts) -> dict[str | None, list[list[int]]]:
+    """HF + PEFT greedy tokens of ``qwen3_prompts`` per adapter (``None``: the base model)."""
+    from tests.e2e.lora_adapters import hf_table
+
+    return hf_table(tiny_qwen3, qwen3_lora_adapters, qwen3_prompts)

@@ -9,71 +9,17 @@ import pytest
 import torch
 
 from tests.e2e.conftest import MAX_NEW_TOKENS
-
-#: (name, rank, alpha, target modules): different ranks, scalings and layers per adapter.
-ADAPTERS = (
-    ("attn-r8", 8, 16, ["q_proj", "k_proj", "v_proj", "o_proj"]),
-    ("mlp-r16", 16, 8, ["gate_proj", "up_proj", "down_proj"]),
-    ("all-r4", 4, 4, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
-)
-MAX_LORA_RANK = 16
-
-
-def _build_adapter(
-    base_dir: Path, out_dir: Path, rank: int, alpha: int, targets: list[str], seed: int
-) -> None:
-    """A PEFT LoRA adapter with random A and B (PEFT's default B = 0 would be the base model)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
-    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
-    peft_model.save_pretrained(out_dir)
-
-
-def _hf_greedy(base_dir: Path, adapter_dir: Path | None, prompts: list[list[int]]) -> list[list[int]]:
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
-    if adapter_dir is not None:
-        model = PeftModel.from_pretrained(model, adapter_dir)
-    model.eval()
-    outs = []
-    with torch.no_grad():
-        for ids in prompts:
-            got = model.generate(
-                torch.tensor([ids]),
-                max_new_tokens=MAX_NEW_TOKENS,
-                do_sample=False,
-                min_new_tokens=MAX_NEW_TOKENS,
-            )
-            outs.append(got[0, len(ids) :].tolist())
-    return outs
+from tests.e2e.lora_adapters import ADAPTERS, MAX_LORA_RANK, hf_greedy
 
 
 @pytest.fixture(scope="module")
-def adapters(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("lora")
-    built = {}
-    for seed, (name, rank, alpha, targets) in enumerate(ADAPTERS):
-        built[name] = root / name
-        _build_adapter(tiny_qwen3, built[name], rank, alpha, targets, seed)
-    return built
+def adapters(qwen3_lora_adapters: dict[str, Path]) -> dict[str, Path]:
+    return qwen3_lora_adapters
 
 
 @pytest.fixture(scope="module")
-def hf_tokens(tiny_qwen3, adapters, qwen3_prompts) -> dict[str | None, list[list[int]]]:
-    """HF + PEFT greedy tokens per adapter (``None``: the base model)."""
-    table: dict[str | None, list[list[int]]] = {None: _hf_greedy(tiny_qwen3, None, qwen3_prompts)}
-    for name, path in adapters.items():
-        table[name] = _hf_greedy(tiny_qwen3, path, qwen3_prompts)
-    return table
+def hf_tokens(qwen3_lora_hf_tokens) -> dict[str | None, list[list[int]]]:
+    return qwen3_lora_hf_tokens
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +150,7 @@ def merged_tokens(tiny_qwen3, adapters, qwen3_prompts, tmp_path_factory) -> list
     merged_dir = tmp_path_factory.mktemp("lora-merged") / "attn-r8-merged"
     base = AutoModelForCausalLM.from_pretrained(tiny_qwen3, torch_dtype=torch.float32)
     PeftModel.from_pretrained(base, adapters["attn-r8"]).merge_and_unload().save_pretrained(merged_dir)
-    return _hf_greedy(merged_dir, None, qwen3_prompts)
+    return hf_greedy(merged_dir, None, qwen3_prompts)
 
 
 def test_the_adapter_equals_its_merged_checkpoint(llm, adapters, merged_tokens, hf_tokens, qwen3_prompts):

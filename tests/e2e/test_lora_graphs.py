@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_lora import ADAPTERS, MAX_LORA_RANK, _build_adapter, _hf_greedy
+from tests.e2e.lora_adapters import MAX_LORA_RANK
 
 #: Two adapters with different ranks, scalings and target layers (attention; MLP).
 NAMES = ("attn-r8", "mlp-r16")
@@ -31,23 +31,13 @@ CHUNKED = dict(max_num_seqs=4, max_num_batched_tokens=16, enable_chunked_prefill
 
 
 @pytest.fixture(scope="module")
-def adapters(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("lora-graphs")
-    built = {}
-    for seed, (name, rank, alpha, targets) in enumerate(ADAPTERS):
-        if name in NAMES:
-            built[name] = root / name
-            _build_adapter(tiny_qwen3, built[name], rank, alpha, targets, seed)
-    return built
+def adapters(qwen3_lora_adapters: dict[str, Path]) -> dict[str, Path]:
+    return qwen3_lora_adapters
 
 
 @pytest.fixture(scope="module")
-def hf_tokens(tiny_qwen3, adapters, qwen3_prompts) -> dict[str | None, list[list[int]]]:
-    """HF + PEFT greedy tokens per adapter (``None``: the base model)."""
-    table: dict[str | None, list[list[int]]] = {None: _hf_greedy(tiny_qwen3, None, qwen3_prompts)}
-    for name, path in adapters.items():
-        table[name] = _hf_greedy(tiny_qwen3, path, qwen3_prompts)
-    return table
+def hf_tokens(qwen3_lora_hf_tokens) -> dict[str | None, list[list[int]]]:
+    return qwen3_lora_hf_tokens
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.e2e.conftest import MAX_NEW_TOKENS
-from tests.e2e.test_lora import _build_adapter, _hf_greedy
+from tests.e2e.lora_adapters import build_adapter, hf_greedy
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
@@ -81,7 +81,7 @@ def adapters(tiny_qwen3_moe: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     root = tmp_path_factory.mktemp("moe-lora")
     built = {name: root / name for name in (*REQUESTS, PER_EXPERT)}
     _build_expert_adapter(tiny_qwen3_moe, built["experts-r8"], seed=0)
-    _build_adapter(tiny_qwen3_moe, built["attn-r4"], 4, 16, ATTENTION, seed=1)
+    build_adapter(tiny_qwen3_moe, built["attn-r4"], 4, 16, ATTENTION, seed=1)
     num_experts = json.loads((tiny_qwen3_moe / "config.json").read_text())["num_local_experts"]
     _split_per_expert(built["experts-r8"], built[PER_EXPERT], num_experts)
     yield built
@@ -91,9 +91,9 @@ def adapters(tiny_qwen3_moe: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="module")
 def hf_tokens(tiny_qwen3_moe, adapters, qwen3_moe_prompts) -> dict[str | None, list[list[int]]]:
     """HF + PEFT greedy tokens per adapter (``None``: the base model)."""
-    table = {None: _hf_greedy(tiny_qwen3_moe, None, qwen3_moe_prompts)}
+    table = {None: hf_greedy(tiny_qwen3_moe, None, qwen3_moe_prompts)}
     for name in REQUESTS:
-        table[name] = _hf_greedy(tiny_qwen3_moe, adapters[name], qwen3_moe_prompts)
+        table[name] = hf_greedy(tiny_qwen3_moe, adapters[name], qwen3_moe_prompts)
     return table
 
 
@@ -116,12 +116,15 @@ def expert_lora_calls():
     patch.undo()
 
 
-@pytest.fixture(scope="module")
-def llm(tiny_qwen3_moe, expert_lora_calls):
-    """One engine (vLLM's defaults: Model Runner V2, async scheduling), both MoE adapter formats accepted."""
+@pytest.fixture(scope="module", params=["eager", "piecewise"])
+def llm(request, tiny_qwen3_moe, expert_lora_calls):
+    """One engine per mode (vLLM's defaults: Model Runner V2, async scheduling), both MoE adapter formats
+    accepted: eager, then compiled PIECEWISE graphs (the MoE layer runs between the captured pieces)."""
     from vllm import LLM
 
+    graphs = {"mode": 3, "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4, 8]}
     engine = LLM(
+        compilation_config=graphs if request.param == "piecewise" else None,
         model=str(tiny_qwen3_moe),
         dtype="float32",
         block_size=16,

@@ -16,9 +16,9 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from tests.e2e.conftest import MAX_NEW_TOKENS
+from tests.e2e.lora_adapters import build_adapter, hf_greedy
 
 from .serving import request_json, served
-from .test_lora import _build_adapter, _hf_greedy
 
 #: name -> (rank, alpha, target modules, seed)
 ADAPTERS = {
@@ -38,15 +38,15 @@ def adapters(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     built = {}
     for name, (rank, alpha, targets, seed) in ADAPTERS.items():
         built[name] = root / name
-        _build_adapter(tiny_qwen3, built[name], rank, alpha, targets, seed)
+        build_adapter(tiny_qwen3, built[name], rank, alpha, targets, seed)
     return built
 
 
 @pytest.fixture(scope="module")
 def hf_tokens(tiny_qwen3, adapters, qwen3_prompts) -> dict[str, list[list[int]]]:
     """HF + PEFT greedy tokens per served model name (``tiny``: the base model)."""
-    table = {"tiny": _hf_greedy(tiny_qwen3, None, qwen3_prompts)}
-    table.update({name: _hf_greedy(tiny_qwen3, path, qwen3_prompts) for name, path in adapters.items()})
+    table = {"tiny": hf_greedy(tiny_qwen3, None, qwen3_prompts)}
+    table.update({name: hf_greedy(tiny_qwen3, path, qwen3_prompts) for name, path in adapters.items()})
     assert len({json.dumps(tokens) for tokens in table.values()}) == len(
         table
     )  # the adapters change the output

@@ -107,6 +107,12 @@ def _tensor_shapes(path: str) -> dict[str, tuple[int, ...]]:
     return {key: tuple(value.shape) for key, value in tensors.items()}
 
 
+def _inside_unchecked_module(module: str, shapes: ModuleShapes) -> bool:
+    """Whether ``module`` lies inside a LoRA-capable module whose shapes vLLM checks itself (``None``)."""
+    parts = module.split(".")
+    return any(shapes.get(".".join(parts[:i]), ()) is None for i in range(1, len(parts)))
+
+
 def check_weights(
     adapter_dir: str, config: dict[str, Any], shapes: ModuleShapes, weights_mapper: Any = None
 ) -> None:
@@ -130,6 +136,8 @@ def check_weights(
     for hf_name, parts in pairs.items():
         present = next(iter(parts.values()))[0]
         module, _ = parse_fine_tuned_lora_name(present, weights_mapper)
+        if _inside_unchecked_module(module, shapes):
+            continue  # e.g. a fused-MoE layer's experts (per-expert or 3D tensors): vLLM's MoE LoRA layer checks them
         if module.rsplit(".", 1)[-1] not in allowed:
             raise InvalidLoRAAdapterError(
                 f"{where}: tensor {present!r} targets module {module!r}, which is not a LoRA-capable module "
@@ -172,14 +180,15 @@ def module_shapes(
     lora_modules: Mapping[str, torch.nn.Module], packed: Mapping[str, list[str]]
 ) -> dict[str, tuple[int, int] | None]:
     """:data:`ModuleShapes` of the model's LoRA-wrapped modules (``lora_modules``: vLLM's adapter manager's
-    ``modules``), a packed module split into its parts by its ``output_sizes`` (tensor parallel 1: the platform
-    refuses LoRA with TP > 1)."""
+    ``modules``), a packed module split into its parts by its ``output_sizes``; widths are the whole layer's
+    (``input_size`` / ``output_size(s)``, not a tensor-parallel rank's shard), as the adapter holds them."""
     shapes: dict[str, tuple[int, int] | None] = {}
     for name, wrapped in lora_modules.items():
         base = getattr(wrapped, "base_layer", None)
         prefix, _, leaf = name.rpartition(".")
         parts = packed.get(leaf, [])
         if not isinstance(base, LinearBase):
+            shapes[name] = None
             shapes.update({f"{prefix}.{p}" if prefix else p: None for p in parts or [leaf]})
             continue
         sizes = getattr(base, "output_sizes", None)

@@ -1,0 +1,66 @@
+"""PEFT LoRA adapters the LoRA e2e modules build on the tiny models, and their HF + PEFT oracle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tests.e2e.conftest import MAX_NEW_TOKENS
+
+#: (name, rank, alpha, target modules) on tiny Qwen3: different ranks, scalings and layers per adapter.
+ADAPTERS = (
+    ("attn-r8", 8, 16, ["q_proj", "k_proj", "v_proj", "o_proj"]),
+    ("mlp-r16", 16, 8, ["gate_proj", "up_proj", "down_proj"]),
+    ("all-r4", 4, 4, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+)
+MAX_LORA_RANK = 16
+
+
+def build_adapter(
+    base_dir: Path, out_dir: Path, rank: int, alpha: int, targets: list[str], seed: int
+) -> None:
+    """A PEFT LoRA adapter with random A and B (PEFT's default B = 0 would be the base model)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
+    peft_model.save_pretrained(out_dir)
+
+
+def hf_greedy(base_dir: Path, adapter_dir: Path | None, prompts: list[list[int]]) -> list[list[int]]:
+    """HF greedy tokens (``MAX_NEW_TOKENS`` each, fp32) of the base model, or of it with a PEFT adapter."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+    if adapter_dir is not None:
+        model = PeftModel.from_pretrained(model, adapter_dir)
+    model.eval()
+    outs = []
+    with torch.no_grad():
+        for ids in prompts:
+            got = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=MAX_NEW_TOKENS,
+                do_sample=False,
+                min_new_tokens=MAX_NEW_TOKENS,
+            )
+            outs.append(got[0, len(ids) :].tolist())
+    return outs
+
+
+def hf_table(
+    base_dir: Path, adapters: dict[str, Path], prompts: list[list[int]]
+) -> dict[str | None, list[list[int]]]:
+    """HF + PEFT greedy tokens per adapter name (``None``: the base model)."""
+    table: dict[str | None, list[list[int]]] = {None: hf_greedy(base_dir, None, prompts)}
+    for name, path in adapters.items():
+        table[name] = hf_greedy(base_dir, path, prompts)
+    return table
