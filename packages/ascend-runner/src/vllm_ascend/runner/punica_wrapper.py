@@ -35,9 +35,8 @@ def _shrink_op(
     lora_shrink(x, lora_a, out, token_lora_indices, scale)
 
 
-def _shrink_op_fake(
-    x: torch.Tensor, lora_a: torch.Tensor, out: torch.Tensor, token_lora_indices: torch.Tensor, scale: float
-) -> None:
+def _writes_out_only(*args: Any, **kwargs: Any) -> None:
+    """Fake (meta) implementation of both ops: they only write their ``out`` argument in place."""
     return None
 
 
@@ -53,22 +52,11 @@ def _expand_op(
     lora_expand(z, lora_b, out, token_lora_indices, offset, add_inputs)
 
 
-def _expand_op_fake(
-    z: torch.Tensor,
-    lora_b: torch.Tensor,
-    out: torch.Tensor,
-    token_lora_indices: torch.Tensor,
-    offset: int,
-    add_inputs: bool,
-) -> None:
-    return None
-
-
 direct_register_custom_op(
-    op_name="ascend_lora_shrink", op_func=_shrink_op, mutates_args=["out"], fake_impl=_shrink_op_fake
+    op_name="ascend_lora_shrink", op_func=_shrink_op, mutates_args=["out"], fake_impl=_writes_out_only
 )
 direct_register_custom_op(
-    op_name="ascend_lora_expand", op_func=_expand_op, mutates_args=["out"], fake_impl=_expand_op_fake
+    op_name="ascend_lora_expand", op_func=_expand_op, mutates_args=["out"], fake_impl=_writes_out_only
 )
 
 

@@ -147,36 +147,38 @@ def _attach(layer: Any, punica_wrapper: PunicaWrapperBase) -> None:
     )
 
 
-class AscendFusedMoEWithLoRA(FusedMoEWithLoRA):
+class _OnAscendMoERunner:
+    """What both Ascend MoE LoRA layers share: the runner gets the adapters at ``set_mapping``; a layer replaces
+    an ``AscendMoERunner`` whose packed modules number its ``_PACKED`` (vLLM's rule between 2D and 3D)."""
+
+    _PACKED: int
+
+    def set_mapping(self, punica_wrapper: PunicaWrapperBase) -> None:
+        _attach(self, punica_wrapper)
+
+    @classmethod
+    def can_replace_layer(
+        cls, source_layer: nn.Module, lora_config: Any, packed_modules_list: list, model_config: Any = None
+    ) -> bool:
+        return isinstance(source_layer, AscendMoERunner) and len(packed_modules_list) == cls._PACKED
+
+
+class AscendFusedMoEWithLoRA(_OnAscendMoERunner, FusedMoEWithLoRA):
     """vLLM's 2D MoE LoRA layer (separate gate and up adapters per expert) on ``AscendMoERunner``."""
+
+    _PACKED = 2
 
     def __init__(self, base_layer: AscendMoERunner) -> None:
         _init_without_kernel(self, base_layer, 2 if base_layer.moe_config.is_act_and_mul else 1)
 
-    def set_mapping(self, punica_wrapper: PunicaWrapperBase) -> None:
-        _attach(self, punica_wrapper)
 
-    @classmethod
-    def can_replace_layer(
-        cls, source_layer: nn.Module, lora_config: Any, packed_modules_list: list, model_config: Any = None
-    ) -> bool:
-        return isinstance(source_layer, AscendMoERunner) and len(packed_modules_list) == 2
-
-
-class AscendFusedMoE3DWithLoRA(FusedMoE3DWithLoRA):
+class AscendFusedMoE3DWithLoRA(_OnAscendMoERunner, FusedMoE3DWithLoRA):
     """vLLM's 3D MoE LoRA layer (one fused gate-up adapter per expert) on ``AscendMoERunner``."""
+
+    _PACKED = 1
 
     def __init__(self, base_layer: AscendMoERunner) -> None:
         _init_without_kernel(self, base_layer, 1)
-
-    def set_mapping(self, punica_wrapper: PunicaWrapperBase) -> None:
-        _attach(self, punica_wrapper)
-
-    @classmethod
-    def can_replace_layer(
-        cls, source_layer: nn.Module, lora_config: Any, packed_modules_list: list, model_config: Any = None
-    ) -> bool:
-        return isinstance(source_layer, AscendMoERunner) and len(packed_modules_list) == 1
 
 
 # vLLM's LoRA manager builds warm-up (dummy) adapters by the class *name* of its MoE layers.
