@@ -34,12 +34,15 @@ def build_adapter(
     peft_model.save_pretrained(out_dir)
 
 
-def hf_greedy(base_dir: Path, adapter_dir: Path | None, prompts: list[list[int]]) -> list[list[int]]:
-    """HF greedy tokens (``MAX_NEW_TOKENS`` each, fp32) of the base model, or of it with a PEFT adapter."""
+def hf_greedy(
+    base_dir: Path, adapter_dir: Path | None, prompts: list[list[int]], dtype: torch.dtype = torch.float32
+) -> list[list[int]]:
+    """HF greedy tokens (``MAX_NEW_TOKENS`` each) of the base model in ``dtype``, or of it with a PEFT adapter
+    (PEFT keeps the adapter's own weights in fp32)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=dtype)
     if adapter_dir is not None:
         model = PeftModel.from_pretrained(model, adapter_dir)
     model.eval()

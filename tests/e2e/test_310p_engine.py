@@ -239,6 +239,40 @@ def test_seeded_sampling_on_v2_is_reproducible_and_draws_nothing_from_torch(qwen
     assert first != other
 
 
+def test_lora_adapters_on_310p_match_hf_peft_fp16(tiny_qwen3, qwen3_prompts, qwen3_lora_adapters):
+    """Multi-LoRA on 310P (no Triton): the Ascend punica wrapper on the kernels' torch references; base and two
+    adapters in one fp16 batch equal HF + PEFT in fp16."""
+    from vllm import SamplingParams, TokensPrompt
+    from vllm.lora.request import LoRARequest
+
+    from tests.e2e.lora_adapters import hf_greedy
+    from vllm_ascend.runner.punica_wrapper import AscendPunicaWrapper
+
+    names = (None, "attn-r8", "mlp-r16")
+    want = {
+        n: hf_greedy(tiny_qwen3, n and qwen3_lora_adapters[n], qwen3_prompts, torch.float16) for n in names
+    }
+    assert len({tuple(map(tuple, t)) for t in want.values()}) == len(names)  # the adapters change the output
+    llm = _llm(tiny_qwen3, enable_lora=True, max_loras=2, max_lora_rank=16)
+    try:
+        labels = [n for _ in qwen3_prompts for n in names]
+        requests = [
+            None if n is None else LoRARequest(n, names.index(n), str(qwen3_lora_adapters[n])) for n in labels
+        ]
+        outs = llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in qwen3_prompts for _ in names],
+            SamplingParams(temperature=0.0, max_tokens=len(want[None][0]), ignore_eos=True),
+            lora_request=requests,
+            use_tqdm=False,
+        )
+        for i, (label, out) in enumerate(zip(labels, outs, strict=True)):
+            assert list(out.outputs[0].token_ids) == want[label][i // len(names)], f"adapter {label}"
+        wrappers = _runner(llm).lora_manager._adapter_manager.punica_wrapper_mapping.values()
+        assert [type(w) for w in wrappers] == [AscendPunicaWrapper]
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_other_dtypes_are_refused_naming_the_family(tiny_qwen3, dtype):
 

@@ -205,3 +205,33 @@ def test_vllm_wrapped_the_ascend_runner_in_the_ascend_moe_lora_layer(llm):
         assert type(layer.base_layer) is AscendMoERunner
         assert layer.base_layer.expert_lora.w13_a is layer.w13_lora_a_stacked
         assert [tuple(t.shape) for t in layer.w13_lora_a_stacked] == [(2, 8, MAX_LORA_RANK, 128)] * 2
+
+
+def test_moe_lora_over_two_tp_ranks_equals_hf_peft(tiny_qwen3_moe, adapters, hf_tokens, qwen3_moe_prompts):
+    """Tensor parallel 2 (vLLM's multiprocess executor, gloo): each rank holds every expert's slice of the
+    intermediate size and vLLM's MoE LoRA layer slices the adapters' w13 B / w2 A the same way; base, the
+    per-expert adapter and the attention adapter in one batch equal HF + PEFT."""
+    from tests.e2e.distributed import run_case
+
+    names = {None: None, PER_EXPERT: "experts-r8", "attn-r4": "attn-r4"}
+    slots = {PER_EXPERT: 1, "attn-r4": 2}
+    prompts, requests, expected = [], [], []
+    for i, prompt in enumerate(qwen3_moe_prompts):
+        for name, oracle in names.items():
+            prompts.append(prompt)
+            requests.append(None if name is None else (name, slots[name], str(adapters[name])))
+            expected.append(hf_tokens[oracle][i])
+    result, output = run_case(
+        tiny_qwen3_moe,
+        prompts,
+        lora_requests=requests,
+        tensor_parallel_size=2,
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=MAX_LORA_RANK,
+        max_num_seqs=4,
+    )
+    assert sorted(w[3] for w in result["workers"]) == [0, 1], result["workers"]
+    for request, want, have in zip(requests, expected, result["tokens"], strict=True):
+        assert have == want, f"adapter {request and request[0]}"
+    assert "Traceback" not in output, output[-6000:]

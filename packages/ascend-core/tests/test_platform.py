@@ -411,17 +411,13 @@ def _lora_request(lora=True, moe=False, quantization=None, tp=1, graphs="NONE"):
     )
 
 
-def test_lora_is_refused_on_families_without_triton_and_served_on_the_others(monkeypatch):
-    """310P (no Triton) refuses enable_lora by name; A2 serves it (TP 2, graphs); without LoRA nothing is checked."""
+def test_lora_is_served_on_every_family_and_quantized_bases_are_refused(monkeypatch):
+    """Every family serves enable_lora (310P, without Triton, on the kernels' torch references; A2 with TP 2 and
+    graphs); a quantized base model is refused by name; without LoRA nothing is checked."""
     p310 = next(p for p in BUILTIN_PROFILES.values() if not p.supports(HardwareCapability.TRITON))
     use_profile(monkeypatch, p310)
-    with pytest.raises(
-        ConfigError,
-        match=r"enable_lora on Atlas 310P .* is not supported yet by vllm-ascend .*; "
-        r"allowed: families with Triton \(Atlas A2, Atlas A3, Ascend 950\) and the reference device",
-    ):
-        NPUPlatform._check_lora(_lora_request())
-    NPUPlatform._check_lora(_lora_request(lora=False))
+    NPUPlatform._check_lora(_lora_request())
+    NPUPlatform._check_lora(_lora_request(lora=False, quantization="ascend"))
     use_profile(monkeypatch, BUILTIN_PROFILES[AscendDeviceType.A2])
     NPUPlatform._check_lora(_lora_request(tp=2, graphs="FULL_AND_PIECEWISE"))  # served: TP and graphs
     with pytest.raises(ConfigError, match=r"enable_lora with quantization='ascend' .*allowed: None"):

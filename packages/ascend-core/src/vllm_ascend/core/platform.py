@@ -739,20 +739,6 @@ class NPUPlatform(AscendPlatform):
         AscendCompiler (Inductor generates no NPU code; AscendCompiler runs the fusion passes without it)."""
         return str(_workers().get(_worker_name()).compiler_qualname())
 
-    @classmethod
-    def _check_lora(cls, vllm_config: VllmConfig) -> None:
-        """Besides the shared refusals: a family without Triton (310P) is refused, its LoRA path untested."""
-        super()._check_lora(vllm_config)
-        profile = cls.profile()
-        if vllm_config.lora_config is not None and not profile.supports(HardwareCapability.TRITON):
-            from vllm_ascend.core._version import __version__
-            from vllm_ascend.core.config import ConfigError
-
-            raise ConfigError(
-                f"enable_lora on {profile.name} is not supported yet by vllm-ascend {__version__}; allowed: "
-                "families with Triton (Atlas A2, Atlas A3, Ascend 950) and the reference device"
-            )
-
 
 class ReferencePlatform(AscendPlatform):
     """The reference device: torch's cpu device (gloo), every device op from the reference adaptor."""
