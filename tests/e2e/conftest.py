@@ -18,6 +18,7 @@ for _name, _value in {
 }.items():
     os.environ.setdefault(_name, _value)
 
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -167,3 +168,16 @@ def qwen3_lora_hf_tokens(tiny_qwen3, qwen3_lora_adapters, qwen3_prompts) -> dict
     from tests.e2e.lora_adapters import hf_table
 
     return hf_table(tiny_qwen3, qwen3_lora_adapters, qwen3_prompts)
+
+
+@pytest.fixture
+def fresh_compile_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """vLLM's and Inductor's caches are keyed without the plugin's code: the test compiles afresh."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+    with inductor_config.patch(fx_graph_cache=False):
+        yield

@@ -18,19 +18,28 @@ MAX_LORA_RANK = 16
 
 
 def build_adapter(
-    base_dir: Path, out_dir: Path, rank: int, alpha: int, targets: list[str], seed: int
+    base_dir: Path,
+    out_dir: Path,
+    rank: int,
+    alpha: int,
+    targets: list[str],
+    seed: int,
+    std: float = 0.3,
+    **config: object,
 ) -> None:
-    """A PEFT LoRA adapter with random A and B (PEFT's default B = 0 would be the base model)."""
+    """A PEFT LoRA adapter with random A and B of standard deviation ``std`` (PEFT's default B = 0 would be the
+    base model); ``config``: more ``LoraConfig`` fields (e.g. ``target_parameters`` for 3D expert weights)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
-    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets))
+    lora_config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, **config)  # type: ignore[arg-type]
+    peft_model = get_peft_model(model, lora_config)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
             if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
     peft_model.save_pretrained(out_dir)
 
 

@@ -16,9 +16,6 @@ model is compiled by AscendCompiler (the NPUs' compile path: AOT graph + Ascend 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 #: The V1 runner's graph paths (the model wrapped in ``ACLGraphWrapper`` for FULL graphs); V2 (vLLM's
@@ -41,17 +38,8 @@ FULL_DECODE_ONLY = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_
 
 
 @pytest.fixture(autouse=True)
-def _fresh_compile_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """vLLM's and Inductor's caches are keyed without the plugin's code, and a cache hit skips the post-grad
-    passes (no matches recorded): compile afresh."""
-    import torch._inductor.config as inductor_config
-
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
-    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
-    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
-    with inductor_config.patch(fx_graph_cache=False):
-        yield
+def _fresh_compile_cache(fresh_compile_cache: None) -> None:
+    """Every test here compiles afresh (a cache hit skips the post-grad passes: no matches recorded)."""
 
 
 def _greedy(llm, prompts: list[list[int]]) -> list[list[int]]:

@@ -3,23 +3,11 @@ token for token equal to HF + PEFT in fp32."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from tests.e2e.conftest import MAX_NEW_TOKENS
 from tests.e2e.lora_adapters import ADAPTERS, MAX_LORA_RANK, hf_greedy
-
-
-@pytest.fixture(scope="module")
-def adapters(qwen3_lora_adapters: dict[str, Path]) -> dict[str, Path]:
-    return qwen3_lora_adapters
-
-
-@pytest.fixture(scope="module")
-def hf_tokens(qwen3_lora_hf_tokens) -> dict[str | None, list[list[int]]]:
-    return qwen3_lora_hf_tokens
 
 
 @pytest.fixture(scope="module")
@@ -79,34 +67,36 @@ def llm(request, tiny_qwen3, kernel_calls):
     envs.disable_envs_cache()
 
 
-def _generate(llm, prompts, names, adapters):
+def _generate(llm, prompts, names, qwen3_lora_adapters):
     from vllm import SamplingParams, TokensPrompt
     from vllm.lora.request import LoRARequest
 
     ids = {name: i + 1 for i, (name, *_rest) in enumerate(ADAPTERS)}
-    requests = [None if n is None else LoRARequest(n, ids[n], str(adapters[n])) for n in names]
+    requests = [None if n is None else LoRARequest(n, ids[n], str(qwen3_lora_adapters[n])) for n in names]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, min_tokens=MAX_NEW_TOKENS)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, lora_request=requests)
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def test_adapters_change_the_hf_output(hf_tokens):
+def test_adapters_change_the_hf_output(qwen3_lora_hf_tokens):
     """Diversity guard: each adapter's HF + PEFT tokens differ from the base model's and from each other's."""
-    rows = [tuple(map(tuple, tokens)) for tokens in hf_tokens.values()]
+    rows = [tuple(map(tuple, tokens)) for tokens in qwen3_lora_hf_tokens.values()]
     assert len(set(rows)) == len(rows)
 
 
-def test_a_mixed_batch_equals_hf_peft(llm, adapters, hf_tokens, qwen3_prompts, kernel_calls):
+def test_a_mixed_batch_equals_hf_peft(
+    llm, qwen3_lora_adapters, qwen3_lora_hf_tokens, qwen3_prompts, kernel_calls
+):
     """Base and two adapters in one batch (each prompt under each), every request equal to HF + PEFT."""
     names = [None, "attn-r8", "mlp-r16"]
     prompts, expected, labels = [], [], []
     for i, prompt in enumerate(qwen3_prompts):
         for name in names:
             prompts.append(prompt)
-            expected.append(hf_tokens[name][i])
+            expected.append(qwen3_lora_hf_tokens[name][i])
             labels.append(name)
     before = dict(kernel_calls)
-    got = _generate(llm, prompts, labels, adapters)
+    got = _generate(llm, prompts, labels, qwen3_lora_adapters)
     for label, want, have in zip(labels, expected, got, strict=True):
         assert have == want, f"adapter {label}"
     calls = {name: kernel_calls[name] - before[name] for name in kernel_calls}
@@ -114,15 +104,15 @@ def test_a_mixed_batch_equals_hf_peft(llm, adapters, hf_tokens, qwen3_prompts, k
     assert all(count > 0 for count in calls.values()), calls  # prefill runs segmented, decode per token
 
 
-def test_eviction_and_reload_keep_the_tokens(llm, adapters, hf_tokens, qwen3_prompts):
+def test_eviction_and_reload_keep_the_tokens(llm, qwen3_lora_adapters, qwen3_lora_hf_tokens, qwen3_prompts):
     """Three adapters over two slots and a two-adapter host cache: adapters are evicted and loaded again
     between and within the batches, and every request still equals HF + PEFT."""
     order = ["all-r4", "attn-r8", "mlp-r16", None, "all-r4", "mlp-r16"]
     for _round in range(2):
         prompts = [qwen3_prompts[i % len(qwen3_prompts)] for i in range(len(order))]
-        got = _generate(llm, prompts, order, adapters)
+        got = _generate(llm, prompts, order, qwen3_lora_adapters)
         for i, (name, have) in enumerate(zip(order, got, strict=True)):
-            assert have == hf_tokens[name][i % len(qwen3_prompts)], f"adapter {name}"
+            assert have == qwen3_lora_hf_tokens[name][i % len(qwen3_prompts)], f"adapter {name}"
         order = order[::-1]
 
 
@@ -140,7 +130,7 @@ def test_vllm_built_the_ascend_punica_wrapper_on_the_runner_it_chose(llm):
 
 
 @pytest.fixture(scope="module")
-def merged_tokens(tiny_qwen3, adapters, qwen3_prompts, tmp_path_factory) -> list[list[int]]:
+def merged_tokens(tiny_qwen3, qwen3_lora_adapters, qwen3_prompts, tmp_path_factory) -> list[list[int]]:
     """Greedy tokens of a full checkpoint holding PEFT's ``merge_and_unload()`` of ``attn-r8`` (W + s·BA in the
     weights), run by HF transformers from the saved files: a second in-process vLLM engine would tear down the
     process's distributed groups at its shutdown, under the module's engine."""
@@ -149,16 +139,20 @@ def merged_tokens(tiny_qwen3, adapters, qwen3_prompts, tmp_path_factory) -> list
 
     merged_dir = tmp_path_factory.mktemp("lora-merged") / "attn-r8-merged"
     base = AutoModelForCausalLM.from_pretrained(tiny_qwen3, torch_dtype=torch.float32)
-    PeftModel.from_pretrained(base, adapters["attn-r8"]).merge_and_unload().save_pretrained(merged_dir)
+    PeftModel.from_pretrained(base, qwen3_lora_adapters["attn-r8"]).merge_and_unload().save_pretrained(
+        merged_dir
+    )
     return hf_greedy(merged_dir, None, qwen3_prompts)
 
 
-def test_the_adapter_equals_its_merged_checkpoint(llm, adapters, merged_tokens, hf_tokens, qwen3_prompts):
+def test_the_adapter_equals_its_merged_checkpoint(
+    llm, qwen3_lora_adapters, merged_tokens, qwen3_lora_hf_tokens, qwen3_prompts
+):
     """The oracle without PEFT at inference time: vLLM serving base + ``attn-r8`` gives the greedy tokens of the
     checkpoint with the adapter merged into its weights."""
-    got = _generate(llm, qwen3_prompts, ["attn-r8"] * len(qwen3_prompts), adapters)
+    got = _generate(llm, qwen3_prompts, ["attn-r8"] * len(qwen3_prompts), qwen3_lora_adapters)
     assert got == merged_tokens
-    assert merged_tokens != hf_tokens[None]  # the merge changed the model
+    assert merged_tokens != qwen3_lora_hf_tokens[None]  # the merge changed the model
 
 
 def test_an_unknown_adapter_is_vllms_clean_error(llm, qwen3_prompts, tmp_path):

@@ -16,7 +16,6 @@ host integers, never run there.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,29 +27,6 @@ NAMES = ("attn-r8", "mlp-r16")
 CAPTURE_SIZES = [1, 2, 4, 16]
 #: Long prompts are prefilled over several 16-token steps mixed with decodes (PIECEWISE, padded to 16).
 CHUNKED = dict(max_num_seqs=4, max_num_batched_tokens=16, enable_chunked_prefill=True)
-
-
-@pytest.fixture(scope="module")
-def adapters(qwen3_lora_adapters: dict[str, Path]) -> dict[str, Path]:
-    return qwen3_lora_adapters
-
-
-@pytest.fixture(scope="module")
-def hf_tokens(qwen3_lora_hf_tokens) -> dict[str | None, list[list[int]]]:
-    return qwen3_lora_hf_tokens
-
-
-@pytest.fixture
-def fresh_compile_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """vLLM's and Inductor's caches are keyed without the plugin's code: compile afresh."""
-    import torch._inductor.config as inductor_config
-
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
-    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
-    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
-    with inductor_config.patch(fx_graph_cache=False):
-        yield
 
 
 @pytest.fixture
@@ -86,14 +62,14 @@ def _engine(make_llm, model: Path, graphs: str, specialize: bool, mode: int = 3)
     )
 
 
-def _generate(llm, adapters, requests: list[tuple[list[int], str | None]]) -> list[list[int]]:
+def _generate(llm, qwen3_lora_adapters, requests: list[tuple[list[int], str | None]]) -> list[list[int]]:
     from vllm import SamplingParams, TokensPrompt
     from vllm.lora.request import LoRARequest
 
     from tests.e2e.conftest import MAX_NEW_TOKENS
 
     ids = {name: i + 1 for i, name in enumerate(NAMES)}
-    loras = [None if n is None else LoRARequest(n, ids[n], str(adapters[n])) for _, n in requests]
+    loras = [None if n is None else LoRARequest(n, ids[n], str(qwen3_lora_adapters[n])) for _, n in requests]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, min_tokens=MAX_NEW_TOKENS)
     outs = llm.generate(
         [TokensPrompt(prompt_token_ids=p) for p, _ in requests], params, lora_request=loras, use_tqdm=False
@@ -122,7 +98,9 @@ def _replays(wrappers: list) -> int:
     return sum(w.replays for w in wrappers)
 
 
-def _check_mixed_batch(llm, adapters, hf_tokens, prompts, shrink_calls, compiled: bool = True) -> None:
+def _check_mixed_batch(
+    llm, qwen3_lora_adapters, qwen3_lora_hf_tokens, prompts, shrink_calls, compiled: bool = True
+) -> None:
     """Each prompt under the base model and under each adapter, in one batch: every request equals HF + PEFT;
     a compiled model ran the per-token shrink, never the segmented one (an uncompiled one runs its eager
     prefill steps segmented)."""
@@ -130,8 +108,8 @@ def _check_mixed_batch(llm, adapters, hf_tokens, prompts, shrink_calls, compiled
     for i, prompt in enumerate(prompts):
         for name in (None, *NAMES):
             requests.append((prompt, name))
-            expected.append(hf_tokens[name][i])
-    got = _generate(llm, adapters, requests)
+            expected.append(qwen3_lora_hf_tokens[name][i])
+    got = _generate(llm, qwen3_lora_adapters, requests)
     for (_, name), want, have in zip(requests, expected, got, strict=True):
         assert have == want, f"adapter {name}"
     assert shrink_calls["lora_shrink_torch"] > 0, shrink_calls
@@ -140,7 +118,7 @@ def _check_mixed_batch(llm, adapters, hf_tokens, prompts, shrink_calls, compiled
 
 @pytest.mark.usefixtures("fresh_compile_cache")
 def test_piecewise_graphs_specialized_per_lora_equal_hf_peft(
-    make_llm, tiny_qwen3, adapters, hf_tokens, qwen3_prompts, shrink_calls
+    make_llm, tiny_qwen3, qwen3_lora_adapters, qwen3_lora_hf_tokens, qwen3_prompts, shrink_calls
 ):
     """V2, PIECEWISE, ``cudagraph_specialize_lora=True``: graphs for 0 and 3 active adapters per size; the
     mixed batch replays adapter-active graphs."""
@@ -150,7 +128,7 @@ def test_piecewise_graphs_specialized_per_lora_equal_hf_peft(
     mine = [w for w in pieces if w.entries]
     keys = {(d.num_tokens, d.num_active_loras) for w in mine for d in w.entries}
     assert {(n, loras) for n in CAPTURE_SIZES for loras in (0, 3)} <= keys, sorted(keys)
-    _check_mixed_batch(llm, adapters, hf_tokens, qwen3_prompts, shrink_calls)
+    _check_mixed_batch(llm, qwen3_lora_adapters, qwen3_lora_hf_tokens, qwen3_prompts, shrink_calls)
     assert _replays(pieces) > before
     replayed = {d.num_active_loras for w in mine for d, e in w.entries.items() if e.graph.replays}
     assert 3 in replayed, replayed
@@ -158,7 +136,7 @@ def test_piecewise_graphs_specialized_per_lora_equal_hf_peft(
 
 @pytest.mark.usefixtures("fresh_compile_cache", "v1_runner")
 def test_full_and_piecewise_graphs_unspecialized_equal_hf_peft(
-    make_llm, tiny_qwen3, adapters, hf_tokens, qwen3_prompts, shrink_calls
+    make_llm, tiny_qwen3, qwen3_lora_adapters, qwen3_lora_hf_tokens, qwen3_prompts, shrink_calls
 ):
     """V1, FULL_AND_PIECEWISE, ``cudagraph_specialize_lora=False``: only adapter-active graphs exist; decode
     replays FULL graphs, mixed steps PIECEWISE ones; vLLM dispatches a base-only batch to no graph (none
@@ -168,23 +146,25 @@ def test_full_and_piecewise_graphs_unspecialized_equal_hf_peft(
     (full,) = wrappers["FULL"]
     assert {d.num_active_loras for d in full.entries} == {3}, list(full.entries)
     before_full, before_pieces = _replays(wrappers["FULL"]), _replays(wrappers["PIECEWISE"])
-    _check_mixed_batch(llm, adapters, hf_tokens, qwen3_prompts, shrink_calls)
+    _check_mixed_batch(llm, qwen3_lora_adapters, qwen3_lora_hf_tokens, qwen3_prompts, shrink_calls)
     assert _replays(wrappers["FULL"]) > before_full and _replays(wrappers["PIECEWISE"]) > before_pieces
     before_full = _replays(wrappers["FULL"])
-    base = _generate(llm, adapters, [(p, None) for p in qwen3_prompts])
-    assert base == hf_tokens[None]
+    base = _generate(llm, qwen3_lora_adapters, [(p, None) for p in qwen3_prompts])
+    assert base == qwen3_lora_hf_tokens[None]
     assert _replays(wrappers["FULL"]) == before_full
 
 
 @pytest.mark.usefixtures("v1_runner")
 def test_full_decode_graphs_without_compilation_equal_hf_peft(
-    make_llm, tiny_qwen3, adapters, hf_tokens, qwen3_prompts, shrink_calls
+    make_llm, tiny_qwen3, qwen3_lora_adapters, qwen3_lora_hf_tokens, qwen3_prompts, shrink_calls
 ):
     """V1, FULL_DECODE_ONLY, mode 0: the decode steps of the mixed batch replay the captured FULL graphs."""
     llm = _engine(make_llm, tiny_qwen3, "FULL_DECODE_ONLY", specialize=True, mode=0)
     (full,) = _wrappers(llm)["FULL"]
     assert {d.num_active_loras for d in full.entries} == {0, 3}, list(full.entries)
     before = _replays([full])
-    _check_mixed_batch(llm, adapters, hf_tokens, qwen3_prompts, shrink_calls, compiled=False)
+    _check_mixed_batch(
+        llm, qwen3_lora_adapters, qwen3_lora_hf_tokens, qwen3_prompts, shrink_calls, compiled=False
+    )
     assert _replays([full]) > before
     assert any(e.graph.replays for d, e in full.entries.items() if d.num_active_loras == 3)

@@ -14,7 +14,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.e2e.conftest import MAX_NEW_TOKENS
 from tests.e2e.lora_adapters import build_adapter, hf_greedy
@@ -25,22 +24,6 @@ MAX_LORA_RANK = 8
 #: name -> (slot id, HF reference adapter, vLLM loads it as 3D experts).
 REQUESTS = {"experts-r8": (1, "experts-r8", True), "attn-r4": (2, "attn-r4", False)}
 PER_EXPERT = "experts-r8-per-expert"
-
-
-def _build_expert_adapter(base_dir: Path, out_dir: Path, seed: int) -> None:
-    """Rank 8, alpha 32 on attention and the 3D experts, random A and B (PEFT's B = 0 is the base model)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    config = LoraConfig(r=8, lora_alpha=32, target_modules=ATTENTION, target_parameters=EXPERTS)
-    peft_model = get_peft_model(model, config)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
-    peft_model.save_pretrained(out_dir)
 
 
 def _split_per_expert(src: Path, dst: Path, num_experts: int) -> None:
@@ -80,7 +63,9 @@ def _split_per_expert(src: Path, dst: Path, num_experts: int) -> None:
 def adapters(tiny_qwen3_moe: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("moe-lora")
     built = {name: root / name for name in (*REQUESTS, PER_EXPERT)}
-    _build_expert_adapter(tiny_qwen3_moe, built["experts-r8"], seed=0)
+    build_adapter(
+        tiny_qwen3_moe, built["experts-r8"], 8, 32, ATTENTION, seed=0, std=0.1, target_parameters=EXPERTS
+    )
     build_adapter(tiny_qwen3_moe, built["attn-r4"], 4, 16, ATTENTION, seed=1)
     num_experts = json.loads((tiny_qwen3_moe / "config.json").read_text())["num_local_experts"]
     _split_per_expert(built["experts-r8"], built[PER_EXPERT], num_experts)

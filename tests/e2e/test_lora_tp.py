@@ -12,8 +12,6 @@ also runs compiled FULL_AND_PIECEWISE graphs (on the V1 runner: Model Runner V2'
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests.e2e.lora_adapters import MAX_LORA_RANK
@@ -22,16 +20,6 @@ from .distributed import run_case
 
 #: Two adapters: attention layers (QKV column-parallel, o_proj row-parallel) at rank 8; every layer at rank 4.
 NAMES = ("attn-r8", "all-r4")
-
-
-@pytest.fixture(scope="module")
-def adapters(qwen3_lora_adapters: dict[str, Path]) -> dict[str, Path]:
-    return qwen3_lora_adapters
-
-
-@pytest.fixture(scope="module")
-def hf_tokens(qwen3_lora_hf_tokens) -> dict[str | None, list[list[int]]]:
-    return qwen3_lora_hf_tokens
 
 
 @pytest.mark.parametrize(
@@ -50,15 +38,15 @@ def hf_tokens(qwen3_lora_hf_tokens) -> dict[str | None, list[list[int]]]:
     ids=["sharded-eager", "fully-sharded-graphs"],
 )
 def test_lora_over_two_tp_ranks_equals_hf_peft(
-    tiny_qwen3, adapters, hf_tokens, qwen3_prompts, options, tmp_path
+    tiny_qwen3, qwen3_lora_adapters, qwen3_lora_hf_tokens, qwen3_prompts, options, tmp_path
 ):
     ids = {name: i + 1 for i, name in enumerate(NAMES)}
     prompts, requests, expected = [], [], []
     for i, prompt in enumerate(qwen3_prompts):
         for name in (None, *NAMES):
             prompts.append(prompt)
-            requests.append(None if name is None else (name, ids[name], str(adapters[name])))
-            expected.append(hf_tokens[name][i])
+            requests.append(None if name is None else (name, ids[name], str(qwen3_lora_adapters[name])))
+            expected.append(qwen3_lora_hf_tokens[name][i])
     env = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "VLLM_DISABLE_COMPILE_CACHE": "1"}
     graphs = "compilation_config" in options
     if graphs:
