@@ -156,3 +156,22 @@ def test_a_lora_a_without_its_lora_b(tmp_path):
         f"Invalid LoRA adapter: {adapter}: adapter_model.safetensors: tensor "
         f"'{PREFIX}.mlp.down_proj.lora_A.weight' has no lora_B partner"
     )
+
+
+def test_fused_moe_expert_tensors_are_left_to_vllms_moe_layer(tmp_path):
+    """Tensors inside a fused-MoE layer (PEFT's 3D ``experts.base_layer`` and vLLM's per-expert names) pass: vLLM's
+    MoE LoRA layer checks them; a leaf the model lacks outside that layer is still refused."""
+    shapes = SHAPES | {"model.layers.0.mlp.experts": None}
+    tensors = _tensors() | {
+        f"{PREFIX}.mlp.experts.base_layer.lora_A.weight": torch.zeros(4 * 4, 8),
+        f"{PREFIX}.mlp.experts.base_layer.lora_B.weight": torch.zeros(4 * 40, 4),
+        f"{PREFIX}.mlp.experts.0.gate_proj.lora_A.weight": torch.zeros(4, 8),
+        f"{PREFIX}.mlp.experts.0.gate_proj.lora_B.weight": torch.zeros(20, 4),
+    }
+    check_adapter(str(_adapter(tmp_path / "a", tensors=tensors)), MAX_RANK, shapes)
+    key = f"{PREFIX}.mlp.gates.lora_A.weight"
+    outside = tensors | {key: torch.zeros(4, 8), key.replace("lora_A", "lora_B"): torch.zeros(4, 4)}
+    with pytest.raises(
+        InvalidLoRAAdapterError, match=r"targets module 'model.layers.0.mlp.gates', which is not"
+    ):
+        check_adapter(str(_adapter(tmp_path / "b", tensors=outside)), MAX_RANK, shapes)
