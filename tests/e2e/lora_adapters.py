@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -76,3 +78,22 @@ def hf_table(
     for name, path in adapters.items():
         table[name] = hf_greedy(base_dir, path, prompts)
     return table
+
+
+def count_reference_calls(
+    names: tuple[str, ...], setattr_: Callable[[Any, str, Any], None]
+) -> dict[str, int]:
+    """Counts of the calls of the LoRA kernels' references ``names`` (the reference device runs them), each
+    wrapped through ``setattr_`` (a MonkeyPatch's ``setattr``, undone by its owner)."""
+    from vllm_ascend.kernels import lora
+
+    counts = dict.fromkeys(names, 0)
+    for name in names:
+        original = getattr(lora, name)
+
+        def counted(*args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
+            counts[_name] += 1
+            return _original(*args, **kwargs)
+
+        setattr_(lora, name, counted)
+    return counts

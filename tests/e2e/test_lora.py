@@ -7,33 +7,20 @@ import pytest
 import torch
 
 from tests.e2e.conftest import MAX_NEW_TOKENS
-from tests.e2e.lora_adapters import ADAPTERS, MAX_LORA_RANK, hf_greedy
+from tests.e2e.lora_adapters import ADAPTERS, MAX_LORA_RANK, count_reference_calls, hf_greedy
 
 
 @pytest.fixture(scope="module")
 def kernel_calls():
     """Counts of the LoRA kernels' reference calls (the reference device runs them) while the module runs."""
-    from vllm_ascend.kernels import lora
-
-    counts = dict.fromkeys(
-        (
-            "lora_shrink_torch",
-            "lora_shrink_segmented_torch",
-            "lora_expand_torch",
-            "lora_expand_segmented_torch",
-        ),
-        0,
-    )
     patch = pytest.MonkeyPatch()
-    for name in counts:
-        original = getattr(lora, name)
-
-        def counted(*args, _name=name, _original=original, **kwargs):
-            counts[_name] += 1
-            return _original(*args, **kwargs)
-
-        patch.setattr(lora, name, counted)
-    yield counts
+    names = (
+        "lora_shrink_torch",
+        "lora_shrink_segmented_torch",
+        "lora_expand_torch",
+        "lora_expand_segmented_torch",
+    )
+    yield count_reference_calls(names, patch.setattr)
     patch.undo()
 
 

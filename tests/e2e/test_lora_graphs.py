@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.lora_adapters import MAX_LORA_RANK
+from tests.e2e.lora_adapters import MAX_LORA_RANK, count_reference_calls
 
 #: Two adapters with different ranks, scalings and target layers (attention; MLP).
 NAMES = ("attn-r8", "mlp-r16")
@@ -32,18 +32,7 @@ CHUNKED = dict(max_num_seqs=4, max_num_batched_tokens=16, enable_chunked_prefill
 @pytest.fixture
 def shrink_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts of the reference shrink kernels' calls (per token; segmented) while the test runs."""
-    from vllm_ascend.kernels import lora
-
-    counts = {"lora_shrink_torch": 0, "lora_shrink_segmented_torch": 0}
-    for name in counts:
-        original = getattr(lora, name)
-
-        def counted(*args, _name=name, _original=original, **kwargs):
-            counts[_name] += 1
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(lora, name, counted)
-    return counts
+    return count_reference_calls(("lora_shrink_torch", "lora_shrink_segmented_torch"), monkeypatch.setattr)
 
 
 def _engine(make_llm, model: Path, graphs: str, specialize: bool, mode: int = 3):

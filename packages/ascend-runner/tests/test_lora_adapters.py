@@ -47,15 +47,18 @@ def _refused(adapter: Path) -> str:
     return str(info.value)
 
 
-def test_a_well_formed_adapter_passes(tmp_path):
+def test_a_well_formed_adapter_passes_and_rank_pattern_sets_a_modules_rank(tmp_path):
+    """A well-formed adapter passes; ``rank_pattern`` gives down_proj rank 2, so its rank-2 tensors pass and the
+    same tensors without the pattern (the config's rank 4 applies) are refused naming that rank."""
     check_adapter(str(_adapter(tmp_path / "a")), MAX_RANK, SHAPES)
-    # rank_pattern gives a module its own rank; its tensors follow it.
     tensors = _tensors() | {
         f"{PREFIX}.mlp.down_proj.lora_A.weight": torch.zeros(2, 20),
         f"{PREFIX}.mlp.down_proj.lora_B.weight": torch.zeros(8, 2),
     }
     adapter = _adapter(tmp_path / "b", CONFIG | {"rank_pattern": {"down_proj": 2}}, tensors)
     check_adapter(str(adapter), MAX_RANK, SHAPES)
+    without_pattern = _adapter(tmp_path / "c", CONFIG, tensors)
+    assert "(field 'r' / 'rank_pattern': 4) need [4, 20]" in _refused(without_pattern)
 
 
 def test_missing_files_are_named(tmp_path):

@@ -28,35 +28,16 @@ from vllm.utils.torch_utils import direct_register_custom_op
 from vllm_ascend.kernels.lora import lora_expand, lora_expand_segmented, lora_shrink, lora_shrink_segmented
 
 
-def _shrink_op(
-    x: torch.Tensor, lora_a: torch.Tensor, out: torch.Tensor, token_lora_indices: torch.Tensor, scale: float
-) -> None:
-    """``torch.ops.vllm.ascend_lora_shrink``: the kernels' per-token shrink (rows past ``x``'s unmapped)."""
-    lora_shrink(x, lora_a, out, token_lora_indices, scale)
-
-
 def _writes_out_only(*args: Any, **kwargs: Any) -> None:
     """Fake (meta) implementation of both ops: they only write their ``out`` argument in place."""
     return None
 
 
-def _expand_op(
-    z: torch.Tensor,
-    lora_b: torch.Tensor,
-    out: torch.Tensor,
-    token_lora_indices: torch.Tensor,
-    offset: int,
-    add_inputs: bool,
-) -> None:
-    """``torch.ops.vllm.ascend_lora_expand``: the kernels' per-token expand."""
-    lora_expand(z, lora_b, out, token_lora_indices, offset, add_inputs)
-
-
 direct_register_custom_op(
-    op_name="ascend_lora_shrink", op_func=_shrink_op, mutates_args=["out"], fake_impl=_writes_out_only
+    op_name="ascend_lora_shrink", op_func=lora_shrink, mutates_args=["out"], fake_impl=_writes_out_only
 )
 direct_register_custom_op(
-    op_name="ascend_lora_expand", op_func=_expand_op, mutates_args=["out"], fake_impl=_writes_out_only
+    op_name="ascend_lora_expand", op_func=lora_expand, mutates_args=["out"], fake_impl=_writes_out_only
 )
 
 
