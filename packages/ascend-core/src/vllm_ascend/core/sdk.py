@@ -46,6 +46,11 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.adaptor.graph import CapturedGraph as CapturedGraph
     from vllm_ascend.core.device.adaptor.graph import GraphCaptureError as GraphCaptureError
     from vllm_ascend.core.device.adaptor.graph import captured_tensors as captured_tensors
+    from vllm_ascend.core.device.adaptor.memory_pool import MEMORY_TAGS as MEMORY_TAGS
+    from vllm_ascend.core.device.adaptor.memory_pool import MemoryPoolError as MemoryPoolError
+    from vllm_ascend.core.device.adaptor.memory_pool import Region as Region
+    from vllm_ascend.core.device.adaptor.memory_pool import TaggedMemoryPool as TaggedMemoryPool
+    from vllm_ascend.core.device.adaptor.memory_pool import track_region_lifetime as track_region_lifetime
     from vllm_ascend.core.device.adaptor.mla import MLADeviceOps as MLADeviceOps
     from vllm_ascend.core.device.adaptor.mla import check_latent_cache as check_latent_cache
     from vllm_ascend.core.device.adaptor.mla import latent_cache_parts as latent_cache_parts
@@ -151,6 +156,11 @@ _EXPORTS: dict[str, str] = {
     "CapturedGraph": "vllm_ascend.core.device.adaptor.graph",
     "GraphCaptureError": "vllm_ascend.core.device.adaptor.graph",
     "captured_tensors": "vllm_ascend.core.device.adaptor.graph",
+    "MEMORY_TAGS": "vllm_ascend.core.device.adaptor.memory_pool",
+    "MemoryPoolError": "vllm_ascend.core.device.adaptor.memory_pool",
+    "Region": "vllm_ascend.core.device.adaptor.memory_pool",
+    "TaggedMemoryPool": "vllm_ascend.core.device.adaptor.memory_pool",
+    "track_region_lifetime": "vllm_ascend.core.device.adaptor.memory_pool",
     "check_latent_cache": "vllm_ascend.core.device.adaptor.mla",
     # process helpers and logging
     "run_module": "vllm_ascend.core.child",

@@ -34,6 +34,7 @@ from vllm_ascend.core.sdk import (
     check_moe_gating,
     check_mrope,
     check_packed_attention,
+    TaggedMemoryPool,
     check_window_sinks,
     envs,
 )
@@ -655,6 +656,12 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
     def graph_pool_handle(self) -> Any:
         """Host memory has no graph pool: a fresh token stands for one (captures keep their own tensors)."""
         return object()
+
+    def memory_pool(self) -> TaggedMemoryPool:
+        """Host mappings released with ``madvise`` (``memory_pool.py``)."""
+        from vllm_ascend.kernels.device.memory_pool import host_memory_pool
+
+        return host_memory_pool()
 
     def install_runtime_shims(self) -> None:
         """vLLM calls ``torch.accelerator.synchronize/empty_cache/get_memory_info`` directly; with no accelerator

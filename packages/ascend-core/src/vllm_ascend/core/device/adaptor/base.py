@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
+from vllm_ascend.core.device.adaptor.memory_pool import TaggedMemoryPool
+
 GroupListType = Literal["count", "cumsum"]
 GROUP_LIST_TYPES: tuple[str, ...] = ("count", "cumsum")
 WeightFormat = Literal["ND", "NZ"]
@@ -180,6 +182,11 @@ class BaseDeviceAdaptor(abc.ABC):
     def graph_pool_handle(self) -> Any:
         """A handle of a new graph memory pool (captures given the same handle share its memory): vLLM's
         ``Platform.get_global_graph_pool`` and Model Runner V2's graph manager ask for it."""
+
+    @abc.abstractmethod
+    def memory_pool(self) -> TaggedMemoryPool:
+        """This process's tagged memory pool (sleep mode): regions at fixed addresses whose physical memory
+        sleep releases and wake-up backs again (``adaptor/memory_pool.py``)."""
 
     @abc.abstractmethod
     def install_runtime_shims(self) -> None:
