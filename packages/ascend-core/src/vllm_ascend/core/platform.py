@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 RUNNER_DIST = "vllm-ascend-runner"
+#: ``model_config.sleep_mode_backend`` under sleep mode: the runner registers it with vLLM's factory (its
+#: ``sleep_mode.AscendSleepModeBackend``, on the device adaptor's tagged memory pool).
+SLEEP_MODE_BACKEND = "ascend"
 _GiB = 1 << 30
 #: Models with mamba-style state (hybrid linear-attention / state-space layers) the runner serves: Qwen3-Next,
 #: whose Gated DeltaNet layer runs on ``vllm_ascend.kernels``. vLLM's kernels for every other such layer are
@@ -392,6 +395,7 @@ class AscendPlatform(Platform):
         cls._check_hybrid_model(vllm_config)
         cls._check_encoder_only_chunking(vllm_config)
         cls._check_lora(vllm_config)
+        cls._check_sleep_mode(vllm_config)
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":
             worker = _workers().entry(_worker_name()).value
@@ -426,6 +430,28 @@ class AscendPlatform(Platform):
     def get_punica_wrapper(cls) -> str:
         """Multi-LoRA: the punica wrapper the family's worker names (the runner's, on the kernels' LoRA ops)."""
         return str(_workers().get(_worker_name()).punica_wrapper_qualname())
+
+    @classmethod
+    def _check_sleep_mode(cls, vllm_config: VllmConfig) -> None:
+        """Sleep mode runs on the runner's sleep-mode backend (``SLEEP_MODE_BACKEND``: the device adaptor's tagged
+        memory pool); vLLM's CUDA backends and its NCCL communicator suspension are refused by name."""
+        model_config = vllm_config.model_config
+        if model_config is None or not model_config.enable_sleep_mode:
+            return
+        from vllm_ascend.core._version import __version__
+        from vllm_ascend.core.config import ConfigError
+
+        if model_config.sleep_mode_backend not in ("cumem", SLEEP_MODE_BACKEND):
+            raise ConfigError(
+                f"model_config.sleep_mode_backend={model_config.sleep_mode_backend!r} is not supported yet by "
+                f"vllm-ascend {__version__}; allowed: {SLEEP_MODE_BACKEND!r} (the default 'cumem' is replaced by it)"
+            )
+        model_config.sleep_mode_backend = SLEEP_MODE_BACKEND
+        if model_config.enable_nccl_comm_suspend:
+            raise ConfigError(
+                f"model_config.enable_nccl_comm_suspend=True is not supported yet by vllm-ascend {__version__} "
+                "(HCCL communicators are kept across sleep); allowed: False"
+            )
 
     @classmethod
     def _check_lora(cls, vllm_config: VllmConfig) -> None:

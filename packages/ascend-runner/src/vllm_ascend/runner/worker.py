@@ -1,11 +1,10 @@
 """NPUWorker: vLLM's GPU worker driving an Ascend NPU or the reference device.
 
 Device lifecycle (``init_device``), KV cache sizing from a profile run, warm-up and graph capture
-(when the compilation config asks for graphs), and sleep/wake-up that really releases memory: sleep level 1 backs the weights up in
-host memory and releases the device copies and the KV cache; level 2 releases the weights
-without a backup (reload them after waking, as in vLLM). On the reference device "releasing"
-shrinks the tensors' storages to zero bytes; waking re-allocates them in place, so every view
-(per-layer KV caches, tied weights) stays valid.
+(when the compilation config asks for graphs). Sleep mode is vLLM's worker code on the platform's sleep-mode
+backend (``sleep_mode.py``): with ``enable_sleep_mode`` the weights and the KV cache are allocated in the device
+adaptor's tagged memory pool, whose regions sleep releases and wake-up backs again at the same addresses, so
+captured graphs stay valid.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from vllm_ascend.runner.cpu_binding import bind_cpus
 from vllm_ascend.runner.kernel_overrides import register_grid_kernels, register_kernels, v2_kernel_table
 from vllm_ascend.runner.model_runner import NPUModelRunner
 from vllm_ascend.runner.ops.registry import enable_custom_ops, register_custom_ops
+from vllm_ascend.runner.sleep_mode import register_sleep_mode_backend
 from vllm_ascend.runner.spec_decode_kernels import SPEC_DECODE_KERNEL_OVERRIDES
 
 logger = init_logger(__name__)
@@ -50,37 +50,10 @@ GRAPH_WRAPPER = "vllm_ascend.runner.graph_wrapper.ACLGraphWrapper"
 PASS_MANAGER = "vllm_ascend.runner.compilation.pass_manager.GraphFusionPassManager"
 COMPILER = "vllm_ascend.runner.compilation.compiler.AscendCompiler"
 PUNICA_WRAPPER = "vllm_ascend.runner.punica_wrapper.AscendPunicaWrapper"
-SLEEP_LEVELS = (1, 2)
+#: vLLM's allocation tags that sleep mode releases (its ``workspace`` / ``runtime`` scratch stays resident).
+POOL_TAGS = ("weights", "kv_cache")
 #: Kernel tables handed to vLLM's dispatcher in this process ("v1", "v2").
 _REGISTERED_TABLES: set[str] = set()
-
-
-def _unique_storages(tensors: list[torch.Tensor]) -> list[torch.UntypedStorage]:
-    seen: dict[int, torch.UntypedStorage] = {}
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        if storage.nbytes() > 0:
-            seen.setdefault(storage.data_ptr(), storage)
-    return list(seen.values())
-
-
-class _ReleasedStorage:
-    """A storage shrunk to zero bytes, with what is needed to re-allocate (and refill) it."""
-
-    def __init__(self, storage: torch.UntypedStorage, keep_contents: bool) -> None:
-        self.storage = storage
-        self.nbytes = storage.nbytes()
-        self.backup: torch.UntypedStorage | None = None
-        if keep_contents:
-            self.backup = storage.clone() if storage.device.type == "cpu" else storage.cpu()
-        storage.resize_(0)
-
-    def restore(self) -> None:
-        self.storage.resize_(self.nbytes)
-        if self.backup is not None:
-            self.storage.copy_(self.backup)
-        else:
-            self.storage.fill_(0)
 
 
 class NPUWorker(Worker):
@@ -158,14 +131,12 @@ class NPUWorker(Worker):
         is_driver_worker: bool = False,
     ) -> None:
         register_custom_ops()
+        register_sleep_mode_backend()
         enable_custom_ops(vllm_config.compilation_config.custom_ops)
         get_device_adaptor().install_runtime_shims()
         super().__init__(
             vllm_config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker
         )
-        self._sleep_weights: list[_ReleasedStorage] = []
-        self._sleep_kv: list[_ReleasedStorage] = []
-        self.sleep_level = 0
 
     # -- device ----------------------------------------------------------------------------
     def init_device(self) -> None:
@@ -200,8 +171,21 @@ class NPUWorker(Worker):
         return NPUModelRunner(self.vllm_config, self.device)
 
     def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:
-        # Sleep mode releases tensors directly (see sleep()); no allocator pool is involved.
+        """With sleep mode, vLLM's ``weights`` and ``kv_cache`` allocations are regions of the adaptor's pool."""
+        if self.model_config.enable_sleep_mode and tag in POOL_TAGS:
+            return get_device_adaptor().memory_pool().use_memory_pool(tag)
         return nullcontext()
+
+    def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        """vLLM's load; with sleep mode, every tensor the model (and a draft model) holds is then pool memory
+        (``adopt``: tensors made by ``process_weights_after_loading`` rather than by an allocation)."""
+        super().load_model(load_dummy_weights=load_dummy_weights)
+        if self.model_config.enable_sleep_mode:
+            models = [self.model_runner.get_model(), self.get_draft_model()]
+            tensors = [t for m in models if m is not None for t in [*m.parameters(), *m.buffers()]]
+            moved = get_device_adaptor().memory_pool().adopt("weights", tensors)
+            if moved:
+                logger.info("Sleep mode: %.1f MiB of weights moved into the memory pool", moved / 2**20)
 
     # -- memory and KV cache ---------------------------------------------------------------
     @torch.inference_mode()
@@ -247,63 +231,3 @@ class NPUWorker(Worker):
             language_model=self.compilation_config.compilation_time,
             encoder=self.compilation_config.encoder_compilation_time,
         )
-
-    # -- sleep mode ------------------------------------------------------------------------
-    def _kv_cache_tensors(self) -> list[torch.Tensor]:
-        caches = self.model_runner.kv_caches
-        return [t for t in caches if isinstance(t, torch.Tensor)]
-
-    def sleep(self, level: int = 1) -> None:
-        """Release the KV cache and the weights (backed up on the host at level 1)."""
-        if level not in SLEEP_LEVELS:
-            raise ValueError(f"sleep level={level} is invalid; allowed: {', '.join(map(str, SLEEP_LEVELS))}")
-        if self.sleep_level:
-            raise RuntimeError(
-                f"the worker is already asleep (level {self.sleep_level}); call wake_up() first"
-            )
-        get_device_adaptor().synchronize()
-        before = current_platform.get_current_memory_usage(self.device)
-        model = self.model_runner.model
-        if level == 2:
-            self._sleep_saved_buffers = {name: buf.cpu().clone() for name, buf in model.named_buffers()}
-        self._sleep_kv = [
-            _ReleasedStorage(s, keep_contents=False) for s in _unique_storages(self._kv_cache_tensors())
-        ]
-        self._sleep_weights = [
-            _ReleasedStorage(s, keep_contents=level == 1) for s in _unique_storages(list(model.parameters()))
-        ]
-        self.sleep_level = level
-        gc.collect()
-        after = current_platform.get_current_memory_usage(self.device)
-        released = sum(r.nbytes for r in self._sleep_kv + self._sleep_weights)
-        logger.info(
-            "Sleep level %d released %s GiB of tensors (memory in use %s -> %s GiB)",
-            level, format_gib(released), format_gib(int(before)), format_gib(int(after)),
-        )  # fmt: skip
-
-    def wake_up(self, tags: list[str] | None = None) -> None:
-        """Re-allocate what sleep released: ``tags`` picks ``weights`` and/or ``kv_cache`` (default both)."""
-        allowed = ("weights", "kv_cache")
-        tags = list(allowed) if tags is None else tags
-        unknown = [t for t in tags if t not in allowed]
-        if unknown:
-            raise ValueError(f"wake_up tags {unknown} are invalid; allowed: {', '.join(allowed)}")
-        if "weights" in tags:
-            for released in self._sleep_weights:
-                released.restore()
-            self._sleep_weights = []
-            if self._sleep_saved_buffers:
-                for name, buf in self.model_runner.model.named_buffers():
-                    if name in self._sleep_saved_buffers:
-                        buf.data.copy_(self._sleep_saved_buffers[name])
-                self._sleep_saved_buffers = {}
-        if "kv_cache" in tags:
-            for released in self._sleep_kv:
-                released.restore()
-            self._sleep_kv = []
-        if not self._sleep_weights and not self._sleep_kv:
-            self.sleep_level = 0
-        get_device_adaptor().synchronize()
-
-    def discard(self, tags: tuple[str, ...]) -> None:
-        raise RuntimeError("selective discard is not supported by the Ascend worker; use sleep(level=2)")

@@ -611,11 +611,13 @@ def _no_op_host_cache(*args: Any, **kwargs: Any) -> None:
 
 
 def _host_memory_info(device: Any = None) -> tuple[int, int]:
-    """``torch.accelerator.get_memory_info`` of the reference device: (free, total) bytes of host memory."""
+    """``torch.accelerator.get_memory_info`` of the reference device: (total - this process's resident set,
+    total) bytes of host memory. Per process, as a device's is per device: what other processes on the host do
+    does not move it (vLLM's sleep checks that sleeping freed memory by it)."""
     import psutil
 
-    memory = psutil.virtual_memory()
-    return int(memory.available), int(memory.total)
+    total = int(psutil.virtual_memory().total)
+    return total - int(psutil.Process().memory_info().rss), total
 
 
 class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseDeviceAdaptor):

@@ -1,0 +1,167 @@
+"""Sleep mode for RL rollouts, in graph mode, on the runner vLLM selects (Model Runner V2, async scheduling).
+
+One engine on the reference device with ``enable_sleep_mode`` and compiled PIECEWISE graphs (``torch.compile``
+mode 3, captured pieces replayed): the weights and the KV cache are regions of the adaptor's tagged memory pool
+(``HostMemoryPool``: private host mappings, released with ``madvise``). Sleeping releases the pool's bytes and
+the process's resident memory; waking backs the same addresses, so the graphs captured before the sleep replay
+after it (the graph wrapper refuses a replay whose inputs moved) and the tokens equal HF's.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import psutil
+import pytest
+import torch
+
+CAPTURE_SIZES = [1, 2, 4, 8]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3, tmp_path_factory):
+    from vllm import LLM
+
+    cache = tmp_path_factory.mktemp("compile-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_CACHE_ROOT", str(cache / "vllm"))
+        patch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+        engine = LLM(
+            model=str(tiny_qwen3),
+            dtype="float32",
+            block_size=16,
+            max_model_len=256,
+            kv_cache_memory_bytes=64 << 20,
+            seed=0,
+            enable_sleep_mode=True,
+            compilation_config={"mode": 3, "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": CAPTURE_SIZES},
+        )
+        yield engine
+        engine.llm_engine.engine_core.shutdown()
+    del engine
+    gc.collect()
+
+
+def _worker(llm):
+    return llm.collective_rpc(lambda wrapper: wrapper.worker)[0]
+
+
+def _greedy(llm, prompts):
+    from vllm import SamplingParams
+
+    from tests.e2e.conftest import MAX_NEW_TOKENS
+
+    params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def _pieces(llm) -> list:
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+
+    from vllm_ascend.runner.graph_wrapper import ACLGraphWrapper
+
+    wrappers = [w for w in list(CUDAGraphWrapper._all_instances) if w.runtime_mode.name == "PIECEWISE"]
+    assert wrappers and all(isinstance(w, ACLGraphWrapper) for w in wrappers)
+    return wrappers
+
+
+def _replays(llm) -> int:
+    return sum(w.replays for w in _pieces(llm))
+
+
+def _tensors(worker) -> list[torch.Tensor]:
+    model = worker.model_runner.get_model()
+    caches = [t for t in worker.model_runner.kv_caches if isinstance(t, torch.Tensor)]
+    return [*model.parameters(), *caches]
+
+
+def _touch_kv_cache(worker) -> None:
+    """Make every KV page resident (a serving engine's are; host pages are resident once written)."""
+    for cache in worker.model_runner.kv_caches:
+        if isinstance(cache, torch.Tensor):
+            cache.zero_()
+
+
+def _rss() -> int:
+    gc.collect()
+    return int(psutil.Process().memory_info().rss)
+
+
+def _nbytes(tensors: list[torch.Tensor]) -> int:
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+def test_engine_runs_graphs_on_the_sleep_mode_backend_and_pool(llm, qwen3_prompts, qwen3_hf):
+    from vllm_ascend.core.device.config import get_device_adaptor
+    from vllm_ascend.kernels.device.memory_pool import HostMemoryPool
+    from vllm_ascend.runner.sleep_mode import AscendSleepModeBackend
+
+    assert len({tuple(t) for t in qwen3_hf.token_ids}) == len(qwen3_hf.token_ids)  # a meaningful comparison
+    worker = _worker(llm)
+    assert llm.llm_engine.vllm_config.model_config.sleep_mode_backend == "ascend"
+    assert type(worker.sleep_mode_backend) is AscendSleepModeBackend
+    pool = get_device_adaptor().memory_pool()
+    assert type(pool) is HostMemoryPool
+    model = worker.model_runner.get_model()
+    params = list(model.parameters())
+    kv = [t for t in worker.model_runner.kv_caches if isinstance(t, torch.Tensor)]
+    assert all(pool.owns(p) for p in params) and all(pool.owns(t) for t in kv)
+    assert pool.allocated_bytes("weights") >= _nbytes(params)
+    assert pool.allocated_bytes("kv_cache") >= _nbytes(kv) >= 32 << 20
+    before = _replays(llm)
+    assert _greedy(llm, qwen3_prompts) == qwen3_hf.token_ids
+    assert _replays(llm) > before  # decode steps replayed captured pieces
+
+
+def test_sleep_level_1_releases_memory_and_graphs_replay_after_wake_up(llm, qwen3_prompts, qwen3_hf):
+    from vllm_ascend.core.device.config import get_device_adaptor
+
+    worker = _worker(llm)
+    pool = get_device_adaptor().memory_pool()
+    tensors = _tensors(worker)
+    addresses = [t.data_ptr() for t in tensors]
+    kv_bytes = pool.allocated_bytes("kv_cache")
+    resident = pool.get_current_usage()
+    _touch_kv_cache(worker)
+    rss = _rss()
+    llm.sleep(level=1)
+    assert pool.get_current_usage() == 0 and resident >= kv_bytes
+    # The KV cache's pages went back to the OS; the weights' contents are kept on the host (level 1).
+    assert rss - _rss() >= 0.9 * kv_bytes
+    assert llm.llm_engine.is_sleeping()
+    llm.wake_up()
+    assert pool.get_current_usage() == resident
+    assert [t.data_ptr() for t in _tensors(worker)] == addresses
+    before = _replays(llm)
+    assert _greedy(llm, qwen3_prompts) == qwen3_hf.token_ids
+    assert _replays(llm) > before  # the graphs captured before the sleep, on the same addresses
+
+
+def test_sleep_level_2_discards_weights_until_reloaded_then_identical(llm, qwen3_prompts, qwen3_hf):
+    from vllm_ascend.core.device.config import get_device_adaptor
+
+    worker = _worker(llm)
+    pool = get_device_adaptor().memory_pool()
+    tensors = _tensors(worker)
+    addresses = [t.data_ptr() for t in tensors]
+    weights_bytes = pool.allocated_bytes("weights")
+    kv_bytes = pool.allocated_bytes("kv_cache")
+    _touch_kv_cache(worker)
+    rss = _rss()
+    llm.sleep(level=2)
+    assert pool.get_current_usage() == 0
+    assert rss - _rss() >= 0.9 * (kv_bytes + weights_bytes)  # nothing kept on the host at level 2
+    llm.wake_up(tags=["weights"])
+    assert pool.get_current_usage("weights") == weights_bytes and pool.get_current_usage("kv_cache") == 0
+    embed = worker.model_runner.get_model().model.embed_tokens.weight
+    assert float(embed.abs().sum()) == 0.0  # backed again, contents discarded
+    llm.collective_rpc("reload_weights")
+    llm.wake_up(tags=["kv_cache"])
+    assert not llm.llm_engine.is_sleeping()
+    assert [t.data_ptr() for t in _tensors(worker)] == addresses
+    before = _replays(llm)
+    assert _greedy(llm, qwen3_prompts) == qwen3_hf.token_ids
+    assert _replays(llm) > before
