@@ -1,5 +1,5 @@
 """One engine on the reference device, on the runner vLLM selects (Model Runner V2, async scheduling): our
-classes and V2's kernels ran, sampling, logprobs and sleep mode are real."""
+classes and V2's kernels ran, sampling and logprobs are real (sleep mode: ``test_rl_sleep.py``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ def llm(tiny_qwen3):
         max_model_len=256,
         kv_cache_memory_bytes=64 << 20,
         seed=0,
-        enable_sleep_mode=True,
     )
     yield engine
     engine.llm_engine.engine_core.shutdown()
@@ -172,33 +171,6 @@ def test_sampling_parameters_take_effect(llm, qwen3_prompts, qwen3_hf):
     for token in penalised[0].token_ids:
         assert token not in seen
         seen.add(token)
-
-
-def test_sleep_releases_memory_and_wake_up_restores(llm, qwen3_prompts, qwen3_hf):
-    worker = _worker(llm)
-    kv = worker.model_runner.kv_caches[0]
-    weight = worker.model_runner.model.model.embed_tokens.weight
-    assert kv.untyped_storage().nbytes() > 0
-    llm.sleep(level=1)
-    assert kv.untyped_storage().nbytes() == 0
-    assert weight.untyped_storage().nbytes() == 0
-    llm.wake_up()
-    assert kv.untyped_storage().nbytes() > 0
-    outputs = _generate(llm, qwen3_prompts, max_tokens=12, temperature=0.0, ignore_eos=True)
-    assert [list(o.token_ids) for o in outputs] == qwen3_hf.token_ids
-
-
-def test_sleep_level_2_discards_weights_until_reloaded(llm, qwen3_prompts, qwen3_hf):
-    worker = _worker(llm)
-    weight = worker.model_runner.model.model.embed_tokens.weight
-    llm.sleep(level=2)
-    assert weight.untyped_storage().nbytes() == 0
-    llm.wake_up(tags=["weights"])
-    assert weight.abs().sum() == 0  # re-allocated, contents discarded
-    llm.collective_rpc("reload_weights")
-    llm.wake_up(tags=["kv_cache"])
-    outputs = _generate(llm, qwen3_prompts, max_tokens=12, temperature=0.0, ignore_eos=True)
-    assert [list(o.token_ids) for o in outputs] == qwen3_hf.token_ids
 
 
 @pytest.mark.parametrize("invariant", [False, True])
