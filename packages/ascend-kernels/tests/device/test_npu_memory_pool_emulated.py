@@ -394,7 +394,7 @@ def test_invalid_tag_and_expandable_segments_are_refused(emulated, monkeypatch):
         with pool.use_memory_pool("weight"):
             pass
     monkeypatch.setenv(npm.ALLOC_CONF_ENV, "expandable_segments:True")
-    with pytest.raises(MemoryPoolError, match="PYTORCH_NPU_ALLOC_CONF.*expandable"):
+    with pytest.raises(MemoryPoolError, match=r"PYTORCH_NPU_ALLOC_CONF.*expandable"):
         with pool.use_memory_pool("weights"):
             pass
 
