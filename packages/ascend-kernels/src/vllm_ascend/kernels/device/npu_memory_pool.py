@@ -54,7 +54,7 @@ import functools
 import logging
 import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
@@ -371,7 +371,8 @@ class NPUMemoryPool(TaggedMemoryPool):
         self.free_region(address)
 
 
-def _address(function: Callable[..., Any]) -> int:
+def _address(function: Any) -> int:
+    """The C address of a ctypes callback (what torch_npu's allocator calls)."""
     return int(ctypes.cast(function, ctypes.c_void_p).value or 0)
 
 
