@@ -36,6 +36,12 @@ def test_defaults_match_the_intended_behaviour():
             "posterior_threshold": 0.09,
             "posterior_alpha": 0.3,
         },
+        "rl_config": {
+            "enabled": False,
+            "sleep_mode_extra_cleanup": False,
+            "enable_training_consistency": False,
+            "enable_batch_invariant": False,
+        },
         "enable_cpu_binding": False,
         "dump_config_path": None,
     }
@@ -47,6 +53,12 @@ NON_DEFAULT = {
         "verify_method": "block",
         "posterior_threshold": 0.2,
         "posterior_alpha": 0.5,
+    },
+    "rl_config": {
+        "enabled": True,
+        "sleep_mode_extra_cleanup": True,
+        "enable_training_consistency": False,
+        "enable_batch_invariant": True,
     },
     "enable_cpu_binding": True,
     "dump_config_path": "/tmp/vllm-ascend-config.json",
@@ -102,8 +114,8 @@ def test_failed_init_leaves_the_previous_config_in_place():
     c = init_ascend_config(SimpleNamespace(additional_config={"enable_cpu_binding": True}))
     with pytest.raises(ConfigError, match=r"additional_config.enable_cpu_binding must be a boolean"):
         init_ascend_config({"enable_cpu_binding": "yes"})
-    with pytest.raises(ConfigError, match=r"`additional_config.rl_config` is not supported yet"):
-        init_ascend_config({"rl_config": {"enabled": True}})
+    with pytest.raises(ConfigError, match=r"`additional_config.xlite_graph_config` is not supported yet"):
+        init_ascend_config({"xlite_graph_config": {"enabled": True}})
     assert get_ascend_config() is c
 
 
@@ -133,6 +145,10 @@ def test_describe_lists_every_leaf_option_with_help():
         "additional_config.rejection_sampler_config.verify_method",
         "additional_config.rejection_sampler_config.posterior_threshold",
         "additional_config.rejection_sampler_config.posterior_alpha",
+        "additional_config.rl_config.enabled",
+        "additional_config.rl_config.sleep_mode_extra_cleanup",
+        "additional_config.rl_config.enable_training_consistency",
+        "additional_config.rl_config.enable_batch_invariant",
         "additional_config.enable_cpu_binding",
         "additional_config.dump_config_path",
     ]

@@ -12,7 +12,7 @@ from vllm_ascend.core.config import AscendConfig, ConfigError, RejectionSamplerC
 from vllm_ascend.core.config.jsonio import JsonInputError, json_depth, parse_json, read_json_file
 from vllm_ascend.core.config.schema import Section, option
 
-TOP_KEYS = "dump_config_path, enable_cpu_binding, rejection_sampler_config"
+TOP_KEYS = "dump_config_path, enable_cpu_binding, rejection_sampler_config, rl_config"
 P = "additional_config"
 R = f"{P}.rejection_sampler_config"
 R_KEYS = "posterior_alpha, posterior_threshold, verify_method"

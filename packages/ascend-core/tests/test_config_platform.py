@@ -73,7 +73,7 @@ def test_platform_rejects_bad_additional_config_with_the_config_message(tmp_path
     assert (results["module"], results["platform"]) == ("vllm_ascend.core.platform", "ReferencePlatform")
     assert (
         "unknown option additional_config.enable_cpu_bindng; did you mean 'enable_cpu_binding'? Allowed keys: "
-        "dump_config_path, enable_cpu_binding, rejection_sampler_config"
+        "dump_config_path, enable_cpu_binding, rejection_sampler_config, rl_config"
     ) in results["unknown_key"]["error"]
     assert (
         "`additional_config.enable_kv_nz` is not supported yet by vllm-ascend 0.1.0 "
@@ -92,6 +92,65 @@ def test_platform_rejects_bad_additional_config_with_the_config_message(tmp_path
     # next step (worker lookup) is the only acceptable failure.
     error = results["good"]["error"]
     assert error is None or "vllm-ascend-runner" in error, error
+
+
+RL_SCRIPT = r"""
+import json, os, sys
+from argparse import Namespace
+from fastapi import FastAPI
+from vllm.engine.arg_utils import EngineArgs
+
+rl = {"enabled": True, "enable_batch_invariant": True, "sleep_mode_extra_cleanup": True}
+results = {}
+for label, sleep in (("no_sleep_mode", False), ("served", True)):
+    try:
+        config = EngineArgs(
+            model=sys.argv[1], skip_tokenizer_init=True, enable_sleep_mode=sleep, additional_config={"rl_config": rl}
+        ).create_engine_config()
+        error = None
+    except Exception as exc:
+        config, error = None, str(exc)
+    results[label] = {
+        "error": error,
+        "env": [os.environ.get(name) for name in ("VLLM_SERVER_DEV_MODE", "VLLM_ASCEND_BATCH_INVARIANT")],
+    }
+# vLLM's API server builds its routes after the engine config, as `vllm serve` does
+from vllm.entrypoints.launchers.api_server.routers import register_api_routers
+
+app = FastAPI()
+app.state.args = Namespace()
+register_api_routers(Namespace(), app, ("generate",), config.model_config if config else None)
+results["routes"] = sorted(getattr(route, "path", "") for route in app.routes)
+print("RESULT " + json.dumps(results))
+"""
+
+
+def test_rl_config_through_vllm_serves_the_rl_routes(tmp_path):
+    """``rl_config.enabled`` is applied while vLLM builds its engine config, so the API server built afterwards
+    has vLLM's sleep / wake-up and weight-transfer routes; a refused combination switches nothing on."""
+    model = tmp_path / "tiny-llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    env = {
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("VLLM_SERVER_DEV_MODE", "VLLM_ASCEND_BATCH_INVARIANT")
+        },
+        "VLLM_ASCEND_DEVICE": "reference",
+        "HF_HUB_OFFLINE": "1",
+    }
+    results, output = run_vllm_script(RL_SCRIPT, str(model), "{}", env=env, timeout=540)
+    assert results is not None, output[-OUTPUT_TAIL_CHARS:]
+    refused = results["no_sleep_mode"]
+    assert refused["env"] == [None, None]
+    assert (
+        "additional_config.rl_config.sleep_mode_extra_cleanup=true needs model_config.enable_sleep_mode=True"
+    ) in refused["error"]
+    served = results["served"]
+    assert served["error"] is None or "vllm-ascend-runner" in served["error"], served["error"]
+    assert served["env"] == ["1", "1"]
+    assert {"/sleep", "/wake_up", "/is_sleeping"} <= set(results["routes"]), results["routes"]
 
 
 PARALLEL_SCRIPT = r"""

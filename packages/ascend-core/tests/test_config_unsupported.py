@@ -91,7 +91,7 @@ def test_the_unsupported_table_is_disjoint_from_what_core_serves():
     assert UNSUPPORTED_OPTIONS
     assert all(isinstance(what, str) and what for what in UNSUPPORTED_OPTIONS.values())
     served = set(AscendConfig.option_names())
-    assert served == {"rejection_sampler_config", "enable_cpu_binding", "dump_config_path"}
+    assert served == {"rejection_sampler_config", "rl_config", "enable_cpu_binding", "dump_config_path"}
     assert served.isdisjoint(SIBLING_SECTIONS)
     leaves = {row[0] for row in AscendConfig.describe()}
     for path in UNSUPPORTED_OPTIONS:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
+    from vllm_ascend.core.config import RlConfig
     from vllm_ascend.core.device.adaptor.base import BaseDeviceAdaptor
     from vllm_ascend.core.registry import Registry
 
@@ -74,6 +75,19 @@ def _workers() -> Registry[Any]:
 
 def _worker_name() -> str:
     return get_current_hardware_profile().worker
+
+
+def _env_is_on(name: str, raw: str) -> bool:
+    """Whether an on/off variable's value means on (core's variables by their parser, vLLM's as an int)."""
+    from vllm_ascend.core import envs
+
+    var = envs.variables().get(name)
+    if var is not None:
+        return bool(var.parse(raw))
+    try:
+        return bool(int(raw))
+    except ValueError:
+        return False
 
 
 class AscendPlatform(Platform):
@@ -385,7 +399,8 @@ class AscendPlatform(Platform):
         from vllm_ascend.core.config import init_ascend_config
         from vllm_ascend.core.quantization import detect_modelslim_checkpoint
 
-        init_ascend_config(vllm_config)
+        config = init_ascend_config(vllm_config)
+        cls._check_rl_config(config.rl_config, vllm_config)
         detect_modelslim_checkpoint(vllm_config)
         if vllm_config.model_config is not None:
             cls.check_if_supports_dtype(vllm_config.model_config.dtype)
@@ -425,6 +440,45 @@ class AscendPlatform(Platform):
         if not profile.async_scheduling:
             vllm_config.scheduler_config.async_scheduling = False
         cls._size_kv_cache(vllm_config)
+
+    @classmethod
+    def _check_rl_config(cls, rl_config: RlConfig, vllm_config: VllmConfig) -> None:
+        """``additional_config.rl_config``: its check against vLLM's config and its process-wide switches.
+
+        The switches are environment variables set here, in the process that builds the config, before
+        vLLM's API server builds its routes (it reads ``VLLM_SERVER_DEV_MODE`` then) and before it starts
+        engine or worker processes, which inherit them (Ray copies ``VLLM_*``). A variable the user set to
+        the opposite value is refused, never overridden.
+        """
+        from vllm_ascend.core.config import ConfigError
+
+        if not rl_config.enabled:
+            return
+        path = rl_config.PATH
+        model_config = vllm_config.model_config
+        if rl_config.sleep_mode_extra_cleanup and not (
+            model_config is not None and model_config.enable_sleep_mode
+        ):
+            raise ConfigError(
+                f"{path}.sleep_mode_extra_cleanup=true needs model_config.enable_sleep_mode=True "
+                "(vllm serve --enable-sleep-mode): it changes what sleep frees; set one or unset the other"
+            )
+        switches = {"VLLM_SERVER_DEV_MODE": f"{path}.enabled"}
+        if rl_config.enable_batch_invariant:
+            switches["VLLM_ASCEND_BATCH_INVARIANT"] = f"{path}.enable_batch_invariant"
+        for name, option in switches.items():
+            raw = os.environ.get(name, "")
+            if raw.strip() and not _env_is_on(name, raw):
+                raise ConfigError(
+                    f"{option}=true turns {name} on, but the environment sets {name}={raw!r}; unset "
+                    f"{name} (or set it to 1), or set {option} to false"
+                )
+            os.environ[name] = "1"
+        logger.info(
+            "rl_config: %s set; vLLM's development and RL routes (/sleep, /wake_up, weight transfer) are "
+            "served: expose them only to the trainer",
+            ", ".join(f"{name}=1" for name in switches),
+        )
 
     @classmethod
     def get_punica_wrapper(cls) -> str:

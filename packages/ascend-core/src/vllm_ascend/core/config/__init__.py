@@ -9,7 +9,7 @@ from vllm_ascend.core.config.ascend_config import (
     init_ascend_config,
 )
 from vllm_ascend.core.config.schema import ConfigError, Section
-from vllm_ascend.core.config.sections import UNSUPPORTED_OPTIONS, RejectionSamplerConfig
+from vllm_ascend.core.config.sections import UNSUPPORTED_OPTIONS, RejectionSamplerConfig, RlConfig
 
 __all__ = [
     "SIBLING_SECTIONS",
@@ -17,6 +17,7 @@ __all__ = [
     "AscendConfig",
     "ConfigError",
     "RejectionSamplerConfig",
+    "RlConfig",
     "Section",
     "clear_ascend_config",
     "get_ascend_config",

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from vllm_ascend.core._version import __version__
 from vllm_ascend.core.config.jsonio import JsonInputError, parse_json
 from vllm_ascend.core.config.schema import ConfigError, Section, field_meta, option
-from vllm_ascend.core.config.sections import UNSUPPORTED_OPTIONS, RejectionSamplerConfig
+from vllm_ascend.core.config.sections import UNSUPPORTED_OPTIONS, RejectionSamplerConfig, RlConfig
 from vllm_ascend.core.logger import init_logger
 
 logger = init_logger(__name__)
@@ -57,6 +57,9 @@ class AscendConfig(Section):
 
     rejection_sampler_config: RejectionSamplerConfig = field(
         default_factory=RejectionSamplerConfig, metadata=field_meta("Speculative verification.")
+    )
+    rl_config: RlConfig = field(
+        default_factory=RlConfig, metadata=field_meta("Reinforcement-learning rollouts.")
     )
     enable_cpu_binding: bool = option(
         False, doc="Bind each worker process to its share of the host CPUs (the profile's binding mode)."

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from vllm_ascend.core.config.schema import Section, option
+from vllm_ascend.core._version import __version__
+from vllm_ascend.core.config.schema import ConfigError, Section, option
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,68 @@ class RejectionSamplerConfig(Section):
     )
 
 
+@dataclass(frozen=True)
+class RlConfig(Section):
+    """Reinforcement-learning rollouts: a trainer drives the engine (sleep / wake-up, weight updates).
+
+    ``enabled`` is the master switch; every other field needs it (a sub-field set without it would be a
+    silent no-op, so it is refused). The process-wide effects (environment variables) are applied by the
+    platform at config time, before vLLM builds its HTTP routes or spawns workers.
+    """
+
+    PATH: ClassVar[str] = "additional_config.rl_config"
+
+    enabled: bool = option(
+        False,
+        doc=(
+            "Serve RL rollouts: sets VLLM_SERVER_DEV_MODE=1, so vLLM's API server exposes its development and "
+            "RL routes (/sleep, /wake_up, /is_sleeping, the weight-transfer routes). Those routes have no "
+            "access control of their own: serve them only to the trainer."
+        ),
+    )
+    sleep_mode_extra_cleanup: bool = option(
+        False,
+        doc=(
+            "Sleep also drops the captured graphs (recaptured when the KV cache wakes up) and the HCCL "
+            "communication buffers, freeing more device memory per sleep. Needs enabled=true and "
+            "model_config.enable_sleep_mode (vllm serve --enable-sleep-mode)."
+        ),
+    )
+    enable_training_consistency: bool = option(
+        False,
+        doc=(
+            "Attention on the FA3 backend of the external flash_attn_npu_v3 package, to match a trainer's "
+            "numerics. Not supported yet: only false is allowed."
+        ),
+    )
+    enable_batch_invariant: bool = option(
+        False,
+        doc=(
+            "Batch-invariant serving, the same switch as VLLM_ASCEND_BATCH_INVARIANT=1 (which this sets): a "
+            "request's results do not depend on the rest of its batch. Needs enabled=true."
+        ),
+    )
+
+    def _validate(self) -> None:
+        if self.enable_training_consistency:
+            raise ConfigError(
+                f"{self.PATH}.enable_training_consistency=true is not supported yet by vllm-ascend "
+                f"{__version__} (FA3 attention from flash_attn_npu_v3); allowed: false"
+            )
+        if not self.enabled:
+            for name in ("sleep_mode_extra_cleanup", "enable_batch_invariant"):
+                if getattr(self, name):
+                    raise ConfigError(
+                        f"{self.PATH}.{name}=true needs {self.PATH}.enabled=true (rl_config.enabled is the "
+                        f"master switch; without it {name} would do nothing); set enabled to true or {name} "
+                        "to false"
+                    )
+
+
 #: Upstream ``additional_config`` options this version refuses (key path below ``additional_config``
 #: -> what they would do). Giving any of them is a ConfigError; the core README lists the same table.
 UNSUPPORTED_OPTIONS: dict[str, str] = {
     "xlite_graph_config": "the xlite graph runtime",
-    "rl_config": "RL rollout defaults (sleep level, batch invariance)",
     "rejection_sampler_config.entropy_threshold": "upstream's entropy gate on verification (verify_method "
     "'entropy' here is typical acceptance, tuned by posterior_threshold / posterior_alpha)",
     "finegrained_tp_config": "per-layer tensor-parallel sizes",

@@ -23,6 +23,7 @@ from vllm_ascend.core.sdk import (
     BaseDeviceAdaptor,
     DeviceOpError,
     MoeDispatch,
+    TaggedMemoryPool,
     check_choice,
     check_clipped_swiglu,
     check_group_bias,
@@ -220,6 +221,12 @@ class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
             "CUDAGraph": npu.NPUGraph,  # Model Runner V2 captures FULL graphs with these
             "graph": npu.graph,
         }
+
+    def memory_pool(self) -> TaggedMemoryPool:
+        """CANN virtual memory under torch_npu's pluggable allocator (``npu_memory_pool.py``)."""
+        from vllm_ascend.kernels.device.npu_memory_pool import npu_memory_pool
+
+        return npu_memory_pool()
 
     def install_runtime_shims(self) -> None:
         """torch_npu registers a real accelerator: nothing to replace."""
