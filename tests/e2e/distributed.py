@@ -56,6 +56,44 @@ def moe_report(wrapper):
     return report
 
 
+def pool_state(wrapper):
+    # Per rank: the tagged memory pool's bytes, whether it holds every weight and KV tensor, their addresses,
+    # and the graph replays so far.
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+
+    from vllm_ascend.core.sdk import get_device_adaptor
+
+    worker = wrapper.worker
+    pool = get_device_adaptor().memory_pool()
+    model = worker.model_runner.get_model()
+    tensors = [*model.parameters(), *[t for t in worker.model_runner.kv_caches if hasattr(t, "data_ptr")]]
+    return {
+        "rank": worker.rank,
+        "resident": pool.get_current_usage(),
+        "allocated": pool.allocated_bytes(),
+        "owned": all(pool.owns(t) for t in tensors),
+        "addresses": [t.data_ptr() for t in tensors],
+        "replays": sum(getattr(w, "replays", 0) for w in list(CUDAGraphWrapper._all_instances)),
+    }
+
+
+def sleep_cycle(llm):
+    # Level 1 then level 2 (weights reloaded from the checkpoint), generating after each wake-up.
+    states, rounds = {"awake": llm.collective_rpc(pool_state)}, []
+    llm.sleep(level=1)
+    states["level1"] = llm.collective_rpc(pool_state)
+    llm.wake_up()
+    rounds.append(llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False))
+    llm.sleep(level=2)
+    states["level2"] = llm.collective_rpc(pool_state)
+    llm.wake_up(tags=["weights"])
+    llm.collective_rpc("reload_weights")
+    llm.wake_up(tags=["kv_cache"])
+    rounds.append(llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False))
+    states["woken"] = llm.collective_rpc(pool_state)
+    return {"states": states, "rounds": [[list(o.outputs[0].token_ids) for o in r] for r in rounds]}
+
+
 def run_llm():
     from vllm import LLM
 
@@ -66,6 +104,8 @@ def run_llm():
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, lora_request=loras)
     workers = llm.collective_rpc(describe)
     reports = llm.collective_rpc(moe_report) if spec.get("report") else None
+    if spec.get("sleep_cycle"):
+        reports = sleep_cycle(llm)
     llm.llm_engine.engine_core.shutdown()
     return [list(o.outputs[0].token_ids) for o in outputs], workers, reports
 
@@ -102,11 +142,13 @@ def run_case(
     max_tokens: int = MAX_NEW_TOKENS,
     report: bool = False,
     lora_requests: list[tuple[str, int, str] | None] | None = None,
+    sleep_cycle: bool = False,
     **options,
 ) -> tuple[dict, str]:
     """Serve ``prompts`` greedily in a fresh process (``env``: variables added to this process's): its
     tokens and, through ``LLM``, its workers (``[class, pid, DP index, rank]`` each) and with ``report``
-    each rank's MoE layers' state (``moe_report``), and everything it printed. ``lora_requests``: per prompt,
+    each rank's MoE layers' state (``moe_report``), or with ``sleep_cycle`` the tokens after a level-1 and a
+    level-2 sleep with each rank's pool state (``sleep_cycle``), and everything it printed. ``lora_requests``: per prompt,
     ``(name, id, path)`` of a LoRA adapter or None (through ``LLM``; needs ``enable_lora=True``)."""
     spec = {
         "model": str(model),
@@ -115,6 +157,7 @@ def run_case(
         "max_tokens": max_tokens,
         "report": report,
         "lora_requests": lora_requests,
+        "sleep_cycle": sleep_cycle,
     }
     environ = {**os.environ, **env} if env else None
     result, output = run_vllm_script(CASE_SCRIPT, json.dumps(spec), env=environ, timeout=300)

@@ -165,3 +165,47 @@ def test_sleep_level_2_discards_weights_until_reloaded_then_identical(llm, qwen3
     before = _replays(llm)
     assert _greedy(llm, qwen3_prompts) == qwen3_hf.token_ids
     assert _replays(llm) > before
+
+
+GRAPHS = {"mode": 3, "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": CAPTURE_SIZES}
+
+
+def _check_sleep_cycle(result: dict, expected: list[list[int]]) -> None:
+    report = result["reports"]
+    states = report["states"]
+    assert result["tokens"] == expected and report["rounds"] == [expected, expected]
+    for awake, level1, level2, woken in zip(*(states[k] for k in ("awake", "level1", "level2", "woken")), strict=True):
+        assert awake["owned"] and awake["resident"] == awake["allocated"] > 0, awake
+        assert level1["resident"] == 0 and level2["resident"] == 0  # every region released, on every rank
+        assert woken["resident"] == awake["resident"] and woken["addresses"] == awake["addresses"]
+        assert woken["replays"] > level2["replays"] > awake["replays"]  # graphs captured at start replayed after
+
+
+def test_tensor_parallel_sleep_levels_keep_addresses_and_tokens(tiny_qwen3, qwen3_prompts, qwen3_hf):
+    """TP=2 (two worker processes, gloo) on the runner vLLM selects, PIECEWISE graphs: each rank's pool."""
+    from .distributed import run_case
+
+    result, output = run_case(
+        tiny_qwen3, qwen3_prompts, sleep_cycle=True, tensor_parallel_size=2, enable_sleep_mode=True,
+        compilation_config=GRAPHS,
+    )  # fmt: skip
+    _check_sleep_cycle(result, qwen3_hf.token_ids)
+    assert "Traceback" not in output, output[-6000:]
+    assert "Using Model Runner V2" in output
+
+
+def test_expert_parallel_moe_sleep_levels_keep_addresses_and_tokens(tiny_qwen3_moe, qwen3_moe_prompts):
+    """A tiny Qwen3-MoE with its experts split over two EP ranks, PIECEWISE graphs."""
+    from vllm_ascend.testing.hf_reference import hf_greedy
+
+    from .conftest import MAX_NEW_TOKENS
+    from .distributed import run_case
+
+    expected = hf_greedy(tiny_qwen3_moe, qwen3_moe_prompts, MAX_NEW_TOKENS).token_ids
+    assert len({tuple(t) for t in expected}) == len(expected)
+    result, output = run_case(
+        tiny_qwen3_moe, qwen3_moe_prompts, sleep_cycle=True, tensor_parallel_size=2, enable_expert_parallel=True,
+        enable_sleep_mode=True, compilation_config=GRAPHS,
+    )  # fmt: skip
+    _check_sleep_cycle(result, expected)
+    assert "Traceback" not in output, output[-6000:]

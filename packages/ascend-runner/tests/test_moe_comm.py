@@ -57,6 +57,17 @@ def test_selection_per_family_and_step(family, overrides, tokens, expected):
     assert select_moe_comm_method(_config(family, **overrides), tokens) is expected
 
 
+@pytest.mark.parametrize(
+    ("overrides", "tokens", "expected"),
+    [({}, 9, A), ({"forced": T}, 4, A), ({}, 8, M), ({"forced": M}, 8, M), ({"ep_size": 1}, 4, A)],
+)
+def test_a_captured_step_never_takes_the_all_to_all(overrides, tokens, expected):
+    """Its split sizes are read on the host per step: a graph replays its capture's."""
+    config = _config("a3", **overrides)
+    assert select_moe_comm_method(config, tokens, captured=True) is expected
+    assert select_moe_comm_method(config, tokens) is (T if expected is A and config.ep_size > 1 else expected)
+
+
 def test_a_device_without_mc2_takes_its_fallback():
     config = MoECommConfig(device="no-mc2", ep_size=2, tp_size=1, capacity=8, even=True, methods=(A, T))
     assert select_moe_comm_method(config, 4) is T

@@ -18,12 +18,14 @@ fused-attention task's host arguments are rebound the same way).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.config import CUDAGraphMode, VllmConfig
+from vllm.distributed.parallel_state import GraphCaptureContext
 from vllm.forward_context import (
     BatchDescriptor,
     ForwardContext,
@@ -142,3 +144,16 @@ class ACLGraphWrapper(CUDAGraphWrapper):
             entry.graph.replay()
         self.replays += 1
         return entry.graph.output
+
+
+@contextmanager
+def device_graph_capture(device: torch.device) -> Iterator[GraphCaptureContext]:
+    """vLLM's ``graph_capture`` for the device adaptor: captures run on a side stream of the device (the
+    adaptor's stream API, installed by ``torch_device_wrapper``). Process groups need nothing around a capture
+    here: collectives inside captured pieces are the device communicator's ops, recorded like any other."""
+    stream = torch.cuda.Stream(device=device)
+    current = torch.cuda.current_stream()
+    if current != stream:
+        stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        yield GraphCaptureContext(stream)

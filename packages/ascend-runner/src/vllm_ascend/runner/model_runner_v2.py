@@ -15,11 +15,13 @@ from typing import Any
 import torch
 from vllm.config import VllmConfig
 from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.worker.gpu import cudagraph_utils as v2_cudagraph_utils
 from vllm.v1.worker.gpu import model_runner as v2_model_runner
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_ascend.core.sdk import ConfigError, get_ascend_config, get_device_adaptor, get_section, init_logger
 from vllm_ascend.runner import device_context
+from vllm_ascend.runner.graph_wrapper import device_graph_capture
 from vllm_ascend.runner.kernel_overrides import v2_kernel_table
 from vllm_ascend.runner.kv_zeroer import AscendKVBlockZeroer
 from vllm_ascend.runner.lora_adapters import load_lora_model
@@ -161,5 +163,10 @@ class NPUModelRunnerV2(GPUModelRunner):
             self.profile_run()
 
     def capture_model(self, *, profile_only: bool = False) -> int:
-        with device_context.torch_device_wrapper():
+        """vLLM's capture, its ``graph_capture`` context replaced by :func:`device_graph_capture` (vLLM's asserts a
+        CUDA / XPU communicator on every group of more than one rank)."""
+        with (
+            device_context.torch_device_wrapper(),
+            replaced_names(v2_cudagraph_utils, {"graph_capture": device_graph_capture}),
+        ):
             return super().capture_model(profile_only=profile_only)

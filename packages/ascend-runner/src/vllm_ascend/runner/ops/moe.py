@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from vllm.config import get_current_vllm_config
+from vllm.config import CUDAGraphMode, get_current_vllm_config
 from vllm.distributed import get_ep_group, get_tp_group
 from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
@@ -222,15 +222,34 @@ class AscendMoERunner(MoERunner):
         return super().do_naive_dispatch_combine and self.step_comm is MoECommType.ALLGATHER
 
     @property
+    def _reduces_inside(self) -> bool:
+        """Expert parallel over the tensor-parallel ranks alone (one DP rank, no sequence parallelism): the
+        routed output leaves the layer's op reduced whatever the step's method — all-gather's partial outputs
+        are all-reduced inside it — so vLLM's reduction around the op (traced once under ``torch.compile``,
+        where the step's choice would be frozen) is the same on every step."""
+        config = self.moe_config
+        return (
+            config.ep_size > 1
+            and config.dp_size == 1
+            and not config.is_sequence_parallel
+            and not config.skip_final_all_reduce
+        )
+
+    @property
     def _fused_output_is_reduced(self) -> bool:
-        """All-to-all and MC2 return every token's full output: vLLM must not all-reduce it again."""
-        return self.step_comm is not MoECommType.ALLGATHER
+        """All-to-all and MC2 return every token's full output (and all-gather's is reduced inside the op where
+        :attr:`_reduces_inside`): vLLM must not all-reduce it again."""
+        return self._reduces_inside or self.step_comm is not MoECommType.ALLGATHER
 
     def _forward_impl(
         self, hidden_states: torch.Tensor, router_logits: torch.Tensor, *args: Any, **kwargs: Any
     ):
         num_tokens = _max_tokens_across_dp(hidden_states.shape[0])
-        self.step_comm = select_moe_comm_method(self.comm, num_tokens)
+        # A captured step replays what it recorded: no all-to-all sized on the host there.
+        captured = (
+            is_forward_context_available() and get_forward_context().cudagraph_runtime_mode != CUDAGraphMode.NONE
+        )
+        self.step_comm = select_moe_comm_method(self.comm, num_tokens, captured)
         self.comm_steps[self.step_comm] += 1
         if self.step_comm not in _ANNOUNCED:
             _ANNOUNCED.add(self.step_comm)
@@ -316,6 +335,8 @@ class AscendMoERunner(MoERunner):
             if lora_rows is not None:
                 experts = functools.partial(self._expert_rows, lora_rows=lora_rows)
             out = allgather_experts(hidden_states, local, weights, num_local, experts)
+            if self._reduces_inside:
+                out = get_tp_group().all_reduce(out)
         else:
             tp_group = get_tp_group()
             x = split_tokens(hidden_states, tp_group.rank_in_group, self.comm.tp_size)

@@ -109,8 +109,15 @@ def mc2_capacity(max_num_seqs: int, decode_query_len: int, max_num_batched_token
     return min(max_num_seqs * decode_query_len, MC2_MAX_CAPACITY)
 
 
-def select_moe_comm_method(config: MoECommConfig, num_tokens: int) -> MoECommType:
-    """The method of a step whose largest data-parallel rank runs ``num_tokens`` tokens."""
+def select_moe_comm_method(config: MoECommConfig, num_tokens: int, captured: bool = False) -> MoECommType:
+    """The method of a step whose largest data-parallel rank runs ``num_tokens`` tokens. A ``captured`` step (run
+    as a graph) never takes the all-to-all, forced or not: its split sizes are the step's own (read on the host),
+    which a graph cannot take from its capture; all-gather has fixed shapes."""
+    method = _select(config, num_tokens)
+    return MoECommType.ALLGATHER if captured and method is MoECommType.ALLTOALL else method
+
+
+def _select(config: MoECommConfig, num_tokens: int) -> MoECommType:
     if config.ep_size == 1:
         return MoECommType.ALLGATHER  # experts are tensor-parallel slices: nothing to route between ranks
     if config.forced is not None:
