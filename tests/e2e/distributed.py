@@ -74,6 +74,7 @@ def pool_state(wrapper):
         "owned": all(pool.owns(t) for t in tensors),
         "addresses": [t.data_ptr() for t in tensors],
         "replays": sum(getattr(w, "replays", 0) for w in list(CUDAGraphWrapper._all_instances)),
+        "graphs": sum(len(getattr(w, "entries", ())) for w in list(CUDAGraphWrapper._all_instances)),
     }
 
 

@@ -111,6 +111,7 @@ def test_engine_runs_graphs_on_the_sleep_mode_backend_and_pool(llm, qwen3_prompt
     assert all(pool.owns(p) for p in params) and all(pool.owns(t) for t in kv)
     assert pool.allocated_bytes("weights") >= _nbytes(params)
     assert pool.allocated_bytes("kv_cache") >= _nbytes(kv) >= 32 << 20
+    assert pool.allocated_bytes("graph") > 0  # what the captures allocated (their static outputs among it)
     before = _replays(llm)
     assert _greedy(llm, qwen3_prompts) == qwen3_hf.token_ids
     assert _replays(llm) > before  # decode steps replayed captured pieces
@@ -181,15 +182,21 @@ def _check_sleep_cycle(result: dict, expected: list[list[int]]) -> None:
         assert woken["replays"] > level2["replays"] > awake["replays"]  # graphs captured at start replayed after
 
 
-def test_tensor_parallel_sleep_levels_keep_addresses_and_tokens(tiny_qwen3, qwen3_prompts, qwen3_hf):
-    """TP=2 (two worker processes, gloo) on the runner vLLM selects, PIECEWISE graphs: each rank's pool."""
+def test_tensor_parallel_sleep_levels_with_extra_cleanup_recapture_graphs(tiny_qwen3, qwen3_prompts, qwen3_hf):
+    """TP=2 (two worker processes, gloo) on the runner vLLM selects, PIECEWISE graphs, each rank's pool; with
+    ``rl_config.sleep_mode_extra_cleanup`` every sleep drops the captured graphs, captured again on use."""
     from .distributed import run_case
 
+    rl = {"rl_config": {"enabled": True, "sleep_mode_extra_cleanup": True}}
     result, output = run_case(
         tiny_qwen3, qwen3_prompts, sleep_cycle=True, tensor_parallel_size=2, enable_sleep_mode=True,
-        compilation_config=GRAPHS,
+        compilation_config=GRAPHS, additional_config=rl,
     )  # fmt: skip
     _check_sleep_cycle(result, qwen3_hf.token_ids)
+    states = result["reports"]["states"]
+    for awake, level1, level2, woken in zip(*(states[k] for k in ("awake", "level1", "level2", "woken")), strict=True):
+        assert awake["graphs"] > 0 and level1["graphs"] == 0 and level2["graphs"] == 0 and woken["graphs"] > 0
+    assert output.count("Sleep mode extra cleanup:") == 4  # two sleeps on two ranks
     assert "Traceback" not in output, output[-6000:]
     assert "Using Model Runner V2" in output
 

@@ -114,6 +114,15 @@ class ACLGraphWrapper(CUDAGraphWrapper):
     def clear_graphs(self) -> None:
         self.entries.clear()
 
+    def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The adaptor's capture; with sleep mode, the graph's memory is the tagged pool's ``graph`` regions."""
+        adaptor = get_device_adaptor()
+        if not self.vllm_config.model_config.enable_sleep_mode:
+            return adaptor.capture_graph(self.runnable, args, kwargs)
+        pool = adaptor.memory_pool()
+        with pool.use_memory_pool("graph"):
+            return adaptor.capture_graph(self.runnable, args, kwargs, pool=pool.graph_pool_handle())
+
     def refresh_attention_params(self, captured: ForwardContext, current: ForwardContext) -> None:
         """FULL graphs read attention metadata captured with them: bring it up to this step."""
         if self.runtime_mode == CUDAGraphMode.FULL:
@@ -128,7 +137,7 @@ class ACLGraphWrapper(CUDAGraphWrapper):
             return self.runnable(*args, **kwargs)
         entry = self.entries.get(descriptor)
         if entry is None:
-            graph = get_device_adaptor().capture_graph(self.runnable, args, kwargs)
+            graph = self._capture(args, kwargs)
             self.entries[descriptor] = GraphEntry(graph, context, _addresses(args))
             self.captures += 1
             return graph.output
@@ -157,3 +166,14 @@ def device_graph_capture(device: torch.device) -> Iterator[GraphCaptureContext]:
         stream.wait_stream(current)
     with torch.cuda.stream(stream):
         yield GraphCaptureContext(stream)
+
+
+def release_captured_graphs(vllm_config: VllmConfig) -> int:
+    """Drop the graphs the wrappers of ``vllm_config``'s engine captured (their device memory pools go with
+    them); each is captured again on its first use. Returns how many were dropped."""
+    dropped = 0
+    for wrapper in list(CUDAGraphWrapper._all_instances):
+        if isinstance(wrapper, ACLGraphWrapper) and wrapper.vllm_config is vllm_config:
+            dropped += len(wrapper.entries)
+            wrapper.clear_graphs()
+    return dropped

@@ -31,6 +31,7 @@ from vllm_ascend.core.sdk import (
 from vllm_ascend.runner.attention.mla.sparse import DSA_INDEXER_OP
 from vllm_ascend.runner.block_table import TRITON_KERNEL_OVERRIDES
 from vllm_ascend.runner.cpu_binding import bind_cpus
+from vllm_ascend.runner.graph_wrapper import release_captured_graphs
 from vllm_ascend.runner.kernel_overrides import register_grid_kernels, register_kernels, v2_kernel_table
 from vllm_ascend.runner.model_runner import NPUModelRunner
 from vllm_ascend.runner.ops.registry import enable_custom_ops, register_custom_ops
@@ -186,6 +187,16 @@ class NPUWorker(Worker):
             moved = get_device_adaptor().memory_pool().adopt("weights", tensors)
             if moved:
                 logger.info("Sleep mode: %.1f MiB of weights moved into the memory pool", moved / 2**20)
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep (the pool releases weights and KV cache); with ``rl_config.sleep_mode_extra_cleanup`` the
+        captured graphs are dropped first, releasing their memory pools: each is captured again on its first
+        use after waking (a graph's capture needs the KV cache awake)."""
+        if get_ascend_config().rl_config.sleep_mode_extra_cleanup:
+            dropped = release_captured_graphs(self.vllm_config)
+            get_device_adaptor().empty_cache()
+            logger.info("Sleep mode extra cleanup: %d captured graphs dropped (captured again on use)", dropped)
+        super().sleep(level)
 
     # -- memory and KV cache ---------------------------------------------------------------
     @torch.inference_mode()

@@ -27,21 +27,34 @@ _PAGE = mmap.PAGESIZE
 MIN_REGION_BYTES = _PAGE
 
 _aten = torch.ops.aten
-#: factory op -> the fill value of its result (None: uninitialised).
-_FACTORIES: dict[Any, float | None] = {
+#: factory op -> where its result's fill value is: None (uninitialised), a constant, or ``("arg", index)``.
+_FACTORIES: dict[Any, Any] = {
     _aten.empty.memory_format: None,
     _aten.empty_strided.default: None,
-    _aten.zeros.default: 0.0,
-    _aten.ones.default: 1.0,
+    _aten.zeros.default: 0,
+    _aten.ones.default: 1,
+    _aten.full.default: ("arg", 1),
+    _aten.empty_like.default: None,
+    _aten.zeros_like.default: 0,
+    _aten.ones_like.default: 1,
+    _aten.full_like.default: ("arg", 1),
+    _aten.new_empty.default: None,
+    _aten.new_zeros.default: 0,
+    _aten.new_ones.default: 1,
+    _aten.new_full.default: ("arg", 2),
 }
 
 
-def _is_host(device: Any) -> bool:
-    return device is None or torch.device(device).type == "cpu"
+def _target_device(args: tuple, kwargs: dict) -> torch.device:
+    device = kwargs.get("device")
+    if device is None and args and isinstance(args[0], torch.Tensor):
+        return args[0].device  # *_like / new_*: the input's device
+    return torch.device(device if device is not None else "cpu")
 
 
 class _RouteAllocations(TorchDispatchMode):
-    """Serve the factory ops of the host device from the pool (contiguous results of one dtype)."""
+    """Serve torch's factory ops on the host device from the pool: the op run on the meta device gives the
+    result's sizes, strides and dtype; its storage is a region of the scope's tag."""
 
     def __init__(self, pool: HostMemoryPool, tag: str) -> None:
         super().__init__()
@@ -49,22 +62,22 @@ class _RouteAllocations(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in _FACTORIES and _is_host(kwargs.get("device")) and not kwargs.get("pin_memory"):
-            size = list(args[0])
-            dtype = kwargs.get("dtype") or torch.get_default_dtype()
-            numel = 1
-            for dim in size:
-                numel *= int(dim)
-            nbytes = numel * torch.empty((), dtype=dtype).element_size()
-            if nbytes >= MIN_REGION_BYTES:
-                tensor = self._pool.allocate_tensor(self._tag, size, dtype)
-                fill = _FACTORIES[func]
-                if fill:
-                    tensor.fill_(fill)
-                if kwargs.get("requires_grad"):
-                    tensor.requires_grad_(True)
-                return tensor
-        return func(*args, **kwargs)
+        if func not in _FACTORIES or kwargs.get("pin_memory") or _target_device(args, kwargs).type != "cpu":
+            return func(*args, **kwargs)
+        shape = func(*args, **{**kwargs, "device": "meta"})
+        nbytes = shape.untyped_storage().nbytes()
+        if nbytes < MIN_REGION_BYTES:
+            return func(*args, **kwargs)
+        storage = self._pool.allocate_tensor(self._tag, [nbytes], torch.uint8).untyped_storage()
+        tensor = torch.empty(0, dtype=shape.dtype).set_(storage, 0, shape.shape, shape.stride())
+        fill = _FACTORIES[func]
+        if isinstance(fill, tuple):
+            fill = args[fill[1]]
+        if fill:
+            tensor.fill_(fill)
+        if kwargs.get("requires_grad"):
+            tensor.requires_grad_(True)
+        return tensor
 
 
 class _Mapping:

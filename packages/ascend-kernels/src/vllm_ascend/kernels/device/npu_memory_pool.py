@@ -317,13 +317,7 @@ class NPUMemoryPool(TaggedMemoryPool):
                 "(sleep mode); remove expandable_segments:True"
             )
         memory = self._torch_npu.npu.memory
-        if self._allocator is None:
-            self._allocator = self._torch_npu._C._npu_customAllocator(
-                _address(self._malloc_fn), _address(self._free_fn)
-            )
-        pool = self._mem_pools.get(tag)
-        if pool is None:
-            pool = self._mem_pools[tag] = memory.MemPool(self._allocator)
+        pool = self._mem_pool(tag)
         previous, self._tag, self._callback_error = self._tag, tag, None
         try:
             with memory.use_mem_pool(pool):
@@ -335,6 +329,22 @@ class NPUMemoryPool(TaggedMemoryPool):
             raise
         finally:
             self._tag = previous
+
+    def _mem_pool(self, tag: str) -> Any:
+        """torch_npu's ``MemPool`` of ``tag`` on the pluggable allocator (both made on first use)."""
+        if self._allocator is None:
+            self._allocator = self._torch_npu._C._npu_customAllocator(
+                _address(self._malloc_fn), _address(self._free_fn)
+            )
+        pool = self._mem_pools.get(tag)
+        if pool is None:
+            pool = self._mem_pools[tag] = self._torch_npu.npu.memory.MemPool(self._allocator)
+        return pool
+
+    def graph_pool_handle(self) -> Any:
+        """The ``graph`` MemPool's id: ``torch.npu.graph(pool=...)`` then allocates the capture's memory through
+        the pluggable allocator, as regions of tag ``graph``."""
+        return self._mem_pool("graph").id
 
     def _malloc(self, size: int, device: int, stream: int | None) -> int | None:
         """torch_npu's malloc: a new region of the scope's tag (None, i.e. NULL, on failure: torch_npu then

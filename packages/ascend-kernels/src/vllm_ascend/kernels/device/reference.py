@@ -611,13 +611,17 @@ def _no_op_host_cache(*args: Any, **kwargs: Any) -> None:
 
 
 def _host_memory_info(device: Any = None) -> tuple[int, int]:
-    """``torch.accelerator.get_memory_info`` of the reference device: (total - this process's resident set,
-    total) bytes of host memory. Per process, as a device's is per device: what other processes on the host do
-    does not move it (vLLM's sleep checks that sleeping freed memory by it)."""
+    """``torch.accelerator.get_memory_info`` of the reference device: (total - device memory in use, total) bytes
+    of host memory, where the device memory in use is this process's resident set less the sleep-mode copies the
+    pool keeps "on the host" (on an NPU those are host memory, not device memory). Per process, as a device's
+    is per device: what other processes do does not move it (vLLM's sleep checks that sleeping freed memory)."""
     import psutil
 
+    from vllm_ascend.kernels.device.memory_pool import host_memory_pool
+
     total = int(psutil.virtual_memory().total)
-    return total - int(psutil.Process().memory_info().rss), total
+    in_use = int(psutil.Process().memory_info().rss) - host_memory_pool().offloaded_bytes()
+    return total - in_use, total
 
 
 class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseDeviceAdaptor):

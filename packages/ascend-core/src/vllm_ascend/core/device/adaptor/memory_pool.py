@@ -78,6 +78,12 @@ class TaggedMemoryPool(abc.ABC):
     def region_tensor(self, region: Region) -> torch.Tensor:
         """The region's bytes as a ``uint8`` tensor on the device (for copies in and out)."""
 
+    def graph_pool_handle(self) -> Any:
+        """The handle a device graph capture takes as its memory pool so that the graph's memory is regions of
+        tag ``graph`` (captured inside ``use_memory_pool("graph")``); None where graphs have no pool of their own
+        (their allocations are made in the scope like any other)."""
+        return None
+
     # -- regions -----------------------------------------------------------------------------
     def new_region(self, tag: str, nbytes: int) -> Region:
         """Allocate a region of ``tag`` (the allocation hook of :meth:`use_memory_pool` and :meth:`adopt`)."""
@@ -159,6 +165,10 @@ class TaggedMemoryPool(abc.ABC):
     def allocated_bytes(self, tag: str | None = None) -> int:
         """Bytes of all regions (of ``tag``, or all), resident or released."""
         return sum(r.nbytes for r in self.regions(None if tag is None else [tag]))
+
+    def offloaded_bytes(self) -> int:
+        """Bytes of region contents kept on the host while asleep (level 1's weights)."""
+        return sum(r.backup.numel() for r in self.regions() if r.backup is not None)
 
     def is_asleep(self, tag: str | None = None) -> bool:
         return any(not r.resident for r in self.regions(None if tag is None else [tag]))
