@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.adaptor.graph import GraphCaptureError as GraphCaptureError
     from vllm_ascend.core.device.adaptor.graph import captured_tensors as captured_tensors
     from vllm_ascend.core.device.adaptor.memory_pool import MEMORY_TAGS as MEMORY_TAGS
+    from vllm_ascend.core.platform import SLEEP_MODE_BACKEND as SLEEP_MODE_BACKEND
     from vllm_ascend.core.device.adaptor.memory_pool import MemoryPoolError as MemoryPoolError
     from vllm_ascend.core.device.adaptor.memory_pool import Region as Region
     from vllm_ascend.core.device.adaptor.memory_pool import TaggedMemoryPool as TaggedMemoryPool
@@ -157,6 +158,7 @@ _EXPORTS: dict[str, str] = {
     "GraphCaptureError": "vllm_ascend.core.device.adaptor.graph",
     "captured_tensors": "vllm_ascend.core.device.adaptor.graph",
     "MEMORY_TAGS": "vllm_ascend.core.device.adaptor.memory_pool",
+    "SLEEP_MODE_BACKEND": "vllm_ascend.core.platform",
     "MemoryPoolError": "vllm_ascend.core.device.adaptor.memory_pool",
     "Region": "vllm_ascend.core.device.adaptor.memory_pool",
     "TaggedMemoryPool": "vllm_ascend.core.device.adaptor.memory_pool",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten
 from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.distributed.parallel_state import GraphCaptureContext
@@ -34,7 +35,7 @@ from vllm.forward_context import (
     override_forward_context,
 )
 
-from vllm_ascend.core.sdk import get_device_adaptor
+from vllm_ascend.core.sdk import captured_tensors, get_device_adaptor
 
 
 class GraphReplayError(RuntimeError):
@@ -121,7 +122,13 @@ class ACLGraphWrapper(CUDAGraphWrapper):
             return adaptor.capture_graph(self.runnable, args, kwargs)
         pool = adaptor.memory_pool()
         with pool.use_memory_pool("graph"):
-            return adaptor.capture_graph(self.runnable, args, kwargs, pool=pool.graph_pool_handle())
+            graph = adaptor.capture_graph(self.runnable, args, kwargs, pool=pool.graph_pool_handle())
+        # Outputs a device made outside the scope (compiled code's own allocations on the host) join the graph's
+        # regions; those sharing an input's memory stay where they are (the inputs' addresses are the contract).
+        leaves = tree_flatten((args, kwargs))[0]
+        inputs = {t.untyped_storage().data_ptr() for t in leaves if isinstance(t, torch.Tensor)}
+        pool.adopt("graph", [t for t in captured_tensors(graph.output) if t.untyped_storage().data_ptr() not in inputs])
+        return graph
 
     def refresh_attention_params(self, captured: ForwardContext, current: ForwardContext) -> None:
         """FULL graphs read attention metadata captured with them: bring it up to this step."""

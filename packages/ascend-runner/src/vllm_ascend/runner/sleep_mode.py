@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from vllm.device_allocator.sleep_mode_backend import SleepModeBackend
 
-from vllm_ascend.core.sdk import get_device_adaptor, init_logger
+from vllm_ascend.core.sdk import SLEEP_MODE_BACKEND, get_device_adaptor, init_logger
 
 logger = init_logger(__name__)
-
-#: The name the platform sets as ``model_config.sleep_mode_backend``.
-SLEEP_MODE_BACKEND = "ascend"
 
 
 class AscendSleepModeBackend(SleepModeBackend):
