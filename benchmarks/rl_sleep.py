@@ -70,10 +70,10 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from vllm import LLM, SamplingParams
+    from weight_update import TrainerProcess
 
     from vllm_ascend.core.sdk import get_device_adaptor
     from vllm_ascend.testing.tiny_models import build_tiny_model, qwen3_spec
-    from weight_update import TrainerProcess
 
     spec = qwen3_spec(
         hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_layers=args.layers, num_heads=16,
@@ -139,7 +139,9 @@ def main() -> None:
         lines.append(f"| {name} | {gb:.3f} | {best:.3f} | {best / gb:.3f} | {drop} |")
     total = (weights + kv) / 1e9
     for name, seconds in ceilings.items():
-        lines.append(f"| ceiling: one {name} of the same bytes | {total:.3f} | {seconds:.3f} | {seconds / total:.3f} | |")
+        lines.append(
+            f"| ceiling: one {name} of the same bytes | {total:.3f} | {seconds:.3f} | {seconds / total:.3f} | |"
+        )
     table = "\n".join(lines)
     print(table)
     if args.write:

@@ -35,7 +35,11 @@ def llm(tiny_qwen3, tmp_path_factory):
             kv_cache_memory_bytes=64 << 20,
             seed=0,
             enable_sleep_mode=True,
-            compilation_config={"mode": 3, "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": CAPTURE_SIZES},
+            compilation_config={
+                "mode": 3,
+                "cudagraph_mode": "PIECEWISE",
+                "cudagraph_capture_sizes": CAPTURE_SIZES,
+            },
         )
         yield engine
         engine.llm_engine.engine_core.shutdown()
@@ -175,14 +179,20 @@ def _check_sleep_cycle(result: dict, expected: list[list[int]]) -> None:
     report = result["reports"]
     states = report["states"]
     assert result["tokens"] == expected and report["rounds"] == [expected, expected]
-    for awake, level1, level2, woken in zip(*(states[k] for k in ("awake", "level1", "level2", "woken")), strict=True):
+    for awake, level1, level2, woken in zip(
+        *(states[k] for k in ("awake", "level1", "level2", "woken")), strict=True
+    ):
         assert awake["owned"] and awake["resident"] == awake["allocated"] > 0, awake
         assert level1["resident"] == 0 and level2["resident"] == 0  # every region released, on every rank
         assert woken["resident"] == awake["resident"] and woken["addresses"] == awake["addresses"]
-        assert woken["replays"] > level2["replays"] > awake["replays"]  # graphs captured at start replayed after
+        assert (
+            woken["replays"] > level2["replays"] > awake["replays"]
+        )  # graphs captured at start replayed after
 
 
-def test_tensor_parallel_sleep_levels_with_extra_cleanup_recapture_graphs(tiny_qwen3, qwen3_prompts, qwen3_hf):
+def test_tensor_parallel_sleep_levels_with_extra_cleanup_recapture_graphs(
+    tiny_qwen3, qwen3_prompts, qwen3_hf
+):
     """TP=2 (two worker processes, gloo) on the runner vLLM selects, PIECEWISE graphs, each rank's pool; with
     ``rl_config.sleep_mode_extra_cleanup`` every sleep drops the captured graphs, captured again on use."""
     from .distributed import run_case
@@ -194,7 +204,9 @@ def test_tensor_parallel_sleep_levels_with_extra_cleanup_recapture_graphs(tiny_q
     )  # fmt: skip
     _check_sleep_cycle(result, qwen3_hf.token_ids)
     states = result["reports"]["states"]
-    for awake, level1, level2, woken in zip(*(states[k] for k in ("awake", "level1", "level2", "woken")), strict=True):
+    for awake, level1, level2, woken in zip(
+        *(states[k] for k in ("awake", "level1", "level2", "woken")), strict=True
+    ):
         assert awake["graphs"] > 0 and level1["graphs"] == 0 and level2["graphs"] == 0 and woken["graphs"] > 0
     assert output.count("Sleep mode extra cleanup:") == 4  # two sleeps on two ranks
     assert "Traceback" not in output, output[-6000:]

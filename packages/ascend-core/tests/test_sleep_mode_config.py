@@ -11,7 +11,12 @@ from vllm_ascend.core.platform import SLEEP_MODE_BACKEND, ReferencePlatform
 
 
 def _vllm_config(**model: object) -> SimpleNamespace:
-    fields = {"enable_sleep_mode": True, "sleep_mode_backend": "cumem", "enable_nccl_comm_suspend": False, **model}
+    fields = {
+        "enable_sleep_mode": True,
+        "sleep_mode_backend": "cumem",
+        "enable_nccl_comm_suspend": False,
+        **model,
+    }
     return SimpleNamespace(model_config=SimpleNamespace(**fields))
 
 
@@ -28,7 +33,11 @@ def test_without_sleep_mode_nothing_changes():
 
 
 def test_other_backends_and_comm_suspension_are_refused_by_name():
-    with pytest.raises(ConfigError, match=r"model_config.sleep_mode_backend='criu' is not supported yet .*allowed: 'ascend'"):
+    with pytest.raises(
+        ConfigError, match=r"model_config.sleep_mode_backend='criu' is not supported yet .*allowed: 'ascend'"
+    ):
         ReferencePlatform._check_sleep_mode(_vllm_config(sleep_mode_backend="criu"))  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=r"model_config.enable_nccl_comm_suspend=True is not supported yet .*allowed: False"):
+    with pytest.raises(
+        ConfigError, match=r"model_config.enable_nccl_comm_suspend=True is not supported yet .*allowed: False"
+    ):
         ReferencePlatform._check_sleep_mode(_vllm_config(enable_nccl_comm_suspend=True))  # type: ignore[arg-type]

@@ -49,4 +49,7 @@ def test_levels_and_registration():
     register_sleep_mode_backend()
     register_sleep_mode_backend()  # once per process, whoever asks
     assert SleepModeBackendFactory.get_backend_class("ascend") is AscendSleepModeBackend
-    assert AscendSleepModeBackend.preserves_compiled_artifacts() and AscendSleepModeBackend.preserves_communicators()
+    assert (
+        AscendSleepModeBackend.preserves_compiled_artifacts()
+        and AscendSleepModeBackend.preserves_communicators()
+    )

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.adaptor.graph import GraphCaptureError as GraphCaptureError
     from vllm_ascend.core.device.adaptor.graph import captured_tensors as captured_tensors
     from vllm_ascend.core.device.adaptor.memory_pool import MEMORY_TAGS as MEMORY_TAGS
-    from vllm_ascend.core.platform import SLEEP_MODE_BACKEND as SLEEP_MODE_BACKEND
     from vllm_ascend.core.device.adaptor.memory_pool import MemoryPoolError as MemoryPoolError
     from vllm_ascend.core.device.adaptor.memory_pool import Region as Region
     from vllm_ascend.core.device.adaptor.memory_pool import TaggedMemoryPool as TaggedMemoryPool
@@ -72,6 +71,7 @@ if TYPE_CHECKING:
     from vllm_ascend.core.extensions import ExtensionDescriptor as ExtensionDescriptor
     from vllm_ascend.core.logger import init_logger as init_logger
     from vllm_ascend.core.lora import InvalidLoRAAdapterError as InvalidLoRAAdapterError
+    from vllm_ascend.core.platform import SLEEP_MODE_BACKEND as SLEEP_MODE_BACKEND
     from vllm_ascend.core.registry import CLI_COMMANDS as CLI_COMMANDS
     from vllm_ascend.core.registry import CONFIG_SECTIONS as CONFIG_SECTIONS
     from vllm_ascend.core.registry import DEVICE_ADAPTORS as DEVICE_ADAPTORS

@@ -127,7 +127,10 @@ class ACLGraphWrapper(CUDAGraphWrapper):
         # regions; those sharing an input's memory stay where they are (the inputs' addresses are the contract).
         leaves = tree_flatten((args, kwargs))[0]
         inputs = {t.untyped_storage().data_ptr() for t in leaves if isinstance(t, torch.Tensor)}
-        pool.adopt("graph", [t for t in captured_tensors(graph.output) if t.untyped_storage().data_ptr() not in inputs])
+        pool.adopt(
+            "graph",
+            [t for t in captured_tensors(graph.output) if t.untyped_storage().data_ptr() not in inputs],
+        )
         return graph
 
     def refresh_attention_params(self, captured: ForwardContext, current: ForwardContext) -> None:

@@ -55,4 +55,6 @@ def register_sleep_mode_backend() -> None:
     from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
 
     if SLEEP_MODE_BACKEND not in SleepModeBackendFactory._registry:
-        SleepModeBackendFactory.register_backend(SLEEP_MODE_BACKEND, __name__, AscendSleepModeBackend.__name__)
+        SleepModeBackendFactory.register_backend(
+            SLEEP_MODE_BACKEND, __name__, AscendSleepModeBackend.__name__
+        )

@@ -195,7 +195,9 @@ class NPUWorker(Worker):
         if get_ascend_config().rl_config.sleep_mode_extra_cleanup:
             dropped = release_captured_graphs(self.vllm_config)
             get_device_adaptor().empty_cache()
-            logger.info("Sleep mode extra cleanup: %d captured graphs dropped (captured again on use)", dropped)
+            logger.info(
+                "Sleep mode extra cleanup: %d captured graphs dropped (captured again on use)", dropped
+            )
         super().sleep(level)
 
     # -- memory and KV cache ---------------------------------------------------------------

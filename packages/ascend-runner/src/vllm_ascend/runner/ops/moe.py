@@ -247,7 +247,8 @@ class AscendMoERunner(MoERunner):
         num_tokens = _max_tokens_across_dp(hidden_states.shape[0])
         # A captured step replays what it recorded: no all-to-all sized on the host there.
         captured = (
-            is_forward_context_available() and get_forward_context().cudagraph_runtime_mode != CUDAGraphMode.NONE
+            is_forward_context_available()
+            and get_forward_context().cudagraph_runtime_mode != CUDAGraphMode.NONE
         )
         self.step_comm = select_moe_comm_method(self.comm, num_tokens, captured)
         self.comm_steps[self.step_comm] += 1

@@ -204,7 +204,9 @@ class TaggedMemoryPool(abc.ABC):
         data = self.region_tensor(region)
         for key, storage in storages.items():
             start, size = offsets[key], storage.nbytes()
-            data[start : start + size].copy_(torch.tensor([], dtype=torch.uint8, device=data.device).set_(storage))
+            data[start : start + size].copy_(
+                torch.tensor([], dtype=torch.uint8, device=data.device).set_(storage)
+            )
             for tensor in groups[key]:
                 moved = data[start : start + size].view(tensor.dtype)
                 with torch.no_grad():
@@ -213,9 +215,10 @@ class TaggedMemoryPool(abc.ABC):
         self._owned_by_tensors(region)
         return total
 
+    @abc.abstractmethod
     def _owned_by_tensors(self, region: Region) -> None:
-        """Hook: tensors now hold the region's memory (a family whose regions live as long as their tensors
-        stops holding it here)."""
+        """Tensors now hold the region's memory: from here the region lives as long as they do (the pool stops
+        holding it and forgets it when they are collected)."""
 
 
 def track_region_lifetime(pool: TaggedMemoryPool, owner: Any, address: int) -> None:
