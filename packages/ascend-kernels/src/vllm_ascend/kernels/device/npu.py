@@ -226,7 +226,7 @@ class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
         """CANN virtual memory under torch_npu's pluggable allocator (``npu_memory_pool.py``)."""
         from vllm_ascend.kernels.device.npu_memory_pool import npu_memory_pool
 
-        return npu_memory_pool()
+        return npu_memory_pool(torch_npu_module())
 
     def install_runtime_shims(self) -> None:
         """torch_npu registers a real accelerator: nothing to replace."""

@@ -391,10 +391,7 @@ CaMemAllocator = NPUMemoryPool
 
 
 @functools.cache
-def npu_memory_pool() -> NPUMemoryPool:
-    """The process's pool (one per process: torch_npu holds its callbacks). Raises naming torch_npu or
-    libascendcl.so where either is missing."""
-    from vllm_ascend.kernels.device.npu import torch_npu_module
-
-    torch_npu = torch_npu_module()
+def npu_memory_pool(torch_npu: ModuleType) -> NPUMemoryPool:
+    """The process's pool on ``torch_npu`` (one per process: torch_npu holds its callbacks). Raises naming
+    libascendcl.so where it is missing."""
     return NPUMemoryPool(AclRuntime.load(), torch_npu)
