@@ -105,6 +105,7 @@ def test_core_registries_are_exactly_the_served_ones():
         "device_adaptors",
         "kv_connectors",
         "kv_offload_specs",
+        "weight_transfer_engines",
         "doctor_probes",
         "cli_commands",
         "workers",

@@ -10,6 +10,7 @@ Nothing is detected at import: ``vllm_ascend.core.plugin.register`` picks the cl
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -90,6 +91,10 @@ def _env_is_on(name: str, raw: str) -> bool:
         return False
 
 
+#: ``weight_transfer_config.backend`` per device kind: the device's collective backend (``profile.dist_backend``).
+WEIGHT_TRANSFER_BACKENDS = "hccl (NPU), gloo (reference device)"
+
+
 class AscendPlatform(Platform):
     """Everything the Ascend platforms share; family differences come from the profile and adaptor."""
 
@@ -136,6 +141,15 @@ class AscendPlatform(Platform):
     @classmethod
     def set_device(cls, device: torch.device) -> None:
         cls.adaptor().set_device(device)
+
+    @classmethod
+    def stateless_init_device_torch_dist_pg(
+        cls, backend: str, prefix_store: Any, group_rank: int, group_size: int, timeout: timedelta
+    ) -> Any:
+        """A process group of the device's collective backend outside torch's global state (vLLM's
+        ``stateless_init_torch_distributed_process_group`` asks for one; gloo groups it builds itself): the
+        adaptor's ``stateless_process_group`` (HCCL on NPUs)."""
+        return cls.adaptor().stateless_process_group(backend, prefix_store, group_rank, group_size, timeout)
 
     @classmethod
     def manual_seed_all(cls, seed: int) -> None:
@@ -411,6 +425,7 @@ class AscendPlatform(Platform):
         cls._check_encoder_only_chunking(vllm_config)
         cls._check_lora(vllm_config)
         cls._check_sleep_mode(vllm_config)
+        cls._check_weight_transfer(vllm_config)
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":
             worker = _workers().entry(_worker_name()).value
@@ -548,6 +563,35 @@ class AscendPlatform(Platform):
                     f"enable_lora with {what} is not supported yet by vllm-ascend {__version__}; allowed: {allowed}"
                     for what, allowed in refused
                 )
+            )
+
+    @classmethod
+    def _check_weight_transfer(cls, vllm_config: VllmConfig) -> None:
+        """Serve ``weight_transfer_config.backend`` only where it is this device's collective backend and a sibling
+        registered an engine for it (``WEIGHT_TRANSFER_ENGINES``: the runner's broadcast over a stateless group,
+        ``hccl`` on NPUs, ``gloo`` on the reference device); vLLM's NCCL / CUDA-IPC engines never run here.
+        Quantized models are refused: an update would load checkpoint-format weights into re-packed quantized
+        parameters without re-quantizing them."""
+        transfer = vllm_config.weight_transfer_config
+        if transfer is None:
+            return
+        from vllm_ascend.core._version import __version__
+        from vllm_ascend.core.config import ConfigError
+        from vllm_ascend.core.registry import WEIGHT_TRANSFER_ENGINES
+
+        profile = cls.profile()
+        served = profile.dist_backend
+        if transfer.backend != served or served not in WEIGHT_TRANSFER_ENGINES:
+            here = repr(served) if served in WEIGHT_TRANSFER_ENGINES else "none (install vllm-ascend-runner)"
+            raise ConfigError(
+                f"weight_transfer_config.backend={transfer.backend!r} is not served on Ascend ({profile.name}) by "
+                f"vllm-ascend {__version__}; allowed: {here} here (per device: {WEIGHT_TRANSFER_BACKENDS})"
+            )
+        model_config = vllm_config.model_config
+        if model_config is not None and model_config.quantization is not None:
+            raise ConfigError(
+                f"weight_transfer_config with quantization={model_config.quantization!r} is not supported yet by "
+                f"vllm-ascend {__version__} (updates are not re-quantized); allowed: quantization=None"
             )
 
     @classmethod

@@ -40,8 +40,8 @@ def register() -> str | None:
 def load_extensions() -> None:
     """Load every installed sibling extension (once per process).
 
-    When the platform is active, also hand the siblings' model loaders and quantization methods to
-    vLLM so that ``--load-format <name>`` / ``--quantization <name>`` work, let vLLM's speculative config
+    When the platform is active, also hand the siblings' model loaders, quantization methods, KV connectors /
+    offloading specs and weight-transfer engines to vLLM so that ``--load-format <name>`` / ``--quantization <name>`` work, let vLLM's speculative config
     accept ``suffix`` without arctic-inference when a sibling serves it, let vLLM select Model Runner V2 where
     the family's worker serves it (``serve_model_runner_v2_in_vllm``), let the API server answer a malformed
     LoRA adapter with 400 (``answer_invalid_lora_adapters_with_400``), and install the device
@@ -65,6 +65,7 @@ def load_extensions() -> None:
             register_model_loaders_with_vllm,
             register_offload_specs_with_vllm,
             register_quant_methods_with_vllm,
+            register_weight_transfer_engines_with_vllm,
             serve_model_runner_v2_in_vllm,
         )
 
@@ -72,6 +73,7 @@ def load_extensions() -> None:
         register_quant_methods_with_vllm()
         register_kv_connectors_with_vllm()
         register_offload_specs_with_vllm()
+        register_weight_transfer_engines_with_vllm()
         accept_served_spec_methods_in_vllm()
         serve_model_runner_v2_in_vllm()
         answer_invalid_lora_adapters_with_400()

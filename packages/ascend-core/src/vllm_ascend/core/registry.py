@@ -262,6 +262,12 @@ KV_CONNECTORS: Registry[type] = Registry(
 KV_OFFLOAD_SPECS: Registry[type] = Registry(
     "KV offloading spec", _is_class, "an OffloadingSpec subclass", import_at_load=False
 )
+#: ``weight_transfer_config.backend`` -> a vLLM ``WeightTransferEngine`` subclass whose ``trainer_engine`` class
+#: attribute is its ``TrainerWeightTransferEngine`` (both handed to vLLM's weight-transfer factories by lazy path;
+#: the platform serves only the name equal to the device's collective backend, ``profile.dist_backend``).
+WEIGHT_TRANSFER_ENGINES: Registry[type] = Registry(
+    "weight transfer engine", _is_class, "a WeightTransferEngine subclass", import_at_load=False
+)
 #: any name -> ``probe() -> dict[str, str]``: what ``vllm-ascend doctor`` shows about something a sibling
 #: depends on at run time (label -> one line), e.g. whether a transfer engine initializes here.
 DOCTOR_PROBES: Registry[Callable[..., Any]] = Registry(
@@ -279,7 +285,8 @@ CONFIG_SECTIONS: Registry[Callable[..., Any]] = Registry(
 
 #: ``"default"`` -> ``schedule_for(vllm_config, ep_size) -> schedule | None``: the expert-placement schedule
 #: (EPLB) the runner's MoE layers register with: ``register(layer)``, ``started``, ``begin(num_experts)``,
-#: ``rank_maps(rank_table)``, ``forward_end(phase)``, ``layers`` (checked without importing at load).
+#: ``rank_maps(rank_table)``, ``forward_end(phase)``, ``layers``; around a weight update ``settle()`` and
+#: ``relayout(layer_index, laid_out_as)`` (checked without importing at load).
 MOE_PLACEMENTS: Registry[Callable[..., Any]] = Registry(
     "MoE expert placement", callable, "a schedule factory", import_at_load=False
 )
@@ -292,6 +299,7 @@ ALL_REGISTRIES: dict[str, Registry[Any]] = {
     "device_adaptors": DEVICE_ADAPTORS,
     "kv_connectors": KV_CONNECTORS,
     "kv_offload_specs": KV_OFFLOAD_SPECS,
+    "weight_transfer_engines": WEIGHT_TRANSFER_ENGINES,
     "doctor_probes": DOCTOR_PROBES,
     "cli_commands": CLI_COMMANDS,
     "workers": WORKERS,

@@ -83,6 +83,7 @@ if TYPE_CHECKING:
     from vllm_ascend.core.registry import MOE_PLACEMENTS as MOE_PLACEMENTS
     from vllm_ascend.core.registry import QUANT_METHODS as QUANT_METHODS
     from vllm_ascend.core.registry import SPEC_DECODE_METHODS as SPEC_DECODE_METHODS
+    from vllm_ascend.core.registry import WEIGHT_TRANSFER_ENGINES as WEIGHT_TRANSFER_ENGINES
     from vllm_ascend.core.registry import WORKERS as WORKERS
     from vllm_ascend.core.registry import CliCommand as CliCommand
     from vllm_ascend.core.registry import CliError as CliError
@@ -107,6 +108,7 @@ _EXPORTS: dict[str, str] = {
     "registering_as": "vllm_ascend.core.registry",
     "Registry": "vllm_ascend.core.registry",
     "SPEC_DECODE_METHODS": "vllm_ascend.core.registry",
+    "WEIGHT_TRANSFER_ENGINES": "vllm_ascend.core.registry",
     "WORKERS": "vllm_ascend.core.registry",
     # configuration (additional_config sections, JSON inputs)
     "ConfigError": "vllm_ascend.core.config",

@@ -1,7 +1,8 @@
 """Hand what siblings registered with core to vLLM's own registries, and report what vLLM can reach.
 
 ``load_format`` names (``MODEL_LOADERS``), quantization methods (``QUANT_METHODS``), KV connectors
-(``KV_CONNECTORS``) and KV offloading specs (``KV_OFFLOAD_SPECS``) become vLLM entries when the platform is active, and vLLM's speculative config stops requiring arctic-inference for
+(``KV_CONNECTORS``), KV offloading specs (``KV_OFFLOAD_SPECS``) and weight-transfer engines
+(``WEIGHT_TRANSFER_ENGINES``) become vLLM entries when the platform is active, and vLLM's speculative config stops requiring arctic-inference for
 ``suffix`` when a sibling serves that method (``SPEC_DECODE_METHODS``); :func:`reachability` tells
 ``vllm-ascend doctor`` which registered entries vLLM (or the plugin's serving path) actually reaches.
 """
@@ -19,6 +20,7 @@ from vllm_ascend.core.registry import (
     MODEL_LOADERS,
     QUANT_METHODS,
     SPEC_DECODE_METHODS,
+    WEIGHT_TRANSFER_ENGINES,
     WORKERS,
     Registry,
     RegistryError,
@@ -128,6 +130,38 @@ def register_offload_specs_with_vllm() -> list[str]:
             added.append(name)
         if index == 0:
             OffloadingSpecFactory._registry[VLLM_DEFAULT_OFFLOAD_SPEC] = OffloadingSpecFactory._registry[name]
+    return added
+
+
+def _lazy_path(value: Any) -> tuple[str, str]:
+    """``(module, attribute)`` of a registry value: a ``"module:attr"`` path or an imported object."""
+    path = value if isinstance(value, str) else f"{value.__module__}:{value.__qualname__}"
+    module, _, attr = path.replace(":", ".").rpartition(".")
+    return module, attr
+
+
+def register_weight_transfer_engines_with_vllm() -> list[str]:
+    """Name every engine in :data:`WEIGHT_TRANSFER_ENGINES` to vLLM's ``WeightTransferEngineFactory`` (the worker
+    builds it in ``load_model`` from ``weight_transfer_config.backend``) and its ``trainer_engine`` to
+    ``WeightTransferTrainerFactory`` (a trainer's ``trainer_init`` dispatches on its init info's ``backend``), both
+    lazily: the engine module is imported only where one is built. Idempotent (a name vLLM already holds is left
+    alone); returns the names added."""
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferEngineFactory,
+        WeightTransferTrainerFactory,
+    )
+
+    added = []
+    for name in WEIGHT_TRANSFER_ENGINES.names():
+        if name in WeightTransferEngineFactory._registry:
+            continue
+        module, attr = _lazy_path(WEIGHT_TRANSFER_ENGINES.entry(name).value)
+        WeightTransferEngineFactory.register_engine(name, module, attr)
+        if name not in WeightTransferTrainerFactory._registry:
+            WeightTransferTrainerFactory._registry[name] = lambda name=name: (
+                WEIGHT_TRANSFER_ENGINES.get(name).trainer_engine
+            )
+        added.append(name)
     return added
 
 
@@ -252,6 +286,16 @@ def _reached(registry: str, name: str) -> tuple[bool, str]:
         ok = name in OffloadingSpecFactory._registry
         return ok and OffloadingSpecFactory.get_spec_cls({"spec_name": name}) is KV_OFFLOAD_SPECS.get(name), (
             f"vLLM OffloadingConnector spec_name {name!r}"
+        )
+    if registry == "weight_transfer_engines":
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+        from vllm_ascend.core.device.config import get_current_hardware_profile
+
+        ok = name in WeightTransferEngineFactory._registry
+        served = ok and WeightTransferEngineFactory._registry[name]() is WEIGHT_TRANSFER_ENGINES.get(name)
+        return served and get_current_hardware_profile().dist_backend == name, (
+            f"vLLM weight_transfer_config.backend {name!r} (served where the device's collective backend is {name})"
         )
     if registry == "spec_decode_methods":
         return "default" in WORKERS, f"speculative_config.method {name!r} (the runner's drafter)"

@@ -32,6 +32,8 @@ class EplbLayer(Protocol):
     clear and the expert weights (first dimension: held slot); and a way to switch its routing maps."""
 
     moe_load: torch.Tensor
+    #: The ``[ranks, slots]`` placement the layer routes by and holds (``None`` before the first).
+    placement: np.ndarray | None
 
     def expert_weights(self) -> list[torch.Tensor]: ...
 

@@ -132,6 +132,24 @@ class EplbUpdator:
             layer.set_placement(rank_table)
         self.load = np.zeros((len(self.layers), self.layers[0].moe_load.numel()))
 
+    def settle(self) -> None:
+        """Finish the layer move in flight now (before a weight update rewrites the layers' weights)."""
+        if self.mover.finish() is not None and not self.pending:
+            assert self.table is not None
+            self.rebalances.append((self.step, self.table.copy()))
+
+    def relayout(self, layer_index: int, laid_out_as: np.ndarray) -> None:
+        """Layer ``layer_index``'s weights were rewritten laid out as ``laid_out_as`` ``[ranks, slots]`` (a weight
+        update loads checkpoint experts where vLLM loaded them): move them back into the placement the layer
+        routes by. Every rank calls it at the same point (the mover's transfers pair up)."""
+        layer = self.layers[layer_index]
+        current = np.asarray(layer.placement)
+        if np.array_equal(current, laid_out_as):
+            return
+        transfers = compose_layer_transfers(laid_out_as, current)
+        self.mover.start(layer, LayerUpdate(layer_index, np.asarray(laid_out_as), current, transfers))
+        self.mover.finish()
+
     @property
     def busy(self) -> bool:
         """A plan is being computed or applied: loads seen now belong to no single placement."""

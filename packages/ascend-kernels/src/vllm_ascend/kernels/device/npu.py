@@ -34,7 +34,14 @@ from vllm_ascend.core.sdk import (
 )
 from vllm_ascend.kernels.device.graph import NPUGraph
 from vllm_ascend.kernels.device.mla import MLANPUOps
-from vllm_ascend.kernels.device.reference import gather_paged_kv, grouped_top_k, int8_weight, mrope_cos_sin
+from vllm_ascend.kernels.device.reference import (
+    check_group_backend,
+    gather_paged_kv,
+    grouped_top_k,
+    int8_weight,
+    mrope_cos_sin,
+    stateless_group,
+)
 from vllm_ascend.kernels.device.sparse import SparseAttentionNPUOps
 
 #: Size of the compressed causal mask the fused attention ops take with ``sparse_mode=3``.
@@ -258,6 +265,16 @@ class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
 
     def pin_memory_available(self) -> bool:
         return True
+
+    def stateless_process_group(self, backend, prefix_store, group_rank, group_size, timeout):
+        """An HCCL group over ``prefix_store``: torch_npu's ``ProcessGroupHCCL`` (options with the timeout),
+        registered as the group's custom backend for the npu device."""
+        check_group_backend(backend, "hccl")
+        hccl = torch_npu_module()._C._distributed_c10d.ProcessGroupHCCL
+        options = hccl.Options()
+        options._timeout = timeout
+        impl = hccl(prefix_store, group_rank, group_size, options)
+        return stateless_group(prefix_store, group_rank, group_size, impl, "CUSTOM", "npu")
 
     def _causal_mask(self, device: torch.device) -> torch.Tensor:
         mask = self._causal_masks.get(device)

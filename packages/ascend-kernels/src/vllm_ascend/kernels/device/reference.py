@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.distributed import ProcessGroup
+from torch.distributed.distributed_c10d import ProcessGroupGloo
 from torch.utils.weak import WeakIdKeyDictionary
 
 from vllm_ascend.core.sdk import (
@@ -63,6 +65,27 @@ MAX_EXACT_INT32_K = 2**31 // (128 * 128)
 def _require(cond: bool, message: str) -> None:
     if not cond:
         raise DeviceOpError(message)
+
+
+def check_group_backend(backend: str, served: str) -> None:
+    """A stateless group is built for the device's collective backend only."""
+    if backend != served:
+        raise DeviceOpError(
+            f"stateless process group backend={backend!r} is not served here; allowed: {served!r}"
+        )
+
+
+def stateless_group(
+    prefix_store: Any, group_rank: int, group_size: int, impl: Any, backend_type: str, device: str
+) -> ProcessGroup:
+    """A ``ProcessGroup`` outside torch's global state whose collectives on ``device`` run on ``impl`` (a torch
+    backend object built over the same store, rank and size); ``backend_type``: a ``ProcessGroup.BackendType``."""
+    group = ProcessGroup(prefix_store, group_rank, group_size)
+    kind = getattr(ProcessGroup.BackendType, backend_type)
+    group._set_default_backend(kind)
+    impl._set_sequence_number_for_group()
+    group._register_backend(torch.device(device), kind, impl)
+    return group
 
 
 def group_bounds(group_list: torch.Tensor, group_list_type: str, num_rows: int) -> list[tuple[int, int]]:
@@ -698,6 +721,12 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
 
     def pin_memory_available(self) -> bool:
         return False
+
+    def stateless_process_group(self, backend, prefix_store, group_rank, group_size, timeout):
+        """A gloo group over ``prefix_store`` (the host's collectives), registered for the cpu device."""
+        check_group_backend(backend, "gloo")
+        impl = ProcessGroupGloo(prefix_store, group_rank, group_size, timeout=timeout)
+        return stateless_group(prefix_store, group_rank, group_size, impl, "GLOO", "cpu")
 
     # -- attention and KV cache ------------------------------------------------------------
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping):

@@ -297,6 +297,38 @@ class AscendMoERunner(MoERunner):
     def expert_weights(self) -> list[torch.Tensor]:
         return [param.data for param in self._placed]
 
+    def begin_weight_update(self) -> None:
+        """Before a weight update (vLLM's layerwise reload): the model's ``load_weights`` puts checkpoint experts
+        where vLLM loaded them (its expert map), not in this layer's placement. A move in flight is finished
+        first (it carries old weights). One process: the held tensors are parked and the parameters point at
+        buffers of the loaded layout (one row per logical expert) until :meth:`end_weight_update`."""
+        self._parked: list[torch.Tensor] = []
+        if self.placement is None:
+            return
+        assert self.eplb is not None
+        self.eplb.settle()
+        if self.moe_config.ep_size == 1:
+            n = self.moe_config.num_logical_experts
+            for param in self._placed:
+                self._parked.append(param.data)
+                param.data = torch.empty((n, *param.shape[1:]), dtype=param.dtype, device=param.device)
+
+    def end_weight_update(self) -> None:
+        """After the update: the new experts go into this layer's placement, in the held tensors (their
+        addresses unchanged). One process: each physical slot copies its logical expert's row; expert parallel:
+        the placement schedule moves them from vLLM's loaded layout (``relayout``)."""
+        if self.placement is None:
+            return
+        assert self.eplb is not None
+        if self.moe_config.ep_size == 1:
+            phys = torch.as_tensor(self.placement.reshape(-1), dtype=torch.long)
+            for param, held in zip(self._placed, self._parked, strict=True):
+                held.copy_(param.data[phys])
+                param.data = held
+            self._parked = []
+            return
+        self.eplb.relayout(self.moe_index, self.loaded_placement())
+
     def set_placement(self, rank_table: np.ndarray) -> None:
         assert self.eplb is not None
         expert_map, log2phy = self.eplb.rank_maps(rank_table)

@@ -14,6 +14,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -216,6 +217,14 @@ class BaseDeviceAdaptor(abc.ABC):
     @abc.abstractmethod
     def pin_memory_available(self) -> bool:
         """Whether host buffers may be pinned for faster copies to the device."""
+
+    @abc.abstractmethod
+    def stateless_process_group(
+        self, backend: str, prefix_store: Any, group_rank: int, group_size: int, timeout: timedelta
+    ) -> Any:
+        """A ``torch.distributed`` ``ProcessGroup`` of the device's collective ``backend`` (``profile.dist_backend``)
+        over ``prefix_store``, outside torch's global process-group state (vLLM's stateless groups: a weight
+        transfer between a trainer and the workers). Another backend is refused by name."""
 
     def random_fill(
         self,
