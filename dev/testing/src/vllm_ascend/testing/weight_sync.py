@@ -57,12 +57,18 @@ class ConnectionClient:
 
 
 def llm_handlers(llm: Any) -> dict[str, Callable[..., Any]]:
-    """The calls answered by a ``vllm.LLM`` (its RL methods take request dicts)."""
+    """The calls answered by a ``vllm.LLM`` (its RL methods take request dicts). After an update the prefix
+    cache is reset, as vLLM's RL examples do: cached blocks hold keys and values of the old weights."""
+
+    def finish() -> None:
+        llm.finish_weight_update()
+        llm.reset_prefix_cache()
+
     return {
         "init_weight_transfer_engine": lambda info: llm.init_weight_transfer_engine({"init_info": info}),
         "start_weight_update": llm.start_weight_update,
         "update_weights": lambda info: llm.update_weights({"update_info": info}),
-        "finish_weight_update": llm.finish_weight_update,
+        "finish_weight_update": finish,
     }
 
 
@@ -134,12 +140,17 @@ def _serve(conn: Connection, handlers: Mapping[str, Callable[..., Any]], timeout
 
 # -- the trainer process ----------------------------------------------------------------------------------
 def _source(spec: Mapping[str, Any]) -> Any:
-    """The trainer's weights: a saved state dict (``state_dict``: a ``torch.save`` path) or an HF model."""
+    """The trainer's weights: an HF model (``model``: its directory), or checkpoint-format tensors as stored
+    (``safetensors``: a file, e.g. per-expert MoE weights; ``state_dict``: a ``torch.save`` path)."""
     import torch
     from vllm.distributed.weight_transfer.base import ModuleSource, ParamMeta, WeightSource
 
-    if "state_dict" in spec:
-        tensors: dict[str, torch.Tensor] = torch.load(spec["state_dict"])
+    if "safetensors" in spec or "state_dict" in spec:
+        from safetensors.torch import load_file
+
+        tensors: dict[str, torch.Tensor] = (
+            load_file(spec["safetensors"]) if "safetensors" in spec else torch.load(spec["state_dict"])
+        )
 
         class DictSource(WeightSource):
             def metadata(self) -> list[ParamMeta]:
