@@ -32,6 +32,16 @@ def test_doctor_marks_each_registered_entry_reached_through_vllm():
     }
     expected = {
         ("runner", "workers", "default"): "vLLM parallel_config.worker_cls",
+        (
+            "runner",
+            "weight_transfer_engines",
+            "gloo",
+        ): "vLLM weight_transfer_config.backend 'gloo' on reference",
+        (
+            "runner",
+            "weight_transfer_engines",
+            "hccl",
+        ): "vLLM weight_transfer_config.backend 'hccl' on A2, A3, A5, 310P",
         ("netloader", "model_loaders", "netloader"): "vLLM load_format 'netloader'",
         ("specdecode", "spec_decode_methods", "ngram"): "speculative_config.method 'ngram'",
         ("specdecode", "spec_decode_methods", "eagle3"): "speculative_config.method 'eagle3'",

@@ -422,3 +422,56 @@ def test_lora_is_served_on_every_family_and_quantized_bases_are_refused(monkeypa
     NPUPlatform._check_lora(_lora_request(tp=2, graphs="FULL_AND_PIECEWISE"))  # served: TP and graphs
     with pytest.raises(ConfigError, match=r"enable_lora with quantization='ascend' .*allowed: None"):
         NPUPlatform._check_lora(_lora_request(quantization="ascend"))
+
+
+def _transfer_config(backend: str | None, quantization: str | None = None) -> SimpleNamespace:
+    transfer = None if backend is None else SimpleNamespace(backend=backend)
+    return SimpleNamespace(
+        weight_transfer_config=transfer, model_config=SimpleNamespace(quantization=quantization)
+    )
+
+
+def test_weight_transfer_backend_must_be_the_devices_collective_backend(reference, core_only):
+    """Served: the name equal to the profile's ``dist_backend`` (gloo here) once a sibling registered its engine;
+    vLLM's CUDA backends and the other device's name are refused naming the allowed ones; so are quantized
+    models (updates are not re-quantized)."""
+    from vllm_ascend.core.registry import WEIGHT_TRANSFER_ENGINES
+
+    engines = core_only(WEIGHT_TRANSFER_ENGINES)
+    ReferencePlatform._check_weight_transfer(_transfer_config(None))  # not asked for: nothing checked
+    with pytest.raises(ConfigError) as info:
+        ReferencePlatform._check_weight_transfer(_transfer_config("gloo"))
+    assert "allowed: none (install vllm-ascend-runner) here" in str(info.value)
+    with registering_as("vllm-ascend-testdist"):
+        engines.register("gloo", "collections:OrderedDict")
+        engines.register("hccl", "collections:OrderedDict")
+    ReferencePlatform._check_weight_transfer(_transfer_config("gloo"))
+    for backend in ("nccl", "ipc", "hccl"):
+        with pytest.raises(ConfigError) as info:
+            ReferencePlatform._check_weight_transfer(_transfer_config(backend))
+        assert str(info.value).startswith(
+            f"weight_transfer_config.backend={backend!r} is not served on Ascend (reference (torch cpu)) by "
+        )
+        assert str(info.value).endswith(
+            "; allowed: 'gloo' here (per device: hccl (NPU), gloo (reference device))"
+        )
+    with pytest.raises(ConfigError) as info:
+        ReferencePlatform._check_weight_transfer(_transfer_config("gloo", quantization="ascend"))
+    assert "weight_transfer_config with quantization='ascend' is not supported yet" in str(info.value)
+    assert str(info.value).endswith("allowed: quantization=None")
+
+
+def test_stateless_group_of_the_reference_device_is_gloo(reference):
+    """The platform's stateless device group comes from the adaptor: gloo on the reference device (a
+    one-rank group over a hash store all-reduces); another backend is refused by name."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    group = ReferencePlatform.stateless_init_device_torch_dist_pg("gloo", store, 0, 1, timedelta(seconds=10))
+    tensor = torch.ones(3)
+    group.allreduce(tensor).wait()
+    assert tensor.tolist() == [1.0, 1.0, 1.0] and group.size() == 1
+    with pytest.raises(DeviceOpError, match=r"backend='hccl' is not served here; allowed: 'gloo'"):
+        ReferencePlatform.stateless_init_device_torch_dist_pg("hccl", store, 0, 1, timedelta(seconds=10))

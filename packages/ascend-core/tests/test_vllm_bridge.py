@@ -162,3 +162,43 @@ def test_vllms_triton_check_is_answered_by_the_familys_worker(monkeypatch, trito
         finally:
             for registry, name in journal:
                 registry.unregister(name)
+
+
+class ProbeTrainerEngine:
+    """Stands for a sibling's trainer-side engine."""
+
+
+class ProbeEngine:
+    """Stands for a sibling's worker-side engine; only registered, never built."""
+
+    trainer_engine = ProbeTrainerEngine
+
+
+def test_weight_transfer_engines_reach_both_vllm_factories(monkeypatch):
+    """Each name reaches vLLM's worker factory (lazily, by path) and its trainer factory (the engine's
+    ``trainer_engine``); registering again adds nothing."""
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferEngineFactory,
+        WeightTransferTrainerFactory,
+    )
+
+    from vllm_ascend.core.registry import WEIGHT_TRANSFER_ENGINES
+    from vllm_ascend.core.vllm_bridge import register_weight_transfer_engines_with_vllm
+
+    monkeypatch.setattr(WeightTransferEngineFactory, "_registry", dict(WeightTransferEngineFactory._registry))
+    monkeypatch.setattr(
+        WeightTransferTrainerFactory, "_registry", dict(WeightTransferTrainerFactory._registry)
+    )
+    with registering_as("vllm-ascend-probe") as journal:
+        WEIGHT_TRANSFER_ENGINES.register("probe-backend", f"{__name__}:ProbeEngine")
+        try:
+            assert "probe-backend" in register_weight_transfer_engines_with_vllm()
+            assert register_weight_transfer_engines_with_vllm() == []
+            assert WeightTransferEngineFactory._registry["probe-backend"]() is ProbeEngine
+            assert WeightTransferTrainerFactory._registry["probe-backend"]() is ProbeTrainerEngine
+            (row,) = reachability("vllm-ascend-probe")
+            assert row["registry"] == "weight_transfer_engines" and row["reached"] is False
+            assert row["via"] == "vLLM weight_transfer_config.backend 'probe-backend' on no family"
+        finally:
+            for registry, name in journal:
+                registry.unregister(name)

@@ -718,3 +718,37 @@ def test_packed_attention_matches_reference(npu_adaptor, fake_npu, causal):
     torch.testing.assert_close(got[:19], expected[:19], atol=2e-3, rtol=2e-3)
     assert torch.all(got[19:] == 7.0)  # rows past cu_seqlens[-1] are left untouched
     assert fake_npu.calls["npu_fusion_attention"] + fake_npu.calls["npu_prompt_flash_attention"] >= 1
+
+
+def test_stateless_process_group_is_torch_npu_hccl(npu_adaptor, fake_npu, monkeypatch):
+    """torch_npu's ``ProcessGroupHCCL`` built over the caller's store, rank and size with the timeout in its
+    options, registered as the group's custom backend for the npu device; gloo is refused by name."""
+    from datetime import timedelta
+
+    import vllm_ascend.kernels.device.npu as npu_module
+
+    class FakeHccl:
+        class Options:
+            _timeout = None
+
+        def __init__(self, store, rank, size, options):
+            self.args = (store, rank, size, options._timeout)
+
+    fake_npu._C = types.SimpleNamespace(_distributed_c10d=types.SimpleNamespace(ProcessGroupHCCL=FakeHccl))
+    registered = {}
+    monkeypatch.setattr(
+        npu_module,
+        "stateless_group",
+        lambda store, rank, size, impl, kind, device: (
+            registered.update(args=(store, rank, size), impl=impl, kind=kind, device=device) or "group"
+        ),
+    )
+    store = object()
+    assert npu_adaptor.stateless_process_group("hccl", store, 1, 3, timedelta(seconds=7)) == "group"
+    assert registered["args"] == (store, 1, 3) and (registered["kind"], registered["device"]) == (
+        "CUSTOM",
+        "npu",
+    )
+    assert registered["impl"].args == (store, 1, 3, timedelta(seconds=7))
+    with pytest.raises(DeviceOpError, match=r"backend='gloo' is not served here; allowed: 'hccl'"):
+        npu_adaptor.stateless_process_group("gloo", store, 1, 3, timedelta(seconds=7))

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from vllm_ascend.core.logger import init_logger
@@ -140,6 +141,12 @@ def _lazy_path(value: Any) -> tuple[str, str]:
     return module, attr
 
 
+def _trainer_engine(name: str) -> Any:
+    """The trainer-side engine of registered weight-transfer engine ``name`` (its ``trainer_engine``)."""
+    engine: Any = WEIGHT_TRANSFER_ENGINES.get(name)
+    return engine.trainer_engine
+
+
 def register_weight_transfer_engines_with_vllm() -> list[str]:
     """Name every engine in :data:`WEIGHT_TRANSFER_ENGINES` to vLLM's ``WeightTransferEngineFactory`` (the worker
     builds it in ``load_model`` from ``weight_transfer_config.backend``) and its ``trainer_engine`` to
@@ -158,9 +165,7 @@ def register_weight_transfer_engines_with_vllm() -> list[str]:
         module, attr = _lazy_path(WEIGHT_TRANSFER_ENGINES.entry(name).value)
         WeightTransferEngineFactory.register_engine(name, module, attr)
         if name not in WeightTransferTrainerFactory._registry:
-            WeightTransferTrainerFactory._registry[name] = lambda name=name: (
-                WEIGHT_TRANSFER_ENGINES.get(name).trainer_engine
-            )
+            WeightTransferTrainerFactory._registry[name] = functools.partial(_trainer_engine, name)
         added.append(name)
     return added
 
@@ -290,12 +295,17 @@ def _reached(registry: str, name: str) -> tuple[bool, str]:
     if registry == "weight_transfer_engines":
         from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-        from vllm_ascend.core.device.config import get_current_hardware_profile
+        from vllm_ascend.core.device.config import get_hardware_profile
+        from vllm_ascend.core.device.family import AscendDeviceType
+        from vllm_ascend.core.device.profile import REFERENCE_PROFILE
 
-        ok = name in WeightTransferEngineFactory._registry
-        served = ok and WeightTransferEngineFactory._registry[name]() is WEIGHT_TRANSFER_ENGINES.get(name)
-        return served and get_current_hardware_profile().dist_backend == name, (
-            f"vLLM weight_transfer_config.backend {name!r} (served where the device's collective backend is {name})"
+        loader = WeightTransferEngineFactory._registry.get(name)
+        ok = loader is not None and loader() is WEIGHT_TRANSFER_ENGINES.get(name)
+        families = [f.value for f in AscendDeviceType if get_hardware_profile(f).dist_backend == name]
+        if REFERENCE_PROFILE.dist_backend == name:
+            families.append("reference")
+        return ok and bool(families), (
+            f"vLLM weight_transfer_config.backend {name!r} on {', '.join(families) or 'no family'}"
         )
     if registry == "spec_decode_methods":
         return "default" in WORKERS, f"speculative_config.method {name!r} (the runner's drafter)"

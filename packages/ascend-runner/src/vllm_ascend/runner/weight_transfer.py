@@ -243,7 +243,8 @@ def plan_chunks(
     consecutive tensors packed at ``ALIGN``-byte offsets into buffers of at most ``buffer_size`` bytes (a larger
     tensor alone in its own)."""
     chunks: list[Chunk] = []
-    first, offsets, end = 0, [], 0
+    first, end = 0, 0
+    offsets: list[int] = []
     for i, (_, dtype, shape) in enumerate(specs):
         size = _nbytes(dtype, shape)
         start = -(-end // ALIGN) * ALIGN
