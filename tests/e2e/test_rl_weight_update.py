@@ -213,3 +213,18 @@ def test_update_over_tp2_expert_parallel_with_permuted_placement(tiny_qwen3_moe,
                 for e in PERMUTED[rank]
             ]
             np.testing.assert_allclose(sums, want, rtol=1e-6, atol=1e-6)
+
+
+def test_backends_not_served_here_are_refused_at_config_time(tiny_qwen3):
+    """vLLM's CUDA engines (``nccl``, ``ipc``) and the NPUs' ``hccl`` are refused by name on the reference
+    device before any model loads."""
+    from vllm import LLM
+
+    for backend in ("nccl", "ipc", "hccl"):
+        with pytest.raises(ValueError) as info:  # vLLM's config validation wraps the platform's ConfigError
+            LLM(model=str(tiny_qwen3), dtype="float32", weight_transfer_config={"backend": backend})
+        assert (
+            f"weight_transfer_config.backend={backend!r} is not served on Ascend (reference (torch cpu)) by "
+            "vllm-ascend" in str(info.value)
+        )
+        assert "; allowed: 'gloo' here (per device: hccl (NPU), gloo (reference device))" in str(info.value)
