@@ -203,3 +203,25 @@ def test_static_schedule_keeps_running_totals_and_checks_its_inputs():
         layer.moe_load += torch.tensor([1, 2, 3, 4])
         schedule.forward_end()
     assert schedule.process is None and schedule.step == 3 and layer.moe_load.tolist() == [3, 6, 9, 12]
+
+
+def test_relayout_moves_weights_written_in_another_layout_back_into_the_placement():
+    """A weight update writes layer 0's experts laid out as another table (the slots reversed): ``relayout``
+    moves each back to the slot the placement gives it, weights and routing maps consistent again; ``settle``
+    with nothing in flight changes nothing."""
+    schedule, table = _schedule()
+    layer = schedule.layers[0]
+    laid = table[0].reshape(-1)[::-1].reshape(table[0].shape).copy()
+    layer.w13.copy_(torch.stack([canonical(0, int(e)) for e in laid.reshape(-1)]))
+    layer.w2.copy_(-layer.w13)
+    pointers = [w.data_ptr() for w in layer.expert_weights()]
+    schedule.settle()
+    schedule.relayout(0, laid)
+    assert layer.placement.tolist() == table[0].tolist()
+    assert [w.data_ptr() for w in layer.expert_weights()] == pointers
+    for slot, expert in enumerate(table[0].reshape(-1)):
+        assert torch.equal(layer.w13[slot], canonical(0, int(expert)))
+        assert torch.equal(layer.w2[slot], -canonical(0, int(expert)))
+    schedule.relayout(0, table[0])  # already laid out as the placement: nothing moves
+    assert not schedule.mover.busy
+    schedule.shutdown()

@@ -162,6 +162,8 @@ class AscendMoERunner(MoERunner):
         #: The ``[ranks, slots]`` placement this layer routes by (its weights are laid out for it).
         self.placement: np.ndarray | None = None
         self._placed: list[torch.nn.Parameter] = []
+        #: The held expert tensors while a weight update loads into loaded-layout buffers (one process).
+        self._parked: list[torch.Tensor] = []
         self.expert_lora: ExpertLoRA | None = None
 
     def _check_supported(self) -> None:
@@ -302,7 +304,6 @@ class AscendMoERunner(MoERunner):
         where vLLM loaded them (its expert map), not in this layer's placement. A move in flight is finished
         first (it carries old weights). One process: the held tensors are parked and the parameters point at
         buffers of the loaded layout (one row per logical expert) until :meth:`end_weight_update`."""
-        self._parked: list[torch.Tensor] = []
         if self.placement is None:
             return
         assert self.eplb is not None
