@@ -90,6 +90,7 @@ def test_update_in_piecewise_graphs_equals_hf_of_new_weights(
             "cudagraph_capture_sizes": CAPTURE_SIZES,
         },
         max_num_seqs=4,
+        enable_sleep_mode=True,
     )
     assert type(
         llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
@@ -102,6 +103,25 @@ def test_update_in_piecewise_graphs_equals_hf_of_new_weights(
     replays = _replays()
     assert _greedy(llm, qwen3_prompts) == expected
     assert _replays() > replays  # the captured graphs ran on the new weights
+    assert _addresses(llm) == before
+
+    # An RL step: sleep (level 2: nothing kept), wake the weights, update them from the trainer, wake the KV
+    # cache, generate — in the graphs captured at start.
+    from vllm_ascend.core.sdk import get_device_adaptor
+
+    newer = _perturbed(tiny_qwen3, tmp_path / "qwen3-newer", seed=3)
+    expected_newer = _hf(newer, qwen3_prompts)
+    assert expected_newer != expected
+    pool = get_device_adaptor().memory_pool()
+    llm.sleep(level=2)
+    assert pool.get_current_usage() == 0
+    llm.wake_up(tags=["weights"])
+    assert pool.get_current_usage("kv_cache") == 0 < pool.get_current_usage("weights")
+    run_trainer({**spec, "model": str(newer)}, llm_handlers(llm), timeout_s=120)
+    llm.wake_up(tags=["kv_cache"])
+    replays = _replays()
+    assert _greedy(llm, qwen3_prompts) == expected_newer
+    assert _replays() > replays
     assert _addresses(llm) == before
 
 

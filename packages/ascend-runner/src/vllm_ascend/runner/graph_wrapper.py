@@ -118,7 +118,8 @@ class ACLGraphWrapper(CUDAGraphWrapper):
     def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The adaptor's capture; with sleep mode, the graph's memory is the tagged pool's ``graph`` regions."""
         adaptor = get_device_adaptor()
-        if not self.vllm_config.model_config.enable_sleep_mode:
+        model_config = self.vllm_config.model_config
+        if model_config is None or not model_config.enable_sleep_mode:
             return adaptor.capture_graph(self.runnable, args, kwargs)
         pool = adaptor.memory_pool()
         with pool.use_memory_pool("graph"):
