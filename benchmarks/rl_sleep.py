@@ -8,8 +8,10 @@ engine's are). Per round, timed around vLLM's own calls:
   regions backed again at their addresses, the weights copied back;
 - ``sleep(2)``: released without a copy; ``wake_up(["weights"])`` + ``reload_weights`` (from the checkpoint on
   disk) and ``wake_up(["kv_cache"])``;
-- a weight update from a trainer process: the whole state dict broadcast over gloo on 127.0.0.1 in packed chunks
-  and loaded in place (``weight_transfer_config={"backend": "gloo"}``; ``init_weight_transfer_engine`` once).
+- weight updates from a trainer process (``vllm_ascend.testing.weight_sync``, an HF model of the same checkpoint):
+  the whole state dict broadcast over gloo on 127.0.0.1 in 64 MiB packed chunks and loaded in place
+  (``weight_transfer_config={"backend": "gloo"}``), timed from ``start_weight_update`` to the end of
+  ``finish_weight_update`` on the inference side.
 
 Beside them, in the same run, the ceilings of the host: one ``memcpy`` of the same bytes (``Tensor.copy_``) and
 one ``madvise(MADV_DONTNEED)`` of them. Seconds per GB = seconds / (bytes moved / 1e9), best of ``--rounds``.
@@ -70,10 +72,10 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from vllm import LLM, SamplingParams
-    from weight_update import TrainerProcess
 
     from vllm_ascend.core.sdk import get_device_adaptor
     from vllm_ascend.testing.tiny_models import build_tiny_model, qwen3_spec
+    from vllm_ascend.testing.weight_sync import llm_handlers, run_trainer
 
     spec = qwen3_spec(
         hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_layers=args.layers, num_heads=16,
@@ -89,7 +91,26 @@ def main() -> None:
     weights, kv = pool.allocated_bytes("weights"), pool.allocated_bytes("kv_cache")
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     prompt = [{"prompt_token_ids": [1, 2, 3, 4]}]
-    trainer = TrainerProcess(model_dir, llm)
+
+    def updates(rounds: int) -> list[float]:
+        """``rounds`` updates from one trainer process (its HF model: the same checkpoint), each timed from
+        ``start_weight_update`` to the end of ``finish_weight_update`` on the inference side."""
+        handlers, times, started = llm_handlers(llm), [], []
+
+        def start() -> None:
+            started.append(time.perf_counter())
+            handlers_start()
+
+        def finish() -> None:
+            handlers_finish()
+            times.append(time.perf_counter() - started[-1])
+
+        handlers_start, handlers_finish = handlers["start_weight_update"], handlers["finish_weight_update"]
+        handlers.update(start_weight_update=start, finish_weight_update=finish)
+        spec = {"backend": "gloo", "world_size": 2, "model": str(model_dir), "rounds": rounds,
+                "packed_buffer_size_bytes": 64 << 20}  # fmt: skip
+        run_trainer(spec, handlers, timeout_s=600)
+        return times
 
     def touch() -> None:
         for cache in worker.model_runner.kv_caches:
@@ -113,8 +134,7 @@ def main() -> None:
             _timed(lambda: (llm.wake_up(tags=["weights"]), llm.collective_rpc("reload_weights")))
         )
         rows.setdefault('wake_up(["kv_cache"])', []).append(_timed(lambda: llm.wake_up(tags=["kv_cache"])))
-        rows.setdefault("weight update from a trainer (gloo)", []).append(trainer.update())
-    trainer.close()
+    rows["weight update from a trainer (gloo)"] = updates(args.rounds)
     ceilings = _ceilings(weights + kv)
     llm.llm_engine.engine_core.shutdown()
 

@@ -101,6 +101,10 @@ def v1_runner(monkeypatch: pytest.MonkeyPatch):
     envs.disable_envs_cache()
 
 
+#: The engine arguments of the tiny-model tests (fp32, block size 16, 64 MiB KV cache).
+TINY_ENGINE = dict(dtype="float32", block_size=16, max_model_len=256, kv_cache_memory_bytes=64 << 20, seed=0)
+
+
 @pytest.fixture
 def make_llm():
     """Build ``vllm.LLM`` on a tiny model (fp32, block size 16, 64 MiB KV cache); shut it down afterwards."""
@@ -109,16 +113,7 @@ def make_llm():
     def factory(model_dir: Path, **overrides):
         from vllm import LLM
 
-        kwargs = dict(
-            model=str(model_dir),
-            dtype="float32",
-            block_size=16,
-            max_model_len=256,
-            kv_cache_memory_bytes=64 << 20,
-            seed=0,
-        )
-        kwargs.update(overrides)
-        llm = LLM(**kwargs)
+        llm = LLM(model=str(model_dir), **{**TINY_ENGINE, **overrides})
         built.append(llm)
         return llm
 

@@ -15,7 +15,10 @@ import psutil
 import pytest
 import torch
 
+from .conftest import MAX_NEW_TOKENS, TINY_ENGINE
+
 CAPTURE_SIZES = [1, 2, 4, 8]
+GRAPHS = {"mode": 3, "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": CAPTURE_SIZES}
 
 
 @pytest.fixture(scope="module")
@@ -27,20 +30,7 @@ def llm(tiny_qwen3, tmp_path_factory):
         patch.setenv("VLLM_CACHE_ROOT", str(cache / "vllm"))
         patch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
         patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
-        engine = LLM(
-            model=str(tiny_qwen3),
-            dtype="float32",
-            block_size=16,
-            max_model_len=256,
-            kv_cache_memory_bytes=64 << 20,
-            seed=0,
-            enable_sleep_mode=True,
-            compilation_config={
-                "mode": 3,
-                "cudagraph_mode": "PIECEWISE",
-                "cudagraph_capture_sizes": CAPTURE_SIZES,
-            },
-        )
+        engine = LLM(model=str(tiny_qwen3), **TINY_ENGINE, enable_sleep_mode=True, compilation_config=GRAPHS)
         yield engine
         engine.llm_engine.engine_core.shutdown()
     del engine
@@ -53,8 +43,6 @@ def _worker(llm):
 
 def _greedy(llm, prompts):
     from vllm import SamplingParams
-
-    from tests.e2e.conftest import MAX_NEW_TOKENS
 
     params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -121,58 +109,52 @@ def test_engine_runs_graphs_on_the_sleep_mode_backend_and_pool(llm, qwen3_prompt
     assert _replays(llm) > before  # decode steps replayed captured pieces
 
 
-def test_sleep_level_1_releases_memory_and_graphs_replay_after_wake_up(llm, qwen3_prompts, qwen3_hf):
+def _asleep(llm, level: int) -> tuple:
+    """Sleep at ``level`` with every KV page resident first: (worker, pool, addresses, resident set released)."""
     from vllm_ascend.core.device.config import get_device_adaptor
 
     worker = _worker(llm)
     pool = get_device_adaptor().memory_pool()
-    tensors = _tensors(worker)
-    addresses = [t.data_ptr() for t in tensors]
-    kv_bytes = pool.allocated_bytes("kv_cache")
-    resident = pool.get_current_usage()
+    addresses = [t.data_ptr() for t in _tensors(worker)]
     _touch_kv_cache(worker)
     rss = _rss()
-    llm.sleep(level=1)
-    assert pool.get_current_usage() == 0 and resident >= kv_bytes
-    # The KV cache's pages went back to the OS; the weights' contents are kept on the host (level 1).
-    assert rss - _rss() >= 0.9 * kv_bytes
-    assert llm.llm_engine.is_sleeping()
-    llm.wake_up()
-    assert pool.get_current_usage() == resident
+    llm.sleep(level=level)
+    assert pool.get_current_usage() == 0 and llm.llm_engine.is_sleeping()
+    return worker, pool, addresses, rss - _rss()
+
+
+def _check_awake(llm, worker, addresses, qwen3_prompts, qwen3_hf) -> None:
+    assert not llm.llm_engine.is_sleeping()
     assert [t.data_ptr() for t in _tensors(worker)] == addresses
     before = _replays(llm)
     assert _greedy(llm, qwen3_prompts) == qwen3_hf.token_ids
     assert _replays(llm) > before  # the graphs captured before the sleep, on the same addresses
 
 
-def test_sleep_level_2_discards_weights_until_reloaded_then_identical(llm, qwen3_prompts, qwen3_hf):
+def test_sleep_level_1_releases_memory_and_graphs_replay_after_wake_up(llm, qwen3_prompts, qwen3_hf):
     from vllm_ascend.core.device.config import get_device_adaptor
 
-    worker = _worker(llm)
-    pool = get_device_adaptor().memory_pool()
-    tensors = _tensors(worker)
-    addresses = [t.data_ptr() for t in tensors]
+    resident = get_device_adaptor().memory_pool().get_current_usage()
+    worker, pool, addresses, released = _asleep(llm, level=1)
+    # The KV cache's pages went back to the OS; the weights' contents are kept on the host (level 1).
+    assert released >= 0.9 * pool.allocated_bytes("kv_cache")
+    assert pool.offloaded_bytes() >= pool.allocated_bytes("weights")
+    llm.wake_up()
+    assert pool.get_current_usage() == resident and pool.offloaded_bytes() == 0
+    _check_awake(llm, worker, addresses, qwen3_prompts, qwen3_hf)
+
+
+def test_sleep_level_2_discards_weights_until_reloaded_then_identical(llm, qwen3_prompts, qwen3_hf):
+    worker, pool, addresses, released = _asleep(llm, level=2)
     weights_bytes = pool.allocated_bytes("weights")
-    kv_bytes = pool.allocated_bytes("kv_cache")
-    _touch_kv_cache(worker)
-    rss = _rss()
-    llm.sleep(level=2)
-    assert pool.get_current_usage() == 0
-    assert rss - _rss() >= 0.9 * (kv_bytes + weights_bytes)  # nothing kept on the host at level 2
+    assert released >= 0.9 * (pool.allocated_bytes("kv_cache") + weights_bytes)  # nothing kept on the host
     llm.wake_up(tags=["weights"])
     assert pool.get_current_usage("weights") == weights_bytes and pool.get_current_usage("kv_cache") == 0
     embed = worker.model_runner.get_model().model.embed_tokens.weight
     assert float(embed.abs().sum()) == 0.0  # backed again, contents discarded
     llm.collective_rpc("reload_weights")
     llm.wake_up(tags=["kv_cache"])
-    assert not llm.llm_engine.is_sleeping()
-    assert [t.data_ptr() for t in _tensors(worker)] == addresses
-    before = _replays(llm)
-    assert _greedy(llm, qwen3_prompts) == qwen3_hf.token_ids
-    assert _replays(llm) > before
-
-
-GRAPHS = {"mode": 3, "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": CAPTURE_SIZES}
+    _check_awake(llm, worker, addresses, qwen3_prompts, qwen3_hf)
 
 
 def _check_sleep_cycle(result: dict, expected: list[list[int]]) -> None:
@@ -217,7 +199,6 @@ def test_expert_parallel_moe_sleep_levels_keep_addresses_and_tokens(tiny_qwen3_m
     """A tiny Qwen3-MoE with its experts split over two EP ranks, PIECEWISE graphs."""
     from vllm_ascend.testing.hf_reference import hf_greedy
 
-    from .conftest import MAX_NEW_TOKENS
     from .distributed import run_case
 
     expected = hf_greedy(tiny_qwen3_moe, qwen3_moe_prompts, MAX_NEW_TOKENS).token_ids
