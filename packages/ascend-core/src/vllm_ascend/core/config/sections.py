@@ -62,8 +62,8 @@ class RlConfig(Section):
     sleep_mode_extra_cleanup: bool = option(
         False,
         doc=(
-            "Sleep also drops the captured graphs (recaptured when the KV cache wakes up) and the HCCL "
-            "communication buffers, freeing more device memory per sleep. Needs enabled=true and "
+            "Sleep also drops the captured graphs, freeing their memory pools; each is captured again on its "
+            "first use after waking (HCCL communicators are kept). Needs enabled=true and "
             "model_config.enable_sleep_mode (vllm serve --enable-sleep-mode)."
         ),
     )
