@@ -115,6 +115,8 @@ def test_update_in_piecewise_graphs_equals_hf_of_new_weights(
     pool = get_device_adaptor().memory_pool()
     llm.sleep(level=2)
     assert pool.get_current_usage() == 0
+    with pytest.raises(Exception, match=r"start_weight_update while the weights are asleep: call wake_up"):
+        llm.start_weight_update()
     llm.wake_up(tags=["weights"])
     assert pool.get_current_usage("kv_cache") == 0 < pool.get_current_usage("weights")
     run_trainer({**spec, "model": str(newer)}, llm_handlers(llm), timeout_s=120)

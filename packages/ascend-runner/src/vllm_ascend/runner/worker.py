@@ -200,6 +200,19 @@ class NPUWorker(Worker):
             )
         super().sleep(level)
 
+    def start_weight_update(self) -> None:
+        """vLLM's, refused while the weights sleep: the update would write into released device memory."""
+        self._check_weights_awake("start_weight_update")
+        super().start_weight_update()
+
+    def start_draft_weight_update(self) -> None:
+        self._check_weights_awake("start_draft_weight_update")
+        super().start_draft_weight_update()
+
+    def _check_weights_awake(self, call: str) -> None:
+        if self.model_config.enable_sleep_mode and get_device_adaptor().memory_pool().is_asleep("weights"):
+            raise RuntimeError(f"{call} while the weights are asleep: call wake_up(tags=['weights']) first")
+
     # -- memory and KV cache ---------------------------------------------------------------
     @torch.inference_mode()
     def determine_available_memory(self) -> int:
