@@ -5,6 +5,8 @@ The server's token budget (``--max-num-batched-tokens 128``) chunks any longer p
 
 from __future__ import annotations
 
+import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -19,6 +21,7 @@ def server(tiny_qwen3, tmp_path_factory):
     args = [
         "--dtype", "float32", "--block-size", "16", "--max-model-len", "256",
         "--kv-cache-memory-bytes", str(64 << 20), "--served-model-name", "tiny", "--max-num-batched-tokens", "128",
+        "--enable-sleep-mode", "--additional-config", json.dumps({"rl_config": {"enabled": True}}),
     ]  # fmt: skip
     with served(tiny_qwen3, args, log) as base:
         yield base, log
@@ -45,6 +48,26 @@ def test_completions_and_chat(server, qwen3_prompts, qwen3_hf):
     assert body["choices"][0]["message"]["role"] == "assistant"
     assert body["usage"]["completion_tokens"] == 8
     assert "vllm_ascend.runner.worker" in log.read_text()  # our worker logged its KV cache size
+
+
+def test_rl_routes_sleep_and_wake_the_engine_then_it_serves_the_same_tokens(server, qwen3_prompts, qwen3_hf):
+    """``rl_config.enabled`` serves vLLM's RL routes (no ``VLLM_SERVER_DEV_MODE`` in the environment): a rollout
+    engine is put to sleep and woken over HTTP, weights first, then the KV cache."""
+    base, log = server
+    assert "VLLM_SERVER_DEV_MODE" not in os.environ
+    assert _request(f"{base}/sleep?level=1", {}) == (200, {"status": "sleeping", "level": 1})
+    assert _request(f"{base}/is_sleeping") == (200, {"is_sleeping": True})
+    assert _request(f"{base}/wake_up?tags=weights", {}) == (200, {"status": "sleeping", "tags": ["weights"]})
+    assert _request(f"{base}/wake_up?tags=kv_cache", {}) == (200, {"status": "awake", "tags": ["kv_cache"]})
+    assert _request(f"{base}/is_sleeping") == (200, {"is_sleeping": False})
+    status, body = _request(
+        f"{base}/v1/completions",
+        {"model": "tiny", "prompt": qwen3_prompts[1], "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+         "return_token_ids": True},
+    )  # fmt: skip
+    assert status == 200, body
+    assert body["choices"][0]["token_ids"] == qwen3_hf.token_ids[1]
+    assert "Sleep level 1 released" in log.read_text()  # the runner's sleep-mode backend on the pool
 
 
 def test_malformed_requests_get_4xx_and_server_survives(server):

@@ -192,6 +192,11 @@ class NPUWorker(Worker):
         """vLLM's sleep (the pool releases weights and KV cache); with ``rl_config.sleep_mode_extra_cleanup`` the
         captured graphs are dropped first, releasing their memory pools: each is captured again on its first
         use after waking (a graph's capture needs the KV cache awake)."""
+        if not self.model_config.enable_sleep_mode:
+            raise RuntimeError(
+                "sleep needs the engine built with enable_sleep_mode=True (vllm serve --enable-sleep-mode): only "
+                "then are the weights and the KV cache allocated where sleep can release them"
+            )
         if get_ascend_config().rl_config.sleep_mode_extra_cleanup:
             dropped = release_captured_graphs(self.vllm_config)
             get_device_adaptor().empty_cache()
