@@ -176,8 +176,8 @@ def test_sampling_parameters_take_effect(llm, qwen3_prompts, qwen3_hf):
 def test_sleep_without_sleep_mode_is_refused_by_name_and_loses_nothing(llm, qwen3_prompts, qwen3_hf):
     with pytest.raises(Exception, match=r"sleep needs the engine built with enable_sleep_mode=True"):
         llm.sleep(level=1)
-    assert not llm.llm_engine.is_sleeping()
     llm.wake_up()  # resumes the scheduler vLLM paused before asking the workers to sleep
+    assert not llm.llm_engine.is_sleeping()
     outputs = _generate(llm, qwen3_prompts, max_tokens=12, temperature=0.0, ignore_eos=True)
     assert [list(o.token_ids) for o in outputs] == qwen3_hf.token_ids
 
