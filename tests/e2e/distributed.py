@@ -69,8 +69,10 @@ def pool_state(wrapper):
     tensors = [*model.parameters(), *[t for t in worker.model_runner.kv_caches if hasattr(t, "data_ptr")]]
     return {
         "rank": worker.rank,
-        "resident": pool.get_current_usage(),
-        "allocated": pool.allocated_bytes(),
+        # weights and KV cache (graph regions come and go with captures)
+        "resident": pool.get_current_usage("weights") + pool.get_current_usage("kv_cache"),
+        "allocated": pool.allocated_bytes("weights") + pool.allocated_bytes("kv_cache"),
+        "resident_all": pool.get_current_usage(),
         "owned": all(pool.owns(t) for t in tensors),
         "addresses": [t.data_ptr() for t in tensors],
         "replays": sum(getattr(w, "replays", 0) for w in list(CUDAGraphWrapper._all_instances)),

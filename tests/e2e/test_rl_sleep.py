@@ -165,7 +165,9 @@ def _check_sleep_cycle(result: dict, expected: list[list[int]]) -> None:
         *(states[k] for k in ("awake", "level1", "level2", "woken")), strict=True
     ):
         assert awake["owned"] and awake["resident"] == awake["allocated"] > 0, awake
-        assert level1["resident"] == 0 and level2["resident"] == 0  # every region released, on every rank
+        assert (
+            level1["resident_all"] == 0 and level2["resident_all"] == 0
+        )  # every region released, every rank
         assert woken["resident"] == awake["resident"] and woken["addresses"] == awake["addresses"]
         assert (
             woken["replays"] > level2["replays"] > awake["replays"]
