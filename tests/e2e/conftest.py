@@ -101,6 +101,11 @@ def v1_runner(monkeypatch: pytest.MonkeyPatch):
     envs.disable_envs_cache()
 
 
+def worker_of(llm):
+    """The worker of an in-process ``vllm.LLM`` (its first rank)."""
+    return llm.collective_rpc(lambda wrapper: wrapper.worker)[0]
+
+
 #: The engine arguments of the tiny-model tests (fp32, block size 16, 64 MiB KV cache).
 TINY_ENGINE = dict(dtype="float32", block_size=16, max_model_len=256, kv_cache_memory_bytes=64 << 20, seed=0)
 

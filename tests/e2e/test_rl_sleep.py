@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from .conftest import MAX_NEW_TOKENS, TINY_ENGINE
+from .conftest import worker_of as _worker
 
 CAPTURE_SIZES = [1, 2, 4, 8]
 GRAPHS = {"mode": 3, "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": CAPTURE_SIZES}
@@ -35,10 +36,6 @@ def llm(tiny_qwen3, tmp_path_factory):
         engine.llm_engine.engine_core.shutdown()
     del engine
     gc.collect()
-
-
-def _worker(llm):
-    return llm.collective_rpc(lambda wrapper: wrapper.worker)[0]
 
 
 def _greedy(llm, prompts):

@@ -8,27 +8,19 @@ import gc
 import pytest
 import torch
 
+from .conftest import TINY_ENGINE
+from .conftest import worker_of as _worker
+
 
 @pytest.fixture(scope="module")
 def llm(tiny_qwen3):
     from vllm import LLM
 
-    engine = LLM(
-        model=str(tiny_qwen3),
-        dtype="float32",
-        block_size=16,
-        max_model_len=256,
-        kv_cache_memory_bytes=64 << 20,
-        seed=0,
-    )
+    engine = LLM(model=str(tiny_qwen3), **TINY_ENGINE)
     yield engine
     engine.llm_engine.engine_core.shutdown()
     del engine
     gc.collect()
-
-
-def _worker(llm):
-    return llm.collective_rpc(lambda wrapper: wrapper.worker)[0]
 
 
 def _generate(llm, prompts, **params):
