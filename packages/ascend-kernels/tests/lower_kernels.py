@@ -55,6 +55,7 @@ _DTYPES = {
     torch.int16: "i16",
     torch.int8: "i8",
     torch.uint8: "u8",
+    torch.uint64: "u64",
     torch.bool: "i1",
 }
 lowered: dict[tuple, str | None] = {}
