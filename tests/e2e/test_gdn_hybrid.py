@@ -13,7 +13,7 @@ import pytest
 
 from vllm_ascend.testing.tiny_models import build_tiny_model, mamba_spec, qwen3_next_spec
 
-from .conftest import MAX_NEW_TOKENS, RUNNER_PROMPTS
+from .conftest import MAX_NEW_TOKENS, RUNNER_PROMPTS, TINY_ENGINE, worker_of
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +68,51 @@ def _greedy(llm, prompts: list[list[int]]) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
+@pytest.fixture(scope="module")
+def shared_prefix_prompts(tiny_qwen3_next: Path) -> tuple[list[int], list[int], int]:
+    """Two prompts sharing more than two 32-token blocks (none shared with the module's other prompts), and
+    the tokens a prefix hit of the second on the first covers (whole blocks, the last prompt token recomputed).
+    The second's 12 new tokens cross a block boundary."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_next)
+    shared = (
+        "snow wind stone light shadow morning evening winter summer red green blue yellow black white " * 3
+    )
+    first = tokenizer(shared + "quick slow small")["input_ids"]
+    second = tokenizer(shared + "large bright dark warm cold old new first last runs")["input_ids"]
+    common = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    hit = min(common, len(second) - 1) // 32 * 32
+    assert hit >= 64, (common, len(second))
+    assert len(second) // 32 != (len(second) + MAX_NEW_TOKENS - 1) // 32, len(second)
+    return first, second, hit
+
+
+@pytest.fixture(scope="module")
+def shared_prefix_hf(tiny_qwen3_next: Path, shared_prefix_prompts) -> list[list[int]]:
+    from vllm_ascend.testing.hf_reference import hf_greedy
+
+    first, second, _ = shared_prefix_prompts
+    expected = hf_greedy(tiny_qwen3_next, [first, second], MAX_NEW_TOKENS).token_ids
+    assert expected[0] != expected[1]
+    return expected
+
+
+def _assert_prefix_hit(llm, prompts: tuple[list[int], list[int], int], expected: list[list[int]]) -> None:
+    """The first prompt (no hit), the second (a hit on the first's blocks), the second under another
+    ``cache_salt`` (no hit): cached-token counts, and tokens equal HF's."""
+    from vllm import SamplingParams
+
+    first, second, hit = prompts
+    params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    runs = [
+        llm.generate([{"prompt_token_ids": p, **extra}], params, use_tqdm=False)[0]
+        for p, extra in ((first, {}), (second, {}), (second, {"cache_salt": "control"}))
+    ]
+    assert [r.num_cached_tokens for r in runs] == [0, hit, 0]
+    assert [list(r.outputs[0].token_ids) for r in runs] == [expected[0], expected[1], expected[1]]
+
+
 # Runs before the module's engine exists: vLLM's process-wide parallel groups belong to one engine at a time.
 def test_qwen3_next_on_the_310p_family_matches_hf_float16(tiny_qwen3_next, next_prompts, monkeypatch):
     """310P has no Triton: the GDN layers' conv1d, gating and delta rule run their torch implementations,
@@ -101,6 +146,22 @@ def test_qwen3_next_on_the_310p_family_matches_hf_float16(tiny_qwen3_next, next_
         clear_device_caches()
 
 
+# Also before the module's engine.
+def test_qwen3_next_prefix_hit_on_the_v1_runner(
+    v1_runner, tiny_qwen3_next, shared_prefix_prompts, shared_prefix_hf
+):
+    """On V1 (``VLLM_USE_V2_MODEL_RUNNER=0``) the align-mode state copies go through vLLM's
+    ``batch_memcpy_kernel``, served by the kernels' ``batch_memcpy``: the same hits and tokens."""
+    from vllm import LLM
+
+    llm = LLM(model=str(tiny_qwen3_next), **TINY_ENGINE, max_num_batched_tokens=16, max_num_seqs=4)
+    try:
+        assert type(worker_of(llm).model_runner).__name__ == "NPUModelRunner"
+        _assert_prefix_hit(llm, shared_prefix_prompts, shared_prefix_hf)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
 def test_qwen3_next_batch_with_chunked_prefill_matches_hf(next_llm, next_prompts, next_hf):
     lengths = [len(p) for p in next_prompts]
     assert max(lengths) > 16 > min(lengths), lengths  # some prompts need several prefill steps
@@ -117,42 +178,20 @@ def test_qwen3_next_states_are_per_request(next_llm, next_prompts, next_hf):
 
 
 def test_qwen3_next_keeps_states_at_block_boundaries(next_llm):
+    assert type(worker_of(next_llm).model_runner).__name__ == "NPUModelRunnerV2"  # the runner vLLM selects
     cache = next_llm.llm_engine.vllm_config.cache_config
     assert cache.enable_prefix_caching and cache.mamba_cache_mode == "align"
     # The 16 asked for is raised so that an attention page holds one layer's recurrent state.
     assert cache.mamba_block_size == cache.block_size == 32
 
 
-def test_qwen3_next_prefix_hit_reuses_the_recurrent_state(next_llm, tiny_qwen3_next):
+def test_qwen3_next_prefix_hit_reuses_the_recurrent_state(next_llm, shared_prefix_prompts, shared_prefix_hf):
     """A request, then one sharing more than two blocks of its prompt: the second starts from the first's
-    cached states (conv and recurrent, copied into its own block) and both give HF's tokens; the same second
-    prompt under another ``cache_salt`` (the control: no reuse) computes everything and gives the same tokens.
-    The second's decode crosses a block boundary (its running state moves to a new block mid-generation)."""
-    from transformers import AutoTokenizer
-    from vllm import SamplingParams
-
-    from vllm_ascend.testing.hf_reference import hf_greedy
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_next)
-    shared = (
-        "snow wind stone light shadow morning evening winter summer red green blue yellow black white " * 3
-    )
-    first = tokenizer(shared + "quick slow small")["input_ids"]
-    second = tokenizer(shared + "large bright dark warm cold old new first last runs")["input_ids"]
-    common = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
-    hit = min(common, len(second) - 1) // 32 * 32
-    assert hit >= 64, (common, len(second))
-    assert len(second) // 32 != (len(second) + MAX_NEW_TOKENS - 1) // 32, len(second)
-
-    params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    runs = [
-        next_llm.generate([{"prompt_token_ids": p, **extra}], params, use_tqdm=False)[0]
-        for p, extra in ((first, {}), (second, {}), (second, {"cache_salt": "control"}))
-    ]
-    assert [r.num_cached_tokens for r in runs] == [0, hit, 0]
-    expected = hf_greedy(tiny_qwen3_next, [first, second], MAX_NEW_TOKENS).token_ids
-    assert [list(r.outputs[0].token_ids) for r in runs] == [expected[0], expected[1], expected[1]]
-    assert expected[0] != expected[1]
+    cached states (conv and recurrent, copied into its own block by V2's align-mode kernels) and both give
+    HF's tokens; the same second prompt under another ``cache_salt`` (the control: no reuse) computes
+    everything and gives the same tokens. The second's decode crosses a block boundary (its running state
+    moves to a new block mid-generation)."""
+    _assert_prefix_hit(next_llm, shared_prefix_prompts, shared_prefix_hf)
 
 
 def test_other_state_space_models_are_refused_at_config_time(tiny_models_root: Path):
