@@ -54,6 +54,31 @@ def replica_counts(load: np.ndarray, total_slots: int, max_per_expert: int) -> n
     return counts
 
 
+def capped_replica_counts(
+    load: np.ndarray, total_slots: int, max_per_expert: int, cap: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Replica counts with per-replica loads held at about ``cap`` (per layer) instead of minimised:
+    an expert above the cap gets ``ceil(load / cap)`` replicas (at most ``max_per_expert``), the
+    others one, and the slots left go one by one to the other experts with the highest per-replica
+    load (to the capped ones only when the others are full). Returns the counts and, per layer,
+    whether they fit ``total_slots``."""
+    layers = load.shape[0]
+    hot = load > cap[:, None]
+    counts = np.where(hot, np.minimum(max_per_expert, np.ceil(load / np.where(cap > 0, cap, 1)[:, None])), 1)
+    counts = counts.astype(np.int64)
+    left = total_slots - counts.sum(axis=1)
+    rows = np.arange(layers)
+    for _ in range(int(left.max(initial=0))):
+        room = counts < max_per_expert
+        cold_room = room & ~hot
+        prio = np.where(cold_room, load / counts, -np.inf)
+        prio = np.where(np.any(cold_room, axis=1)[:, None], prio, np.where(room, load / counts, -np.inf))
+        act = left > 0
+        counts[rows[act], np.argmax(prio, axis=1)[act]] += 1
+        left -= act
+    return counts, left == 0
+
+
 def shift_replicas(
     load: np.ndarray, counts: np.ndarray, max_moves: np.ndarray, max_per_expert: int, margin: float = 0.05
 ) -> np.ndarray:
@@ -456,6 +481,13 @@ def slot_weights(table: np.ndarray, load: np.ndarray, counts: np.ndarray | None 
 def rank_loads(table: np.ndarray, load: np.ndarray) -> np.ndarray:
     """``[layers, ranks]`` load per rank when replicas split their expert's load evenly."""
     return slot_weights(table, load).sum(axis=2)
+
+
+def risk_peak(slot_w: np.ndarray, spread: float, z: float) -> np.ndarray:
+    """Per layer: the largest rank load plus ``z`` standard deviations, when every replica's load may be off by
+    ``spread`` (relative) independently of the other experts on its rank: ``max_r Σw + z·spread·√(Σw²)`` over
+    the per-slot weights ``[layers, ranks, slots]``. With ``spread`` 0 it is the peak rank load."""
+    return (slot_w.sum(axis=2) + z * spread * np.sqrt((slot_w**2).sum(axis=2))).max(axis=1)
 
 
 def imbalance(table: np.ndarray, load: np.ndarray) -> np.ndarray:
