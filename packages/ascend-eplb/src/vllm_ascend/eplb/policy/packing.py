@@ -128,44 +128,48 @@ def fill_holes(
     table: np.ndarray, slot_w: np.ndarray, items: np.ndarray, item_w: np.ndarray, n: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """LPT: put each item (in the given order; -1 = padding) on the least-loaded rank that has a
-    hole (-1 slot) and does not hold that expert yet.
+    hole (-1 slot) and does not hold that expert yet. A rank's holes must come after its experts
+    (an empty table qualifies); they are filled in order.
 
     Returns the filled table, its per-slot weights and a per-layer flag for layers where some item
     found no rank (their table keeps holes and must be rejected by the caller).
     """
     table, slot_w = table.copy(), np.where(table < 0, 0.0, slot_w)
-    layers = table.shape[0]
+    layers, _, slots = table.shape
     rows = np.arange(layers)
-    has = presence(table, n)
+    has = np.ascontiguousarray(presence(table, n).transpose(0, 2, 1))  # [layers, n, ranks]
     free = (table < 0).sum(axis=2)
     load = slot_w.sum(axis=2)
+    open_load = np.where(free > 0, load, np.inf)  # a full rank takes nothing
     stuck = np.zeros(layers, dtype=bool)
     for k in range(items.shape[1]):
         e = items[:, k]
-        act = e >= 0
-        if not act.any():
-            continue
         ec = np.maximum(e, 0)
-        cand = np.where((free > 0) & ~has[rows, :, ec], load, np.inf)
+        cand = np.where(has[rows, ec], np.inf, open_load)
         r = np.argmin(cand, axis=1)
-        ok = act & np.isfinite(cand[rows, r])
-        for layer in np.flatnonzero(act & ~ok):
-            stuck[layer] |= not _relocate(
-                table[layer],
-                slot_w[layer],
-                has[layer],
-                load[layer],
-                free[layer],
-                int(e[layer]),
-                float(item_w[layer, k]),
-            )
-        li, ri, ei = rows[ok], r[ok], ec[ok]
-        si = np.argmax(table[li, ri] < 0, axis=1)
+        ok = (e >= 0) & (cand[rows, r] < np.inf)
+        if ok.all():
+            li, ri, ei, w = rows, r, ec, item_w[:, k]
+        else:
+            for layer in np.flatnonzero((e >= 0) & ~ok):
+                stuck[layer] |= not _relocate(
+                    table[layer],
+                    slot_w[layer],
+                    has[layer].T,
+                    load[layer],
+                    free[layer],
+                    int(e[layer]),
+                    float(item_w[layer, k]),
+                )
+                open_load[layer] = np.where(free[layer] > 0, load[layer], np.inf)
+            li, ri, ei, w = rows[ok], r[ok], ec[ok], item_w[ok, k]
+        si = slots - free[li, ri]
         table[li, ri, si] = ei
-        slot_w[li, ri, si] = item_w[ok, k]
-        load[li, ri] += item_w[ok, k]
+        slot_w[li, ri, si] = w
+        load[li, ri] += w
         free[li, ri] -= 1
-        has[li, ri, ei] = True
+        open_load[li, ri] = np.where(free[li, ri] > 0, load[li, ri], np.inf)
+        has[li, ei, ri] = True
     return table, slot_w, stuck
 
 
