@@ -111,6 +111,14 @@ def test_a_variant_reached_after_a_real_launch_is_compiled_ahead_and_a_warm_cach
     assert warm["record_s"] == warm["compile_s"] == 0
 
 
+def test_launchers_are_built_by_the_driver_of_the_target_s_backend():
+    """Triton keys its backends by package (``nvidia``), targets name ``cuda``."""
+    from triton.backends import backends
+    from triton.backends.compiler import GPUTarget
+
+    assert _precompile._driver_class(GPUTarget("cuda", 90, 32)) is backends["nvidia"].driver
+
+
 def test_precompile_is_off_where_nothing_compiles():
     """The interpreter (this suite) has nothing to compile ahead."""
     assert _precompile.supported()

@@ -117,6 +117,15 @@ def _source(spec: str) -> tuple[str, Any, Any, dict[str, Any]]:
     return str(data["name"]), source, GPUTarget(**data["target"]), data["options"]
 
 
+def _driver_class(target: Any) -> Any:
+    """The driver of the Triton backend that compiles for ``target`` (backends are keyed by package
+    name, ``nvidia``, not by target, ``cuda``)."""
+    from triton.backends import backends
+
+    (backend,) = [b for b in backends.values() if b.compiler.supports_target(target)]
+    return backend.driver
+
+
 _driver: Any = None
 
 
@@ -126,11 +135,10 @@ def _build_launcher(kernel: Any, target: Any) -> bool:
     without asking the device whether it is there."""
     global _driver
     try:
-        from triton.backends import backends
         from triton.runtime.driver import driver
 
         if _driver is None:
-            _driver = backends[target.backend].driver()
+            _driver = _driver_class(target)()
             driver.set_active(_driver)
         _driver.launcher_cls(kernel.src, kernel.metadata)
     except Exception as exc:
