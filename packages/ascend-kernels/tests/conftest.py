@@ -49,7 +49,7 @@ ASCEND_LANE_SKIPS: dict[str, str] = {
     "test_lowering.py": "needs upstream Triton's CUDA compiler front end (triton.backends.nvidia), "
     "which the triton-ascend lane does not install",
     "test_precompile.py": "compiles for an sm_90 target with upstream Triton's CUDA backend (triton.backends.nvidia), "
-    "which the triton-ascend lane does not install; triton-ascend 3.2 also lacks the recording hook",
+    "which the triton-ascend lane does not install; triton-ascend 3.2 also lacks the jit_cache_hook",
 }
 
 
