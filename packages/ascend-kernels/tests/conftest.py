@@ -119,6 +119,7 @@ _TRITON_MODULES = (
     "slot_mapping",
     "conv1d",
     "gdn_gating",
+    "gated_delta_rule",
     "rejection",
     "rms_norm",
 )

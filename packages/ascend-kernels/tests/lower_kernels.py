@@ -180,6 +180,14 @@ def _exercise() -> None:
                 )
         a, b = torch.randn(7, 6, generator=gen).to(dtype), torch.randn(7, 6, generator=gen).to(dtype)
         K.fused_gdn_gating(torch.randn(6, generator=gen), a, b, torch.randn(6, generator=gen), 1.0, 20.0)
+        q, k = (
+            torch.randn(70, 2, 128, generator=gen).to(dtype),
+            torch.randn(70, 2, 128, generator=gen).to(dtype),
+        )
+        v, g = torch.randn(70, 4, 128, generator=gen).to(dtype), -torch.rand(70, 4, generator=gen)
+        cu, state = torch.tensor([0, 5, 70], dtype=torch.int32), torch.randn(2, 4, 128, 128, generator=gen)
+        for l2norm in (True, False):
+            K.chunk_gated_delta_rule(q, k, v, g, torch.rand(70, 4).to(dtype), cu, state, use_qk_l2norm=l2norm)
     for dtype in (torch.int32, torch.int64):
         tokens = torch.randint(0, 50, (3, 40), generator=gen, dtype=dtype)
         K.ngram_propose(tokens, torch.tensor([40, 7, 0], dtype=torch.int32), 1, 4, 5, 256)

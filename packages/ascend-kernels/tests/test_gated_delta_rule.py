@@ -1,4 +1,6 @@
-"""The torch gated delta rule (recurrent and chunked) against a naive per-token, per-head recurrence."""
+"""The gated delta rule: the torch references (recurrent and chunked) and the public chunked function (the Triton
+kernel in this suite) against a naive per-token, per-head recurrence; the Triton kernel against the chunked
+reference on chunk boundaries, several sequences, GQA, strides and 16-bit inputs; its tiles within the UB."""
 
 from __future__ import annotations
 
@@ -7,7 +9,13 @@ import math
 import pytest
 import torch
 
-from vllm_ascend.kernels.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from vllm_ascend.kernels._geometry import GeometryError, LaunchGeometry
+from vllm_ascend.kernels._triton import gated_delta_rule as triton_gdr
+from vllm_ascend.kernels.gated_delta_rule import (
+    chunk_gated_delta_rule,
+    chunk_gated_delta_rule_torch,
+    recurrent_gated_delta_rule,
+)
 
 
 def _naive(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
@@ -49,9 +57,10 @@ def _inputs(tokens, k_heads, v_heads, k_dim, v_dim, seed):
 
 RULES = {
     "recurrent": recurrent_gated_delta_rule,
-    "chunk64": chunk_gated_delta_rule,
-    "chunk5": lambda *a, **kw: chunk_gated_delta_rule(*a, chunk_size=5, **kw),
-    "chunk1": lambda *a, **kw: chunk_gated_delta_rule(*a, chunk_size=1, **kw),
+    "chunk": chunk_gated_delta_rule,  # the Triton kernel here (TRITON_INTERPRET=1)
+    "chunk_torch64": chunk_gated_delta_rule_torch,
+    "chunk_torch5": lambda *a, **kw: chunk_gated_delta_rule_torch(*a, chunk_size=5, **kw),
+    "chunk_torch1": lambda *a, **kw: chunk_gated_delta_rule_torch(*a, chunk_size=1, **kw),
 }
 
 
@@ -117,23 +126,141 @@ def test_bfloat16_inputs_return_bfloat16_within_rounding():
     torch.testing.assert_close(out.float(), ref, rtol=5e-2, atol=5e-2)
 
 
-@pytest.mark.parametrize("rule", [recurrent_gated_delta_rule, chunk_gated_delta_rule])
-def test_bad_inputs_name_the_problem(rule):
+@pytest.mark.parametrize(
+    "rule", [recurrent_gated_delta_rule, chunk_gated_delta_rule_torch, chunk_gated_delta_rule]
+)
+def test_bad_shapes_name_the_problem(rule):
     q, k, v, g, beta = _inputs(6, 2, 4, 8, 8, seed=1)
     cu = torch.tensor([0, 6])
     with pytest.raises(ValueError, match=r"g \(6, 3\).*\[T, Hv\]"):
         rule(q, k, v, g[:, :3], beta, cu)
     with pytest.raises(ValueError, match=r"value heads \(3\) must be a multiple of key heads \(2\)"):
         rule(q, k, v[:, :3], g[:, :3], beta[:, :3], cu)
-    with pytest.raises(ValueError, match=r"cu_seqlens must rise from 0 to the token count 6; got \[0, 4\]"):
-        rule(q, k, v, g, beta, torch.tensor([0, 4]))
     with pytest.raises(
         ValueError, match=r"initial_state \(1, 4, 8, 4\) must be \[N, Hv, K, V\] = \(1, 4, 8, 8\)"
     ):
         rule(q, k, v, g, beta, cu, torch.zeros(1, 4, 8, 4))
+    with pytest.raises(ValueError, match=r"cu_seqlens must be \[N \+ 1\] offsets; got shape \(1, 2\)"):
+        rule(q, k, v, g, beta, cu[None])
+
+
+@pytest.mark.parametrize("rule", [recurrent_gated_delta_rule, chunk_gated_delta_rule_torch])
+def test_references_check_the_offsets(rule):
+    """The references read ``cu_seqlens`` on the host and check its values (the Triton path does not sync)."""
+    q, k, v, g, beta = _inputs(6, 2, 4, 8, 8, seed=1)
+    with pytest.raises(ValueError, match=r"cu_seqlens must rise from 0 to the token count 6; got \[0, 4\]"):
+        rule(q, k, v, g, beta, torch.tensor([0, 4]))
+    with pytest.raises(ValueError, match=r"got \[0, 4, 2, 6\]"):
+        rule(q, k, v, g, beta, torch.tensor([0, 4, 2, 6]))
 
 
 def test_chunk_size_must_be_positive():
     q, k, v, g, beta = _inputs(4, 1, 1, 4, 4, seed=2)
     with pytest.raises(ValueError, match="chunk_size must be >= 1; got 0"):
-        chunk_gated_delta_rule(q, k, v, g, beta, torch.tensor([0, 4]), chunk_size=0)
+        chunk_gated_delta_rule_torch(q, k, v, g, beta, torch.tensor([0, 4]), chunk_size=0)
+
+
+def _triton_inputs(gen, lengths, k_heads, v_heads, k_dim, v_dim, dtype, l2norm):
+    tokens = sum(lengths)
+    q = torch.randn(tokens, k_heads, k_dim, generator=gen)
+    k = torch.randn(tokens, k_heads, k_dim, generator=gen)
+    if not l2norm:  # keys of norm < 1 keep the unnormalised rule stable
+        q, k = q * k_dim**-0.5, k * 0.9 * k_dim**-0.5
+    v = torch.randn(tokens, v_heads, v_dim, generator=gen)
+    g = -torch.rand(tokens, v_heads, generator=gen) * 1.5
+    beta = torch.rand(tokens, v_heads, generator=gen)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    return q.to(dtype), k.to(dtype), v.to(dtype), g, beta.to(dtype), cu
+
+
+def _assert_matches_reference(out, state, ref_out, ref_state, dtype):
+    """Float32 states agree to float32 rounding; outputs up to one unit in the last place of their dtype (the
+    float32 results differ by rounding, which can flip the final 16-bit rounding)."""
+    assert out.dtype == dtype and out.shape == ref_out.shape and state.dtype == torch.float32
+    assert not torch.isnan(out).any() and not torch.isnan(state).any()
+    torch.testing.assert_close(state, ref_state, rtol=1e-4, atol=1e-5)
+    rtol = 1e-4 if dtype == torch.float32 else torch.finfo(dtype).eps
+    torch.testing.assert_close(out.float(), ref_out.float(), rtol=rtol, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "k_heads", "v_heads", "k_dim", "v_dim", "with_state", "l2norm", "dtype"),
+    [
+        ((1,), 1, 1, 16, 16, False, True, torch.float32),  # one token from zeros
+        ((63,), 1, 2, 32, 16, True, True, torch.float32),  # a chunk less one, GQA
+        ((64,), 2, 2, 16, 32, True, True, torch.bfloat16),  # exactly one chunk
+        ((65,), 1, 2, 80, 24, True, True, torch.float32),  # one token into a second chunk; two key tiles
+        ((130,), 2, 4, 32, 48, False, True, torch.float16),  # three chunks, two value tiles
+        ((63, 1, 65, 0, 64), 2, 4, 16, 16, True, True, torch.float32),  # several sequences, one empty
+        ((70, 3), 1, 1, 24, 20, True, False, torch.float32),  # no l2 norm, dims off the tile sizes
+    ],
+)
+def test_triton_chunk_matches_the_reference(
+    gen, lengths, k_heads, v_heads, k_dim, v_dim, with_state, l2norm, dtype
+):
+    q, k, v, g, beta, cu = _triton_inputs(gen, lengths, k_heads, v_heads, k_dim, v_dim, dtype, l2norm)
+    init = torch.randn(len(lengths), v_heads, k_dim, v_dim, generator=gen) * 0.5 if with_state else None
+    scale = None if l2norm else 0.7
+    init_before = None if init is None else init.clone()
+    out, state = chunk_gated_delta_rule(q, k, v, g, beta, cu, init, scale=scale, use_qk_l2norm=l2norm)
+    ref_out, ref_state = chunk_gated_delta_rule_torch(
+        q, k, v, g, beta, cu, init, scale=scale, use_qk_l2norm=l2norm
+    )
+    _assert_matches_reference(out, state, ref_out, ref_state, dtype)
+    if init is not None:
+        assert torch.equal(init, init_before)
+        empty = [i for i, n in enumerate(lengths) if n == 0]
+        assert all(torch.equal(state[i], init[i]) for i in empty)  # an empty sequence keeps its state
+
+
+def test_triton_chunk_takes_any_strides(gen):
+    """The runner's q/k/v are views of one projection; here a head-interleaved and a head-major layout."""
+    tokens, heads, k_dim, v_dim = 70, 2, 16, 32
+    packed = torch.randn(tokens, heads, 3 * k_dim, generator=gen)
+    q, k = packed[..., :k_dim], packed[..., k_dim : 2 * k_dim]  # token stride 96, head stride 48
+    v = torch.randn(2 * heads, tokens, v_dim, generator=gen).transpose(0, 1)  # head-major
+    g = -torch.rand(2 * heads, tokens, generator=gen).t()
+    beta = torch.rand(2 * heads, tokens, generator=gen).t()
+    cu = torch.tensor([0, 30, tokens], dtype=torch.int32)
+    init = torch.randn(2, 2 * heads, k_dim, v_dim, generator=gen)
+    out, state = chunk_gated_delta_rule(q, k, v, g, beta, cu, init)
+    ref = chunk_gated_delta_rule_torch(q.contiguous(), k.contiguous(), v.contiguous(), g, beta, cu, init)
+    _assert_matches_reference(out, state, *ref, torch.float32)
+
+
+def test_public_chunk_launches_the_triton_kernels(gen, monkeypatch):
+    from triton.runtime import interpreter
+
+    launches = []
+    real_call = interpreter.GridExecutor.__call__
+
+    def counting_call(self, *args, **kwargs):
+        launches.append(self.fn.__name__)
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__", counting_call)
+    q, k, v, g, beta, cu = _triton_inputs(gen, (5, 3), 1, 1, 16, 16, torch.float32, True)
+    chunk_gated_delta_rule(q, k, v, g, beta, cu)
+    assert launches == ["_inverse_kernel", "_walk_kernel"]
+
+
+@pytest.mark.parametrize("ub_kib", [192, 256])
+def test_tiles_fit_half_the_unified_buffer(ub_kib):
+    """The A2/A3 (192 KiB) and A5 (256 KiB) profiles: Qwen3-Next's 128 x 128 heads tile within the UB."""
+    geo = LaunchGeometry("npu", 48, ub_kib * 1024)
+    bk, bv = triton_gdr.tiles(geo, 128, 128)
+    assert (bk, bv) == (64, 32)
+    assert max(triton_gdr._inverse_bytes(bk), triton_gdr._walk_bytes(bk, bv)) <= geo.ub_bytes // 2
+
+
+def test_tiles_shrink_to_a_smaller_unified_buffer_and_refuse_one_too_small():
+    geo = LaunchGeometry("npu", 8, 160 * 1024)
+    bk, bv = triton_gdr.tiles(geo, 128, 128)
+    assert (bk, bv) < (64, 32) and min(bk, bv) >= 16
+    assert max(triton_gdr._inverse_bytes(bk), triton_gdr._walk_bytes(bk, bv)) <= geo.ub_bytes // 2
+    with pytest.raises(
+        GeometryError, match=r"64-token chunk's smallest tiles .* exceed half of ub_bytes=65536"
+    ):
+        triton_gdr.tiles(LaunchGeometry("npu", 8, 64 * 1024), 128, 128)
+    assert triton_gdr.tiles(LaunchGeometry("cuda", 132), 128, 128) == (64, 32)  # no UB: the caps
+    assert triton_gdr.tiles(LaunchGeometry("cuda", 132), 8, 8) == (16, 16)  # tl.dot's smallest tile

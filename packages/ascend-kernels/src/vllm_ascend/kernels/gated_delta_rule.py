@@ -1,4 +1,4 @@
-"""Gated delta rule of Gated DeltaNet layers (Qwen3-Next linear attention), plain torch.
+"""Gated delta rule of Gated DeltaNet layers (Qwen3-Next linear attention).
 
 Per value head with state ``S`` (``[K, V]``), log decay ``g_t`` and write strength ``beta_t``::
 
@@ -6,11 +6,12 @@ Per value head with state ``S`` (``[K, V]``), log decay ``g_t`` and write streng
     S_t  = S'_t + k_t (beta_t * (v_t - S'_t^T k_t))^T
     o_t  = S_t^T (scale * q_t)
 
-:func:`recurrent_gated_delta_rule` runs this token by token (decode);
+:func:`recurrent_gated_delta_rule` runs this token by token (decode, plain torch);
 :func:`chunk_gated_delta_rule` computes the same result a chunk at a time (prefill): within a chunk
 the corrected values ``u`` solve a unit lower-triangular system, so a chunk costs a few matmuls
-instead of one state update per token. Both take packed variable-length sequences (``cu_seqlens``)
-and one initial state per sequence. Plain torch on every device: there is no Triton kernel yet.
+instead of one state update per token. It runs the Triton kernel (``_triton/gated_delta_rule.py``) where
+Triton runs, else :func:`chunk_gated_delta_rule_torch`. Both take packed variable-length sequences
+(``cu_seqlens``) and one initial state per sequence.
 """
 
 from __future__ import annotations
@@ -19,12 +20,43 @@ import itertools
 
 import torch
 
+from vllm_ascend.kernels._backend import dispatch
+
 #: Tokens per chunk of :func:`chunk_gated_delta_rule` (the chunk size of vLLM's FLA kernels).
 CHUNK_SIZE = 64
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def _check_shapes(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None,
+) -> None:
+    """Refuse inconsistent shapes (read from the tensors' metadata: no host sync)."""
+    tokens, k_heads, k_dim = q.shape
+    v_heads, v_dim = v.shape[1], v.shape[2]
+    if k.shape != q.shape or v.shape[0] != tokens or g.shape != (tokens, v_heads) or beta.shape != g.shape:
+        raise ValueError(
+            f"gated delta rule shapes: q {tuple(q.shape)} and k {tuple(k.shape)} must be [T, Hk, K], v "
+            f"{tuple(v.shape)} [T, Hv, V], g {tuple(g.shape)} and beta {tuple(beta.shape)} [T, Hv]"
+        )
+    if v_heads % k_heads:
+        raise ValueError(f"value heads ({v_heads}) must be a multiple of key heads ({k_heads})")
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1:
+        raise ValueError(f"cu_seqlens must be [N + 1] offsets; got shape {tuple(cu_seqlens.shape)}")
+    num_seqs = cu_seqlens.shape[0] - 1
+    if initial_state is not None and initial_state.shape != (num_seqs, v_heads, k_dim, v_dim):
+        raise ValueError(
+            f"initial_state {tuple(initial_state.shape)} must be [N, Hv, K, V] = "
+            f"{(num_seqs, v_heads, k_dim, v_dim)}"
+        )
 
 
 def _prepare(
@@ -38,24 +70,14 @@ def _prepare(
     scale: float | None,
     use_qk_l2norm: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
-    """Validate shapes; float32 copies with q/k expanded to the value heads, normalised and q scaled."""
+    """Validate shapes and offsets; float32 copies with q/k expanded to the value heads, normalised and q
+    scaled."""
+    _check_shapes(q, k, v, g, beta, cu_seqlens, initial_state)
     tokens, k_heads, k_dim = q.shape
     v_heads, v_dim = v.shape[1], v.shape[2]
-    if k.shape != q.shape or v.shape[0] != tokens or g.shape != (tokens, v_heads) or beta.shape != g.shape:
-        raise ValueError(
-            f"gated delta rule shapes: q {tuple(q.shape)} and k {tuple(k.shape)} must be [T, Hk, K], v "
-            f"{tuple(v.shape)} [T, Hv, V], g {tuple(g.shape)} and beta {tuple(beta.shape)} [T, Hv]"
-        )
-    if v_heads % k_heads:
-        raise ValueError(f"value heads ({v_heads}) must be a multiple of key heads ({k_heads})")
     starts = [int(s) for s in cu_seqlens.tolist()]
     if starts[0] != 0 or starts[-1] != tokens or any(b < a for a, b in itertools.pairwise(starts)):
         raise ValueError(f"cu_seqlens must rise from 0 to the token count {tokens}; got {starts}")
-    if initial_state is not None and initial_state.shape != (len(starts) - 1, v_heads, k_dim, v_dim):
-        raise ValueError(
-            f"initial_state {tuple(initial_state.shape)} must be [N, Hv, K, V] = "
-            f"{(len(starts) - 1, v_heads, k_dim, v_dim)}"
-        )
     groups = v_heads // k_heads
     qf = q.to(torch.float32).repeat_interleave(groups, dim=1)
     kf = k.to(torch.float32).repeat_interleave(groups, dim=1)
@@ -131,7 +153,7 @@ def _chunk(
     return out, new_state
 
 
-def chunk_gated_delta_rule(
+def chunk_gated_delta_rule_torch(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -143,8 +165,8 @@ def chunk_gated_delta_rule(
     use_qk_l2norm: bool = True,
     chunk_size: int = CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`recurrent_gated_delta_rule`'s result computed ``chunk_size`` tokens at a time (same
-    arguments and returns); each sequence's chunks start at its first token."""
+    """Reference of :func:`chunk_gated_delta_rule`, ``chunk_size`` tokens at a time (any size gives the same
+    result); each sequence's chunks start at its first token. Checks ``cu_seqlens``' values too."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
     qf, kf, vf, gf, bf, state, starts = _prepare(
@@ -166,3 +188,23 @@ def chunk_gated_delta_rule(
             out[c:e] = o.transpose(0, 1)
         state[n] = s
     return out.to(v.dtype), state
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`recurrent_gated_delta_rule`'s result computed a chunk of :data:`CHUNK_SIZE` tokens at a time
+    (same arguments and returns; any strides). Shapes are checked from the tensors' metadata; the Triton
+    path reads ``cu_seqlens`` on the device only (no host sync), so its values are checked by the reference
+    alone."""
+    _check_shapes(q, k, v, g, beta, cu_seqlens, initial_state)
+    impl = dispatch("gated_delta_rule", "chunk_gated_delta_rule", chunk_gated_delta_rule_torch, q.device)
+    return impl(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm)

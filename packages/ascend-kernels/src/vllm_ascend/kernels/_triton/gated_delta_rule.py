@@ -1,0 +1,350 @@
+"""Triton :func:`vllm_ascend.kernels.chunk_gated_delta_rule`: two launches.
+
+Per chunk of ``CHUNK`` tokens of a sequence and value head (``γ``: cumulative log decay from the chunk start,
+``D[i, j] = exp(γ_i - γ_j)`` for ``j <= i``, ``k̂``/``q̂``: l2-normalised, q scaled):
+
+1. ``_inverse_kernel``, one program per (chunk, value head), all chunks at once (they do not depend on the
+   state): ``A = strictly_lower(β k̂ k̂^T ∘ D)`` and ``(I + A)^-1`` by block doubling — the inverses of the
+   diagonal blocks of size ``2s`` from those of size ``s`` (``T ← T - T (M_s ∘ A) T``, ``M_s`` the lower-left
+   ``s``-blocks of each ``2s``-block), ``log2(CHUNK)`` steps of two matmuls, exact as the recursive triangular
+   inverse is. Written to a float32 scratch ``[Hv, T, CHUNK]`` (chunk rows at their tokens). Programs find their
+   chunk from ``cu_seqlens`` on the device (no host sync).
+2. ``_walk_kernel``, one program per (sequence, value head, value tile), walking the sequence's chunks: over
+   the key tiles ``k S``, ``q k^T``, ``q S`` (and the squared norms of q and k: normalising only scales rows of
+   these products, so the ``rsqrt`` factors are applied to the sums); the corrected values
+   ``u = (I + A)^-1 (β (v - exp(γ) k̂ S))`` (the WY form's ``u - w S`` in one product);
+   ``o = exp(γ) q̂ S + (q̂ k̂^T ∘ D) u``; then ``S ← exp(γ_L) S + k̂^T (exp(γ_L - γ) u)`` key tile by key tile.
+   The columns of ``S`` evolve independently, so a program owns ``BV`` of them, kept in the output state buffer
+   between passes.
+
+All arithmetic in float32: ``tl.dot`` in IEEE float32 (not TF32) wherever a float32 operand meets it; ``q k^T``
+and ``k k^T`` of 16-bit inputs dot the inputs as they are (exact products, float32 sums; float32 under the
+interpreter, whose 16-bit dot is not the devices'). Tiles: ``BK`` / ``BV`` chosen so each kernel's live tiles
+fit half the device's unified buffer on Ascend (:func:`tiles`); no warps there.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_ascend.kernels._geometry import GeometryError, LaunchGeometry, geometry, launch
+from vllm_ascend.kernels.gated_delta_rule import CHUNK_SIZE
+
+#: Tokens per chunk (a power of two, >= ``tl.dot``'s 16).
+CHUNK = CHUNK_SIZE
+#: Widest tiles tried. Compiled for sm_90 at 8 warps, wider ones spill registers (thousands of spill ops at
+#: 128 x 64 against about 130 here: ``tests/lower_kernels.py --sass``).
+_BK_CAP = 64
+_BV_CAP = 32
+#: Warps on CUDA (4 spill several times more in both kernels).
+_WARPS = 8
+_DOT_MIN = 16
+#: Sequences whose offsets one step of the inverse kernel's chunk search reads.
+_SEQ_TILE = 64
+_EPS = 1e-6
+
+
+def _inverse_bytes(bk: int) -> int:
+    """float32 bytes live at the inverse kernel's widest point: five ``[CHUNK, CHUNK]`` matrices while
+    inverting (``A``, ``T``, a masked copy, two products), or two and a key tile with its square while
+    summing ``k k^T``."""
+    return 4 * max(5 * CHUNK * CHUNK, 2 * CHUNK * CHUNK + 2 * CHUNK * bk)
+
+
+def _walk_bytes(bk: int, bv: int) -> int:
+    """float32 bytes live at the walk kernel's widest point: over the key tiles, ``q k^T`` and its product,
+    ``k S`` and ``q S``, q / k / state tiles; after them, ``(I + A)^-1``, ``q k^T`` and ``D`` beside four
+    ``[CHUNK, BV]`` tiles."""
+    keys = 2 * CHUNK * CHUNK + 2 * CHUNK * bv + 2 * CHUNK * bk + bk * bv
+    values = 3 * CHUNK * CHUNK + 4 * CHUNK * bv
+    return 4 * max(keys, values)
+
+
+def tiles(geo: LaunchGeometry, k_dim: int, v_dim: int) -> tuple[int, int]:
+    """``(BK, BV)``: powers of two in ``[16, cap]``: the widest value tile, then the widest key tile, whose
+    live tiles fit half the unified buffer (Ascend; the caps on CUDA and under the interpreter)."""
+    bk_cap = max(_DOT_MIN, min(_BK_CAP, triton.next_power_of_2(k_dim)))
+    bv_cap = max(_DOT_MIN, min(_BV_CAP, triton.next_power_of_2(v_dim)))
+    if geo.ub_bytes is None:
+        return bk_cap, bv_cap
+    budget = geo.ub_bytes // 2
+    bv = bv_cap
+    while bv >= _DOT_MIN:
+        bk = bk_cap
+        while bk >= _DOT_MIN:
+            if max(_inverse_bytes(bk), _walk_bytes(bk, bv)) <= budget:
+                return bk, bv
+            bk //= 2
+        bv //= 2
+    raise GeometryError(
+        f"chunk_gated_delta_rule: the {CHUNK}-token chunk's smallest tiles "
+        f"({max(_inverse_bytes(_DOT_MIN), _walk_bytes(_DOT_MIN, _DOT_MIN))} bytes) exceed half of "
+        f"ub_bytes={geo.ub_bytes}"
+    )
+
+
+def _dot_dtype(x: torch.Tensor) -> tl.dtype:
+    """``x``'s own 16-bit type on devices (its products are exact in float32), float32 otherwise and under
+    the interpreter (cpu)."""
+    if x.device.type == "cpu":
+        return tl.float32
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(x.dtype, tl.float32)
+
+
+@triton.jit
+def _tile(ptr, t, t_stride, c, c_stride, mask, DTYPE: tl.constexpr):
+    """``x[t, c]`` of one head in ``DTYPE`` (zeros outside ``mask``)."""
+    offs = t[:, None].to(tl.int64) * t_stride + c[None, :].to(tl.int64) * c_stride
+    return tl.load(ptr + offs, mask=mask, other=0.0).to(DTYPE)
+
+
+@triton.jit
+def _chunk_gates(g_ptr, beta_ptr, g_st, g_sh, b_st, b_sh, head, t, t_ok):
+    """The chunk's ``γ`` (cumulative ``g``, flat past the sequence end) and ``β`` (zero there)."""
+    g = tl.load(g_ptr + t * g_st + head * g_sh, mask=t_ok, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + t * b_st + head * b_sh, mask=t_ok, other=0.0).to(tl.float32)
+    return tl.cumsum(g, axis=0), beta
+
+
+@triton.jit(do_not_specialize=["num_seqs", "tokens"])
+def _inverse_kernel(
+    k_ptr,
+    g_ptr,
+    beta_ptr,
+    cu_ptr,
+    inv_ptr,
+    k_st,
+    k_sh,
+    k_sk,
+    g_st,
+    g_sh,
+    b_st,
+    b_sh,
+    eps,
+    num_seqs,
+    tokens,
+    groups,
+    K,
+    L2NORM: tl.constexpr,
+    CHUNK: tl.constexpr,
+    LOG_CHUNK: tl.constexpr,
+    BK: tl.constexpr,
+    SEQ_TILE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    slot = tl.program_id(0)
+    head = tl.program_id(1)
+    # The slot-th chunk of the batch, sequences in order: its sequence's end and its first token.
+    before = tl.zeros([], dtype=tl.int64)
+    end = tl.zeros([], dtype=tl.int64)
+    c0 = tl.full([], -1, dtype=tl.int64)
+    for n0 in range(0, num_seqs, SEQ_TILE):
+        n = n0 + tl.arange(0, SEQ_TILE)
+        n_ok = n < num_seqs
+        s = tl.load(cu_ptr + n, mask=n_ok, other=0).to(tl.int64)
+        e = tl.load(cu_ptr + n + 1, mask=n_ok, other=0).to(tl.int64)
+        count = tl.where(n_ok, (e - s + CHUNK - 1) // CHUNK, 0)
+        upto = tl.cumsum(count, axis=0) + before
+        hit = (upto - count <= slot) & (slot < upto)
+        c0 = tl.maximum(c0, tl.max(tl.where(hit, s + (slot - (upto - count)) * CHUNK, -1), axis=0))
+        end = tl.maximum(end, tl.max(tl.where(hit, e, 0), axis=0))
+        before += tl.sum(count, axis=0)
+    if c0 >= 0:
+        rows = tl.arange(0, CHUNK)
+        ri = rows[:, None]
+        rj = rows[None, :]
+        t = c0 + rows
+        t_ok = t < end
+        gamma, beta = _chunk_gates(g_ptr, beta_ptr, g_st, g_sh, b_st, b_sh, head, t, t_ok)
+        k_base = k_ptr + (head // groups).to(tl.int64) * k_sh
+        kk = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
+        k_norm = tl.zeros([CHUNK], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            kc = k0 + tl.arange(0, BK)
+            kt = _tile(k_base, t, k_st, kc, k_sk, t_ok[:, None] & (kc < K)[None, :], DOT_DTYPE)
+            kk += tl.dot(kt, tl.trans(kt), input_precision="ieee")
+            if L2NORM:
+                kf = kt.to(tl.float32)
+                k_norm += tl.sum(kf * kf, axis=1)
+        if L2NORM:
+            k_scale = tl.rsqrt(k_norm + eps)
+            kk = kk * k_scale[:, None] * k_scale[None, :]
+        decay = tl.exp(tl.where(rj < ri, gamma[:, None] - gamma[None, :], float("-inf")))
+        a = kk * decay * beta[:, None]
+        inv = tl.where(ri == rj, 1.0, 0.0)
+        for level in range(LOG_CHUNK):
+            off = ((ri >> (level + 1)) == (rj >> (level + 1))) & ((ri >> level) > (rj >> level))
+            inv -= tl.dot(
+                tl.dot(inv, tl.where(off, a, 0.0), input_precision="ieee"), inv, input_precision="ieee"
+            )
+        out = inv_ptr + head.to(tl.int64) * tokens * CHUNK + t[:, None] * CHUNK + rj
+        tl.store(out, inv, mask=t_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["tokens"])
+def _walk_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    cu_ptr,
+    inv_ptr,
+    state_ptr,
+    out_ptr,
+    q_st,
+    q_sh,
+    q_sk,
+    k_st,
+    k_sh,
+    k_sk,
+    v_st,
+    v_sh,
+    v_sv,
+    g_st,
+    g_sh,
+    b_st,
+    b_sh,
+    o_st,
+    o_sh,
+    scale,
+    eps,
+    tokens,
+    v_heads,
+    groups,
+    K,
+    V,
+    L2NORM: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    seq = pid // v_heads
+    head = pid % v_heads
+    vc = tl.program_id(1) * BV + tl.arange(0, BV)
+    v_ok = vc < V
+    start = tl.load(cu_ptr + seq).to(tl.int64)
+    end = tl.load(cu_ptr + seq + 1).to(tl.int64)
+    q_base = q_ptr + (head // groups).to(tl.int64) * q_sh
+    k_base = k_ptr + (head // groups).to(tl.int64) * k_sh
+    s_base = state_ptr + pid.to(tl.int64) * K * V
+    inv_base = inv_ptr + head.to(tl.int64) * tokens * CHUNK
+    rows = tl.arange(0, CHUNK)
+    ri = rows[:, None]
+    rj = rows[None, :]
+    for c0 in range(start, end, CHUNK):
+        t = c0 + rows
+        t_ok = t < end
+        length = tl.minimum(end - c0, CHUNK)
+        gamma, beta = _chunk_gates(g_ptr, beta_ptr, g_st, g_sh, b_st, b_sh, head, t, t_ok)
+        gamma_last = tl.sum(tl.where(rows == length - 1, gamma, 0.0), axis=0)
+
+        # k S, q k^T, q S and the squared norms over the key tiles.
+        ks = tl.zeros([CHUNK, BV], dtype=tl.float32)
+        qs = tl.zeros([CHUNK, BV], dtype=tl.float32)
+        qk = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
+        k_norm = tl.zeros([CHUNK], dtype=tl.float32)
+        q_norm = tl.zeros([CHUNK], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            kc = k0 + tl.arange(0, BK)
+            k_ok = kc < K
+            tile_ok = t_ok[:, None] & k_ok[None, :]
+            qt = _tile(q_base, t, q_st, kc, q_sk, tile_ok, DOT_DTYPE)
+            kt = _tile(k_base, t, k_st, kc, k_sk, tile_ok, DOT_DTYPE)
+            st = tl.load(
+                s_base + kc[:, None] * V + vc[None, :], mask=k_ok[:, None] & v_ok[None, :], other=0.0
+            )
+            qk += tl.dot(qt, tl.trans(kt), input_precision="ieee")
+            qf = qt.to(tl.float32)
+            kf = kt.to(tl.float32)
+            ks += tl.dot(kf, st, input_precision="ieee")
+            qs += tl.dot(qf, st, input_precision="ieee")
+            if L2NORM:
+                k_norm += tl.sum(kf * kf, axis=1)
+                q_norm += tl.sum(qf * qf, axis=1)
+        if L2NORM:
+            k_scale = tl.rsqrt(k_norm + eps)
+            q_scale = tl.rsqrt(q_norm + eps) * scale
+        else:
+            k_scale = tl.full([CHUNK], 1.0, tl.float32)
+            q_scale = tl.full([CHUNK], 1.0, tl.float32) * scale
+
+        # Corrected values, then outputs.
+        v = tl.load(
+            v_ptr + t[:, None] * v_st + head * v_sh + vc[None, :] * v_sv,
+            mask=t_ok[:, None] & v_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        rhs = beta[:, None] * (v - tl.exp(gamma)[:, None] * (ks * k_scale[:, None]))
+        inv = tl.load(inv_base + t[:, None] * CHUNK + rj, mask=t_ok[:, None], other=0.0)
+        u = tl.dot(inv, rhs, input_precision="ieee")
+        decay = tl.exp(tl.where(rj <= ri, gamma[:, None] - gamma[None, :], float("-inf")))
+        p = qk * q_scale[:, None] * k_scale[None, :] * decay
+        o = tl.exp(gamma)[:, None] * (qs * q_scale[:, None]) + tl.dot(p, u, input_precision="ieee")
+        tl.store(
+            out_ptr + t[:, None] * o_st + head * o_sh + vc[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=t_ok[:, None] & v_ok[None, :],
+        )
+
+        # The state at the chunk end.
+        w = (tl.exp(gamma_last - gamma) * k_scale)[:, None] * u
+        for k0 in range(0, K, BK):
+            kc = k0 + tl.arange(0, BK)
+            k_ok = kc < K
+            kf = _tile(k_base, t, k_st, kc, k_sk, t_ok[:, None] & k_ok[None, :], tl.float32)
+            s_ptrs = s_base + kc[:, None] * V + vc[None, :]
+            s_ok = k_ok[:, None] & v_ok[None, :]
+            st = tl.exp(gamma_last) * tl.load(s_ptrs, mask=s_ok, other=0.0)
+            tl.store(s_ptrs, st + tl.dot(tl.trans(kf), w, input_precision="ieee"), mask=s_ok)
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens, _, k_dim = q.shape
+    v_heads, v_dim = v.shape[1], v.shape[2]
+    groups = v_heads // q.shape[1]
+    num_seqs = cu_seqlens.shape[0] - 1
+    state = torch.empty(num_seqs, v_heads, k_dim, v_dim, dtype=torch.float32, device=q.device)
+    if initial_state is None:
+        state.zero_()
+    else:
+        state.copy_(initial_state)
+    out = torch.empty(tokens, v_heads, v_dim, dtype=v.dtype, device=v.device)
+    if tokens == 0 or num_seqs == 0:
+        return out, state
+    device = q.device
+    bk, bv = tiles(geometry(device), k_dim, v_dim)
+    dot_dtype = _dot_dtype(q)
+    inverses = torch.empty(v_heads, tokens, CHUNK, dtype=torch.float32, device=device)
+    _inverse_kernel[(triton.cdiv(tokens, CHUNK) + num_seqs, v_heads)](
+        k, g, beta, cu_seqlens, inverses,
+        k.stride(0), k.stride(1), k.stride(2), g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+        _EPS, num_seqs, tokens, groups, k_dim,
+        L2NORM=use_qk_l2norm, CHUNK=CHUNK, LOG_CHUNK=CHUNK.bit_length() - 1, BK=bk, SEQ_TILE=_SEQ_TILE,
+        DOT_DTYPE=dot_dtype, **launch(device, _WARPS),
+    )  # fmt: skip
+    _walk_kernel[(num_seqs * v_heads, triton.cdiv(v_dim, bv))](
+        q, k, v, g, beta, cu_seqlens, inverses, state, out,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+        out.stride(0), out.stride(1),
+        float(k_dim**-0.5 if scale is None else scale), _EPS, tokens, v_heads, groups, k_dim, v_dim,
+        L2NORM=use_qk_l2norm, CHUNK=CHUNK, BK=bk, BV=bv, DOT_DTYPE=dot_dtype, **launch(device, _WARPS),
+    )  # fmt: skip
+    return out, state
