@@ -57,7 +57,7 @@ def resolve(job: str) -> Callable[[Any], Any]:
         target = getattr(target, part, None)
     if not callable(target):
         raise JobPoolError(f"job={job!r}: {qualname!r} is not a function of module {module!r}")
-    return target  # type: ignore[no-any-return]
+    return target
 
 
 def _worker_env() -> dict[str, str]:

@@ -13,6 +13,8 @@ it), each checking that the variant lands under the key the launch computed, wit
 builds on a variant's first launch (a C extension per signature on Triton 3.6). Then the pass runs
 again, until one skips nothing: that pass launched everything and only loaded. A variant that failed to
 compile ahead is compiled by its launch; ``compiled_at_launch`` names every launch that compiled.
+Both sides settle the kernels' cache keys first (:mod:`._cache_keys`: Triton 3.6's depend on what the
+process compiled before, and each worker has its own history).
 Where the Triton in use lacks the hook (triton-ascend 3.2), :func:`supported` is False and the warm-up
 compiles serially as it launches.
 """
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from vllm_ascend.core.sdk import init_logger
-from vllm_ascend.kernels import _job_pool
+from vllm_ascend.kernels import _cache_keys, _job_pool
 
 logger = init_logger(__name__)
 
@@ -107,6 +109,7 @@ def _source(spec: str) -> tuple[str, Any, Any, dict[str, Any]]:
     data = json.loads(spec)
     module_name, _, qualname = data["name"].rpartition(".")
     fn = getattr(importlib.import_module(module_name), qualname)
+    _cache_keys.settle([fn])  # the key the launch computed (see _cache_keys)
     constexprs = {
         tuple(key): _decode_constant(value)
         for key, value in zip(data["constant_keys"], data["constant_vals"], strict=True)
@@ -209,6 +212,7 @@ def guarded(let_through: frozenset[str] = frozenset()) -> Iterator[Pass]:
         target = json.dumps(data["target"], sort_keys=True)
         if target not in backends:
             backends[target] = make_backend(GPUTarget(**data["target"]))
+        _cache_keys.settle([fn.jit_function])  # the same key in the compile workers (see _cache_keys)
         source = ASTSource(fn.jit_function, compile["signature"], compile["constants"], compile["configs"][0])
         digest, on_disk = cache_entry(source, backends[target], data["options"])
         if not on_disk:

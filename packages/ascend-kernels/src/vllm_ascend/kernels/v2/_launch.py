@@ -15,13 +15,12 @@ Each override dispatches per call on its tensors' device (``dispatch_v2``): the 
 from __future__ import annotations
 
 import ctypes
-import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from vllm_ascend.kernels._backend import KernelBackendError, use_triton
+from vllm_ascend.kernels._backend import KernelBackendError, kernel_module, use_triton
 
 Grid = tuple[int, ...]
 
@@ -53,4 +52,4 @@ def dispatch_v2(
     """Override ``name`` of module ``module`` for ``device``: the Ascend Triton kernel or ``reference``."""
     if not use_triton(device):
         return reference
-    return getattr(importlib.import_module(f"vllm_ascend.kernels._triton.v2.{module}"), name)
+    return getattr(kernel_module(f"v2.{module}"), name)
