@@ -95,7 +95,8 @@ def sampling_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[torc
 
 
 def penalties_triton_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]) -> None:
-    """Penalties (bincount + apply) and bad-words kernels, on a short dummy token history."""
+    """Penalties (kept counts: add, apply with and without draft tokens, clear) and bad-words kernels,
+    on a short dummy token history."""
     from vllm_ascend import kernels as K
 
     rows = 2
@@ -106,16 +107,27 @@ def penalties_triton_warmup(device: torch.device, vocab_size: int, dtypes: Seque
     offsets = torch.tensor([0, 2], device=device, dtype=torch.int64)
     word_rows = torch.tensor([0], device=device, dtype=torch.int64)
     lens = torch.full((rows,), 8, device=device, dtype=torch.int64)
+    counts = torch.zeros(rows, vocab_size, device=device, dtype=torch.int32)
+    seen = torch.zeros(rows, 16, device=device, dtype=torch.int32)
+    num_seen = torch.zeros(rows, device=device, dtype=torch.int32)
+    slots = torch.arange(rows, device=device, dtype=torch.int64)
+    entry_slots = slots.repeat_interleave(8)
+    _call(K.penalty_counts_add, counts, seen, num_seen, entry_slots, history.flatten(), entry_slots < 1)
     for dtype in dtypes:
-        _call(
-            K.apply_penalties,
-            _logits(rows, vocab_size, dtype, device),
-            history[:, :4],
-            history[:, 4:],
-            pen,
-            freq,
-            freq,
-        )
+        for extra in (None, history[:, :2]):
+            _call(
+                K.apply_penalties,
+                _logits(rows, vocab_size, dtype, device),
+                slots,
+                counts,
+                seen,
+                num_seen,
+                pen,
+                freq,
+                freq,
+                extra,
+                16,
+            )
         _call(
             K.apply_bad_words,
             _logits(rows, vocab_size, dtype, device),
@@ -125,6 +137,7 @@ def penalties_triton_warmup(device: torch.device, vocab_size: int, dtypes: Seque
             offsets,
             word_rows,
         )
+    _call(K.penalty_counts_clear, counts, seen, num_seen, slots)
 
 
 def rejection_sampler_triton_warmup(
