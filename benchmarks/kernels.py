@@ -12,7 +12,8 @@ With ``--vllm-peer DIR`` (default ``.peer/vllm_032`` when present; stage it with
 ``python benchmarks/vllm_peer.py stage`` where vLLM 0.32 is installed and carry it), the sampling and
 speculative-decoding rows also time vLLM 0.32's own Triton kernel for the op in the same process by
 the same method: "vLLM µs", "× vs vLLM" (vLLM µs ÷ ours: above 1, ours is faster) and "vLLM check"
-(vLLM's result against ours where the semantics match; see ``vllm_peer.check_*``).
+(vLLM's result against ours where the semantics match; see ``vllm_peer.check_*``); so does the chunked gated
+delta rule (``--only gdn``: vLLM's FLA prefill kernels).
 In-place kernels are restored from a pristine copy before every timed call (the copy and an L2 flush
 are outside the timed region), so each call sees the same fresh input. "host µs" is the Python and
 launch cost per call, which bounds the latency when the GPU is otherwise idle.
@@ -46,6 +47,7 @@ import vllm_peer as VP  # noqa: E402
 import vllm_ascend.kernels as K  # noqa: E402
 from vllm_ascend.kernels import (  # noqa: E402
     conv1d,
+    gated_delta_rule,
     gdn_gating,
     gumbel,
     kv_zero,
@@ -700,6 +702,60 @@ def sequence_suite(bw):
     )
 
 
+def gdn_suite(bw, key_heads=16, value_heads=32, head_dim=128):
+    """The chunked gated delta rule of a prefill step at Qwen3-Next-80B's GDN shape (16 key / 32 value heads of
+    128), bf16 inputs, float32 states, q/k l2-normalised: ours (an inverse launch and a walk launch), the torch
+    reference (a per-sequence, per-chunk loop: the eager peer) and vLLM's FLA ``chunk_gated_delta_rule`` (its
+    GDN prefill; chunk tables precomputed as vLLM's metadata builder does, the state in vLLM's ``[N, H, V, K]``
+    cache layout). Batches: one long prompt, a few, many short ones. The floor counts q, k, v, g, beta and
+    the output once and every state read and written once."""
+    for seqs, total in ((1, 4096), (1, 16384), (8, 8192), (64, 8192)):
+        _gdn_case(bw, seqs, total, key_heads, value_heads, head_dim)
+
+
+def _gdn_case(bw, seqs, total, key_heads, value_heads, head_dim, dtype=torch.bfloat16):
+    cu = torch.linspace(0, total, seqs + 1, device=DEV).round().to(torch.int32)
+    q = torch.randn(total, key_heads, head_dim, device=DEV).to(dtype)
+    k = torch.randn(total, key_heads, head_dim, device=DEV).to(dtype)
+    v = torch.randn(total, value_heads, head_dim, device=DEV).to(dtype)
+    g = -torch.rand(total, value_heads, device=DEV) * 0.5
+    beta = torch.rand(total, value_heads, device=DEV).to(dtype)
+    init = torch.randn(seqs, value_heads, head_dim, head_dim, device=DEV) * 0.1
+    args = (q, k, v, g, beta, cu, init)
+    got = K.chunk_gated_delta_rule(*args)
+    ref = gated_delta_rule.chunk_gated_delta_rule_torch(*args)
+    off, state_diff = ulps_ok(got[0], ref[0], dtype), max_diff(got[1], ref[1])
+    check = f"out-ulp-off={off} state-maxdiff={state_diff:.1e}"
+    if off > got[0].numel() // 1000 or state_diff > 1e-3:  # 16-bit outputs: a float32 rounding can flip one
+        check = f"MISMATCH {check}"
+    us = bench(lambda: K.chunk_gated_delta_rule(*args))
+    eager = bench(lambda: gated_delta_rule.chunk_gated_delta_rule_torch(*args), reps=5)
+    nbytes = (2 * q.numel() + 2 * v.numel()) * 2 + g.numel() * 6 + 2 * init.numel() * 4
+    peer = None
+    if VP.available("gdn_chunk"):
+        meta = VP.vllm_gdn_chunk_metadata(cu)
+        init_vk = init.transpose(-1, -2).contiguous()
+        vllm_args = (q, k, v, g, beta, cu, init_vk, meta)
+        peer = vllm_peer(
+            "gdn_chunk",
+            lambda: VP.vllm_chunk_gated_delta_rule(*vllm_args),
+            lambda: VP.check_gdn(got, VP.vllm_chunk_gated_delta_rule(*vllm_args)),
+        )
+    record(
+        "chunk_gated_delta_rule",
+        f"T{total} N{seqs} Hk{key_heads} Hv{value_heads} D{head_dim}",
+        dtype,
+        us,
+        nbytes / bw / 1e3,
+        eager,
+        None,
+        check,
+        "eager = per-sequence, per-chunk reference loop",
+        host=host_us(lambda: K.chunk_gated_delta_rule(*args)),
+        vllm=peer,
+    )
+
+
 def rms_case(bw, tokens=8192, heads=32, head_dim=128):
     """``triton_q_rms`` on a step's per-head queries: read and write each element once."""
     x = torch.randn(tokens * heads, head_dim, device=DEV).to(torch.bfloat16)
@@ -837,7 +893,9 @@ def main() -> None:
     parser.add_argument(
         "--compile", action="store_true", help="also time torch.compile of the eager peers (fp32)"
     )
-    parser.add_argument("--only", default="", help="comma list of suites: sampling,cache,sequence,specdecode")
+    parser.add_argument(
+        "--only", default="", help="comma list of suites: sampling,cache,sequence,gdn,specdecode"
+    )
     parser.add_argument(
         "--ops",
         default="",
@@ -880,7 +938,7 @@ def main() -> None:
         "| compile µs | × vs compile | host µs | check | vLLM check |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    suites = set(filter(None, args.only.split(","))) or {"sampling", "cache", "sequence", "specdecode"}
+    suites = set(filter(None, args.only.split(","))) or {"sampling", "cache", "sequence", "gdn", "specdecode"}
     OPS.update(filter(None, args.ops.split(",")))
 
     def save() -> None:
@@ -905,6 +963,9 @@ def main() -> None:
     if "sequence" in suites:
         sequence_suite(bw)
         rms_case(bw)
+    if "gdn" in suites:
+        gdn_suite(bw)
+        save()
     if "specdecode" in suites:
         specdecode_suite(bw)
     save()

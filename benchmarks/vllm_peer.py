@@ -23,8 +23,10 @@ prints the checks (exit 1 on a disagreement beyond the documented semantic diffe
 
 Rejection sampling (greedy, random, recovered tokens, expansion) is timed on vLLM's launch functions
 with our inputs (its public entry draws the recovered tokens' noise from request generators first).
-No adapter: bad words (the benchmark has no row for it), and the cache and sequence suites (slot
-mapping, KV-block zeroing, conv1d, GDN gating, q-RMS): their vLLM counterparts are not staged.
+The chunked gated delta rule is timed on vLLM's FLA ``chunk_gated_delta_rule`` (its GDN prefill path) with
+its chunk tables precomputed as vLLM's metadata builder does. No adapter: bad words (the benchmark has no row
+for it), and the cache and sequence suites (slot mapping, KV-block zeroing, conv1d, GDN gating, q-RMS): their
+vLLM counterparts are not staged.
 """
 
 from __future__ import annotations
@@ -51,6 +53,19 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DIR = ROOT / ".peer" / "vllm_032"
 VLLM_VERSION = "0.32.0"
 _SAMPLE = "vllm/v1/worker/gpu/sample"
+_FLA = "vllm/third_party/flash_linear_attention/ops"
+_FLA_HELPERS = (
+    "utils",
+    "op",
+    "index",
+    "cumsum",
+    "l2norm",
+    "chunk_scaled_dot_kkt",
+    "solve_tril",
+    "wy_fast",
+    "chunk_delta_h",
+    "chunk_o",
+)
 FILES = {
     "gumbel": f"{_SAMPLE}/gumbel.py",
     "min_p": f"{_SAMPLE}/min_p.py",
@@ -64,6 +79,9 @@ FILES = {
     "lora_utils": "vllm/lora/ops/triton_ops/utils.py",
     "lora_shrink": "vllm/lora/ops/triton_ops/lora_shrink_op.py",
     "lora_expand": "vllm/lora/ops/triton_ops/lora_expand_op.py",
+    # the chunked gated delta rule (FLA, vLLM's GDN prefill): helpers first, each importing the ones before it
+    **{f"fla_{name}": f"{_FLA}/{name}.py" for name in _FLA_HELPERS},
+    "gdn_chunk": f"{_FLA}/chunk.py",
 }
 MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params' value; only LogprobTokenIdsState (unused) reads it
 
@@ -259,8 +277,13 @@ def _stand_in_modules() -> dict[str, types.ModuleType]:
     platform = types.SimpleNamespace(
         is_cuda_alike=torch.cuda.is_available,
         is_cuda=torch.cuda.is_available,
+        is_rocm=lambda: False,
         has_device_capability=has_device_capability,
     )
+    try:
+        import triton.language.extra.libdevice as tldevice
+    except ImportError:  # only FLA's opt-in fast math (FLA_USE_FAST_OPS=1) reads it
+        tldevice = None
     # vLLM 0.32's defaults of the variables the LoRA files read (unset in its environment)
     env = module(
         "vllm.envs",
@@ -275,7 +298,7 @@ def _stand_in_modules() -> dict[str, types.ModuleType]:
         module("vllm.config", True),
         module("vllm.config.model", PROCESSED_LOGPROBS_MODES=("processed_logits", "processed_logprobs")),
         module("vllm.logger", init_logger=_init_logger),
-        module("vllm.triton_utils", triton=triton, tl=tl),
+        module("vllm.triton_utils", triton=triton, tl=tl, tldevice=tldevice),
         module("vllm.platforms", current_platform=platform),
         module(
             "vllm.sampling_params",
@@ -312,6 +335,9 @@ def _stand_in_modules() -> dict[str, types.ModuleType]:
             TritonWarmupTensor=_stand_in_type("TritonWarmupTensor"),
             triton_kernel_dispatcher_with_warmup=_dispatcher_with_warmup,
         ),
+        module("vllm.third_party", True),
+        module("vllm.third_party.flash_linear_attention", True),
+        module("vllm.third_party.flash_linear_attention.ops", True),
         module("vllm.v1", True),
         module(
             "vllm.v1.outputs",
@@ -653,6 +679,53 @@ def vllm_expand_batch_to_tokens(
     return _mod("rejection").expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from, replace_to)
 
 
+class GdnChunkMetadata(NamedTuple):
+    """FLA's chunk tables for a batch's ``cu_seqlens``, which vLLM's GDN metadata builder precomputes on the
+    host once per step (outside the layers' kernel calls)."""
+
+    chunk_indices: torch.Tensor
+    chunk_offsets: torch.Tensor
+
+
+def vllm_gdn_chunk_metadata(cu_seqlens: torch.Tensor, chunk_size: int = 64) -> GdnChunkMetadata:
+    index = _mod("fla_index")
+    host = cu_seqlens.cpu()
+    return GdnChunkMetadata(
+        index.prepare_chunk_indices(host, chunk_size).to(cu_seqlens.device),
+        index.prepare_chunk_offsets(host, chunk_size).to(cu_seqlens.device),
+    )
+
+
+def vllm_chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state_vk: torch.Tensor,
+    meta: GdnChunkMetadata,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's FLA ``chunk_gated_delta_rule`` (its GDN prefill path) on our inputs: ``q``/``k`` ``[T, Hk, K]``,
+    ``v`` ``[T, Hv, V]``, ``g``/``beta`` ``[T, Hv]`` as FLA's one-row batch, q and k l2-normalised in its
+    kernel, ``initial_state_vk`` in vLLM's cache layout ``[N, Hv, V, K]``. Returns ``(out [T, Hv, V],
+    final state [N, Hv, V, K])`` (16-bit inputs only: FLA refuses float32)."""
+    out, final = _mod("gdn_chunk").chunk_gated_delta_rule(
+        q=q[None],
+        k=k[None],
+        v=v[None],
+        g=g[None],
+        beta=beta[None],
+        initial_state=initial_state_vk,
+        output_final_state=True,
+        cu_seqlens=cu_seqlens,
+        chunk_indices=meta.chunk_indices,
+        chunk_offsets=meta.chunk_offsets,
+        use_qk_l2norm_in_kernel=True,
+    )
+    return out[0], final
+
+
 # ---- agreement with ours: (text, ok) ------------------------------------------------------------
 
 _MANTISSA = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10}
@@ -774,6 +847,19 @@ def check_kept_sets(logits: torch.Tensor, ours: torch.Tensor, theirs: torch.Tens
         f"{f' (kept gap <= {max_gap})' if max_gap else ''}"
     )
     return text, not bool(other.any())
+
+
+def check_gdn(
+    ours: tuple[torch.Tensor, torch.Tensor], theirs: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[str, bool]:
+    """The chunked gated delta rule: the same math, FLA keeping its per-chunk ``w``, ``u`` and states in the
+    inputs' 16-bit type where ours keeps float32, so outputs and final states agree to 16-bit rounding:
+    the largest difference within 5 % of the largest value (``theirs``' state in vLLM's ``[N, H, V, K]``)."""
+    out_a, state_a = ours
+    out_b, state_b = theirs[0], theirs[1].transpose(-1, -2)
+    rel_out = float((out_a.float() - out_b.float()).abs().max() / out_a.float().abs().max().clamp_min(1e-30))
+    rel_state = float((state_a - state_b.float()).abs().max() / state_a.abs().max().clamp_min(1e-30))
+    return f"out-rel={rel_out:.1e} state-rel={rel_state:.1e}", rel_out <= 5e-2 and rel_state <= 5e-2
 
 
 def check_exact(ours: torch.Tensor, theirs: torch.Tensor) -> tuple[str, bool]:

@@ -1,7 +1,8 @@
 """A hybrid Gated DeltaNet model (tiny Qwen3-Next) served on the reference device: greedy tokens equal HF's.
 
-The GDN layers run vllm_ascend.kernels (conv1d, GDN gating, the torch gated delta rule) over vLLM's
-mamba-style state cache; other models with mamba-style state are refused at config time.
+The GDN layers run vllm_ascend.kernels (conv1d, GDN gating, the gated delta rule) over vLLM's mamba-style state
+cache, with prefix caching on (vLLM's default: recurrent states kept at block boundaries, moved between blocks
+by the kernels' state copies); other models with mamba-style state are refused at config time.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def next_hf(tiny_qwen3_next: Path, next_prompts: list[list[int]]) -> list[list[i
 @pytest.fixture(scope="module")
 def next_llm(tiny_qwen3_next: Path):
     """One engine for the module: 16 tokens per step, so the long prompts are prefilled in chunks mixed
-    with other requests' decodes; prefix caching left at vLLM's default (on), which the platform turns off."""
+    with other requests' decodes; prefix caching left at vLLM's default (on: ``mamba_cache_mode="align"``)."""
     import gc
 
     from vllm import LLM
@@ -115,8 +116,43 @@ def test_qwen3_next_states_are_per_request(next_llm, next_prompts, next_hf):
     assert _greedy(next_llm, next_prompts[::-1]) == next_hf[::-1]
 
 
-def test_qwen3_next_prefix_caching_turned_off(next_llm):
-    assert next_llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is False
+def test_qwen3_next_keeps_states_at_block_boundaries(next_llm):
+    cache = next_llm.llm_engine.vllm_config.cache_config
+    assert cache.enable_prefix_caching and cache.mamba_cache_mode == "align"
+    # The 16 asked for is raised so that an attention page holds one layer's recurrent state.
+    assert cache.mamba_block_size == cache.block_size == 32
+
+
+def test_qwen3_next_prefix_hit_reuses_the_recurrent_state(next_llm, tiny_qwen3_next):
+    """A request, then one sharing more than two blocks of its prompt: the second starts from the first's
+    cached states (conv and recurrent, copied into its own block) and both give HF's tokens; the same second
+    prompt under another ``cache_salt`` (the control: no reuse) computes everything and gives the same tokens.
+    The second's decode crosses a block boundary (its running state moves to a new block mid-generation)."""
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+
+    from vllm_ascend.testing.hf_reference import hf_greedy
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_next)
+    shared = (
+        "snow wind stone light shadow morning evening winter summer red green blue yellow black white " * 3
+    )
+    first = tokenizer(shared + "quick slow small")["input_ids"]
+    second = tokenizer(shared + "large bright dark warm cold old new first last runs")["input_ids"]
+    common = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    hit = min(common, len(second) - 1) // 32 * 32
+    assert hit >= 64, (common, len(second))
+    assert len(second) // 32 != (len(second) + MAX_NEW_TOKENS - 1) // 32, len(second)
+
+    params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    runs = [
+        next_llm.generate([{"prompt_token_ids": p, **extra}], params, use_tqdm=False)[0]
+        for p, extra in ((first, {}), (second, {}), (second, {"cache_salt": "control"}))
+    ]
+    assert [r.num_cached_tokens for r in runs] == [0, hit, 0]
+    expected = hf_greedy(tiny_qwen3_next, [first, second], MAX_NEW_TOKENS).token_ids
+    assert [list(r.outputs[0].token_ids) for r in runs] == [expected[0], expected[1], expected[1]]
+    assert expected[0] != expected[1]
 
 
 def test_other_state_space_models_are_refused_at_config_time(tiny_models_root: Path):

@@ -348,12 +348,13 @@ def test_models_with_mamba_style_state_outside_the_served_set_are_refused(arch, 
     assert "(vllm_ascend.kernels.causal_conv1d_fn, causal_conv1d_update, fused_gdn_gating)" in message
 
 
-def test_qwen3_next_is_served_without_prefix_caching_spec_decode_or_tp():
+def test_qwen3_next_is_served_with_prefix_caching_and_without_spec_decode_or_tp():
     config = _hybrid_config("Qwen3NextForCausalLM")
     NPUPlatform._check_hybrid_model(config)
-    assert config.cache_config.enable_prefix_caching is False
-    assert config.cache_config.mamba_cache_mode == "none"
-    assert config.cache_config.mamba_block_size == 256  # one state per sequence, as without prefix caching
+    # vLLM's prefix-caching setup is kept: states at block-aligned positions, copied by the runner's kernels.
+    assert config.cache_config.enable_prefix_caching is True
+    assert config.cache_config.mamba_cache_mode == "align"
+    assert config.cache_config.mamba_block_size == 16
     with pytest.raises(
         ConfigError, match=r"speculative decoding with Qwen3NextForCausalLM .*not supported yet"
     ):

@@ -122,6 +122,7 @@ _TRITON_MODULES = (
     "conv1d",
     "gdn_gating",
     "gated_delta_rule",
+    "state_copy",
     "rejection",
     "rms_norm",
 )

@@ -55,6 +55,7 @@ _DTYPES = {
     torch.int16: "i16",
     torch.int8: "i8",
     torch.uint8: "u8",
+    torch.uint64: "u64",
     torch.bool: "i1",
 }
 lowered: dict[tuple, str | None] = {}
@@ -188,6 +189,12 @@ def _exercise() -> None:
         cu, state = torch.tensor([0, 5, 70], dtype=torch.int32), torch.randn(2, 4, 128, 128, generator=gen)
         for l2norm in (True, False):
             K.chunk_gated_delta_rule(q, k, v, g, torch.rand(70, 4).to(dtype), cu, state, use_qk_l2norm=l2norm)
+    blocks = torch.zeros(4, 64, dtype=torch.uint8)
+    K.batch_memcpy(
+        torch.tensor([blocks[0].data_ptr()], dtype=torch.uint64),
+        torch.tensor([blocks[1].data_ptr()], dtype=torch.uint64),
+        torch.tensor([64], dtype=torch.int32),
+    )
     for dtype in (torch.int32, torch.int64):
         tokens = torch.randint(0, 50, (3, 40), generator=gen, dtype=dtype)
         K.ngram_propose(tokens, torch.tensor([40, 7, 0], dtype=torch.int32), 1, 4, 5, 256)

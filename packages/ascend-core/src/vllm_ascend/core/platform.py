@@ -764,8 +764,9 @@ class AscendPlatform(Platform):
     @classmethod
     def _check_hybrid_model(cls, vllm_config: VllmConfig) -> None:
         """Refuse models with mamba-style state outside :data:`HYBRID_ARCHITECTURES`, and what the served
-        ones do not support (speculative decoding, tensor parallelism); turn prefix caching off for them:
-        its ``align`` state copies are vLLM Triton kernels without an Ascend implementation."""
+        ones do not support (speculative decoding, KV connectors, tensor parallelism). Prefix caching is
+        served as vLLM configures it (``mamba_cache_mode="align"``): the runner's kernel overrides copy the
+        states between blocks (``vllm_ascend.kernels.batch_memcpy`` on V1, ``kernels.v2.mamba_utils`` on V2)."""
         model_config = vllm_config.model_config
         if model_config is None or not (model_config.is_hybrid or model_config.has_inner_state):
             return
@@ -791,7 +792,7 @@ class AscendPlatform(Platform):
             raise ConfigError(
                 f"kv_transfer_config.kv_connector = {transfer.kv_connector!r} with {arch} (Gated DeltaNet state "
                 f"beside the KV cache) is not supported yet by vllm-ascend {__version__}: the connectors move "
-                "attention KV blocks only and prefix caching is off for this model; supported: no kv_transfer_config"
+                "attention KV blocks only, not the recurrent states; supported: no kv_transfer_config"
             )
         tp = vllm_config.parallel_config.tensor_parallel_size
         if tp != 1:
@@ -799,16 +800,6 @@ class AscendPlatform(Platform):
                 f"tensor_parallel_size={tp} with {arch} (Gated DeltaNet layers) is not supported yet by "
                 f"vllm-ascend {__version__}; supported: 1"
             )
-        cache_config = vllm_config.cache_config
-        if cache_config.enable_prefix_caching:
-            logger.warning(
-                "Prefix caching is not supported for %s on Ascend (its mamba state copies are CUDA Triton "
-                "kernels); disabled.",
-                arch,
-            )
-            cache_config.enable_prefix_caching = False
-            cache_config.mamba_cache_mode = "none"
-            cache_config.mamba_block_size = model_config.max_model_len
 
     @classmethod
     def _hand_fusion_to_ascend_passes(cls, vllm_config: VllmConfig) -> None:

@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names loa
         eagle_prepare_next_token_padded as eagle_prepare_next_token_padded,
     )
     from vllm_ascend.kernels.spec_decode_inputs import eagle_step_slot_mapping as eagle_step_slot_mapping
+    from vllm_ascend.kernels.state_copy import batch_memcpy as batch_memcpy
     from vllm_ascend.kernels.temperature import apply_temperature as apply_temperature
     from vllm_ascend.kernels.top_k_top_p import apply_top_k_top_p as apply_top_k_top_p
     from vllm_ascend.kernels.warmup import kernel_warmup as kernel_warmup
@@ -84,6 +85,7 @@ _EXPORTS = {
     "fused_gdn_gating": "vllm_ascend.kernels.gdn_gating",
     "chunk_gated_delta_rule": "vllm_ascend.kernels.gated_delta_rule",
     "recurrent_gated_delta_rule": "vllm_ascend.kernels.gated_delta_rule",
+    "batch_memcpy": "vllm_ascend.kernels.state_copy",
     "ngram_propose": "vllm_ascend.kernels.ngram",
     "lora_expand": "vllm_ascend.kernels.lora",
     "lora_expand_segmented": "vllm_ascend.kernels.lora",

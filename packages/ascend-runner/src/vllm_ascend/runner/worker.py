@@ -33,6 +33,7 @@ from vllm_ascend.runner.block_table import TRITON_KERNEL_OVERRIDES
 from vllm_ascend.runner.cpu_binding import bind_cpus
 from vllm_ascend.runner.graph_wrapper import release_captured_graphs
 from vllm_ascend.runner.kernel_overrides import register_grid_kernels, register_kernels, v2_kernel_table
+from vllm_ascend.runner.mamba_state import MAMBA_KERNEL_OVERRIDES
 from vllm_ascend.runner.model_runner import NPUModelRunner
 from vllm_ascend.runner.ops.registry import enable_custom_ops, register_custom_ops
 from vllm_ascend.runner.sleep_mode import register_sleep_mode_backend
@@ -102,7 +103,7 @@ class NPUWorker(Worker):
     @classmethod
     def triton_kernel_overrides(cls) -> dict[str, Any]:
         """The V1 runner's stand-ins for vLLM's Triton kernels (plain functions of the launch arguments)."""
-        return {**TRITON_KERNEL_OVERRIDES, **SPEC_DECODE_KERNEL_OVERRIDES}
+        return {**TRITON_KERNEL_OVERRIDES, **SPEC_DECODE_KERNEL_OVERRIDES, **MAMBA_KERNEL_OVERRIDES}
 
     @classmethod
     def serves_model_runner_v2(cls) -> bool:

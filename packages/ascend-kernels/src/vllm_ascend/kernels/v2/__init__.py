@@ -22,6 +22,7 @@ MODULES = (
     "structured_outputs",
     "metrics_logits",
     "mm_rope",
+    "mamba_utils",
     "model_states_mamba_hybrid",
     "model_states_prompt_embeds",
     "model_states_recoverssm",

@@ -4,9 +4,12 @@ Why this layer exists: vLLM's ``QwenGatedDeltaNetAttention`` computes its core (
 the gated delta rule over the mamba-style state cache) with FLA Triton kernels written for CUDA, and warms
 them up in the profile run. This subclass keeps vLLM's projections, gated norm and the opaque custom op
 ``vllm::qwen_gdn_attention_core`` (a graph splitting point under torch.compile) and replaces only the core
-that op calls: ``causal_conv1d_fn`` / ``causal_conv1d_update``, ``fused_gdn_gating``, and the torch
-``chunk_gated_delta_rule`` (steps with prefills) / ``recurrent_gated_delta_rule`` (decode-only steps).
-The platform refuses tensor parallelism and speculative decoding for these models at config time.
+that op calls: ``causal_conv1d_fn`` / ``causal_conv1d_update``, ``fused_gdn_gating``, and
+``chunk_gated_delta_rule`` (steps with prefills: the Triton kernel where Triton runs) /
+``recurrent_gated_delta_rule`` (decode-only steps). Under prefix caching (``mamba_cache_mode="align"``) the
+state lines are the blocks vLLM's metadata names for each step, into which the runner's state copies moved
+the previous state. The platform refuses tensor parallelism and speculative decoding for these models at
+config time.
 """
 
 from __future__ import annotations

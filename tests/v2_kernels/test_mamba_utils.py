@@ -1,0 +1,199 @@
+"""V2's align-mode mamba kernels (prefix caching of hybrid models): the torch references against vLLM's own
+kernels of ``vllm/v1/worker/mamba_utils.py`` (run in Triton's interpreter), on state caches laid out as vLLM
+describes them (conv states token-first and dim-first, padded temporal pages, two mamba groups), and V1's
+``batch_memcpy`` against vLLM's ``batch_memcpy_kernel``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from vllm_ascend.kernels import state_copy
+from vllm_ascend.kernels.v2 import mamba_utils as v2
+
+from .vllm_oracle import vllm_kernel
+
+_VLLM = "vllm.v1.worker.mamba_utils"
+
+BLOCKS, MAX_REQS, COLS = 40, 6, 6
+
+
+def _states(seed: int, dim_first: bool) -> list[tuple[int, torch.Tensor, int]]:
+    """(group, cache, conv width or 0) per state: per group a conv state and a temporal state; the second
+    group's conv rows are 14 bytes (the byte path) and its temporal pages padded (block stride > size)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def conv(width: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
+        shape = (BLOCKS, dim, width) if dim_first else (BLOCKS, width, dim)
+        return torch.randn(shape, generator=g).to(dtype)
+
+    padded = torch.randn(BLOCKS, 20, generator=g).as_strided((BLOCKS, 5, 3), (20, 3, 1))
+    return [
+        (0, conv(4, 10, torch.float32), 4),
+        (0, torch.randn(BLOCKS, 2, 4, 6, generator=g).to(torch.float16), 0),
+        (1, conv(3, 7, torch.bfloat16), 3),
+        (1, padded, 0),
+    ]
+
+
+def _layout(states: list[tuple[int, torch.Tensor, int]], tables: list[torch.Tensor], dim_first: bool) -> dict:
+    """The metadata ``MambaSpecDecodeGPUContext`` gives vLLM's kernels."""
+    meta: dict[str, list[int]] = {
+        k: [] for k in ("base", "stride", "elem", "inner", "width", "group", "rows", "rs")
+    }
+    for group, cache, width in states:
+        meta["base"].append(cache.data_ptr())
+        meta["stride"].append(cache.stride(0) * cache.element_size())
+        meta["elem"].append(cache.element_size())
+        meta["group"].append(group)
+        meta["width"].append(width)
+        if width and dim_first:
+            meta["inner"].append(1)
+            meta["rows"].append(cache.size(1))
+            meta["rs"].append(cache.stride(1) * cache.element_size())
+        else:
+            meta["inner"].append(cache.stride(1) if width else cache[0].numel())
+            meta["rows"].append(0)
+            meta["rs"].append(0)
+    i64, i32 = torch.int64, torch.int32
+    return {
+        "block_table_ptrs_ptr": torch.tensor([t.data_ptr() for t in tables], dtype=i64),
+        "block_table_stride_req": tables[0].stride(0),
+        "state_base_addrs_ptr": torch.tensor(meta["base"], dtype=i64),
+        "state_block_strides_ptr": torch.tensor(meta["stride"], dtype=i64),
+        "state_elem_sizes_ptr": torch.tensor(meta["elem"], dtype=i32),
+        "state_inner_sizes_ptr": torch.tensor(meta["inner"], dtype=i64),
+        "state_conv_widths_ptr": torch.tensor(meta["width"], dtype=i32),
+        "state_group_indices_ptr": torch.tensor(meta["group"], dtype=i32),
+        "state_dim_row_count_ptr": torch.tensor(meta["rows"], dtype=i32),
+        "state_dim_row_stride_ptr": torch.tensor(meta["rs"], dtype=i64),
+        "CONV_STATE_DIM_FIRST": dim_first,
+        "COPY_BLOCK_SIZE": 1024,
+        "TEMPORAL_TILES": 16,
+    }
+
+
+def _tables() -> list[torch.Tensor]:
+    """Per group, distinct blocks for every (request slot, column)."""
+    g = torch.Generator().manual_seed(3)
+    return [
+        torch.randperm(BLOCKS, generator=g)[: MAX_REQS * COLS].view(MAX_REQS, COLS).int() for _ in range(2)
+    ]
+
+
+def _against_vllm(name: str, grid: tuple[int, ...], dim_first: bool, **arguments: Any) -> list[torch.Tensor]:
+    """vLLM's kernel and the reference, each on its own copy of the caches and arguments; asserts they
+    leave them equal and returns the reference's caches."""
+    tables = _tables()
+    results = []
+    for run in (vllm_kernel(f"{_VLLM}.{name}_kernel"), getattr(v2, f"{name}_torch")):
+        states = _states(11, dim_first)
+        args = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in arguments.items()}
+        run(grid, **args, **_layout(states, tables, dim_first))
+        results.append(([cache for _, cache, _ in states], args))
+    (caches, args), (ref_caches, ref_args) = results
+    for got, want in zip(caches, ref_caches, strict=True):
+        assert torch.equal(got, want)
+    for key, value in args.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, ref_args[key]), key
+    return ref_caches
+
+
+def _i32(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dim_first", [False, True])
+def test_precopy_matches_vllm(dim_first: bool) -> None:
+    caches = _against_vllm(
+        "precopy_mamba_align_fused",
+        (5, 4, 16),
+        dim_first,
+        mamba_state_idx_ptr=_i32([2, 0, 2, 2, 4, 5]),
+        src_col_ptr=_i32([1, -1, 2, 0, 3, 4]),
+        token_bias_ptr=_i32([0, 0, 0, 2, 1, 0]),
+        idx_mapping_ptr=_i32([4, 0, 1, 3, 2]),
+        num_reqs=5,
+        HAS_IDX_MAPPING=True,
+    )
+    assert any(
+        not torch.equal(after, before)
+        for after, (_, before, _) in zip(caches, _states(11, dim_first), strict=True)
+    )
+
+
+@pytest.mark.parametrize("dim_first", [False, True])
+@pytest.mark.parametrize("precomputed", [True, False])
+def test_postprocess_matches_vllm(dim_first: bool, precomputed: bool) -> None:
+    accepted = _i32([1, 1, 1, 3, 2, 1])
+    running = [8, 12, 5, 6, 11, 0]
+    scheduled, draft = _i32([3, 3, 3, 5, 4, 0]), _i32([0, 0, 0, 2, 1, 0])
+    new_computed = [r + a - 1 for r, a in zip(running, accepted.tolist(), strict=True)]
+    computed = (
+        new_computed
+        if precomputed
+        else [r - s + d for r, s, d in zip(running, scheduled.tolist(), draft.tolist(), strict=True)]
+    )
+    _against_vllm(
+        "postprocess_mamba_fused",
+        (5, 4, 16),
+        dim_first,
+        num_accepted_tokens_ptr=accepted,
+        mamba_state_idx_ptr=_i32([0, 2, 0, 0, 2, 0]),
+        num_scheduled_tokens_ptr=None if precomputed else scheduled,
+        num_computed_tokens_ptr=_i32(computed),
+        num_draft_tokens_ptr=None if precomputed else draft,
+        num_accepted_tokens_out_ptr=_i32([9] * MAX_REQS),
+        idx_mapping_ptr=_i32([0, 1, 2, 3, 4]) if precomputed else None,
+        num_reqs=5,
+        block_size=4,
+        HAS_IDX_MAPPING=precomputed,
+        PRECOMPUTED_NEW_COMPUTED=precomputed,
+    )
+
+
+@pytest.mark.parametrize("num_reqs", [1, 5])
+def test_preprocess_matches_vllm(num_reqs: int) -> None:
+    g = torch.Generator().manual_seed(num_reqs)
+    args = {
+        "idx_mapping_ptr": torch.randperm(8, generator=g)[:num_reqs].int(),
+        "state_idx_ptr": torch.randint(-1, 4, (8,), generator=g, dtype=torch.int32),
+        "num_computed_tokens_ptr": torch.randint(0, 40, (8,), generator=g, dtype=torch.int32),
+        "query_start_loc_ptr": torch.cat(
+            [torch.zeros(1, dtype=torch.int32), torch.randint(1, 9, (num_reqs,), generator=g).cumsum(0).int()]
+        ),
+        "num_accepted_tokens_ptr": torch.randint(1, 4, (8,), generator=g, dtype=torch.int32),
+        "src_col_ptr": _i32([-7] * 8),
+        "src_off_ptr": _i32([-7] * 8),
+        "num_reqs": num_reqs,
+        "BLOCK_SIZE": 256,
+        "MAMBA_BLOCK_SIZE": 16,
+    }
+    expected = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    vllm_kernel(f"{_VLLM}.preprocess_mamba_align_fused_kernel")((1,), **expected)
+    v2.preprocess_mamba_align_fused_torch((1,), **args)
+    for key, value in args.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, expected[key]), key
+    assert (args["src_col_ptr"] != -7).sum() == num_reqs
+
+
+def test_batch_memcpy_matches_vllm() -> None:
+    g = torch.Generator().manual_seed(0)
+    start = torch.randint(0, 256, (6, 100), generator=g, dtype=torch.uint8)
+    blocks = [start.clone(), start.clone()]
+    copies = [(0, 0, 1, 0, 64), (2, 3, 3, 1, 37), (4, 0, 0, 0, 100), (5, 3, 5, 0, 90)]
+    for run, data in ((vllm_kernel(f"{_VLLM}.batch_memcpy_kernel"), blocks[0]), (None, blocks[1])):
+        base = data.data_ptr()
+        src = torch.tensor([base + sb * 100 + so for sb, so, *_ in copies], dtype=torch.uint64)
+        dst = torch.tensor([base + db * 100 + do for *_, db, do, _n in copies], dtype=torch.uint64)
+        sizes = torch.tensor([n for *_, n in copies], dtype=torch.int32)
+        if run is None:
+            state_copy.batch_memcpy_torch(src, dst, sizes)
+        else:
+            run((len(copies),), src, dst, sizes, BLOCK_SIZE=16)
+    assert torch.equal(blocks[0], blocks[1])
+    assert torch.equal(blocks[1][1, :64], start[0, :64]) and torch.equal(blocks[1][5, :90], start[5, 3:93])
