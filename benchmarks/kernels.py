@@ -261,6 +261,9 @@ def max_diff(a, b):
     return d.max().item() if d.numel() else 0.0
 
 
+_MANTISSA = {torch.float32: 22, torch.bfloat16: 7, torch.float16: 10}  # tolerances: 2 ulps of the dtype
+
+
 def ulps_ok(a, b, dtype):
     """Within 1 ulp of the output dtype (relative), or exactly equal infinities."""
     a, b = a.float(), b.float()
@@ -319,7 +322,7 @@ def sampling_suite(batch, vocab, dtype, bw, use_compile):
     if _want("gumbel"):
         _gumbel_case(shape, logits, temp, tpos, seeds, pos, batch, dtype, ro, peer)
     if _want("min_p"):
-        _min_p_case(shape, logits, work, restore, batch, dtype, rw, peer)
+        _min_p_case(shape, logits, work, restore, batch, dtype, rw, peer, tpos)
     if _want("topk_topp") or _want("topk_only") or _want("topp_only"):
         _top_k_top_p_case(shape, logits, work, restore, batch, vocab, dtype, rw)
     if _want("penalties"):
@@ -380,7 +383,7 @@ def _gumbel_case(shape, logits, temp, tpos, seeds, pos, batch, dtype, ro, peer):
     )
 
 
-def _min_p_case(shape, logits, work, restore, batch, dtype, rw, peer):
+def _min_p_case(shape, logits, work, restore, batch, dtype, rw, peer, tpos):
     mp = torch.rand(batch, device=DEV) * 0.2
     a, b = logits.clone(), logits.clone()
     K.apply_min_p(a, mp)
@@ -404,6 +407,36 @@ def _min_p_case(shape, logits, work, restore, batch, dtype, rw, peer):
         peer("min_p", eager_min_p, work, mp),
         check,
         host=host_us(lambda: K.apply_min_p(work, mp)),
+        vllm=vllm,
+    )
+    # A sampler's temperature then min-p: ours in one pass (T * log(min_p) on unscaled logits), vLLM's
+    # as its sampler runs them (temperature, then min-p).
+    a = logits.clone()
+    K.apply_min_p(a, mp, tpos)
+    scaled = logits.float() / tpos.unsqueeze(1)
+    b = min_p.apply_min_p_torch(scaled.clone(), mp)
+    check = f"mask-off={int((torch.isinf(a) != torch.isinf(b)).sum())}"
+    us = bench(lambda: K.apply_min_p(work, mp, tpos), restore)
+    both = lambda x: VP.vllm_min_p(VP.vllm_temperature(x, tpos), mp)  # noqa: E731
+    vllm = vllm_peer(
+        "min_p",
+        lambda: both(work),
+        lambda: VP.check_min_p(
+            scaled, a.float() / tpos.unsqueeze(1), both(logits.clone()).float(), mp, 2.0 ** -_MANTISSA[dtype]
+        ),
+        restore,
+        "vLLM: temperature + min-p, the scaled logits rounded to the dtype",
+    )
+    record(
+        "min_p+temp(inplace)",
+        shape,
+        dtype,
+        us,
+        rw,
+        None,
+        None,
+        check,
+        host=host_us(lambda: K.apply_min_p(work, mp, tpos)),
         vllm=vllm,
     )
 
@@ -450,16 +483,18 @@ def _penalties_case(shape, logits, work, restore, batch, vocab, dtype, rw, peer)
     rep = torch.rand(batch, device=DEV) + 0.5
     freq = torch.rand(batch, device=DEV) * 0.5
     pres = torch.rand(batch, device=DEV) * 0.5
-    a, b = logits.clone(), logits.clone()
-    K.apply_penalties(a, prompt, output, rep, freq, pres)
-    penalties.apply_penalties_torch(b, prompt, output, rep, freq, pres)
+    # both sides keep per-request state (prompt marks, output counts) built at admission and updated
+    # after each step: built here untimed; the timed call applies it
+    ours = VP.our_penalty_state(prompt, output, vocab)
+    a = logits.clone()
+    VP.our_penalties(a, ours, rep, freq, pres)
+    args = (ours.slots, ours.counts, ours.seen, ours.num_seen, rep, freq, pres)
+    b = penalties.apply_penalties_torch(logits.clone(), *args)
     check = f"ulp-off={ulps_ok(a, b, dtype)}"
-    args = (prompt, output, rep, freq, pres)
-    us = bench(lambda: K.apply_penalties(work, *args), restore)
+    us = bench(lambda: VP.our_penalties(work, ours, rep, freq, pres), restore)
     eager = bench(lambda: penalties.apply_penalties_torch(work, *args), restore)
     vllm = None
     if VP.available("penalties"):
-        # vLLM keeps per-request state (prompt bitmask, output counts) built at admission: untimed
         state = VP.vllm_penalty_state(prompt, output, vocab)
         vllm = vllm_peer(
             "penalties",
@@ -471,7 +506,7 @@ def _penalties_case(shape, logits, work, restore, batch, vocab, dtype, rw, peer)
                 VP.penalty_magnitude(logits, rep),
             ),
             restore,
-            "vLLM: dense B x V pass over its kept state",
+            "both over kept state; vLLM: dense B x V pass",
         )
     record(
         "penalties",
@@ -482,8 +517,8 @@ def _penalties_case(shape, logits, work, restore, batch, vocab, dtype, rw, peer)
         eager,
         peer("pen", penalties.apply_penalties_torch, work, *args),
         check,
-        "sparse: touches history tokens only",
-        host=host_us(lambda: K.apply_penalties(work, *args)),
+        "kept counts: touches seen tokens only",
+        host=host_us(lambda: VP.our_penalties(work, ours, rep, freq, pres)),
         vllm=vllm,
     )
 

@@ -540,6 +540,47 @@ def vllm_penalty_state(prompt: torch.Tensor, output: torch.Tensor, vocab: int) -
     return PenaltyState(prompt_bin_mask, output_bin_counts, zeros, zeros)
 
 
+class OurPenaltyState(NamedTuple):
+    """The kernels' kept penalty state (``vllm_ascend.kernels.penalties``) for rows ``0..B-1``."""
+
+    slots: torch.Tensor
+    counts: torch.Tensor
+    seen: torch.Tensor
+    num_seen: torch.Tensor
+    max_seen: int
+
+
+def our_penalty_state(prompt: torch.Tensor, output: torch.Tensor, vocab: int) -> OurPenaltyState:
+    """What the sampler keeps per request (prompt marks, output counts, the seen-token index), built by
+    the kernels' own add (at admission and after each step in a sampler; outside the timed region)."""
+    import vllm_ascend.kernels as K
+
+    rows = prompt.shape[0]
+    dev = prompt.device
+    history = prompt.shape[1] + output.shape[1]
+    counts = torch.zeros(rows, vocab, dtype=torch.int32, device=dev)
+    seen = torch.zeros(rows, min(vocab, history), dtype=torch.int32, device=dev)
+    num_seen = torch.zeros(rows, dtype=torch.int32, device=dev)
+    slots = torch.arange(rows, device=dev)
+    tokens = torch.cat([prompt, output], dim=1)
+    is_prompt = (torch.arange(history, device=dev) < prompt.shape[1]).expand(rows, -1)
+    K.penalty_counts_add(
+        counts, seen, num_seen, slots.repeat_interleave(history), tokens.flatten(), is_prompt.flatten()
+    )
+    return OurPenaltyState(slots, counts, seen, num_seen, seen.shape[1])
+
+
+def our_penalties(
+    logits: torch.Tensor, state: OurPenaltyState, rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor
+) -> torch.Tensor:
+    """``K.apply_penalties`` over the kept state (one decode token per request)."""
+    import vllm_ascend.kernels as K
+
+    return K.apply_penalties(
+        logits, state.slots, state.counts, state.seen, state.num_seen, rep, freq, pres, None, state.max_seen
+    )
+
+
 def vllm_penalties(
     logits: torch.Tensor,
     state: PenaltyState,
@@ -752,14 +793,20 @@ def penalty_magnitude(logits: torch.Tensor, rep: torch.Tensor) -> torch.Tensor:
 
 
 def check_min_p(
-    logits: torch.Tensor, ours: torch.Tensor, theirs: torch.Tensor, min_p: torch.Tensor
+    logits: torch.Tensor,
+    ours: torch.Tensor,
+    theirs: torch.Tensor,
+    min_p: torch.Tensor,
+    rounding: float = 4 * 2.0**-23,
 ) -> tuple[str, bool]:
-    """Same kept set, except tokens within 4 float32 ulps of the threshold ``max + log(min_p)`` (vLLM
-    takes Triton's ``tl.log``)."""
+    """Same kept set, except tokens within ``rounding`` (relative to the largest of the token, the row
+    max and the threshold; default 4 float32 ulps) of the threshold ``max + log(min_p)`` (vLLM takes
+    Triton's ``tl.log``; a coarser ``rounding`` where vLLM's input was rounded, as both max and token)."""
     x = logits.float()
-    thr = x.max(dim=1, keepdim=True).values + torch.log(min_p.float()).unsqueeze(1)
+    top = x.max(dim=1, keepdim=True).values
+    thr = top + torch.log(min_p.float()).unsqueeze(1)
     diff = torch.isinf(ours) != torch.isinf(theirs)
-    near = (x - thr).abs() <= 4 * 2.0**-23 * thr.abs()
+    near = (x - thr).abs() <= rounding * torch.maximum(x.abs(), torch.maximum(thr.abs(), top.abs()))
     far = int((diff & ~near).sum())
     return f"mask-off={int(diff.sum())} beyond-ulps={far}", far == 0
 
@@ -945,7 +992,7 @@ def _selfcheck_cases(
         (
             "penalties",
             lambda: check_elementwise(
-                K.apply_penalties(logits.clone(), prompt, output, rep, freq, pres),
+                our_penalties(logits.clone(), our_penalty_state(prompt, output, vocab), rep, freq, pres),
                 vllm_penalties(logits.clone(), vllm_penalty_state(prompt, output, vocab), rep, freq, pres),
                 dtype,
                 penalty_magnitude(logits, rep),

@@ -3,10 +3,11 @@
 Each measurement runs in a fresh process (imports, device context and Triton's in-memory caches
 start empty, as in a new server): "cold" with an empty Triton cache directory, "warm" again on the
 directory the cold run filled. ``--workers`` lists the compile-process counts to measure (1 =
-serial, the warm-up before ahead-of-time compilation). Columns: seconds of the whole warm-up call,
-its phases (recording the specializations and looking them up in the cache, compiling the missing ones in
-the worker processes, launching every variant), variants compiled ahead and found cached, and files in
-the cache. Run from the repository root:
+serial, the warm-up before ahead-of-time compilation). Columns: seconds of the whole warm-up call and
+of the process, its phases (passes that held launches back while queueing the variants missing from
+the cache, compiling those in the worker processes with their launchers, the last pass, which launched
+everything), passes, variants compiled ahead, launchers built with them, variants the first pass found
+cached, launches that still compiled, and files in the cache. Run from the repository root:
 
     python benchmarks/warmup.py --vocab-size 151936 --dtypes float32,bfloat16 --head-dims 128 --workers 16,1
 """
@@ -54,6 +55,9 @@ def measure(args: argparse.Namespace, workers: int, cache_dir: str) -> dict:
         print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", file=sys.stderr)
         raise SystemExit(f"warm-up with {workers} workers failed (exit {done.returncode})")
     report = json.loads(lines[-1])
+    warnings = [line for line in done.stderr.splitlines() if "WARNING" in line]
+    if warnings:
+        print(f"warnings ({workers} workers):", *warnings[:20], sep="\n  ", file=sys.stderr)
     if report.get("variants") == 0 and not report.get("cached"):
         print("nothing compiled ahead; the warm-up's log:", done.stderr[-4000:], sep="\n", file=sys.stderr)
     return {"process_s": round(wall, 2), **report}
@@ -72,18 +76,21 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     print(
-        "| workers | start | warm-up s | process s | record s | compile s | launch s | variants | kernels | files |"
+        "| workers | start | warm-up s | process s | record s | compile s | launch s | passes | variants | "
+        "launchers | cached | compiled at launch | files |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for workers in (int(w) for w in args.workers.split(",")):
         with tempfile.TemporaryDirectory(prefix="triton-cache-") as cache_dir:
             for start in ("cold", "warm"):
                 row = {"workers": workers, "start": start, **measure(args, workers, cache_dir)}
                 rows.append(row)
+                at_launch = row.get("compiled_at_launch")
                 print(
                     f"| {workers} | {start} | {row['seconds']} | {row['process_s']} | {row.get('record_s', '-')} | "
-                    f"{row.get('compile_s', '-')} | {row.get('launch_s', '-')} | {row.get('variants', '-')} | "
-                    f"{row.get('cached', '-')} | {row['cache_files']} |",
+                    f"{row.get('compile_s', '-')} | {row.get('launch_s', '-')} | {row.get('passes', '-')} | "
+                    f"{row.get('variants', '-')} | {row.get('launchers', '-')} | {row.get('cached', '-')} | "
+                    f"{'-' if at_launch is None else len(at_launch)} | {row['cache_files']} |",
                     flush=True,
                 )
         by_kernel = rows[-2].get("variants_by_kernel")
@@ -92,6 +99,9 @@ def main() -> None:
                 "variants by kernel (cold):",
                 json.dumps(dict(sorted(by_kernel.items(), key=lambda kv: -kv[1]))),
             )
+        for row in rows[-2:]:
+            if row.get("compiled_at_launch"):
+                print(f"compiled at launch ({row['start']}):", ", ".join(row["compiled_at_launch"]))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -165,6 +165,41 @@ def test_sampling_parameters_take_effect(llm, qwen3_prompts, qwen3_hf):
         seen.add(token)
 
 
+def test_v1_runner_keeps_penalty_counts_and_decodes_as_v2(
+    llm, v1_runner, make_llm, tiny_qwen3, qwen3_prompts, monkeypatch
+):
+    """The V1 runner's sampler reads the counts its persistent batch keeps across steps (requests joining
+    and leaving a two-row batch, chunked prefill) and decodes with penalties as V2 does (vLLM's own
+    kept counts): the same greedy tokens, request by request."""
+    from vllm import SamplingParams
+
+    from vllm_ascend.runner.sample.penalty_counts import PenaltyCounts
+
+    penalties = dict(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.4)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, **penalties) for n in (20, 6, 14, 9)]
+    prompts = [{"prompt_token_ids": p} for p in qwen3_prompts]
+    want = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+    applied = []
+    apply = PenaltyCounts.apply
+    monkeypatch.setattr(
+        PenaltyCounts, "apply", lambda self, *a, **k: applied.append(self) or apply(self, *a, **k)
+    )
+    v1 = make_llm(tiny_qwen3, enable_chunked_prefill=True, max_num_batched_tokens=16, max_num_seqs=2)
+    got = [list(o.outputs[0].token_ids) for o in v1.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+    runner = _worker(v1).model_runner
+    assert applied and all(counts is runner.input_batch.penalty_counts for counts in applied)
+    plain = [
+        list(o.outputs[0].token_ids)
+        for o in v1.generate(
+            prompts,
+            [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (20, 6, 14, 9)],
+            use_tqdm=False,
+        )
+    ]
+    assert plain != got  # the penalties changed the decoding
+
+
 def test_sleep_without_sleep_mode_is_refused_by_name_and_loses_nothing(llm, qwen3_prompts, qwen3_hf):
     with pytest.raises(Exception, match=r"sleep needs the engine built with enable_sleep_mode=True"):
         llm.sleep(level=1)

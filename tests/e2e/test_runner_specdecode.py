@@ -122,3 +122,19 @@ def test_block_and_entropy_verification_through_vllm(make_llm, tiny_qwen3, monke
             first = _tokens(spec, **params)
             assert calls and not seen["random"]  # random rows: the method's kernel, not token-wise rejection
             assert _tokens(spec, **params) == first
+
+
+def test_penalised_greedy_with_drafts_decodes_as_without(make_llm, tiny_qwen3, monkeypatch):
+    """Penalties under speculative decoding read the batch's kept counts: a draft position's target logits
+    count the drafts before it, the bonus token all of them, and only accepted tokens enter the counts,
+    so penalised greedy decoding gives the plain (draft-free) tokens. (Penalties that favour repeats, so that
+    the prompt's n-grams keep being accepted.)"""
+    params = dict(
+        temperature=0.0, max_tokens=40, repetition_penalty=0.8, frequency_penalty=-0.2, presence_penalty=-0.1
+    )
+    want = _tokens(make_llm(tiny_qwen3), **params)
+    spec = make_llm(tiny_qwen3, speculative_config=NGRAM)
+    seen = _spy_verification(monkeypatch)
+    assert _tokens(spec, **params) == want
+    assert seen["greedy"] and sum(seen["greedy"]) > 0, seen  # some drafts were accepted
+    assert want != _tokens(spec, temperature=0.0, max_tokens=40)  # the penalties changed the decoding

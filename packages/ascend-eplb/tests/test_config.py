@@ -24,7 +24,7 @@ def _vllm(ep: bool = True, tp: int = 1, dp: int = 1) -> SimpleNamespace:
 
 def test_defaults_and_policy_names_or_codes():
     config = validate_eplb_config({}, _vllm(ep=False))
-    assert config == EplbConfig() and not config.enabled and config.policy_name == "swift"
+    assert config == EplbConfig() and not config.enabled and config.policy_name == "default"
     assert config.expert_heat_collection_interval == 400 and config.algorithm_execution_interval == 30
     for code, name in enumerate(("random", "default", "swift", "flashlb")):
         assert EplbConfig(eplb_policy_type=code).eplb_policy_type == name

@@ -419,7 +419,7 @@ def test_chain_options_are_validated(field, bad, match):
             "SwiftBalanceEplb",
             "chain_gain, chain_steps, dominant_swap_gain, max_move_fraction, max_swaps",
         ),
-        ("default", "DefaultEplb", "improvement_threshold, max_swaps"),
+        ("default", "DefaultEplb", "forecast, improvement_threshold, max_swaps"),
     ],
 )
 def test_unknown_policy_option_is_refused_with_a_suggestion(name, cls_name, allowed):
@@ -435,7 +435,8 @@ def test_every_declared_option_is_accepted_and_every_read_option_declared(policy
     """A policy built with all its declared options runs; an option read but not declared would raise."""
     cls = type(PolicyFactory.generate_policy(policy))
     ints = {"max_swaps", "swap_depth", "chain_steps", "window", "max_samples", "seed"}
-    options = {k: (2 if k in ints else (1.01 if k == "skip_threshold" else 0.5)) for k in cls.OPTIONS}
+    special = {"skip_threshold": 1.01, "forecast": False}
+    options = {k: (2 if k in ints else special.get(k, 0.5)) for k in cls.OPTIONS}
     table = np.array([[[0, 1], [2, 3]]])
     changed, _, new = PolicyFactory.generate_policy(policy, options).rebalance_experts(
         table, np.array([[[9.0, 9.0], [1.0, 1.0]]])

@@ -3,6 +3,7 @@ CUDA, fixed counts under the interpreter; bad input names its field."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from typing import NamedTuple
 
@@ -94,6 +95,28 @@ def test_row_splits_and_vocabulary_tiles_follow_the_geometry(monkeypatch):
     assert common.cores(dev) == 132 and common.row_split(4, 151936, 1024, dev) == (75, 2048)
 
 
+def test_grid_stride_kernels_launch_a_program_per_item_on_cuda_and_per_core_elsewhere():
+    h200 = LaunchGeometry.for_cuda(types.SimpleNamespace(multi_processor_count=132))
+    a2 = LaunchGeometry.for_ascend(A2_PROFILE)
+    assert (h200.grid, a2.grid, INTERPRETER.grid) == ("work", "cores", "cores")
+    # 256 rows x 149 vocabulary blocks: vLLM's grid on CUDA, the vector cores on Ascend (4 interpreted)
+    assert (h200.programs(256 * 149), a2.programs(256 * 149), INTERPRETER.programs(256 * 149)) == (
+        38144,
+        48,
+        4,
+    )
+    assert h200.programs(0) == a2.programs(0) == 1 and a2.programs(5) == 5
+    # vocab 151936 in 8192-tiles: a tile per item on CUDA (19 per row, vLLM's blocks); on Ascend whole
+    # rows once the rows fill the 48 cores, else just enough chunks per row to give each core one
+    assert h200.column_split(256, 151936, 8192) == (19, 8192)
+    assert a2.column_split(256, 151936, 8192) == (1, 19 * 8192)
+    assert a2.column_split(8, 151936, 8192) == (5, 4 * 8192)  # 8 rows x 5 chunks: 40 programs of 48
+    assert a2.column_split(1, 100, 8192) == (1, 8192)  # a row shorter than a tile stays whole
+    # the interpreter with a "work" grid: what the v2 tests' launch_grid fixture runs the kernels under
+    work = dataclasses.replace(INTERPRETER, grid="work")
+    assert (work.programs(37), work.column_split(2, 300, 64)) == (37, (5, 64))
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -114,6 +137,11 @@ def test_row_splits_and_vocabulary_tiles_follow_the_geometry(monkeypatch):
         ),
         (lambda: LaunchGeometry.for_ascend(A2_PROFILE, reported=(24, 0)), r"reported vector cores=0"),
         (lambda: INTERPRETER.split_programs(0), r"per_core=0 must be a positive int"),
+        (
+            lambda: LaunchGeometry("cuda", 132, grid="warps"),
+            r"grid='warps' is invalid; allowed values: cores, work",
+        ),
+        (lambda: INTERPRETER.column_split(4, 100, 0), r"tile=0 must be a positive int"),
         (lambda: INTERPRETER.launch(num_warps=2.0), r"num_warps=2.0 must be a positive int"),
         (lambda: INTERPRETER.max_block(0, 1, 64), r"bytes_per_element=0 must be a positive int"),
         (lambda: INTERPRETER.max_block(4, 0, 64), r"live_buffers=0 must be a positive int"),

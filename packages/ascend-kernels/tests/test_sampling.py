@@ -65,6 +65,28 @@ def test_gumbel_long_rows_match_reference(gen, dtype, rows):
         assert logits[0, got[0]] > float("-inf")
 
 
+@pytest.mark.parametrize("prefetch", [1, 2])
+@pytest.mark.parametrize(("offset", "vocab"), [(0, 700), (1, 700), (0, 701)])
+def test_gumbel_bf16_read_as_words_or_not_draws_the_same(gen, monkeypatch, offset, vocab, prefetch):
+    """bfloat16 rows that start on a 4-byte word are read two tokens per word; rows that do not (an
+    odd offset or an odd row length) are read token by token; one or two tiles in flight: the same
+    draws as the reference."""
+    from vllm_ascend.kernels._triton import gumbel as gumbel_triton
+
+    monkeypatch.setitem(gumbel_triton.PREFETCH, torch.bfloat16, prefetch)
+    monkeypatch.setattr(gumbel_triton, "DEEP_PREFETCH_TILES", 1)  # every chunk as deep as PREFETCH says
+    rows = 5
+    base = _logits(gen, rows, vocab + 2, torch.bfloat16, scale=2.0)
+    logits = base[:, offset : offset + vocab]
+    assert (gumbel_triton._as_words(logits) is not None) == (offset == 0 and vocab % 2 == 0)
+    temp = torch.rand(rows, generator=gen) + 0.3
+    temp[1] = 0.0
+    seeds, pos = torch.randint(0, 2**62, (rows,), generator=gen), torch.arange(rows)
+    got = K.gumbel_sample(logits, temp, seeds, pos)
+    assert torch.equal(got, gumbel.gumbel_sample_torch(logits, temp, seeds, pos))
+    assert got[1] == logits[1].float().argmax()
+
+
 def test_gumbel_greedy_ties_go_to_the_lowest_token(gen):
     """Equal maxima in one group, in two groups, in two row chunks: the lowest token id wins."""
     logits = torch.randn(3, 5000, generator=gen)
@@ -148,6 +170,25 @@ def test_min_p(gen, dtype, rows):
     min_p.apply_min_p_torch(want, mp)
     assert torch.equal(got, want)
     assert torch.isinf(got[1:]).any() and not torch.isinf(got[0]).any()
+
+
+@pytest.mark.parametrize("rows", [5, 12])
+def test_min_p_with_temperature_keeps_what_the_scaled_probabilities_keep(gen, rows):
+    """The fused form (``T * log(min_p)`` on unscaled logits) keeps the tokens min-p keeps on
+    ``logits / T``; greedy rows (``T = 0``) are filtered as at ``T = 1``."""
+    logits = _logits(gen, rows, 333, torch.float32)
+    mp = torch.rand(rows, generator=gen) * 0.3
+    mp[0] = 0.0
+    temp = torch.rand(rows, generator=gen) * 2 + 0.2
+    temp[1] = 0.0
+    got, want = logits.clone(), logits.clone()
+    K.apply_min_p(got, mp, temp)
+    min_p.apply_min_p_torch(want, mp, temp)
+    assert torch.equal(got, want)
+    scaled = logits / torch.where(temp > 0, temp, 1.0).unsqueeze(1)
+    min_p.apply_min_p_torch(scaled, mp)
+    assert torch.equal(torch.isinf(got), torch.isinf(scaled))
+    assert not torch.isinf(got[0]).any() and torch.isinf(got[2:]).any()
 
 
 def _top_k_top_p_case(gen, rows, vocab, dtype, ties):

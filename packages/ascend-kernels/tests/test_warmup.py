@@ -150,3 +150,17 @@ def test_warmup_command_refuses_bad_arguments(tmp_path, capsys, argv, message):
         main(["warmup", "--cache-dir", str(tmp_path), "--vocab-size", "48", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_nothing_runs_where_the_kernels_are_the_torch_references(monkeypatch):
+    """No Triton on the device (here: the torch backend asked for): nothing to compile, no item runs."""
+    calls = []
+    monkeypatch.setattr(warmup, "_REGISTERED", {})
+    warmup.register_warmup("spy", lambda device, vocab_size, dtypes: calls.append(device))
+    monkeypatch.setenv("VLLM_ASCEND_KERNEL_BACKEND", "torch")
+    stats: dict = {}
+    assert warmup.kernel_warmup("cpu", 151936, exclude=("rejection",), stats=stats) == dict.fromkeys(
+        ("sampling", "penalties", "ngram", "spy"), True
+    )
+    assert calls == []
+    assert stats == {"workers": 0, "skipped": "VLLM_ASCEND_KERNEL_BACKEND=torch"}

@@ -99,6 +99,39 @@ def test_compiled_block_holds_one_node_per_layer_op(adaptor, layers):
     assert ours == ["add_rms_norm", "rms_norm", "rotary_embedding", "swiglu"], names
 
 
+def test_eager_calls_skip_the_dispatcher_and_traces_keep_the_opaque_node(adaptor, layers, monkeypatch):
+    """Eager: the accessor runs the adaptor's op without entering ``torch.ops`` (its per-call layers cost more
+    than a small op); traced by ``make_fx`` (a dispatch mode is active): one ``vllm_ascend`` node per op."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from vllm_ascend.kernels.device import graph_ops
+
+    entered: list[str] = []
+    real = graph_ops._implementation
+
+    def spy(op):
+        impl, fake = real(op)
+
+        def counting(*args, **kwargs):
+            entered.append(op.name)
+            return impl(*args, **kwargs)
+
+        return counting, fake
+
+    monkeypatch.setattr(graph_ops, "_implementation", spy)
+    accessor = graph_ops._accessor(next(op for op in graph_ops.GRAPH_OPS if op.name == "rms_norm"))
+    norm = layers[0]
+    x = torch.randn(5, HEAD)
+    eager = accessor(x, norm.weight.data, 1e-6)
+    assert torch.equal(eager, ReferenceDeviceAdaptor().rms_norm(x, norm.weight.data, 1e-6))
+    assert entered == ["rms_norm"]  # the direct path, not the registered op (registered before the spy)
+    graph = make_fx(lambda t: accessor(t, norm.weight.data, 1e-6))(x)
+    targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert [t for t in targets if t != "aten.detach.default"] == ["vllm_ascend.rms_norm.default"], targets
+    assert entered == ["rms_norm"], "tracing must not run the eager path"
+    assert torch.equal(graph(x), eager)
+
+
 def test_kv_cache_update_goes_through_reshape_and_cache(adaptor):
     impl = AscendAttentionImpl(4, 16, 0.25, 2)
     kv_cache = torch.zeros(3, 2, 4, 32)  # vLLM's per-layer [blocks, H, block_size, D + Dv]

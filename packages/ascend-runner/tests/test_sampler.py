@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 from vllm.v1.sample.logits_processor import LogitsProcessors
@@ -149,3 +151,59 @@ def test_held_back_rows_sample_without_touching_their_generator():
     with pytest.raises(RuntimeError, match="step failed"), generators_held_back(generators, [2]):
         raise RuntimeError("step failed")
     assert set(generators) == {0, 2}
+
+
+def _min_p_processor(values: list[float]):
+    from types import SimpleNamespace
+
+    from vllm import SamplingParams
+    from vllm.v1.sample.logits_processor import BatchUpdate, MinPLogitsProcessor
+
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=len(values)))
+    processor = MinPLogitsProcessor(config, torch.device("cpu"), False)
+    added = [(row, SamplingParams(min_p=p), [], []) for row, p in enumerate(values)]
+    processor.update_state(BatchUpdate(batch_size=len(values), removed=[], added=added, moved=[]))
+    return processor
+
+
+@pytest.mark.parametrize("top_p", [None, 0.9])
+def test_temperature_is_no_pass_of_its_own_unless_top_p_needs_it(monkeypatch, top_p):
+    """Min-p compares against ``max + T * log(min_p)``, top-k keeps the same tokens and Gumbel sampling
+    scales as it reads: the logits are scaled in place only before top-p."""
+    import vllm_ascend.runner.sample.sampler as sampler_module
+    from vllm_ascend.kernels import min_p, top_k_top_p
+
+    logits = _logits(4)
+    temperature = torch.tensor([0.5, 1.5, 0.0, 2.0, 0.8, 1.0])
+    min_ps = [0.05, 0.2, 0.1, 0.0, 0.3, 0.1]
+    calls: list[str] = []
+    real = sampler_module.kernels
+    spy = types.SimpleNamespace(
+        apply_temperature=lambda *a: calls.append("temperature") or real.apply_temperature(*a),
+        apply_min_p=real.apply_min_p,
+        apply_top_k_top_p=real.apply_top_k_top_p,
+        gumbel_sample=lambda x, t, s, p, scale: (
+            calls.append(f"gumbel(scale={scale})") or real.gumbel_sample(x, t, s, p, scale)
+        ),
+    )
+    monkeypatch.setattr(sampler_module, "kernels", spy)
+    gens = {i: torch.Generator().manual_seed(i) for i in range(B)}
+    md = _metadata(
+        temperature=temperature, all_random=False, generators=gens,
+        top_k=torch.full((B,), 20), top_p=None if top_p is None else torch.full((B,), top_p),
+        logitsprocs=LogitsProcessors([_min_p_processor(min_ps)]),
+    )  # fmt: skip
+    got = _sample(md, logits)
+    fused = top_p is None
+    assert calls == (["gumbel(scale=True)"] if fused else ["temperature", "gumbel(scale=False)"])
+    # What the explicit pipeline keeps and draws with the same seeds:
+    t = torch.where(temperature > 0, temperature, 1.0).unsqueeze(1)
+    x = logits / t
+    min_p.apply_min_p_torch(x, torch.tensor(min_ps))
+    top_k_top_p.apply_top_k_top_p_torch(
+        x, torch.full((B,), 20), None if top_p is None else torch.full((B,), top_p)
+    )
+    kept = torch.isfinite(x)
+    picked = kept.gather(1, got.view(-1, 1)).flatten()
+    assert picked.all(), (got, kept.sum(1))
+    assert got[2] == logits[2].argmax()  # greedy row

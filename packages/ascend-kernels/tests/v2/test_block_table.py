@@ -9,6 +9,8 @@ import torch
 from vllm_ascend.kernels._triton.v2 import block_table as triton_impl
 from vllm_ascend.kernels.v2 import block_table as v2
 
+pytestmark = pytest.mark.usefixtures("launch_grid")
+
 
 def _ptrs(tables: list[torch.Tensor]) -> torch.Tensor:
     return torch.tensor([t.data_ptr() for t in tables], dtype=torch.uint64)

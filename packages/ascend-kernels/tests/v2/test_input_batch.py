@@ -8,6 +8,8 @@ import torch
 from vllm_ascend.kernels._triton.v2 import input_batch as triton_impl
 from vllm_ascend.kernels.v2 import input_batch as v2
 
+pytestmark = pytest.mark.usefixtures("launch_grid")
+
 
 def _batch(seed: int, num_reqs: int, max_reqs: int) -> dict:
     g = torch.Generator().manual_seed(seed)

@@ -8,6 +8,8 @@ import torch
 from vllm_ascend.kernels._triton.v2 import sample_gumbel as triton_impl
 from vllm_ascend.kernels.v2 import sample_gumbel as v2
 
+pytestmark = pytest.mark.usefixtures("launch_grid")
+
 
 @pytest.mark.parametrize("seed", [0, 1, -1, 2**63 - 1, -(2**63), 0x1234_5678_9ABC_DEF0])
 def test_murmur3_uniform_is_bit_exact(seed: int) -> None:
@@ -28,7 +30,8 @@ def _assert_within_one_ulp(actual: torch.Tensor, expected: torch.Tensor) -> None
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    ("num_tokens", "vocab", "block"), [(0, 40, 16), (1, 40, 16), (7, 150, 128), (9, 100, 32)]
+    ("num_tokens", "vocab", "block"),
+    [(0, 40, 16), (1, 40, 16), (7, 150, 128), (9, 100, 32), (2, 310, 128)],  # the last: rows split
 )
 def test_temperature(num_tokens: int, vocab: int, block: int, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(num_tokens * 31 + vocab)

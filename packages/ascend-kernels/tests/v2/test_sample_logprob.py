@@ -8,6 +8,8 @@ import torch
 from vllm_ascend.kernels._triton.v2 import sample_logprob as triton_impl
 from vllm_ascend.kernels.v2 import sample_logprob as v2
 
+pytestmark = pytest.mark.usefixtures("launch_grid")
+
 
 def _clone(args: dict) -> dict:
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}

@@ -8,13 +8,16 @@ import torch
 from vllm_ascend.kernels._triton.v2 import sample_penalties as triton_impl
 from vllm_ascend.kernels.v2 import sample_penalties as v2
 
+pytestmark = pytest.mark.usefixtures("launch_grid")
+
 
 def _clone(args: dict) -> dict:
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
 
 
 @pytest.mark.parametrize(
-    ("num_new", "block", "short_grid"), [(0, 16, False), (1, 16, False), (4, 32, False), (4, 16, True)]
+    ("num_new", "block", "short_grid"),
+    [(0, 16, False), (1, 16, False), (2, 16, False), (4, 32, False), (4, 16, True)],  # 2: rows split
 )
 def test_bincount(num_new: int, block: int, short_grid: bool) -> None:
     g = torch.Generator().manual_seed(num_new * 7 + block)
@@ -84,7 +87,13 @@ def _penalty_args(g, query_lens, vocab, block, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     ("query_lens", "vocab", "block"),
-    [([], 40, 16), ([1], 40, 16), ([1, 3, 2, 1, 4], 100, 32), ([2, 2, 2, 1, 1, 3], 150, 64)],
+    [
+        ([], 40, 16),
+        ([1], 40, 16),
+        ([1, 3, 2, 1, 4], 100, 32),
+        ([2, 2, 2, 1, 1, 3], 150, 64),
+        ([1, 2], 300, 64),  # fewer rows than the interpreter's cores: rows split
+    ],
 )
 def test_penalties(query_lens, vocab: int, block: int, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(len(query_lens) * 11 + vocab)

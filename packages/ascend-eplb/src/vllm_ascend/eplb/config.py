@@ -46,7 +46,7 @@ class EplbConfig(Section):
         0, ge=0, doc="Forward steps after start-up whose expert load is not recorded."
     )
     load_collection_phase: str = option("all", choices=PHASES, doc="Which batches' expert load is recorded.")
-    eplb_policy_type: str = option("swift", doc="Re-balancing policy: a registered name or code 0-3.")
+    eplb_policy_type: str = option("default", doc="Re-balancing policy: a registered name or code 0-3.")
 
     def __post_init__(self) -> None:
         try:

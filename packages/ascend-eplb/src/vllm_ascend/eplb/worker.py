@@ -75,7 +75,7 @@ def compose_layer_transfers(old: np.ndarray, new: np.ndarray) -> tuple[Transfer,
 class EplbWorker:
     """Turns collected loads into a placement plan with the configured policy."""
 
-    def __init__(self, policy: str | int | type[EplbPolicy] = "swift", policy_config: Any = None) -> None:
+    def __init__(self, policy: str | int | type[EplbPolicy] = "default", policy_config: Any = None) -> None:
         self.policy = PolicyFactory.generate_policy(policy, policy_config)
 
     @staticmethod
@@ -163,7 +163,7 @@ class EplbProcess:
     multiprocessing executor starts). ``mode``: ``"auto"`` (default), ``"process"`` or ``"thread"``.
     The policy class is resolved here, so a policy another package registered reaches the child too."""
 
-    def __init__(self, policy: str | int = "swift", policy_config: Any = None, mode: str = "auto") -> None:
+    def __init__(self, policy: str | int = "default", policy_config: Any = None, mode: str = "auto") -> None:
         if mode not in ("auto", "process", "thread"):
             raise EplbInputError(f"EplbProcess mode must be 'auto', 'process' or 'thread', got {mode!r}")
         if mode == "auto":

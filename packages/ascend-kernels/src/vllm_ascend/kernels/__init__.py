@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names loa
     from vllm_ascend.kernels.min_p import apply_min_p as apply_min_p
     from vllm_ascend.kernels.ngram import ngram_propose as ngram_propose
     from vllm_ascend.kernels.penalties import apply_penalties as apply_penalties
+    from vllm_ascend.kernels.penalties import penalty_counts_add as penalty_counts_add
+    from vllm_ascend.kernels.penalties import penalty_counts_clear as penalty_counts_clear
     from vllm_ascend.kernels.rejection import PLACEHOLDER_TOKEN_ID as PLACEHOLDER_TOKEN_ID
     from vllm_ascend.kernels.rejection import expand_batch_to_tokens as expand_batch_to_tokens
     from vllm_ascend.kernels.rejection import rejection_block_sample as rejection_block_sample
@@ -71,6 +73,8 @@ _EXPORTS = {
     "apply_min_p": "vllm_ascend.kernels.min_p",
     "apply_top_k_top_p": "vllm_ascend.kernels.top_k_top_p",
     "apply_penalties": "vllm_ascend.kernels.penalties",
+    "penalty_counts_add": "vllm_ascend.kernels.penalties",
+    "penalty_counts_clear": "vllm_ascend.kernels.penalties",
     "apply_bad_words": "vllm_ascend.kernels.bad_words",
     "compute_token_logprobs": "vllm_ascend.kernels.logprobs",
     "compute_topk_logprobs": "vllm_ascend.kernels.logprobs",

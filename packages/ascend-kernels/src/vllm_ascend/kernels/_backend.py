@@ -130,10 +130,24 @@ def use_triton(device: torch.device) -> bool:
     return False
 
 
+@functools.cache
+def kernel_module(name: str) -> Any:
+    """``vllm_ascend.kernels._triton.<name>``, imported with its kernels' cache keys settled (the same
+    in every process, whatever it compiled before: see ``_cache_keys``)."""
+    from vllm_ascend.kernels import _cache_keys
+
+    module = importlib.import_module(f"vllm_ascend.kernels._triton.{name}")
+    try:
+        _cache_keys.settle_module(module)
+    except Exception as exc:  # a Triton without the internals it relies on: keys stay Triton's own
+        logger.debug("cache keys of %s not settled (%s)", module.__name__, exc)
+    return module
+
+
 def dispatch(
     module: str, name: str, reference: Callable[..., Any], device: torch.device
 ) -> Callable[..., Any]:
     """Kernel ``name`` for ``device``: ``vllm_ascend.kernels._triton.<module>.<name>`` or ``reference``."""
     if not use_triton(device):
         return reference
-    return getattr(importlib.import_module(f"vllm_ascend.kernels._triton.{module}"), name)
+    return getattr(kernel_module(module), name)

@@ -1,18 +1,23 @@
 """Gumbel-max sampling with per-request seeds and positions (reproducible on every backend).
 
 Two-level Gumbel-max. The vocabulary is cut into groups of ``GROUP`` consecutive tokens. A random row
-first races the groups: group ``g`` scores ``m_g / T + log(sum_i exp((x_i - m_g) / T)) + n_g`` (``m_g``
-its largest logit, ``n_g`` a Gumbel draw), the log-mass of the group plus noise; then the tokens of the
-winning group race with their own draws: ``x_i / T + n_i``. The winner is distributed exactly as
-``softmax(x / T)`` (the group wins with its share of the mass, the token with its share of the
-group), but only one noise per group and ``GROUP`` per row are drawn, so the cost per token is one
-exponential instead of a hash and two logarithms. Greedy rows (``T <= 0``) take the plain argmax.
+first races the groups: group ``g`` scores its log-mass plus noise, ``log2(sum_i 2^(x_i * c)) + n_g``
+with ``c = log2(e) / T``, computed as ``m_g * c + log2(sum_i 2^((x_i - m_g) * c)) + n_g`` (``m_g`` its
+largest logit); then the tokens of the winning group race with their own draws: ``x_i * c + n_i``.
+The winner is distributed exactly as ``softmax(x / T)`` (the group wins with its share of the mass,
+the token with its share of the group), but only one noise per group and ``GROUP`` per row are
+drawn, so the cost per token is one exponential instead of a hash and two logarithms. Greedy rows
+(``T <= 0``) take the plain argmax. Everything is in base-2 units (``log2(e)`` times a natural-log
+Gumbel race plus a constant, which changes no argmax).
 
-Noise: ``n = -log(-log(u))``, ``u = ((h >> 9) + 0.5) / 2**23``, ``h = hash32(key ^ (i * 0x9E3779B9 mod
-2**32))`` where ``i`` is the group index (group race, ``key = row_key``) or the token id (token race,
+Noise: ``n = -log2(-log2(u))`` (a standard Gumbel draw times ``log2(e)``, plus a constant),
+``u = ((h >> 9) + 0.5) / 2**23``, ``h = hash32(key ^ (i * 0x9E3779B9 mod 2**32))`` where ``i`` is the
+group index (group race, ``key = row_key``) or the token id (token race,
 ``key = hash32(row_key ^ TOKEN_KEY)``), ``row_key = hash32(hash32(hash32(seed_lo) ^ seed_hi) ^ pos_lo)``
 and ``hash32`` a 32-bit xor-shift/multiply mixer. Only wrapping 32-bit multiply, xor and shifts are
 used, so every backend draws bit-identical ``u``; 23 random bits keep ``u < 1`` and the noise finite.
+``log2`` is :func:`log2_torch`'s: the mantissa reduced to ``[2/3, 4/3)`` and a degree-7 polynomial
+(relative error below ``3e-7``) on every backend, where the library logarithms differ.
 """
 
 from __future__ import annotations
@@ -27,6 +32,19 @@ HASH_M2 = 0x846CA68B
 TOKEN_MIX = 0x9E3779B9
 TOKEN_KEY = 0x68E31DA4  # separates the token race's draws from the group race's
 GROUP = 32  # tokens per group (part of the format: changing it changes the draws)
+LOG2E = 1.4426950408889634
+#: log2(1 + t) = t * Q(t) for t in [-1/3, 1/3): Q's coefficients, lowest first (a weighted minimax fit).
+LOG2_POLY = (
+    1.4426947832107544,
+    -0.7213466167449951,
+    0.4809654951095581,
+    -0.3607836663722992,
+    0.285582035779953,
+    -0.23689256608486176,
+    0.24686215817928314,
+    -0.22167599201202393,
+)
+LOG2_SPLIT = 0x3F2AAAAB  # the bits of 2/3: mantissas are reduced to [2/3, 4/3)
 
 
 def hash32_torch(x: torch.Tensor) -> torch.Tensor:
@@ -45,11 +63,24 @@ def row_keys_torch(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor
     return hash32_torch(hash32_torch(hash32_torch(lo) ^ hi) ^ (positions.to(torch.int64) & MASK32))
 
 
+def log2_torch(x: torch.Tensor) -> torch.Tensor:
+    """``log2`` of positive normal float32 ``x`` as the kernels compute it: ``x = 2^e * (1 + t)`` with
+    ``1 + t`` in ``[2/3, 4/3)``, then ``e + t * Q(t)`` (:data:`LOG2_POLY`, Horner)."""
+    bits = x.view(torch.int32)
+    e = (bits - LOG2_SPLIT) >> 23
+    t = (bits - (e << 23)).view(torch.float32) - 1.0
+    q = torch.full_like(t, LOG2_POLY[-1])
+    for coefficient in LOG2_POLY[-2::-1]:
+        q = q * t + coefficient
+    return e.to(torch.float32) + t * q
+
+
 def gumbel_noise_torch(keys: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """float32 Gumbel noise of ``index`` (group or token ids, int64) under per-row ``keys`` ``[B, 1]``."""
+    """float32 noise ``-log2(-log2(u))`` of ``index`` (group or token ids, int64) under per-row ``keys``
+    ``[B, 1]``."""
     h = hash32_torch(keys ^ ((index * TOKEN_MIX) & MASK32))
     u = ((h >> 9).to(torch.float32) + 0.5) * (1.0 / 8388608.0)
-    return -torch.log(-torch.log(u))
+    return -log2_torch(-log2_torch(u))
 
 
 def gumbel_sample_torch(
@@ -67,23 +98,24 @@ def gumbel_sample_torch(
     scale = torch.ones_like(t)
     if apply_temperature:
         scale = torch.where(random_rows, 1.0 / torch.where(random_rows, t, scale), scale)
+    c = scale * LOG2E
     n_grp = -(-vocab // GROUP)
     xg = torch.full((rows, n_grp * GROUP), float("-inf"), dtype=torch.float32, device=x.device)
     xg[:, :vocab] = x
     xg = xg.view(rows, n_grp, GROUP)
     m = xg.max(dim=2).values
-    m_safe = torch.where(m > float("-inf"), m, torch.zeros_like(m))
-    mass = torch.exp((xg - m_safe.unsqueeze(2)) * scale.unsqueeze(2)).sum(dim=2)
+    mc = torch.where(m > float("-inf"), m, torch.zeros_like(m)) * c
+    mass = torch.exp2(xg * c.unsqueeze(2) - mc.unsqueeze(2)).sum(dim=2)
+    log_mass = log2_torch(torch.where(mass > 0, mass, torch.ones_like(mass)))
     keys = row_keys_torch(seeds, positions).unsqueeze(1)
     groups = torch.arange(n_grp, dtype=torch.int64, device=x.device).unsqueeze(0)
-    score = torch.where(random_rows, m * scale + torch.log(mass) + gumbel_noise_torch(keys, groups), m)
+    score = torch.where(random_rows, m * c + log_mass + gumbel_noise_torch(keys, groups), m)
     won = score.argmax(dim=1, keepdim=True)
     tokens = won * GROUP + torch.arange(GROUP, device=x.device).unsqueeze(0)
     inside = tokens < vocab
     tokens = torch.where(inside, tokens, tokens.new_zeros(()))
     xt = x.gather(1, tokens)
-    yt = xt / t if apply_temperature else xt
-    noisy = yt + gumbel_noise_torch(hash32_torch(keys ^ TOKEN_KEY), tokens)
+    noisy = xt * c + gumbel_noise_torch(hash32_torch(keys ^ TOKEN_KEY), tokens)
     s = torch.where(inside, torch.where(random_rows, noisy, xt), float("-inf"))
     return tokens.gather(1, s.argmax(dim=1, keepdim=True)).squeeze(1)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -31,20 +30,19 @@ def register_warmup(name: str, fn: WarmupFn) -> None:
     _REGISTERED[name] = fn
 
 
-_recording: ContextVar[bool] = ContextVar("kernel_warmup_recording", default=False)
-
-
 def _call(fn: Callable[..., object], *args: object) -> None:
-    """One kernel call of a warm-up item. While specializations are only recorded, kernels return
-    without writing their outputs, so a call may fail on the garbage a previous one left: the failure
-    is skipped there so that the item's later calls are still recorded (its launch runs for real)."""
-    if not _recording.get():
-        fn(*args)
-        return
+    """One kernel call of a warm-up item. Once a pass of the ahead-of-time compilation has skipped a
+    launch (its variant was missing), kernels return without writing their outputs, so a call may
+    fail on what a skipped one left: the failure is skipped there so that the item's later launches
+    are still met (the next pass runs them for real)."""
+    from vllm_ascend.kernels import _precompile
+
     try:
         fn(*args)
     except Exception as exc:
-        logger.debug("recording %s stopped at an unset output (%s)", getattr(fn, "__name__", fn), exc)
+        if not _precompile.skipped_launches():
+            raise
+        logger.debug("warm-up call %s stopped at an unset output (%s)", getattr(fn, "__name__", fn), exc)
 
 
 def _logits(rows: int, vocab: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -97,7 +95,8 @@ def sampling_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[torc
 
 
 def penalties_triton_warmup(device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]) -> None:
-    """Penalties (bincount + apply) and bad-words kernels, on a short dummy token history."""
+    """Penalties (kept counts: add, apply with and without draft tokens, clear) and bad-words kernels,
+    on a short dummy token history."""
     from vllm_ascend import kernels as K
 
     rows = 2
@@ -108,16 +107,27 @@ def penalties_triton_warmup(device: torch.device, vocab_size: int, dtypes: Seque
     offsets = torch.tensor([0, 2], device=device, dtype=torch.int64)
     word_rows = torch.tensor([0], device=device, dtype=torch.int64)
     lens = torch.full((rows,), 8, device=device, dtype=torch.int64)
+    counts = torch.zeros(rows, vocab_size, device=device, dtype=torch.int32)
+    seen = torch.zeros(rows, 16, device=device, dtype=torch.int32)
+    num_seen = torch.zeros(rows, device=device, dtype=torch.int32)
+    slots = torch.arange(rows, device=device, dtype=torch.int64)
+    entry_slots = slots.repeat_interleave(8)
+    _call(K.penalty_counts_add, counts, seen, num_seen, entry_slots, history.flatten(), entry_slots < 1)
     for dtype in dtypes:
-        _call(
-            K.apply_penalties,
-            _logits(rows, vocab_size, dtype, device),
-            history[:, :4],
-            history[:, 4:],
-            pen,
-            freq,
-            freq,
-        )
+        for extra in (None, history[:, :2]):
+            _call(
+                K.apply_penalties,
+                _logits(rows, vocab_size, dtype, device),
+                slots,
+                counts,
+                seen,
+                num_seen,
+                pen,
+                freq,
+                freq,
+                extra,
+                16,
+            )
         _call(
             K.apply_bad_words,
             _logits(rows, vocab_size, dtype, device),
@@ -127,6 +137,7 @@ def penalties_triton_warmup(device: torch.device, vocab_size: int, dtypes: Seque
             offsets,
             word_rows,
         )
+    _call(K.penalty_counts_clear, counts, seen, num_seen, slots)
 
 
 def rejection_sampler_triton_warmup(
@@ -193,37 +204,44 @@ def triton_rms_warmup(device: torch.device, head_dim: int, dtypes: Sequence[torc
 def _run(
     name: str, fn: WarmupFn, device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]
 ) -> bool:
+    from vllm_ascend.kernels import _precompile
+
     try:
         fn(device, vocab_size, dtypes)
-    except Exception:
+    except Exception as exc:
+        if _precompile.skipped_launches():  # this pass is not the last: the next one runs the item again
+            logger.debug("warm-up %r stopped at an unset output (%s)", name, exc)
+            return False
         logger.warning("kernel warm-up %r failed; its kernels will compile on first use", name, exc_info=True)
         return False
     return True
 
 
-def _record(
-    name: str, fn: WarmupFn, device: torch.device, vocab_size: int, dtypes: Sequence[torch.dtype]
-) -> None:
-    """One item while specializations are only recorded: its kernels return nothing, so code after
-    them may fail on unset outputs; the kernels recorded up to there are still compiled ahead."""
+def _triton_reason(device: torch.device) -> str | None:
+    """Why the kernels on ``device`` are the torch references (nothing to compile), or None when
+    they are Triton's; a refused ``VLLM_ASCEND_KERNEL_BACKEND=triton`` counts as Triton, so that
+    the items run and report the refusal."""
+    from vllm_ascend.kernels._backend import (
+        KernelBackendError,
+        requested_backend,
+        triton_unusable_reason,
+        use_triton,
+    )
+
     try:
-        fn(device, vocab_size, dtypes)
-    except Exception as exc:
-        logger.debug("recording warm-up %r stopped early (%s); the rest compiles in the warm-up", name, exc)
+        if use_triton(device):
+            return None
+    except KernelBackendError:
+        return None
+    if requested_backend() == "torch":
+        return "VLLM_ASCEND_KERNEL_BACKEND=torch"
+    return triton_unusable_reason(device) or "the torch references serve this device"
 
 
 def _parallel(device: torch.device, workers: int | None) -> int:
-    """Processes to compile with: 0 where there is nothing to compile ahead (torch references, the
-    interpreter) or the Triton in use cannot record specializations."""
+    """Processes to compile with: 0 where there is nothing to compile ahead (the interpreter), the
+    Triton in use cannot hold launches back, or one process is asked for."""
     from vllm_ascend.kernels import _precompile
-    from vllm_ascend.kernels._backend import use_triton
-
-    if workers is not None and (type(workers) is not int or workers < 1):
-        raise ValueError(
-            f"workers={workers!r} must be a positive int or None (the CPUs this process may use)"
-        )
-    if not use_triton(device):
-        return 0
     from vllm_ascend.kernels._triton.common import IS_INTERPRETED
 
     if IS_INTERPRETED or not _precompile.supported():
@@ -249,12 +267,20 @@ def kernel_warmup(
     drops some (e.g. ``rejection`` without speculative decoding); ``head_dims`` (the head sizes of
     a model that uses ``triton_q_rms``) adds the ``qk_rms`` item. ``workers``: processes that compile
     the Triton variants ahead of the warm-up's launches (default: the CPUs this process may use;
-    1 compiles serially in this process). ``stats``, if given, receives what happened: ``workers``,
-    ``variants`` and ``kernels`` compiled ahead, ``variants_by_kernel``, and the seconds spent recording,
-    compiling and launching (``record_s``, ``compile_s``, ``launch_s``).
+    1 compiles serially in this process). Where the device's kernels are the torch references (no
+    Triton there, or ``VLLM_ASCEND_KERNEL_BACKEND=torch``) there is nothing to compile: no item runs
+    and each reports True. ``stats``, if given, receives what happened: ``workers``, and with ahead-of-
+    time compilation ``passes``, ``variants`` and ``kernels`` compiled ahead, ``variants_by_kernel``,
+    ``launchers`` built with them, ``cached`` (found on disk), ``failed``, ``compiled_at_launch`` (kernels a
+    launch still compiled) and the seconds of the passes that skipped launches, of compiling and of the
+    last pass (``record_s``, ``compile_s``, ``launch_s``); ``skipped`` (the reason) where nothing ran.
     """
     from vllm_ascend.kernels.ngram import ngram_warmup
 
+    if workers is not None and (type(workers) is not int or workers < 1):
+        raise ValueError(
+            f"workers={workers!r} must be a positive int or None (the CPUs this process may use)"
+        )
     device = torch.device(device)
     dtypes = tuple(dtypes)
     items: dict[str, WarmupFn] = {
@@ -278,26 +304,34 @@ def kernel_warmup(
     if unknown:
         raise ValueError(f"unknown warm-up items {sorted(unknown)}; known: {sorted(items)}")
     selected = {name: fn for name, fn in items.items() if name in wanted and name not in skipped}
-    processes = _parallel(device, workers)
-    if processes:
-        from vllm_ascend.kernels import _precompile
-
-        def record() -> None:
-            token = _recording.set(True)
-            try:
-                for name, fn in selected.items():
-                    _record(name, fn, device, vocab_size, dtypes)
-            finally:
-                _recording.reset(token)
-
-        report = _precompile.precompile(record, processes)
-        summary = report.summary()
-        logger.info("Triton variants compiled ahead: %s", summary)
+    reason = _triton_reason(device)
+    if reason is not None:
+        logger.debug("kernel warm-up skipped on %s: nothing to compile (%s)", device, reason)
         if stats is not None:
-            stats.update(summary, variants_by_kernel=dict(report.variants))
-    start = time.perf_counter()
-    results = {name: _run(name, fn, device, vocab_size, dtypes) for name, fn in selected.items()}
+            stats.update(workers=0, skipped=reason)
+        return dict.fromkeys(selected, True)
+
+    def run_items() -> dict[str, bool]:
+        return {name: _run(name, fn, device, vocab_size, dtypes) for name, fn in selected.items()}
+
+    processes = _parallel(device, workers)
+    if not processes:
+        start = time.perf_counter()
+        results = run_items()
+        if stats is not None:
+            stats.update(workers=1, launch_s=round(time.perf_counter() - start, 3))
+        return results
+    from vllm_ascend.kernels import _precompile
+
+    results, report = _precompile.run_passes(run_items, processes)
+    summary = report.summary()
+    logger.info("kernel warm-up: %s", summary)
+    if report.compiled_at_launch:
+        logger.warning(
+            "kernel warm-up: %d launches compiled their variant (not compiled ahead): %s",
+            len(report.compiled_at_launch),
+            ", ".join(sorted(set(report.compiled_at_launch))),
+        )
     if stats is not None:
-        stats.setdefault("workers", 1)
-        stats["launch_s"] = round(time.perf_counter() - start, 3)
+        stats.update(summary, variants_by_kernel=dict(report.variants))
     return results

@@ -67,10 +67,15 @@ class EplbPolicy(ABC):
         new = np.asarray(self.plan(table, workload, n), dtype=np.int64)
         ok = valid_layers(table, new, n)
         new = np.where(ok[:, None, None], new, table)
-        load = logical_load(table, workload if workload.ndim == 3 else workload.sum(axis=0), n)
+        load = self.decision_load(table, workload, n)
         before, after = imbalance(table, load), imbalance(new, load)
         changed, priority = self.decide(table, new, load, before, after)
         return changed, priority, new
+
+    def decision_load(self, table: np.ndarray, workload: np.ndarray, n: int) -> np.ndarray:
+        """Logical loads ``[layers, n]`` that ``changed`` and ``priority`` are judged on: the workload's
+        (summed over a history); a policy that plans on other loads returns those."""
+        return logical_load(table, workload if workload.ndim == 3 else workload.sum(axis=0), n)
 
     def decide(
         self, old: np.ndarray, new: np.ndarray, load: np.ndarray, before: np.ndarray, after: np.ndarray

@@ -54,6 +54,31 @@ def replica_counts(load: np.ndarray, total_slots: int, max_per_expert: int) -> n
     return counts
 
 
+def capped_replica_counts(
+    load: np.ndarray, total_slots: int, max_per_expert: int, cap: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Replica counts with per-replica loads held at about ``cap`` (per layer) instead of minimised:
+    an expert above the cap gets ``ceil(load / cap)`` replicas (at most ``max_per_expert``), the
+    others one, and the slots left go one by one to the other experts with the highest per-replica
+    load (to the capped ones only when the others are full). Returns the counts and, per layer,
+    whether they fit ``total_slots``."""
+    layers = load.shape[0]
+    hot = load > cap[:, None]
+    counts = np.where(hot, np.minimum(max_per_expert, np.ceil(load / np.where(cap > 0, cap, 1)[:, None])), 1)
+    counts = counts.astype(np.int64)
+    left = total_slots - counts.sum(axis=1)
+    rows = np.arange(layers)
+    for _ in range(int(left.max(initial=0))):
+        room = counts < max_per_expert
+        cold_room = room & ~hot
+        prio = np.where(cold_room, load / counts, -np.inf)
+        prio = np.where(np.any(cold_room, axis=1)[:, None], prio, np.where(room, load / counts, -np.inf))
+        act = left > 0
+        counts[rows[act], np.argmax(prio, axis=1)[act]] += 1
+        left -= act
+    return counts, left == 0
+
+
 def shift_replicas(
     load: np.ndarray, counts: np.ndarray, max_moves: np.ndarray, max_per_expert: int, margin: float = 0.05
 ) -> np.ndarray:
@@ -103,44 +128,48 @@ def fill_holes(
     table: np.ndarray, slot_w: np.ndarray, items: np.ndarray, item_w: np.ndarray, n: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """LPT: put each item (in the given order; -1 = padding) on the least-loaded rank that has a
-    hole (-1 slot) and does not hold that expert yet.
+    hole (-1 slot) and does not hold that expert yet. A rank's holes must come after its experts
+    (an empty table qualifies); they are filled in order.
 
     Returns the filled table, its per-slot weights and a per-layer flag for layers where some item
     found no rank (their table keeps holes and must be rejected by the caller).
     """
     table, slot_w = table.copy(), np.where(table < 0, 0.0, slot_w)
-    layers = table.shape[0]
+    layers, _, slots = table.shape
     rows = np.arange(layers)
-    has = presence(table, n)
+    has = np.ascontiguousarray(presence(table, n).transpose(0, 2, 1))  # [layers, n, ranks]
     free = (table < 0).sum(axis=2)
     load = slot_w.sum(axis=2)
+    open_load = np.where(free > 0, load, np.inf)  # a full rank takes nothing
     stuck = np.zeros(layers, dtype=bool)
     for k in range(items.shape[1]):
         e = items[:, k]
-        act = e >= 0
-        if not act.any():
-            continue
         ec = np.maximum(e, 0)
-        cand = np.where((free > 0) & ~has[rows, :, ec], load, np.inf)
+        cand = np.where(has[rows, ec], np.inf, open_load)
         r = np.argmin(cand, axis=1)
-        ok = act & np.isfinite(cand[rows, r])
-        for layer in np.flatnonzero(act & ~ok):
-            stuck[layer] |= not _relocate(
-                table[layer],
-                slot_w[layer],
-                has[layer],
-                load[layer],
-                free[layer],
-                int(e[layer]),
-                float(item_w[layer, k]),
-            )
-        li, ri, ei = rows[ok], r[ok], ec[ok]
-        si = np.argmax(table[li, ri] < 0, axis=1)
+        ok = (e >= 0) & (cand[rows, r] < np.inf)
+        if ok.all():
+            li, ri, ei, w = rows, r, ec, item_w[:, k]
+        else:
+            for layer in np.flatnonzero((e >= 0) & ~ok):
+                stuck[layer] |= not _relocate(
+                    table[layer],
+                    slot_w[layer],
+                    has[layer].T,
+                    load[layer],
+                    free[layer],
+                    int(e[layer]),
+                    float(item_w[layer, k]),
+                )
+                open_load[layer] = np.where(free[layer] > 0, load[layer], np.inf)
+            li, ri, ei, w = rows[ok], r[ok], ec[ok], item_w[ok, k]
+        si = slots - free[li, ri]
         table[li, ri, si] = ei
-        slot_w[li, ri, si] = item_w[ok, k]
-        load[li, ri] += item_w[ok, k]
+        slot_w[li, ri, si] = w
+        load[li, ri] += w
         free[li, ri] -= 1
-        has[li, ri, ei] = True
+        open_load[li, ri] = np.where(free[li, ri] > 0, load[li, ri], np.inf)
+        has[li, ei, ri] = True
     return table, slot_w, stuck
 
 
@@ -456,6 +485,13 @@ def slot_weights(table: np.ndarray, load: np.ndarray, counts: np.ndarray | None 
 def rank_loads(table: np.ndarray, load: np.ndarray) -> np.ndarray:
     """``[layers, ranks]`` load per rank when replicas split their expert's load evenly."""
     return slot_weights(table, load).sum(axis=2)
+
+
+def risk_peak(slot_w: np.ndarray, spread: float, z: float) -> np.ndarray:
+    """Per layer: the largest rank load plus ``z`` standard deviations, when every replica's load may be off by
+    ``spread`` (relative) independently of the other experts on its rank: ``max_r Σw + z·spread·√(Σw²)`` over
+    the per-slot weights ``[layers, ranks, slots]``. With ``spread`` 0 it is the peak rank load."""
+    return (slot_w.sum(axis=2) + z * spread * np.sqrt((slot_w**2).sum(axis=2))).max(axis=1)
 
 
 def imbalance(table: np.ndarray, load: np.ndarray) -> np.ndarray:

@@ -3,7 +3,8 @@ masking pass that reads only the slots that can hold a kept token.
 
 Tiles are ``[A, NG, V]`` slot tiles (:func:`.common.slots`): the max pass writes each slot's max (in
 the logits' dtype, so exact) beside the row max; the masking pass writes ``-inf`` over every slot
-whose max is below the threshold ``max + log(min_p)`` without reading it, and reads the few others.
+whose max is below the threshold ``max + log(min_p)`` (``max + T * log(min_p)`` with a temperature)
+without reading it, and reads the few others.
 A row is read once and written once. Batches of at least one row per multiprocessor run one program
 per row (both passes, a barrier between them); smaller batches split each row into chunks: a first
 launch writes per-chunk maxima, a second one reduces the row's few partials and masks its chunk.
@@ -28,7 +29,8 @@ from vllm_ascend.kernels._triton.common import (
 
 COMBINE_BLOCK = 128
 PER_SM = 4  # batches of fewer rows than multiprocessors: split for this many programs per multiprocessor
-# (elements per tile, warps): one program per row / split rows (H200: 32-element slots either way)
+# (elements per tile, warps): one program per row / split rows (H200: 32-element slots either way; H100:
+# a row tile of 8192 x 8 warps or 32768 x 16 ran 1-32 % slower at B >= 256)
 ROW_TILE = (128, 4) if IS_INTERPRETED else (16384, 16)
 SPLIT_TILE = (128, 4) if IS_INTERPRETED else (4096, 4)
 
@@ -84,30 +86,44 @@ def _mask_pass(row_ptr, smax_ptr, begin, end, threshold, A: tl.constexpr, NG: tl
 
 
 @triton.jit
+def _log_p(minp_ptr, temp_ptr, row, HAS_TEMPERATURE: tl.constexpr):
+    """``log(min_p)`` of the row, times its temperature (``T <= 0`` as 1) with ``HAS_TEMPERATURE``."""
+    mp = tl.load(minp_ptr + row)
+    log_p = tl.log(tl.where(mp > 0, mp, 1.0))
+    if HAS_TEMPERATURE:
+        t = tl.load(temp_ptr + row)
+        log_p = log_p * tl.where(t > 0, t, 1.0)
+    return log_p
+
+
+@triton.jit
 def _min_p_kernel(
     logits_ptr,
     row_stride,
     minp_ptr,
+    temp_ptr,
     smax_ptr,
     n_slots,
     vocab,
     A: tl.constexpr,
     NG: tl.constexpr,
     V: tl.constexpr,
+    HAS_TEMPERATURE: tl.constexpr,
 ):
     row = tl.program_id(0)
     row_ptr = logits_ptr + row.to(tl.int64) * row_stride
     row_smax = smax_ptr + row.to(tl.int64) * n_slots
     mp = tl.load(minp_ptr + row)
     limit = tl.where(mp > 0, vocab, 0)
-    threshold = _max_pass(row_ptr, row_smax, 0, limit, A, NG, V) + tl.log(tl.where(mp > 0, mp, 1.0))
+    log_p = _log_p(minp_ptr, temp_ptr, row, HAS_TEMPERATURE)
+    threshold = _max_pass(row_ptr, row_smax, 0, limit, A, NG, V) + log_p
     tl.debug_barrier()  # the slot maxima written by every thread
     _mask_pass(row_ptr, row_smax, 0, limit, threshold, A, NG, V)
 
 
 @triton.jit(do_not_specialize=["num_chunks"])
 def _chunk_max_kernel(
-    logits_ptr, row_stride, minp_ptr, smax_ptr, n_slots, part_ptr, vocab, chunk, num_chunks,
+    logits_ptr, row_stride, minp_ptr, temp_ptr, smax_ptr, n_slots, part_ptr, vocab, chunk, num_chunks,
     A: tl.constexpr, NG: tl.constexpr, V: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
@@ -121,8 +137,8 @@ def _chunk_max_kernel(
 
 @triton.jit(do_not_specialize=["num_chunks"])
 def _chunk_mask_kernel(
-    logits_ptr, row_stride, minp_ptr, smax_ptr, n_slots, part_ptr, vocab, chunk, num_chunks,
-    A: tl.constexpr, NG: tl.constexpr, V: tl.constexpr, CB: tl.constexpr,
+    logits_ptr, row_stride, minp_ptr, temp_ptr, smax_ptr, n_slots, part_ptr, vocab, chunk, num_chunks,
+    A: tl.constexpr, NG: tl.constexpr, V: tl.constexpr, CB: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     part = tl.program_id(1)
@@ -135,19 +151,23 @@ def _chunk_mask_kernel(
         c = c0 + tl.arange(0, CB)
         v = tl.load(part_ptr + row * num_chunks + c, mask=c < num_chunks, other=float("-inf"))
         top = tl.maximum(top, tl.max(v, 0))
-    threshold = top + tl.log(tl.where(mp > 0, mp, 1.0))
+    threshold = top + _log_p(minp_ptr, temp_ptr, row, HAS_TEMPERATURE)
     _mask_pass(row_ptr, smax_ptr + row.to(tl.int64) * n_slots, begin, end, threshold, A, NG, V)
 
 
-def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+def apply_min_p(
+    logits: torch.Tensor, min_p: torch.Tensor, temperature: torch.Tensor | None = None
+) -> torch.Tensor:
     check_logits(logits)
     rows, vocab = logits.shape
     if not rows:
         return logits
     mp = min_p.to(torch.float32)
+    temp = mp if temperature is None else temperature.to(torch.float32)
     tile, warps = SPLIT_TILE
     chunks, chunk = 1, vocab
-    if rows < cores(logits.device):  # H200: 256 rows ran best unsplit, 64 split 9 ways
+    # H200: 256 rows ran best unsplit, 64 split 9 ways (H100: 256 rows split in 2 ran as fast to 28 % slower).
+    if rows < cores(logits.device):
         chunks, chunk = row_split(rows, vocab, tile, logits.device, PER_SM)
     if chunks == 1:
         tile, warps = ROW_TILE
@@ -156,11 +176,14 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     n_slots = triton.cdiv(vocab, a * ng * v) * ng
     smax = scratch("min_p.smax", rows * n_slots, logits.dtype, logits.device)
     shape = dict(A=a, NG=ng, V=v, **launch(logits.device, warps))
+    scaled = temperature is not None
     if chunks == 1:
-        _min_p_kernel[(rows,)](logits, logits.stride(0), mp, smax, n_slots, vocab, **shape)
+        _min_p_kernel[(rows,)](
+            logits, logits.stride(0), mp, temp, smax, n_slots, vocab, HAS_TEMPERATURE=scaled, **shape
+        )
         return logits
     part = scratch("min_p", rows * chunks, torch.float32, logits.device)
-    args = (logits, logits.stride(0), mp, smax, n_slots, part, vocab, chunk, chunks)
+    args = (logits, logits.stride(0), mp, temp, smax, n_slots, part, vocab, chunk, chunks)
     _chunk_max_kernel[(rows, chunks)](*args, **shape)
-    _chunk_mask_kernel[(rows, chunks)](*args, CB=COMBINE_BLOCK, **shape)
+    _chunk_mask_kernel[(rows, chunks)](*args, CB=COMBINE_BLOCK, HAS_TEMPERATURE=scaled, **shape)
     return logits

@@ -9,6 +9,11 @@ import triton.language as tl
 from vllm_ascend.kernels._geometry import launch
 from vllm_ascend.kernels._triton.common import check_logits, ub_cap, vocab_block
 
+#: (elements per program, warps): vLLM's tile. H100 (2026-12-06), 64-1024 rows: 1.00-1.04x vLLM's kernel
+#: (4096 x 8 and 8192 x 8 within 1 % of it; 16384 x 8 0.97x at 64 x 32000 bf16); all at the device copy's
+#: speed.
+TILE = (8192, 4)
+
 
 @triton.jit
 def _temperature_kernel(logits_ptr, row_stride, temp_ptr, vocab, BLOCK: tl.constexpr):
@@ -26,13 +31,14 @@ def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.
     rows, vocab = logits.shape
     if rows == 0:
         return logits
-    block = vocab_block(vocab, ub_cap(logits.device, 4096))
+    cap, warps = TILE
+    block = vocab_block(vocab, ub_cap(logits.device, cap))
     _temperature_kernel[(rows, triton.cdiv(vocab, block))](
         logits,
         logits.stride(0),
         temperature.to(torch.float32),
         vocab,
         BLOCK=block,
-        **launch(logits.device, 8),
+        **launch(logits.device, warps),
     )
     return logits

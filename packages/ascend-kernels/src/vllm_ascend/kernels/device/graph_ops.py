@@ -212,9 +212,17 @@ def _implementation(op: GraphOp) -> tuple[Callable[..., Any], Callable[..., Any]
     return impl, fake
 
 
+def _traced() -> bool:
+    """Whether the current call is being traced (Dynamo, or a dispatch mode such as ``make_fx``'s proxy mode,
+    fake tensors or a memory-pool scope is active): then the op must be the opaque ``torch.ops`` node."""
+    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+
+
 def _accessor(op: GraphOp) -> Callable[..., Any]:
-    """A function with the adaptor's signature calling ``torch.ops.vllm_ascend.<name>`` (generated source, so a
-    call costs what a hand-written wrapper costs)."""
+    """A function with the adaptor's signature calling ``torch.ops.vllm_ascend.<name>`` where a graph is traced,
+    and the op's implementation directly in eager execution (the same code the custom op runs, without the
+    dispatcher's and ``torch.library``'s per-call layers, which cost several times a small op's own work).
+    Generated source, so a call costs what a hand-written wrapper costs."""
     sig, _ = _declaration(op.name)
     defaults = {f"_d_{p.name}": p.default for p in sig.parameters.values() if p.default is not p.empty}
     params = []
@@ -222,7 +230,8 @@ def _accessor(op: GraphOp) -> Callable[..., Any]:
         if p.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in params:
             params.append("*")
         params.append(p.name if p.default is p.empty else f"{p.name}=_d_{p.name}")
-    call = f"_op({', '.join(sig.parameters)})"
+    names = ", ".join(sig.parameters)
+    call = f"(_op({names}) if _traced() else _impl({names}))"
     if op.optional_outputs:
         outs = []
         count = len(typing.get_args(sig.return_annotation))
@@ -232,7 +241,12 @@ def _accessor(op: GraphOp) -> Callable[..., Any]:
         body = f"    _out = {call}\n    return ({', '.join(outs)},)\n"
     else:
         body = f"    return {call}\n"
-    namespace: dict[str, Any] = {"_op": getattr(getattr(torch.ops, NAMESPACE), op.name), **defaults}
+    namespace: dict[str, Any] = {
+        "_op": getattr(getattr(torch.ops, NAMESPACE), op.name),
+        "_impl": _implementation(op)[0],
+        "_traced": _traced,
+        **defaults,
+    }
     exec(f"def {op.name}({', '.join(params)}):\n{body}", namespace)
     return cast(Callable[..., Any], namespace[op.name])
 

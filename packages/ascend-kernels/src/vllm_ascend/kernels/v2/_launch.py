@@ -9,19 +9,22 @@ so the grid is part of the contract.
 
 Each override dispatches per call on its tensors' device (``dispatch_v2``): the Ascend Triton kernel in
 ``vllm_ascend.kernels._triton.v2.<module>`` where Triton runs there, else the torch reference
-``<name>_torch`` in the same module. Both take exactly the override's arguments.
+``<name>_torch`` in the same module. Both take exactly the override's arguments. The choice is remembered
+(making it probes the platform: tens of microseconds per launch otherwise); the launches' host-side
+arithmetic uses the plain-int ``cdiv`` / ``next_power_of_2`` here (Triton's cost microseconds a call in
+recent releases).
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from vllm_ascend.kernels._backend import KernelBackendError, use_triton
+from vllm_ascend.kernels._backend import ENV_BACKEND, KernelBackendError, kernel_module, use_triton
 
 Grid = tuple[int, ...]
 
@@ -29,6 +32,16 @@ Grid = tuple[int, ...]
 def grid_dim(grid: Sequence[int], axis: int) -> int:
     """Programs along ``axis`` of a launch grid (1 past its rank, as ``tl.num_programs``)."""
     return int(grid[axis]) if axis < len(grid) else 1
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` of host ints (``triton.cdiv`` costs microseconds per call in recent Triton)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The least power of two ``>= n`` (0 for ``n <= 0``), as ``triton.next_power_of_2``, for host ints."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 def tensor_at(address: int, dtype: torch.dtype, numel: int, device: torch.device) -> torch.Tensor:
@@ -47,10 +60,24 @@ def tensor_at(address: int, dtype: torch.dtype, numel: int, device: torch.device
     return torch.frombuffer(buffer, dtype=dtype, count=numel)
 
 
+_chosen: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+
 def dispatch_v2(
     module: str, name: str, reference: Callable[..., Any], device: torch.device
 ) -> Callable[..., Any]:
-    """Override ``name`` of module ``module`` for ``device``: the Ascend Triton kernel or ``reference``."""
-    if not use_triton(device):
-        return reference
-    return getattr(importlib.import_module(f"vllm_ascend.kernels._triton.v2.{module}"), name)
+    """Override ``name`` of module ``module`` for ``device``: the Ascend Triton kernel or ``reference``.
+
+    Decided once per kernel, device, ``VLLM_ASCEND_KERNEL_BACKEND`` and ``TRITON_INTERPRET`` (both read
+    at each call, as the backend choice reads them); the platform it probes (``VLLM_ASCEND_DEVICE``, the
+    family and its Triton support) is taken as it was at the first launch."""
+    get = os.environ.get
+    key = (module, name, device, get(ENV_BACKEND), get("TRITON_INTERPRET"))
+    impl = _chosen.get(key)
+    if impl is None:
+        if use_triton(device):
+            impl = getattr(kernel_module(f"v2.{module}"), name)
+        else:
+            impl = reference
+        _chosen[key] = impl
+    return impl

@@ -28,6 +28,13 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 )
 
 
+def _plain(weight: torch.Tensor) -> torch.Tensor:
+    """The weight as a plain tensor in eager execution: vLLM's parameter classes route every torch call they
+    take part in through Python's ``__torch_function__``, a per-call cost the matmul of a small batch notices.
+    Traced graphs keep the parameter (it is the graph's input)."""
+    return weight if torch.compiler.is_compiling() else weight.data
+
+
 class AscendUnquantizedLinearMethod(UnquantizedLinearMethod):
     """``y = x @ W^T + b`` with the weight kept as loaded (``[out, in]``)."""
 
@@ -37,7 +44,7 @@ class AscendUnquantizedLinearMethod(UnquantizedLinearMethod):
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return F.linear(x, layer.weight, bias)
+        return F.linear(x, _plain(layer.weight), bias)
 
 
 class AscendUnquantizedEmbeddingMethod(UnquantizedEmbeddingMethod):
@@ -49,10 +56,10 @@ class AscendUnquantizedEmbeddingMethod(UnquantizedEmbeddingMethod):
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return F.linear(x, layer.weight, bias)
+        return F.linear(x, _plain(layer.weight), bias)
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_, layer.weight)
+        return F.embedding(input_, _plain(layer.weight))
 
 
 class _AscendLinearMixin:

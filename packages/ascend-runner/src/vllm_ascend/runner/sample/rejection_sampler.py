@@ -2,8 +2,9 @@
 
 vLLM's ``RejectionSampler.forward`` keeps its order of steps (bonus token through the sampler,
 logits processors and penalties, temperature / top-k / top-p on the target logits, verification,
-logprobs); while it runs, the module-level functions it calls for the device work are bound to
-ours: per-token expansion, top-k/top-p and the verification itself (:func:`rejection_sample`),
+logprobs); the target logits' penalties read the batch's kept counts (:mod:`.penalty_counts`) with
+each draft position's earlier drafts counted on top; while it runs, the module-level functions it calls
+for the device work are bound to ours: per-token expansion, top-k/top-p and the verification itself (:func:`rejection_sample`),
 which dispatch to Triton where Triton runs on the device and to the torch references otherwise.
 vLLM's own versions launch CUDA-only Triton kernels. Random requests are verified token-wise, by
 block verification or by entropy (typical acceptance, not distribution-preserving) as configured.
@@ -27,6 +28,7 @@ from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 import vllm_ascend.kernels as kernels
 from vllm_ascend.core.sdk import get_ascend_config, get_device_adaptor
 from vllm_ascend.runner.patching import replaced_names
+from vllm_ascend.runner.sample.sampler import pad_token_lists, penalty_counts_of
 
 
 def recovery_noise(
@@ -261,6 +263,38 @@ class AscendRejectionSampler(RejectionSampler):
     ) -> None:
         self.verification = verification_of(spec_config)
         super().__init__(sampler, spec_config, device)
+
+    @staticmethod
+    def apply_penalties(
+        logits: torch.Tensor,
+        sampling_metadata: SamplingMetadata,
+        metadata: SpecDecodeMetadata,
+        repeat_indices: torch.Tensor,
+        output_token_ids: list[list[int]],
+    ) -> torch.Tensor:
+        """Penalties of the target logits (one row per draft token) from the batch's kept counts: the
+        row of draft ``k`` of request ``r`` counts ``r``'s drafts before ``k`` as outputs (vLLM's
+        ``output_token_ids`` here, the lists with those drafts appended, are not needed)."""
+        md = sampling_metadata
+        if md.no_penalties:
+            return logits
+        spec = md.spec_token_ids or []
+        rows: list[int] = []
+        earlier: list[list[int]] = []
+        for request, num_drafts in enumerate(metadata.num_draft_tokens):
+            drafts = spec[request] if request < len(spec) else []
+            rows.extend([request] * num_drafts)
+            earlier.extend(list(drafts[:k]) for k in range(num_drafts))
+        extra = pad_token_lists(earlier, len(rows), -1, logits.device) if any(earlier) else None
+        counts = penalty_counts_of(md, logits.shape[1], logits.device)
+        return counts.apply(
+            logits,
+            rows,
+            md.repetition_penalties[repeat_indices],
+            md.frequency_penalties[repeat_indices],
+            md.presence_penalties[repeat_indices],
+            extra,
+        )
 
     def forward(
         self,

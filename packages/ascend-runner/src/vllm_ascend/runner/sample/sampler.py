@@ -4,6 +4,13 @@ The steps and their order are vLLM's (see ``vllm.v1.sample.sampler.Sampler``); e
 a kernels dispatcher, which runs the Triton kernel where Triton can run on the logits' device
 (NPU via triton-ascend, CUDA) and the torch reference otherwise (the reference device).
 
+Penalties read the counts the persistent batch keeps across steps (:mod:`.penalty_counts`), one pass
+over each row's seen tokens; metadata built elsewhere (no kept counts) has them counted for the call.
+Temperature is no pass of its own where the steps after it can take ``1 / T`` while they read the
+logits: min-p compares against ``max + T * log(min_p)``, top-k keeps the same tokens either way and
+Gumbel sampling scales as it reads; it is applied first only for top-p, argmax-invariant logits
+processors other than min-p, and processed logprobs (which must see the scaled logits).
+
 Random sampling is Gumbel-max with one 62-bit seed per row and step, drawn through the device adaptor's
 ``random_fill``: a seeded request draws it from its own ``torch.Generator`` (so a request with ``seed=s``
 samples the same tokens in every run and batch), an unseeded request from the global RNG; the noise is a
@@ -21,8 +28,10 @@ from vllm.v1.sample.sampler import Sampler
 
 import vllm_ascend.kernels as kernels
 from vllm_ascend.core.sdk import get_device_adaptor
+from vllm_ascend.runner.sample.penalty_counts import KeptCountsMetadata, PenaltyCounts
 
 _SAMPLING_EPS = 1e-5
+_PROCESSED_MODES = ("processed_logits", "processed_logprobs")
 
 
 def pad_token_lists(rows: list[list[int]], num_rows: int, pad: int, device: torch.device) -> torch.Tensor:
@@ -63,6 +72,31 @@ def sampling_seeds(
     return get_device_adaptor().random_fill(seeds, "seed", rows)
 
 
+def sampling_temperature(temperature: torch.Tensor) -> torch.Tensor:
+    """float32 temperatures with greedy rows (below vLLM's sampling epsilon) at 0."""
+    temperature = temperature.to(torch.float32)
+    return torch.where(temperature < _SAMPLING_EPS, 0.0, temperature)
+
+
+def penalty_counts_of(
+    sampling_metadata: SamplingMetadata, vocab_size: int, device: torch.device
+) -> PenaltyCounts:
+    """The counts the persistent batch keeps, brought up to date; for metadata built elsewhere (no kept
+    counts), counts of its prompt and output lists for this call (its rows are the batch rows)."""
+    md = sampling_metadata
+    counts = md.penalty_counts if isinstance(md, KeptCountsMetadata) else None
+    if counts is None:
+        if md.prompt_token_ids is None:
+            raise ValueError("penalties need SamplingMetadata.prompt_token_ids; got None")
+        rows = md.prompt_token_ids.shape[0]
+        outputs = [
+            list(md.output_token_ids[row]) if row < len(md.output_token_ids) else [] for row in range(rows)
+        ]
+        counts = PenaltyCounts.from_token_lists(md.prompt_token_ids.tolist(), outputs, vocab_size, device)
+    counts.sync()
+    return counts
+
+
 class AscendSampler(Sampler):
     """Greedy, temperature, min-p, top-k/top-p, penalties, bad words, logprobs and seeded sampling."""
 
@@ -78,7 +112,7 @@ class AscendSampler(Sampler):
     ) -> torch.Tensor:
         md = sampling_metadata
         output_token_ids = md.output_token_ids
-        if predict_bonus_token and (md.bad_words_token_ids or not md.no_penalties):
+        if predict_bonus_token and md.bad_words_token_ids:
             output_token_ids = self._combine_outputs_with_spec_tokens(output_token_ids, md.spec_token_ids)
         if md.allowed_token_ids_mask is not None:
             logits.masked_fill_(md.allowed_token_ids_mask, float("-inf"))
@@ -86,7 +120,8 @@ class AscendSampler(Sampler):
             self.apply_bad_words(logits, md, output_token_ids)
         for processor in md.logitsprocs.non_argmax_invariant:
             logits = processor.apply(logits)
-        logits = self.apply_penalties(logits, md, output_token_ids)
+        drafts = md.spec_token_ids if predict_bonus_token else None
+        logits = self.apply_penalties(logits, md, drafts)
         holder = md.thinking_budget_state_holder
         if holder is not None and holder.has_tracked_requests():
             holder.update_state(md.output_token_ids, md.spec_token_ids, repeat_indices=None)
@@ -112,29 +147,21 @@ class AscendSampler(Sampler):
     def apply_penalties(
         logits: torch.Tensor,
         sampling_metadata: SamplingMetadata,
-        output_token_ids: list[list[int]],
+        draft_token_ids: list[list[int]] | None = None,
     ) -> torch.Tensor:
+        """Penalties from the batch's kept counts (row ``i`` of ``logits`` is batch row ``i``), with row
+        ``i``'s ``draft_token_ids[i]`` counted as outputs too (the bonus token of speculative decoding)."""
         md = sampling_metadata
         if md.no_penalties:
             return logits
-        if md.prompt_token_ids is None:
-            raise ValueError("penalties need SamplingMetadata.prompt_token_ids; got None")
-        vocab_size = logits.shape[1]
-        outputs = pad_token_lists(output_token_ids, logits.shape[0], vocab_size, logits.device)
-        return kernels.apply_penalties(
-            logits,
-            md.prompt_token_ids,
-            outputs,
-            md.repetition_penalties,
-            md.frequency_penalties,
-            md.presence_penalties,
+        rows = logits.shape[0]
+        extra = None
+        if draft_token_ids is not None and any(draft_token_ids[:rows]):
+            extra = pad_token_lists(draft_token_ids[:rows], rows, -1, logits.device)
+        counts = penalty_counts_of(md, logits.shape[1], logits.device)
+        return counts.apply(
+            logits, range(rows), md.repetition_penalties, md.frequency_penalties, md.presence_penalties, extra
         )
-
-    @staticmethod
-    def apply_temperature(logits: torch.Tensor, temp: torch.Tensor, all_random: bool) -> torch.Tensor:
-        # Greedy rows (temperature < eps) keep their logits: they take the argmax anyway.
-        temp = temp.to(torch.float32)
-        return kernels.apply_temperature(logits, torch.where(temp < _SAMPLING_EPS, 0.0, temp))
 
     def sample(
         self,
@@ -151,11 +178,16 @@ class AscendSampler(Sampler):
 
         if md.temperature is None:
             raise ValueError("random sampling needs SamplingMetadata.temperature; got None")
-        logits = self.apply_temperature(logits, md.temperature, md.all_random)
+        temperature = sampling_temperature(md.temperature)
+        others = [p for p in md.logitsprocs.argmax_invariant if not isinstance(p, MinPLogitsProcessor)]
+        scaled = md.top_p is not None or bool(others) or (wants_logprobs and mode in _PROCESSED_MODES)
+        if scaled:  # a later step needs the scaled logits themselves (greedy rows keep theirs)
+            logits = kernels.apply_temperature(logits, temperature)
         for processor in md.logitsprocs.argmax_invariant:
             if isinstance(processor, MinPLogitsProcessor):
                 if processor.min_p_count:
-                    kernels.apply_min_p(logits, processor.min_p.reshape(-1)[: logits.shape[0]])
+                    min_p = processor.min_p.reshape(-1)[: logits.shape[0]]
+                    kernels.apply_min_p(logits, min_p, None if scaled else temperature)
             else:
                 logits = processor.apply(logits)
         if md.top_k is not None or md.top_p is not None:
@@ -163,21 +195,23 @@ class AscendSampler(Sampler):
             top_p = md.top_p.to(torch.float32) if md.top_p is not None else None
             logits = kernels.apply_top_k_top_p(logits, top_k, top_p)
         processed = self._processed_logprobs(logits, mode, wants_logprobs)
-        sampled = self.draw(logits, md)
+        sampled = self.draw(logits, md, apply_temperature=not scaled)
         if greedy is not None:
             sampled = torch.where(md.temperature < _SAMPLING_EPS, greedy, sampled)
         return sampled, processed
 
-    def draw(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> torch.Tensor:
-        """One token per row from the processed logits (temperature, min-p, top-k/top-p applied):
-        Gumbel-max with one seed per row; greedy rows' draws are replaced by their argmax afterwards."""
+    def draw(
+        self, logits: torch.Tensor, sampling_metadata: SamplingMetadata, apply_temperature: bool = False
+    ) -> torch.Tensor:
+        """One token per row from the processed logits (min-p, top-k/top-p applied; temperature too
+        unless ``apply_temperature``): Gumbel-max with one seed per row; greedy rows' draws are replaced
+        by their argmax afterwards."""
         md = sampling_metadata
         assert md.temperature is not None  # checked by sample()
         seeds = sampling_seeds(logits.shape[0], md.generators, logits.device)
-        # Temperature was applied already; gumbel_sample only reads it to tell greedy rows (T <= 0).
-        temperature = torch.where(md.temperature < _SAMPLING_EPS, 0.0, md.temperature.to(torch.float32))
+        # Without apply_temperature, the temperature only tells greedy rows (T <= 0).
         return kernels.gumbel_sample(
-            logits, temperature, seeds, torch.zeros_like(seeds), apply_temperature=False
+            logits, sampling_temperature(md.temperature), seeds, torch.zeros_like(seeds), apply_temperature
         )
 
     def _processed_logprobs(self, logits: torch.Tensor, mode: str, wanted: bool) -> torch.Tensor | None:

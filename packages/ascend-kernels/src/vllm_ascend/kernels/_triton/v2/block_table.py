@@ -11,15 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
 from vllm_ascend.kernels.v2._launch import Grid, grid_dim
 
 _TILE = 4 if IS_INTERPRETED else 1024
-
-
-def _programs(work: int, device: torch.device) -> int:
-    return max(1, min(work, geometry(device).persistent_programs()))
 
 
 @triton.jit
@@ -74,7 +70,7 @@ def gather_block_tables(
     if groups * rows == 0:
         return
     device = batch_idx_to_req_idx.device
-    _gather_block_tables_kernel[(_programs(groups * rows, device),)](
+    _gather_block_tables_kernel[(_geometry.programs(device, groups * rows),)](
         batch_idx_to_req_idx,
         src_block_table_ptrs,
         dst_block_table_ptrs,
@@ -187,7 +183,7 @@ def compute_slot_mappings(
     if groups == 0 or num_reqs < 0:
         return
     device = pos.device
-    _compute_slot_mappings_kernel[(_programs(groups * (num_reqs + 1), device),)](
+    _compute_slot_mappings_kernel[(_geometry.programs(device, groups * (num_reqs + 1)),)](
         max_num_tokens,
         idx_mapping,
         query_start_loc,

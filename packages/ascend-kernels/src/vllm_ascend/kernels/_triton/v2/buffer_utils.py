@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
 from vllm_ascend.kernels.v2._launch import Grid, grid_dim
 
@@ -71,7 +71,7 @@ def apply_write(
     if num_writes == 0:
         return
     device = write_contents_ptr.device
-    programs = max(1, min(num_writes, geometry(device).persistent_programs()))
+    programs = _geometry.programs(device, num_writes)
     _apply_write_kernel[(programs,)](
         output_ptr,
         output_stride,

@@ -10,9 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
-from vllm_ascend.kernels.v2._launch import Grid
+from vllm_ascend.kernels.v2._launch import Grid, cdiv
 
 _TILE = 4 if IS_INTERPRETED else 1024
 
@@ -57,7 +57,7 @@ def dcp_local_seq_lens(
         return
     device = out_ptr.device
     tile = ub_cap(device, min(BLOCK_SIZE, _TILE), live_tiles=4)
-    programs = max(1, min(triton.cdiv(max_num_reqs, tile), geometry(device).persistent_programs()))
+    programs = _geometry.programs(device, cdiv(max_num_reqs, tile))
     _dcp_local_seq_lens_kernel[(programs,)](
         out_ptr, seq_lens_ptr, dcp_size, dcp_rank, cp_interleave, num_reqs, max_num_reqs, TILE=tile
     )

@@ -1,7 +1,8 @@
 """Ascend Triton kernels of :mod:`vllm_ascend.kernels.v2.input_batch`.
 
-One program per vector core walks the requests grid-stride (vLLM: one program per request), copying
-token runs in UB-bounded tiles; kernels whose per-request work is a scalar or two walk tiles of requests.
+The requests are walked grid-stride by the device's grid (``_geometry``: one program per vector core on
+Ascend; one per request on CUDA, as vLLM launches them), copying token runs in UB-bounded tiles; kernels
+whose per-request work is a scalar or two walk tiles of requests.
 """
 
 from __future__ import annotations
@@ -10,15 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, cdiv, grid_dim, next_power_of_2
 
 _TILE = 4 if IS_INTERPRETED else 1024
-
-
-def _programs(work: int, device: torch.device) -> int:
-    return max(1, min(work, geometry(device).persistent_programs()))
 
 
 def _tile(device: torch.device, cap: int = _TILE) -> int:
@@ -36,8 +33,8 @@ def _pos_seq_lens_kernel(
     max_num_reqs,
     BLOCK: tl.constexpr,
 ):
-    # One program per vector core, each walking the requests ``pid, pid + programs, ...``; the last
-    # program also zeroes the padded sequence lengths.
+    # Requests grid-stride; the last program also zeroes the padded sequence lengths (on a grid of a
+    # program per item, vLLM's, it has no request of its own).
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     for req in range(pid, num_reqs, programs):
@@ -66,7 +63,7 @@ def prepare_pos_seq_lens(
     BLOCK_SIZE: int,
 ) -> None:
     num_reqs = grid_dim(grid, 0) - 1
-    programs = max(1, min(num_reqs, geometry(pos_ptr.device).persistent_programs()))
+    programs = _geometry.programs(pos_ptr.device, num_reqs + 1)
     _pos_seq_lens_kernel[(programs,)](
         pos_ptr,
         seq_lens_ptr,
@@ -141,7 +138,7 @@ def prepare_prefill_inputs(
     if num_reqs == 0:
         return
     device = input_ids_ptr.device
-    _prefill_inputs_kernel[(_programs(num_reqs, device),)](
+    _prefill_inputs_kernel[(_geometry.programs(device, num_reqs),)](
         input_ids_ptr,
         next_prefill_tokens_ptr,
         next_prefill_tokens_stride,
@@ -229,7 +226,7 @@ def combine_sampled_and_draft_tokens(
     if num_reqs == 0:
         return
     device = input_ids_ptr.device
-    _combine_sampled_and_draft_kernel[(_programs(num_reqs, device),)](
+    _combine_sampled_and_draft_kernel[(_geometry.programs(device, num_reqs),)](
         input_ids_ptr,
         idx_mapping_ptr,
         last_sampled_tokens_ptr,
@@ -243,7 +240,7 @@ def combine_sampled_and_draft_tokens(
         num_reqs,
         MAX_SPAN=BLOCK_SIZE,
         NEW_SAMPLED=NUM_NEW_SAMPLED_TOKENS,
-        TILE=_tile(device, triton.next_power_of_2(max(1, BLOCK_SIZE))),
+        TILE=_tile(device, next_power_of_2(max(1, BLOCK_SIZE))),
     )
 
 
@@ -292,7 +289,7 @@ def get_num_sampled_and_rejected(
         return
     device = num_sampled_ptr.device
     tile = _tile(device)
-    _num_sampled_and_rejected_kernel[(_programs(triton.cdiv(num_reqs, tile), device),)](
+    _num_sampled_and_rejected_kernel[(_geometry.programs(device, cdiv(num_reqs, tile)),)](
         num_sampled_ptr,
         num_rejected_ptr,
         seq_lens_ptr,
@@ -376,7 +373,7 @@ def post_update(
     if num_reqs == 0:
         return
     device = all_token_ids_ptr.device
-    _post_update_kernel[(_programs(num_reqs, device),)](
+    _post_update_kernel[(_geometry.programs(device, num_reqs),)](
         idx_mapping_ptr,
         num_computed_tokens_ptr,
         last_sampled_tokens_ptr,
@@ -394,6 +391,7 @@ def post_update(
         HAS_COUNTS=output_bin_counts_ptr is not None,
         HAS_QUERY=query_start_loc_ptr is not None,
         TILE=_tile(device, 16),
+        **_geometry.launch(device, 1),  # scalar work per request: one warp on CUDA, as vLLM launches it
     )
 
 
@@ -422,7 +420,7 @@ def post_update_num_computed_tokens(
     num_reqs = grid_dim(grid, 0)
     if num_reqs == 0:
         return
-    _post_update_num_computed_kernel[(_programs(num_reqs, num_computed_tokens_ptr.device),)](
+    _post_update_num_computed_kernel[(_geometry.programs(num_computed_tokens_ptr.device, num_reqs),)](
         idx_mapping_ptr, num_computed_tokens_ptr, query_start_loc_ptr, num_reqs
     )
 
@@ -464,12 +462,12 @@ def expand_idx_mapping(
     if num_reqs == 0:
         return
     device = idx_mapping_ptr.device
-    _expand_idx_mapping_kernel[(_programs(num_reqs, device),)](
+    _expand_idx_mapping_kernel[(_geometry.programs(device, num_reqs),)](
         idx_mapping_ptr,
         expanded_idx_mapping_ptr,
         expanded_local_pos_ptr,
         cu_num_logits_ptr,
         num_reqs,
         MAX_SPAN=BLOCK_SIZE,
-        TILE=_tile(device, triton.next_power_of_2(max(1, BLOCK_SIZE))),
+        TILE=_tile(device, next_power_of_2(max(1, BLOCK_SIZE))),
     )

@@ -7,9 +7,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim, next_power_of_2
 
 
 @triton.jit
@@ -38,14 +38,12 @@ def num_nans(
     if num_reqs == 0:
         return
     device = logits_ptr.device
-    programs = max(1, min(num_reqs, geometry(device).persistent_programs()))
+    programs = _geometry.programs(device, num_reqs)
     _num_nans_kernel[(programs,)](
         logits_ptr,
         logits_stride,
         num_nans_ptr,
         num_reqs,
         max(vocab_size, 0),
-        TILE=min(
-            triton.next_power_of_2(max(vocab_size, 1)), ub_cap(device, 32 if IS_INTERPRETED else 8192, 2)
-        ),
+        TILE=min(next_power_of_2(max(vocab_size, 1)), ub_cap(device, 32 if IS_INTERPRETED else 8192, 2)),
     )

@@ -10,9 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim, next_power_of_2
 
 
 @triton.jit
@@ -72,7 +72,7 @@ def prepare_rope_positions(
     if num_reqs == 0:
         return
     device = positions_ptr.device
-    programs = max(1, min(num_reqs, geometry(device).persistent_programs()))
+    programs = _geometry.programs(device, num_reqs)
     _rope_positions_kernel[(programs,)](
         positions_ptr,
         positions_stride,
@@ -86,5 +86,5 @@ def prepare_rope_positions(
         num_computed_tokens_ptr,
         num_reqs,
         NUM_DIMS=NUM_DIMS,
-        TILE=min(triton.next_power_of_2(BLOCK_SIZE), ub_cap(device, 4 if IS_INTERPRETED else 4096, 2)),
+        TILE=min(next_power_of_2(BLOCK_SIZE), ub_cap(device, 4 if IS_INTERPRETED else 4096, 2)),
     )

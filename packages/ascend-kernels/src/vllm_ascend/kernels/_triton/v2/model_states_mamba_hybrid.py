@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED
 from vllm_ascend.kernels.v2._launch import Grid, grid_dim
 
@@ -52,7 +52,7 @@ def _launch(
 ) -> None:
     device = num_accepted_ptr.device
     tile = 4 if IS_INTERPRETED else 256
-    programs = max(1, min(-(-num_reqs // tile), geometry(device).persistent_programs()))
+    programs = _geometry.programs(device, -(-num_reqs // tile))
     _scatter_kernel[(programs,)](
         idx_mapping_ptr, num_sampled_ptr, num_accepted_ptr, fill_value, num_reqs, FILL=fill, TILE=tile
     )

@@ -11,9 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim, next_power_of_2
 
 
 @triton.jit
@@ -80,9 +80,9 @@ def apply_prompt_embeds(
     if num_reqs == 0 or covered == 0:
         return
     device = inputs_embeds_ptr.device
-    programs = max(1, min(num_reqs, geometry(device).persistent_programs()))
+    programs = _geometry.programs(device, num_reqs)
     tile = ub_cap(device, 64 if IS_INTERPRETED else 8192, 2)
-    hidden_tile = min(triton.next_power_of_2(hidden_size), tile)
+    hidden_tile = min(next_power_of_2(hidden_size), tile)
     _overlay_kernel[(programs,)](
         inputs_embeds_ptr,
         inputs_embeds_stride,

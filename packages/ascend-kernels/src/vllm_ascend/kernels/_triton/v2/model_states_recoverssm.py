@@ -9,9 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, cdiv, grid_dim
 
 
 @triton.jit
@@ -68,7 +68,7 @@ def postprocess_recoverssm_align(
         HAS_REQUEST_INDICES = request_indices_ptr is not None
     device = state_idx_ptr.device
     tile = 4 if IS_INTERPRETED else 256
-    programs = max(1, min(triton.cdiv(num_spec, tile), geometry(device).persistent_programs()))
+    programs = _geometry.programs(device, cdiv(num_spec, tile))
     _align_kernel[(programs,)](
         idx_mapping_ptr,
         num_sampled_ptr,

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels.v2._launch import Grid, grid_dim
 
 
@@ -85,7 +85,7 @@ def bad_words(
     num_tokens, max_words = grid_dim(grid, 0), grid_dim(grid, 1)
     if num_tokens == 0 or max_words == 0:
         return
-    programs = max(1, min(num_tokens * max_words, geometry(logits_ptr.device).persistent_programs()))
+    programs = _geometry.programs(logits_ptr.device, num_tokens * max_words)
     _bad_words_kernel[(programs,)](
         logits_ptr,
         logits_stride,

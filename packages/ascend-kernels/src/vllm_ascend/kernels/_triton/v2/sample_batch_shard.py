@@ -11,15 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED
 from vllm_ascend.kernels.v2._launch import Grid, grid_dim
 
 _TILE = 4 if IS_INTERPRETED else 256
-
-
-def _programs(work: int, device: torch.device) -> int:
-    return max(1, min(work, geometry(device).persistent_programs()))
 
 
 @triton.jit
@@ -119,7 +115,7 @@ def build_shard_plan(
     programs = grid_dim(grid, 0)
     if programs == 0:
         return
-    _shard_plan_kernel[(_programs(programs, idx_mapping_ptr.device),)](
+    _shard_plan_kernel[(_geometry.programs(idx_mapping_ptr.device, programs),)](
         idx_mapping_ptr,
         cu_num_logits_ptr,
         query_start_loc_ptr,
@@ -201,7 +197,7 @@ def pack_sampler_output(
     if num_reqs == 0:
         return
     has_nans = num_nans_ptr is not None
-    _pack_output_kernel[(_programs(num_reqs, packed_ptr.device),)](
+    _pack_output_kernel[(_geometry.programs(packed_ptr.device, num_reqs),)](
         packed_ptr,
         packed_stride,
         sampled_token_ids_ptr,
@@ -266,7 +262,7 @@ def unpack_gathered_output(
     if num_reqs == 0:
         return
     has_nans = num_nans_ptr is not None
-    _unpack_output_kernel[(_programs(num_reqs, gathered_ptr.device),)](
+    _unpack_output_kernel[(_geometry.programs(gathered_ptr.device, num_reqs),)](
         gathered_ptr,
         gathered_stride,
         gathered_src_indices_ptr,
@@ -347,7 +343,7 @@ def pack_logprobs(
     num_reqs, positions = grid_dim(grid, 0), grid_dim(grid, 1)
     if num_reqs == 0 or positions == 0:
         return
-    _pack_logprobs_kernel[(_programs(num_reqs, send_ids_ptr.device),)](
+    _pack_logprobs_kernel[(_geometry.programs(send_ids_ptr.device, num_reqs),)](
         send_ids_ptr,
         send_ids_stride,
         send_logprobs_ptr,
@@ -433,7 +429,7 @@ def unpack_logprobs(
     num_reqs, positions = grid_dim(grid, 0), grid_dim(grid, 1)
     if num_reqs == 0 or positions == 0:
         return
-    _unpack_logprobs_kernel[(_programs(num_reqs, gathered_ids_ptr.device),)](
+    _unpack_logprobs_kernel[(_geometry.programs(gathered_ids_ptr.device, num_reqs),)](
         gathered_ids_ptr,
         gathered_ids_stride,
         gathered_logprobs_ptr,

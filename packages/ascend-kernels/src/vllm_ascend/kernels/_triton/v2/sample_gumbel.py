@@ -1,9 +1,11 @@
 """Ascend Triton kernels of :mod:`vllm_ascend.kernels.v2.sample_gumbel`.
 
-One program per vector core walks the rows (temperature) or the ``(token, vocabulary block)`` pairs
-(sampling) grid-stride; a vocabulary block is swept in UB-sized tiles whose argmaxes are combined
-leftmost-first, so the per-block results are those of vLLM's one-program-per-block launch. The murmur3
-words of the request (seed, position) are mixed once per block, the token id per element.
+The work items, ``(token, column chunk)`` (temperature) or ``(token, vocabulary block)`` (sampling),
+are walked grid-stride by the device's grid (``_geometry``: one program per vector core on Ascend, one
+per item on CUDA, as vLLM launches them); a vocabulary block is swept in UB-sized tiles whose argmaxes
+are combined leftmost-first, so the per-block results are those of vLLM's one-program-per-block
+launch. The murmur3 words of the request (seed, position) are mixed once per block, the token id per
+element.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
 from vllm_ascend.kernels.v2 import sample_gumbel as reference
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim, next_power_of_2
 
 _SALT = tl.constexpr(reference.DRAFT_NOISE_SALT)
 
@@ -91,7 +93,7 @@ def murmur3_uniforms(seed: torch.Tensor, pos: torch.Tensor, n: int) -> torch.Ten
     tensors), as the sampling kernel draws them (vLLM's ``murmur3_uniform32`` stream)."""
     out = torch.empty(n, dtype=torch.float32, device=seed.device)
     if n:
-        _uniform_kernel[(1,)](seed, pos, out, n, TILE=min(triton.next_power_of_2(n), 1024))
+        _uniform_kernel[(1,)](seed, pos, out, n, TILE=min(next_power_of_2(n), 1024))
     return out
 
 
@@ -103,17 +105,23 @@ def _temperature_kernel(
     temperature_ptr,
     num_tokens,
     width,
+    chunks,
+    chunk,
     TILE: tl.constexpr,
 ):
+    # Work items (token, column chunk) grid-stride: every column is scaled on its own.
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
-    for token in range(pid, num_tokens, programs):
+    for item in range(pid, num_tokens * chunks, programs):
+        token = item // chunks
+        begin = (item - token * chunks) * chunk
+        end = tl.minimum(begin + chunk, width)
         temp = tl.load(temperature_ptr + tl.load(idx_mapping_ptr + token)).to(tl.float32)
         if (temp != 0.0) & (temp != 1.0):
             row = logits_ptr + tl.cast(token, tl.int64) * logits_stride
-            for start in range(0, width, TILE):
+            for start in range(begin, end, TILE):
                 offs = start + tl.arange(0, TILE)
-                mask = offs < width
+                mask = offs < end
                 x = tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
                 tl.store(row + offs, (x / temp).to(logits_ptr.dtype.element_ty), mask=mask)
 
@@ -132,15 +140,18 @@ def temperature(
     if num_tokens == 0 or width <= 0:
         return
     device = logits_ptr.device
-    programs = max(1, min(num_tokens, geometry(device).persistent_programs()))
-    tile = min(triton.next_power_of_2(width), ub_cap(device, 64 if IS_INTERPRETED else 8192, 3))
-    _temperature_kernel[(programs,)](
+    geometry = _geometry.geometry(device)
+    tile = min(next_power_of_2(width), ub_cap(device, 64 if IS_INTERPRETED else 8192, 3))
+    chunks, chunk = geometry.column_split(num_tokens, width, tile)
+    _temperature_kernel[(geometry.programs(num_tokens * chunks),)](
         logits_ptr,
         logits_stride,
         expanded_idx_mapping_ptr,
         temperature_ptr,
         num_tokens,
         width,
+        chunks,
+        chunk,
         TILE=tile,
     )
 
@@ -281,7 +292,7 @@ def gumbel_sample(
         return
     device = logits_ptr.device
     has_cache = logits_cache_ptr is not None
-    programs = max(1, min(num_tokens * num_blocks, geometry(device).persistent_programs()))
+    programs = _geometry.programs(device, num_tokens * num_blocks)
     tile = min(BLOCK_SIZE, ub_cap(device, 64 if IS_INTERPRETED else 4096, 8))
     _gumbel_sample_kernel[(programs,)](
         local_argmax_ptr,

@@ -10,9 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim, next_power_of_2
 
 
 @triton.jit
@@ -124,7 +124,7 @@ def bias(
     if num_tokens == 0:
         return
     device = logits_ptr.device
-    programs = max(1, min(num_tokens, geometry(device).persistent_programs()))
+    programs = _geometry.programs(device, num_tokens)
     _bias_kernel[(programs,)](
         logits_ptr,
         logits_stride,
@@ -146,8 +146,6 @@ def bias(
         stop_token_ids_stride,
         num_tokens,
         BLOCK_SIZE=BLOCK_SIZE,
-        TILE=min(
-            triton.next_power_of_2(max(vocab_size, 1)), ub_cap(device, 32 if IS_INTERPRETED else 8192, 2)
-        ),
+        TILE=min(next_power_of_2(max(vocab_size, 1)), ub_cap(device, 32 if IS_INTERPRETED else 8192, 2)),
         CHECK_ALL_MASKED_ROWS=CHECK_ALL_MASKED_ROWS,
     )

@@ -9,9 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim, next_power_of_2
 
 
 @triton.jit
@@ -52,7 +52,7 @@ def min_p(
     if num_tokens == 0 or vocab_size <= 0:
         return
     device = logits_ptr.device
-    programs = max(1, min(num_tokens, geometry(device).persistent_programs()))
+    programs = _geometry.programs(device, num_tokens)
     _min_p_kernel[(programs,)](
         logits_ptr,
         logits_stride,
@@ -60,5 +60,5 @@ def min_p(
         min_p_ptr,
         num_tokens,
         vocab_size,
-        TILE=min(triton.next_power_of_2(vocab_size), ub_cap(device, 32 if IS_INTERPRETED else 8192, 3)),
+        TILE=min(next_power_of_2(vocab_size), ub_cap(device, 32 if IS_INTERPRETED else 8192, 3)),
     )

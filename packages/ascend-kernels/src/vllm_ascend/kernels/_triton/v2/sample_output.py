@@ -10,9 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim, next_power_of_2
 
 
 @triton.jit
@@ -84,8 +84,8 @@ def compact_sampling_mask(
     if num_rows == 0:
         return
     device = logits_ptr.device
-    programs = max(1, min(num_rows, geometry(device).persistent_programs()))
-    tile = min(triton.next_power_of_2(max(vocab_size, 8)), ub_cap(device, 32 if IS_INTERPRETED else 4096, 6))
+    programs = _geometry.programs(device, num_rows)
+    tile = min(next_power_of_2(max(vocab_size, 8)), ub_cap(device, 32 if IS_INTERPRETED else 4096, 6))
     _compact_sampling_mask_kernel[(programs,)](
         logits_ptr,
         logits_row_stride,

@@ -1,8 +1,11 @@
 """Ascend Triton kernels of :mod:`vllm_ascend.kernels.v2.sample_penalties`.
 
-One program per vector core walks the rows grid-stride and sweeps each row in UB-sized tiles. The
-prompt bitmask is read per element (word ``col // 32``, bit ``col % 32``) instead of vLLM's
-``[BLOCK / 32, 32]`` reshape, so a tile is any power of two.
+Work items ``(row, column chunk)`` (penalties) or ``(request, chunk of its prefill tokens)`` (bincount),
+columns and tokens being independent, are walked grid-stride by the device's grid (``_geometry``: one
+program per vector core on Ascend, whole rows once the rows fill the cores; one per tile on CUDA, as
+vLLM's per-block launch), each swept in UB-sized tiles. The prompt bitmask is read per element (word
+``col // 32``, bit ``col % 32``) instead of vLLM's ``[BLOCK / 32, 32]`` reshape, so a tile is any power
+of two.
 """
 
 from __future__ import annotations
@@ -11,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim, next_power_of_2
 
 
 @triton.jit
@@ -29,22 +32,26 @@ def _bincount_kernel(
     output_bin_counts_stride,
     num_tokens,
     covered,
+    chunks,
+    chunk,
     BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
-    for token in range(pid, num_tokens, programs):
+    for item in range(pid, num_tokens * chunks, programs):
+        token = item // chunks
+        begin = (item - token * chunks) * chunk
         state = tl.load(idx_mapping_ptr + token).to(tl.int64)
         prompt_len = tl.load(prompt_len_ptr + state)
         prefill_len = tl.load(prefill_len_ptr + state)
         # vLLM's blocks starting at or past prefill_len read nothing (also no prompt tokens).
         live = tl.minimum(covered, tl.cdiv(prefill_len, BLOCK_SIZE) * BLOCK_SIZE)
-        end = tl.minimum(live, tl.maximum(prompt_len, prefill_len))
+        end = tl.minimum(tl.minimum(live, tl.maximum(prompt_len, prefill_len)), begin + chunk)
         tokens_row = all_token_ids_ptr + state * all_token_ids_stride
         mask_row = prompt_bin_mask_ptr + state * prompt_bin_mask_stride
         counts_row = output_bin_counts_ptr + state * output_bin_counts_stride
-        for start in range(0, end, TILE):
+        for start in range(begin, end, TILE):
             pos = start + tl.arange(0, TILE)
             in_prompt = pos < tl.minimum(prompt_len, end)
             in_output = (pos >= prompt_len) & (pos < tl.minimum(prefill_len, end))
@@ -71,8 +78,11 @@ def bincount(
     if num_tokens == 0 or num_blocks == 0:
         return
     device = all_token_ids_ptr.device
-    programs = max(1, min(num_tokens, geometry(device).persistent_programs()))
-    _bincount_kernel[(programs,)](
+    geometry = _geometry.geometry(device)
+    covered = num_blocks * BLOCK_SIZE
+    tile = min(BLOCK_SIZE, ub_cap(device, 16 if IS_INTERPRETED else 2048, 4))
+    chunks, chunk = geometry.column_split(num_tokens, covered, tile)
+    _bincount_kernel[(geometry.programs(num_tokens * chunks),)](
         expanded_idx_mapping_ptr,
         all_token_ids_ptr,
         all_token_ids_stride,
@@ -83,9 +93,11 @@ def bincount(
         output_bin_counts_ptr,
         output_bin_counts_stride,
         num_tokens,
-        num_blocks * BLOCK_SIZE,
+        covered,
+        chunks,
+        chunk,
         BLOCK_SIZE=BLOCK_SIZE,
-        TILE=min(BLOCK_SIZE, ub_cap(device, 16 if IS_INTERPRETED else 2048, 4)),
+        TILE=tile,
     )
 
 
@@ -105,11 +117,16 @@ def _penalties_kernel(
     output_bin_counts_stride,
     num_tokens,
     width,
+    chunks,
+    chunk,
     TILE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
-    for token in range(pid, num_tokens, programs):
+    for item in range(pid, num_tokens * chunks, programs):
+        token = item // chunks
+        begin = (item - token * chunks) * chunk
+        end = tl.minimum(begin + chunk, width)
         state = tl.load(idx_mapping_ptr + token).to(tl.int64)
         rep = tl.load(repetition_penalty_ptr + state).to(tl.float32)
         freq = tl.load(frequency_penalty_ptr + state).to(tl.float32)
@@ -121,9 +138,9 @@ def _penalties_kernel(
             row = logits_ptr + tl.cast(token, tl.int64) * logits_stride
             counts_row = output_bin_counts_ptr + state * output_bin_counts_stride
             mask_row = prompt_bin_mask_ptr + state * prompt_bin_mask_stride
-            for start in range(0, width, TILE):
+            for start in range(begin, end, TILE):
                 cols = start + tl.arange(0, TILE)
-                valid = cols < width
+                valid = cols < end
                 x = tl.load(row + cols, mask=valid, other=0.0).to(tl.float32)
                 counts = tl.load(counts_row + cols, mask=valid, other=0)
                 for k in range(0, pos):
@@ -161,8 +178,10 @@ def penalties(
     if num_tokens == 0 or width <= 0:
         return
     device = logits_ptr.device
-    programs = max(1, min(num_tokens, geometry(device).persistent_programs()))
-    _penalties_kernel[(programs,)](
+    geometry = _geometry.geometry(device)
+    tile = min(next_power_of_2(width), ub_cap(device, 32 if IS_INTERPRETED else 4096, 6))
+    chunks, chunk = geometry.column_split(num_tokens, width, tile)
+    _penalties_kernel[(geometry.programs(num_tokens * chunks),)](
         logits_ptr,
         logits_stride,
         expanded_idx_mapping_ptr,
@@ -177,5 +196,7 @@ def penalties(
         output_bin_counts_stride,
         num_tokens,
         width,
-        TILE=min(triton.next_power_of_2(width), ub_cap(device, 32 if IS_INTERPRETED else 4096, 6)),
+        chunks,
+        chunk,
+        TILE=tile,
     )

@@ -7,8 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels import _geometry
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim, next_power_of_2
 
 
 @triton.jit
@@ -53,7 +53,7 @@ def prompt_logprobs_token_ids(
     if num_reqs == 0:
         return
     device = all_token_ids_ptr.device
-    programs = max(1, min(num_reqs, geometry(device).persistent_programs()))
+    programs = _geometry.programs(device, num_reqs)
     _prompt_logprobs_token_ids_kernel[(programs,)](
         prompt_logprobs_token_ids_ptr,
         query_start_loc_ptr,
@@ -62,5 +62,5 @@ def prompt_logprobs_token_ids(
         all_token_ids_ptr,
         all_token_ids_stride,
         num_reqs,
-        TILE=min(triton.next_power_of_2(BLOCK_SIZE), 1024),
+        TILE=min(next_power_of_2(BLOCK_SIZE), 1024),
     )

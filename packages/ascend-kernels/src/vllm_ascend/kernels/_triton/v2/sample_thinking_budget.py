@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim, next_power_of_2
 
 _TILE = 4 if IS_INTERPRETED else 256
 
@@ -110,7 +110,7 @@ def update_committed_marker_cache(
     num_reqs = grid_dim(grid, 0)
     if num_reqs == 0:
         return
-    programs = max(1, min(num_reqs, geometry(all_token_ids_ptr.device).persistent_programs()))
+    programs = _geometry.programs(all_token_ids_ptr.device, num_reqs)
     _marker_cache_kernel[(programs,)](
         req_ids_ptr,
         thinking_token_budget_ptr,
@@ -127,7 +127,7 @@ def update_committed_marker_cache(
         NATURAL_END_LEN=NATURAL_END_LEN,
         MAX_LEN=MAX_LEN,
         BLOCK=BLOCK,
-        TILE=min(_TILE, triton.next_power_of_2(BLOCK)),
+        TILE=min(_TILE, next_power_of_2(BLOCK)),
     )
 
 
@@ -252,7 +252,7 @@ def thinking_budget(
     num_tokens = grid_dim(grid, 0)
     if num_tokens == 0:
         return
-    programs = max(1, min(num_tokens, geometry(logits_ptr.device).persistent_programs()))
+    programs = _geometry.programs(logits_ptr.device, num_tokens)
     _budget_kernel[(programs,)](
         logits_ptr,
         logits_stride,
@@ -272,6 +272,6 @@ def thinking_budget(
         START_LEN=START_LEN,
         NATURAL_END_LEN=NATURAL_END_LEN,
         END_LEN=END_LEN,
-        END_BLOCK=triton.next_power_of_2(max(END_LEN, 2)),
+        END_BLOCK=next_power_of_2(max(END_LEN, 2)),
         TILE=_TILE,
     )

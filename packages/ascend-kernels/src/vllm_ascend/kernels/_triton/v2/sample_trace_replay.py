@@ -9,9 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, cdiv, grid_dim
 
 
 @triton.jit
@@ -56,7 +56,7 @@ def trace_replay(
     if num_reqs == 0:
         return
     tile = 4 if IS_INTERPRETED else 256
-    programs = max(1, min(triton.cdiv(num_reqs, tile), geometry(sampled_ptr.device).persistent_programs()))
+    programs = _geometry.programs(sampled_ptr.device, cdiv(num_reqs, tile))
     _replay_kernel[(programs,)](
         sampled_ptr,
         idx_mapping_ptr,

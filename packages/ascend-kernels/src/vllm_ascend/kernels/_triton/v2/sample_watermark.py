@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
 from vllm_ascend.kernels._triton.v2.sample_gumbel import (
     gumbel_from_uniform,
@@ -23,7 +23,7 @@ from vllm_ascend.kernels._triton.v2.sample_gumbel import (
     murmur3_uniform_from_prefix,
 )
 from vllm_ascend.kernels.v2 import sample_watermark as reference
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim, next_power_of_2
 
 _M0 = tl.constexpr(reference.PHILOX_M0)
 _M1 = tl.constexpr(reference.PHILOX_M1)
@@ -281,7 +281,7 @@ def philox_gumbel(
     has_mapping = expanded_idx_mapping_ptr is not None
     has_skip = skip_mask_ptr is not None
     has_cache = logits_cache_ptr is not None
-    programs = max(1, min(rows * num_blocks, geometry(device).persistent_programs()))
+    programs = _geometry.programs(device, rows * num_blocks)
     tile = max(4, min(BLOCK_SIZE, ub_cap(device, 64 if IS_INTERPRETED else 2048, 12)))
     _philox_gumbel_kernel[(programs,)](
         local_argmax_ptr,
@@ -468,7 +468,7 @@ def repeated_context_mask(
     if rows == 0:
         return
     device = contexts_ptr.device
-    programs = max(1, min(rows, geometry(device).persistent_programs()))
+    programs = _geometry.programs(device, rows)
     dummy = req_indices_ptr
     _repeated_context_kernel[(programs,)](
         output_ptr,
@@ -490,7 +490,7 @@ def repeated_context_mask(
         enabled_ptr if DRAFT_CONTEXTS else dummy,
         rows,
         CONTEXT_WIDTH=CONTEXT_WIDTH,
-        CONTEXT_BLOCK=triton.next_power_of_2(max(CONTEXT_WIDTH, 1)),
+        CONTEXT_BLOCK=next_power_of_2(max(CONTEXT_WIDTH, 1)),
         NUM_SPECULATIVE_STEPS=NUM_SPECULATIVE_STEPS,
         MAX_HISTORY=MAX_HISTORY,
         INCLUDE_PROMPT=INCLUDE_PROMPT,
@@ -498,5 +498,5 @@ def repeated_context_mask(
         HAS_HISTORY_OFFSETS=HAS_HISTORY_OFFSETS,
         SPECULATIVE_CONTEXTS=SPECULATIVE_CONTEXTS,
         DRAFT_CONTEXTS=DRAFT_CONTEXTS,
-        TILE=min(triton.next_power_of_2(max(BLOCK, 1)), 8 if IS_INTERPRETED else 1024),
+        TILE=min(next_power_of_2(max(BLOCK, 1)), 8 if IS_INTERPRETED else 1024),
     )

@@ -12,13 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
-
-
-def _programs(work: int, device: torch.device) -> int:
-    return max(1, min(work, geometry(device).persistent_programs()))
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim, next_power_of_2
 
 
 def _tile(device: torch.device, block: int, live_tiles: int, cap: int = 4096) -> int:
@@ -100,7 +96,7 @@ def accumulate(
     if steps == 0:
         return
     device = info_ptr.device
-    _accumulate_kernel[(_programs(steps, device),)](
+    _accumulate_kernel[(_geometry.programs(device, steps),)](
         info_ptr,
         grad_ptr,
         idx_mapping_ptr,
@@ -113,7 +109,7 @@ def accumulate(
         counts_ptr,
         max(0, min(num_reqs, BLOCK_R)),  # vLLM's one tile of BLOCK_R requests
         steps,
-        TILE=_tile(device, triton.next_power_of_2(max(1, min(num_reqs, BLOCK_R))), 8, cap=1024),
+        TILE=_tile(device, next_power_of_2(max(1, min(num_reqs, BLOCK_R))), 8, cap=1024),
     )
 
 
@@ -260,7 +256,7 @@ def local_max_sumexp(
     if rows <= 0 or blocks == 0:
         return
     device = logits_ptr.device
-    _local_max_sumexp_kernel[(_programs(rows * blocks, device),)](
+    _local_max_sumexp_kernel[(_geometry.programs(device, rows * blocks),)](
         local_max_ptr,
         local_max_stride,
         local_sumexp_ptr,
@@ -365,7 +361,7 @@ def predict(
     rows = min(grid_dim(grid, 0), num_tokens)
     if rows <= 0:
         return
-    _predict_kernel[(_programs(rows, local_max_ptr.device),)](
+    _predict_kernel[(_geometry.programs(local_max_ptr.device, rows),)](
         features_ptr,
         features_stride,
         pred_ptr,

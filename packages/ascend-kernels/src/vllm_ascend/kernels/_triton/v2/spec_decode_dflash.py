@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED
 from vllm_ascend.kernels.v2._launch import Grid, grid_dim
 
@@ -233,7 +233,7 @@ def prepare_dflash_inputs(
     if num_reqs == 0 or num_blocks == 0:
         return
     device = target_positions_ptr.device
-    programs = max(1, min(num_reqs, geometry(device).persistent_programs()))
+    programs = _geometry.programs(device, num_reqs)
     _dflash_inputs_kernel[(programs,)](
         out_input_ids_ptr,
         out_query_positions_ptr,

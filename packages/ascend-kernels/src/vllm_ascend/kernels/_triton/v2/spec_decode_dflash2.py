@@ -11,14 +11,14 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.v2.sample_gumbel import (
     gumbel_from_uniform,
     murmur3_prefix,
     murmur3_uniform_from_prefix,
 )
 from vllm_ascend.kernels.v2 import spec_decode_dflash2 as reference
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim, next_power_of_2
 
 _SALT = tl.constexpr(reference.DRAFT_NOISE_SALT)
 
@@ -114,7 +114,7 @@ def selector_walk(
     rows = grid_dim(grid, 0)
     if rows == 0 or num_steps == 0 or top_k == 0:
         return
-    programs = max(1, min(rows, geometry(candidate_ptr.device).persistent_programs()))
+    programs = _geometry.programs(candidate_ptr.device, rows)
     _walk_kernel[(programs,)](
         scores_ptr,
         candidate_ptr,
@@ -127,7 +127,7 @@ def selector_walk(
         rows,
         num_steps=num_steps,
         top_k=min(top_k, BLOCK_K),
-        BLOCK_K=triton.next_power_of_2(min(top_k, BLOCK_K)),
+        BLOCK_K=next_power_of_2(min(top_k, BLOCK_K)),
         SAMPLE_PROBABILISTIC=SAMPLE_PROBABILISTIC,
     )
 
@@ -182,7 +182,7 @@ def cache_draft_logits(
     num_sample = grid_dim(grid, 0)
     if num_sample == 0 or num_steps == 0 or top_k == 0:
         return
-    programs = max(1, min(num_sample, geometry(draft_logits_ptr.device).persistent_programs()))
+    programs = _geometry.programs(draft_logits_ptr.device, num_sample)
     _cache_kernel[(programs,)](
         draft_logits_ptr,
         cached_candidate_ptr,
@@ -194,5 +194,5 @@ def cache_draft_logits(
         num_sample,
         num_steps=num_steps,
         top_k=min(top_k, BLOCK_K),
-        BLOCK_K=triton.next_power_of_2(min(top_k, BLOCK_K)),
+        BLOCK_K=next_power_of_2(min(top_k, BLOCK_K)),
     )

@@ -14,21 +14,17 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import ub_cap
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
-
-
-def _programs(device: torch.device, work: int) -> int:
-    return max(1, min(work, geometry(device).persistent_programs()))
+from vllm_ascend.kernels.v2._launch import Grid, cdiv, grid_dim, next_power_of_2
 
 
 def _row_tiles(device: torch.device, width: int, rows: int) -> tuple[int, int]:
     """``(ROWS, COLS)`` of a row-copy tile: the columns first (up to ``width``), then as many of ``rows``
     rows as the UB holds beside them."""
     budget = ub_cap(device, 16384)
-    cols = min(triton.next_power_of_2(max(width, 1)), budget)
-    return max(1, min(triton.next_power_of_2(max(rows, 1)), budget // cols)), cols
+    cols = min(next_power_of_2(max(width, 1)), budget)
+    return max(1, min(next_power_of_2(max(rows, 1)), budget // cols)), cols
 
 
 @triton.jit
@@ -191,7 +187,7 @@ def prepare_input_buffers(
         return
     device = draft_input_ids_ptr.device
     has_cache = cached_draft_input_ids_ptr is not None
-    _input_buffers_kernel[(_programs(device, num_reqs),)](
+    _input_buffers_kernel[(_geometry.programs(device, num_reqs),)](
         last_token_indices_ptr,
         draft_input_ids_ptr,
         draft_positions_ptr,
@@ -214,8 +210,8 @@ def prepare_input_buffers(
         max_num_reqs,
         num_speculative_steps,
         HAS_CACHE=has_cache,
-        TILE=ub_cap(device, triton.next_power_of_2(BLOCK_SIZE)),
-        STEP_TILE=min(triton.next_power_of_2(max(num_speculative_steps - 1, 1)), 64),
+        TILE=ub_cap(device, next_power_of_2(BLOCK_SIZE)),
+        STEP_TILE=min(next_power_of_2(max(num_speculative_steps - 1, 1)), 64),
     )
 
 
@@ -319,10 +315,10 @@ def prepare_input_hidden_states_and_embeddings(
         return
     device = draft_input_hidden_states_ptr.device
     rows, cols = _row_tiles(device, width, BLOCK_SIZE_Q)
-    row_tiles = triton.cdiv(max_rows, rows)
+    row_tiles = cdiv(max_rows, rows)
     use_embeds = bool(USE_INPUT_EMBEDS)
     dummy = draft_input_hidden_states_ptr
-    _input_hidden_states_kernel[(_programs(device, num_reqs * row_tiles),)](
+    _input_hidden_states_kernel[(_geometry.programs(device, num_reqs * row_tiles),)](
         draft_input_hidden_states_ptr,
         draft_input_hidden_states_stride0,
         target_hidden_states_ptr,
@@ -387,7 +383,7 @@ def pad_trailing_draft_slots(
     if num_groups == 0 or num_reqs == 0:
         return
     device = slot_mappings_ptr.device
-    _pad_slots_kernel[(_programs(device, num_groups * num_reqs),)](
+    _pad_slots_kernel[(_geometry.programs(device, num_groups * num_reqs),)](
         slot_mappings_ptr,
         slot_mappings_stride0,
         query_start_loc_ptr,
@@ -395,7 +391,7 @@ def pad_trailing_draft_slots(
         PAD_ID,
         num_groups,
         num_reqs,
-        TILE=ub_cap(device, triton.next_power_of_2(BLOCK_SIZE)),
+        TILE=ub_cap(device, next_power_of_2(BLOCK_SIZE)),
     )
 
 
@@ -484,7 +480,7 @@ def cache_inputs(
     width = min(hidden_size, dim_blocks * BLOCK_SIZE)
     use_embeds = bool(USE_INPUT_EMBEDS)
     dummy = draft_input_hidden_states_ptr
-    _cache_inputs_kernel[(_programs(device, num_reqs),)](
+    _cache_inputs_kernel[(_geometry.programs(device, num_reqs),)](
         draft_input_ids_ptr,
         draft_input_embeds_ptr if use_embeds else dummy,
         draft_input_embeds_stride0,
@@ -549,14 +545,14 @@ def shift_input_ids(
     if num_reqs == 0:
         return
     device = input_ids_ptr.device
-    _shift_ids_kernel[(_programs(device, num_reqs),)](
+    _shift_ids_kernel[(_geometry.programs(device, num_reqs),)](
         input_ids_ptr,
         idx_mapping_ptr,
         query_start_loc_ptr,
         last_token_indices_ptr,
         draft_tokens_ptr,
         num_reqs,
-        TILE=ub_cap(device, triton.next_power_of_2(BLOCK_SIZE)),
+        TILE=ub_cap(device, next_power_of_2(BLOCK_SIZE)),
     )
 
 
@@ -617,7 +613,7 @@ def shift_input_embeds(
         return
     device = input_embeds_ptr.device
     rows, cols = _row_tiles(device, width, BLOCK_SIZE_Q)
-    _shift_embeds_kernel[(_programs(device, num_reqs),)](
+    _shift_embeds_kernel[(_geometry.programs(device, num_reqs),)](
         input_embeds_ptr,
         input_embeds_stride0,
         draft_embeds_ptr,

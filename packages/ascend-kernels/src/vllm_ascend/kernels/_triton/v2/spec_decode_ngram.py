@@ -15,13 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import ub_cap
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
-
-
-def _programs(device: torch.device, work: int) -> int:
-    return max(1, min(work, geometry(device).persistent_programs()))
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim, next_power_of_2
 
 
 @triton.jit
@@ -90,8 +86,8 @@ def ngram_scan(
         return
     device = scratch_ptr.device
     # The tile holds the positions, their score and the running best, and a token row per compare.
-    tile = min(ub_cap(device, BLOCK_L, live_tiles=8), triton.next_power_of_2(BLOCK_L))
-    _scan_kernel[(_programs(device, num_reqs * num_blocks),)](
+    tile = min(ub_cap(device, BLOCK_L, live_tiles=8), next_power_of_2(BLOCK_L))
+    _scan_kernel[(_geometry.programs(device, num_reqs * num_blocks),)](
         token_ids_ptr,
         token_ids_stride,
         idx_mapping_ptr,
@@ -178,7 +174,7 @@ def ngram_finalize(
     if num_reqs == 0 or K <= 0:
         return
     device = drafts_ptr.device
-    _finalize_kernel[(_programs(device, num_reqs),)](
+    _finalize_kernel[(_geometry.programs(device, num_reqs),)](
         token_ids_ptr,
         token_ids_stride,
         idx_mapping_ptr,
@@ -192,6 +188,6 @@ def ngram_finalize(
         num_reqs,
         N_BLOCKS,
         K=K,
-        K_TILE=min(triton.next_power_of_2(K), ub_cap(device, 1024)),
-        BLOCK_TILE=min(triton.next_power_of_2(max(N_BLOCKS, 1)), ub_cap(device, 1024)),
+        K_TILE=min(next_power_of_2(K), ub_cap(device, 1024)),
+        BLOCK_TILE=min(next_power_of_2(max(N_BLOCKS, 1)), ub_cap(device, 1024)),
     )

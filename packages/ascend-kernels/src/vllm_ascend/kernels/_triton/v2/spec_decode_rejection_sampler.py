@@ -10,15 +10,11 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, cdiv, grid_dim
 
 _TILE = 4 if IS_INTERPRETED else 1024
-
-
-def _programs(work: int, device: torch.device) -> int:
-    return max(1, min(work, geometry(device).persistent_programs()))
 
 
 def _tile(device: torch.device, cap: int = _TILE, live_tiles: int = 2) -> int:
@@ -60,7 +56,7 @@ def flatten_sampled(
     if num_reqs == 0:
         return
     device = flat_sampled_ptr.device
-    _flatten_sampled_kernel[(_programs(num_reqs, device),)](
+    _flatten_sampled_kernel[(_geometry.programs(device, num_reqs),)](
         flat_sampled_ptr,
         sampled_ptr,
         sampled_stride,
@@ -122,7 +118,7 @@ def gather_draft_sampled(
         return
     device = draft_sampled_ptr.device
     tile = _tile(device, live_tiles=6)
-    _gather_draft_sampled_kernel[(_programs(triton.cdiv(num_rows, tile), device),)](
+    _gather_draft_sampled_kernel[(_geometry.programs(device, cdiv(num_rows, tile)),)](
         draft_sampled_ptr,
         pos_ptr,
         input_ids_ptr,

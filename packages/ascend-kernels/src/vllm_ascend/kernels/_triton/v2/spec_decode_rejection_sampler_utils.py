@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
 from vllm_ascend.kernels._triton.v2.sample_gumbel import (
     gumbel_from_uniform,
@@ -32,10 +32,6 @@ from vllm_ascend.kernels.v2.sample_watermark import TOKEN_DOMAIN
 _RAND_MIN = tl.constexpr(reference.TL_RAND_MIN)
 _TOKEN_DOMAIN = tl.constexpr(TOKEN_DOMAIN)
 _INTERPRETED_TILE = 8
-
-
-def _programs(work: int, device: torch.device) -> int:
-    return max(1, min(work, geometry(device).persistent_programs()))
 
 
 def _tile(device: torch.device, block: int, live_tiles: int, cap: int = 4096) -> int:
@@ -219,7 +215,7 @@ def compute_local_logits_stats(
     if num_rows == 0 or num_blocks == 0:
         return
     device = target_logits_ptr.device
-    _logits_stats_kernel[(_programs(num_rows * num_blocks, device),)](
+    _logits_stats_kernel[(_geometry.programs(device, num_rows * num_blocks),)](
         target_local_argmax_ptr,
         target_local_argmax_stride,
         target_local_max_ptr,
@@ -341,7 +337,7 @@ def compute_cumulative_log_p(
     num_reqs = grid_dim(grid, 0)
     if num_reqs == 0:
         return
-    _cumulative_log_p_kernel[(_programs(num_reqs, target_logits_ptr.device),)](
+    _cumulative_log_p_kernel[(_geometry.programs(target_logits_ptr.device, num_reqs),)](
         cumulative_log_p_ptr,
         target_logits_ptr,
         target_logits_stride,
@@ -475,7 +471,7 @@ def compute_local_residual_mass(
     if num_rows <= 1 or num_blocks == 0:
         return
     device = target_logits_ptr.device
-    _residual_mass_kernel[(_programs((num_rows - 1) * num_blocks, device),)](
+    _residual_mass_kernel[(_geometry.programs(device, (num_rows - 1) * num_blocks),)](
         local_residual_mass_ptr,
         local_residual_mass_stride,
         cumulative_log_p_ptr,
@@ -702,7 +698,7 @@ def rejection(
     if num_reqs == 0:
         return
     dummy = target_local_max_ptr
-    _rejection_kernel[(_programs(num_reqs, target_logits_ptr.device),)](
+    _rejection_kernel[(_geometry.programs(target_logits_ptr.device, num_reqs),)](
         sampled_ptr,
         sampled_stride,
         rejected_steps_ptr,
@@ -984,7 +980,7 @@ def resample(
     device = target_logits_ptr.device
     dummy = target_rejected_logsumexp_ptr
     tile = max(4, _tile(device, BLOCK_SIZE, 12, cap=2048))
-    _resample_kernel[(_programs(num_reqs * num_blocks, device),)](
+    _resample_kernel[(_geometry.programs(device, num_reqs * num_blocks),)](
         resampled_local_argmax_ptr,
         resampled_local_argmax_stride,
         resampled_local_max_ptr,
@@ -1085,7 +1081,7 @@ def insert_resampled(
     num_reqs = grid_dim(grid, 0)
     if num_reqs == 0:
         return
-    _insert_resampled_kernel[(_programs(num_reqs, sampled_ptr.device),)](
+    _insert_resampled_kernel[(_geometry.programs(sampled_ptr.device, num_reqs),)](
         sampled_ptr,
         sampled_stride,
         num_sampled_ptr,

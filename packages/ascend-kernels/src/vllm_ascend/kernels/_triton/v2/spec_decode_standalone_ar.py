@@ -10,9 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import ub_cap
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, grid_dim, next_power_of_2
 
 
 @triton.jit
@@ -107,7 +107,7 @@ def prepare_prefill_inputs(
     if num_reqs == 0:
         return
     device = out_input_ids_ptr.device
-    programs = max(1, min(num_reqs, geometry(device).persistent_programs()))
+    programs = _geometry.programs(device, num_reqs)
     _expanded_prefill_kernel[(programs,)](
         target_input_ids_ptr,
         target_positions_ptr,
@@ -124,5 +124,5 @@ def prepare_prefill_inputs(
         num_reqs,
         max_num_reqs,
         max_model_len,
-        TILE=ub_cap(device, triton.next_power_of_2(BLOCK_SIZE)),
+        TILE=ub_cap(device, next_power_of_2(BLOCK_SIZE)),
     )

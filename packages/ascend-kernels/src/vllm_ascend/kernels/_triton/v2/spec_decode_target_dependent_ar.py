@@ -11,13 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import ub_cap
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
-
-
-def _programs(device: torch.device, work: int) -> int:
-    return max(1, min(work, geometry(device).persistent_programs()))
+from vllm_ascend.kernels.v2._launch import Grid, cdiv, grid_dim
 
 
 @triton.jit
@@ -115,7 +111,7 @@ def prepare_prefill_inputs(
     if num_reqs == 0:
         return
     device = draft_input_ids_ptr.device
-    _prefill_inputs_kernel[(_programs(device, num_reqs),)](
+    _prefill_inputs_kernel[(_geometry.programs(device, num_reqs),)](
         last_token_indices_ptr,
         draft_current_step_ptr,
         draft_input_ids_ptr,
@@ -209,7 +205,7 @@ def prepare_decode_inputs(
     num_reqs = programs - 1
     device = input_ids_ptr.device
     tile = ub_cap(device, BLOCK_SIZE)
-    _decode_inputs_kernel[(_programs(device, triton.cdiv(num_reqs, tile)),)](
+    _decode_inputs_kernel[(_geometry.programs(device, cdiv(num_reqs, tile)),)](
         draft_tokens_ptr,
         draft_tokens_stride,
         target_seq_lens_ptr,
@@ -300,7 +296,7 @@ def update_draft_inputs(
     if num_reqs == 0:
         return
     device = draft_tokens_ptr.device
-    _update_draft_inputs_kernel[(_programs(device, num_reqs),)](
+    _update_draft_inputs_kernel[(_geometry.programs(device, num_reqs),)](
         output_draft_tokens_ptr,
         output_draft_tokens_stride,
         next_input_hidden_states_ptr,

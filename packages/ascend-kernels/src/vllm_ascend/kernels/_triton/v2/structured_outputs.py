@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
-from vllm_ascend.kernels.v2._launch import Grid, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, cdiv, grid_dim, next_power_of_2
 
 _TILE_TOKENS = 64 if IS_INTERPRETED else 8192
 
@@ -75,10 +75,10 @@ def apply_grammar_bitmask(
     if num_masks == 0 or vocab_size <= 0:
         return
     device = logits_ptr.device
-    tokens = ub_cap(device, min(max(32, triton.next_power_of_2(vocab_size)), _TILE_TOKENS), live_tiles=4)
+    tokens = ub_cap(device, min(max(32, next_power_of_2(vocab_size)), _TILE_TOKENS), live_tiles=4)
     tokens = max(tokens, 32)
-    num_tiles = triton.cdiv(vocab_size, tokens)
-    programs = max(1, min(num_masks * num_tiles, geometry(device).persistent_programs()))
+    num_tiles = cdiv(vocab_size, tokens)
+    programs = _geometry.programs(device, num_masks * num_tiles)
     _apply_grammar_bitmask_kernel[(programs,)](
         logits_ptr,
         logits_stride,
