@@ -4,7 +4,7 @@ A copy moves 4-byte words when its source, destination and length are all multip
 block of a float32 / 16-bit cache with an even inner size), else bytes. Copies run in ``TILE``-element
 steps from low to high addresses, each step loading its tile before storing it (a barrier between them
 where the destination starts inside the source: a shift left within one block), so overlapping left shifts
-are safe. Persistent programs, one per vector core (SM), take the copies grid-stride.
+are safe. The copies are taken grid-stride (a program per vector core on Ascend, per copy on CUDA).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED, ub_cap
 
 #: Elements one step of a copy moves (a power of two; bounded by the UB on Ascend).
@@ -79,5 +79,6 @@ def _batch_memcpy_kernel(src_ptrs, dst_ptrs, sizes, num_copies, TILE: tl.constex
 def batch_memcpy(src_ptrs: torch.Tensor, dst_ptrs: torch.Tensor, sizes: torch.Tensor) -> None:
     device = src_ptrs.device
     num_copies = src_ptrs.shape[0]
-    programs = max(1, min(num_copies, geometry(device).persistent_programs()))
-    _batch_memcpy_kernel[(programs,)](src_ptrs, dst_ptrs, sizes, num_copies, TILE=copy_tile(device))
+    _batch_memcpy_kernel[(_geometry.programs(device, num_copies),)](
+        src_ptrs, dst_ptrs, sizes, num_copies, TILE=copy_tile(device)
+    )

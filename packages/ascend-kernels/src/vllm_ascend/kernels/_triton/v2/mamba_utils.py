@@ -1,7 +1,7 @@
 """Ascend Triton kernels of :mod:`vllm_ascend.kernels.v2.mamba_utils`.
 
 The bookkeeping kernel walks the batch rows grid-stride in tiles. The copy kernels take work items
-(batch row, state, part) grid-stride over one program per vector core: a temporal state (the large one) is
+(batch row, state, part) grid-stride (a program per vector core on Ascend, per item on CUDA): a temporal state (the large one) is
 split into ``parts`` byte ranges so that few requests still fill the cores (vLLM splits it over 16 CTAs);
 a conv state is copied whole by part 0. Copies go through ``state_copy.copy_bytes`` (4-byte words where
 aligned); a dim-first conv state is copied row by row as ``[ROWS, 16]``-byte tiles.
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels import _geometry
 from vllm_ascend.kernels._triton.common import IS_INTERPRETED
 from vllm_ascend.kernels._triton.state_copy import copy_bytes, copy_tile
 from vllm_ascend.kernels.v2._launch import Grid, grid_dim
@@ -71,8 +71,7 @@ def preprocess_mamba_align_fused(
         return
     device = state_idx_ptr.device
     tile = 4 if IS_INTERPRETED else 256
-    programs = max(1, min(triton.cdiv(num_reqs, tile), geometry(device).persistent_programs()))
-    _preprocess_kernel[(programs,)](
+    _preprocess_kernel[(_geometry.programs(device, triton.cdiv(num_reqs, tile)),)](
         idx_mapping_ptr, state_idx_ptr, num_computed_tokens_ptr, query_start_loc_ptr, num_accepted_tokens_ptr,
         src_col_ptr, src_off_ptr, num_reqs, MAMBA_BLOCK_SIZE=MAMBA_BLOCK_SIZE, TILE=tile,
     )  # fmt: skip
@@ -255,10 +254,9 @@ def _postprocess_kernel(
 
 def _work(device: torch.device, num_reqs: int, num_states: int) -> tuple[int, int]:
     """``(programs, parts)``: temporal copies split until the items fill the device's cores."""
-    cores = geometry(device).persistent_programs()
     items = num_reqs * num_states
-    parts = max(1, min(_MAX_PARTS, triton.cdiv(cores, items)))
-    return max(1, min(items * parts, cores)), parts
+    parts = max(1, min(_MAX_PARTS, triton.cdiv(_geometry.geometry(device).persistent_programs(), items)))
+    return _geometry.programs(device, items * parts), parts
 
 
 def precopy_mamba_align_fused(
