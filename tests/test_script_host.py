@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from vllm_ascend.testing.script_host import ScriptHost
+from vllm_ascend.testing.script_host import ScriptHost, ScriptHosts
 
 SCRIPT = r"""
 import atexit, json, os, sys
@@ -84,3 +84,40 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return status != "Z"
+
+
+PROBE_SCRIPT = r"""
+import json, os, probe
+print("RESULT " + json.dumps({"seen": probe.SEEN, "ppid": os.getppid(), "now": os.environ.get("PROBE")}))
+"""
+
+
+def test_hosts_keep_one_interpreter_per_import_time_environment(tmp_path):
+    """``ScriptHosts``: an environment differing outside ``FORK_SAFE_ENV`` gets its own host, importing under that
+    environment as a fresh interpreter would; a fork-safe difference reuses the host; past the limit the least
+    recently used host is closed."""
+    (tmp_path / "probe.py").write_text("import os\nSEEN = os.environ.get('PROBE')\n")
+    base = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    hosts = ScriptHosts(["probe"], limit=2)
+    try:
+        one, _ = hosts.run(PROBE_SCRIPT, env={**base, "PROBE": "1"})
+        two, _ = hosts.run(PROBE_SCRIPT, env={**base, "PROBE": "2"})
+        assert (one["seen"], two["seen"]) == ("1", "2") and one["ppid"] != two["ppid"] != os.getpid()
+        again, _ = hosts.run(PROBE_SCRIPT, env={**base, "PROBE": "1", "VLLM_ASCEND_MOE_COMM_METHOD": "mc2"})
+        assert again["ppid"] == one["ppid"]  # a fork-safe change: the same host
+        three, _ = hosts.run(PROBE_SCRIPT, env={**base, "PROBE": "3"})  # over the limit: host "2" is closed
+        assert three["seen"] == "3"
+        back, _ = hosts.run(PROBE_SCRIPT, env={**base, "PROBE": "2"})
+        assert back["seen"] == "2" and back["ppid"] != two["ppid"]  # a new host for "2"
+    finally:
+        hosts.close()
+
+
+def test_a_host_that_cannot_start_leaves_its_scripts_to_fresh_interpreters():
+    hosts = ScriptHosts(["vllm_ascend_no_such_module"])
+    try:
+        for _ in range(2):
+            result, _ = hosts.run(SCRIPT, "x")
+            assert result["argv"] == ["x"] and result["ppid"] == os.getpid()
+    finally:
+        hosts.close()

@@ -2,9 +2,9 @@
 
 Everything the engine's processes print is captured, so tests can check there is no traceback. Data
 parallelism runs as vLLM 0.32 serves it: ``AsyncLLM`` with ``data_parallel_size`` (one engine process per
-rank, each request sent to a chosen rank). Each case's process is forked from one warm interpreter that
-imported vLLM once (:mod:`vllm_ascend.testing.script_host`); a case whose environment changes what is read at
-import (the emulated device family) gets a fresh interpreter.
+rank, each request sent to a chosen rank). Each case's process is forked from a warm interpreter that
+imported vLLM once (:mod:`vllm_ascend.testing.script_host`), one per environment read at import (the emulated
+device family).
 """
 
 from __future__ import annotations

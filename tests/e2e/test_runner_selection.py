@@ -2,9 +2,8 @@
 now that V2's kernels run on this platform — V2 by default, V1 where vLLM falls back (the suffix method,
 ``VLLM_USE_V2_MODEL_RUNNER=0``), on every family whose worker serves V2, a family without Triton (310P:
 V2's kernels run their torch references there) included.
-Each case builds vLLM's engine config in a process of its own (vLLM picks its platform once per process): forked
-from a warm interpreter that imported vLLM (``script_host``), or a fresh one where the case emulates another family
-from the start."""
+Each case builds vLLM's engine config in a process of its own (vLLM picks its platform once per process), forked
+from a warm interpreter that imported vLLM under the case's family (``script_host``)."""
 
 from __future__ import annotations
 

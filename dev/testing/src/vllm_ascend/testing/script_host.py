@@ -5,10 +5,11 @@ A fresh ``python -c`` spends most of a short engine test importing vLLM (about 2
 script: the child takes the script's environment, argv, a new ``__main__`` and its own stdout/stderr files,
 runs the script as ``python -c`` would (threads joined and ``atexit`` handlers run at its end) and exits with
 the script's status. Engines, process groups and worker processes are the child's alone, as in a fresh
-interpreter; only what the imports did is shared. So a script goes to the host only where its environment
-differs from the host's in variables read when an engine is built, never at import (:data:`FORK_SAFE_ENV`);
-any other difference (the device family, disabled extensions, plugins) gets a fresh interpreter, through
-:func:`~vllm_ascend.testing.process.run_vllm_script`. Standard library only.
+interpreter; only what the imports did is shared. So a script goes to a host whose environment differs from
+the script's only in variables read when an engine is built, never at import (:data:`FORK_SAFE_ENV`):
+:class:`ScriptHosts` keeps one host per environment otherwise (the emulated device family, say), which imports
+under that environment as a fresh interpreter would. A host that cannot start leaves its scripts to fresh
+interpreters (:func:`~vllm_ascend.testing.process.run_vllm_script`). Standard library only.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 from .process import OUTPUT_TAIL_CHARS, RESULT_PREFIX, run_vllm_script
 
-__all__ = ["FORK_SAFE_ENV", "VLLM_IMPORTS", "ScriptHost", "shared_script_host"]
+__all__ = ["FORK_SAFE_ENV", "VLLM_IMPORTS", "ScriptHost", "ScriptHosts", "shared_script_host"]
 
 #: What the engine scripts of the tests import: vLLM's offline and async engines, engine arguments, LoRA
 #: requests (importing them resolves vLLM's platform and loads the plugins).
@@ -128,6 +129,7 @@ class ScriptHost:
         self.start_timeout = start_timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._buffer = b""
+        self._failed_start: str | None = None
 
     def start(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -164,11 +166,16 @@ class ScriptHost:
     ) -> tuple[Any, str]:
         """:func:`~vllm_ascend.testing.process.run_vllm_script`'s contract (``env``: the whole environment,
         default this process's; the same result, output and failures), in a forked child where
-        :meth:`serves` says so, else in a fresh interpreter."""
+        :meth:`serves` says so and the host started, else in a fresh interpreter."""
         env = dict(os.environ if env is None else env)
-        if not self.serves(env):
+        if not self.serves(env) or self._failed_start is not None:
             return run_vllm_script(script, *args, env=env, timeout=timeout)
-        self.start()
+        try:
+            self.start()
+        except (AssertionError, subprocess.TimeoutExpired) as exc:  # its imports fail or hang in this env
+            self._failed_start = str(exc)
+            self.close()
+            return run_vllm_script(script, *args, env=env, timeout=timeout)
         proc = self._proc
         assert proc is not None and proc.stdin is not None
         with tempfile.TemporaryDirectory(prefix="vllm-ascend-script-") as folder:
@@ -217,14 +224,40 @@ class ScriptHost:
         return json.loads(line)
 
 
-_SHARED: dict[tuple[str, ...], ScriptHost] = {}
+class ScriptHosts:
+    """One :class:`ScriptHost` per environment, told apart by the variables outside :data:`FORK_SAFE_ENV`
+    (each started on its first script, with that script's environment); at most ``limit`` alive, the least
+    recently used closed first."""
+
+    def __init__(self, imports: Iterable[str], limit: int = 2):
+        self.imports = list(imports)
+        self.limit = limit
+        self._hosts: dict[tuple[tuple[str, str], ...], ScriptHost] = {}
+
+    def run(
+        self, script: str, *args: str, env: Mapping[str, str] | None = None, timeout: float = 300
+    ) -> tuple[Any, str]:
+        """:meth:`ScriptHost.run` on the host for ``env`` (default: this process's environment)."""
+        env = dict(os.environ if env is None else env)
+        key = tuple(sorted((name, value) for name, value in env.items() if name not in FORK_SAFE_ENV))
+        host = self._hosts.pop(key, None) or ScriptHost(self.imports, env=env)
+        self._hosts[key] = host  # the most recently used last
+        while len(self._hosts) > self.limit:
+            self._hosts.pop(next(iter(self._hosts))).close()
+        return host.run(script, *args, env=env, timeout=timeout)
+
+    def close(self) -> None:
+        while self._hosts:
+            self._hosts.popitem()[1].close()
 
 
-def shared_script_host(imports: Sequence[str] = VLLM_IMPORTS) -> ScriptHost:
-    """This process's host for ``imports`` (started on first use with this process's environment as it is
-    then, closed at exit)."""
+_SHARED: dict[tuple[str, ...], ScriptHosts] = {}
+
+
+def shared_script_host(imports: Sequence[str] = VLLM_IMPORTS) -> ScriptHosts:
+    """This process's hosts for ``imports`` (closed at exit)."""
     key = tuple(imports)
     if key not in _SHARED:
-        _SHARED[key] = ScriptHost(key)
+        _SHARED[key] = ScriptHosts(key)
         atexit.register(_SHARED[key].close)
     return _SHARED[key]
