@@ -1,8 +1,10 @@
-"""Run one vLLM engine over several ranks (``distributed_executor_backend="mp"``, gloo) in a fresh process.
+"""Run one vLLM engine over several ranks (``distributed_executor_backend="mp"``, gloo) in its own process.
 
 Everything the engine's processes print is captured, so tests can check there is no traceback. Data
 parallelism runs as vLLM 0.32 serves it: ``AsyncLLM`` with ``data_parallel_size`` (one engine process per
-rank, each request sent to a chosen rank).
+rank, each request sent to a chosen rank). Each case's process is forked from a warm interpreter that
+imported vLLM once (:mod:`vllm_ascend.testing.script_host`), one per environment read at import (the emulated
+device family).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import json
 import os
 from pathlib import Path
 
-from vllm_ascend.testing.process import OUTPUT_TAIL_CHARS, run_vllm_script
+from vllm_ascend.testing.process import OUTPUT_TAIL_CHARS
+from vllm_ascend.testing.script_host import shared_script_host
 
 from .conftest import MAX_NEW_TOKENS
 
@@ -148,7 +151,7 @@ def run_case(
     sleep_cycle: bool = False,
     **options,
 ) -> tuple[dict, str]:
-    """Serve ``prompts`` greedily in a fresh process (``env``: variables added to this process's): its
+    """Serve ``prompts`` greedily in a process of its own (``env``: variables added to this process's): its
     tokens and, through ``LLM``, its workers (``[class, pid, DP index, rank]`` each) and with ``report``
     each rank's MoE layers' state (``moe_report``), or with ``sleep_cycle`` the tokens after a level-1 and a
     level-2 sleep with each rank's pool state (``sleep_cycle``), and everything it printed. ``lora_requests``: per prompt,
@@ -162,7 +165,7 @@ def run_case(
         "lora_requests": lora_requests,
         "sleep_cycle": sleep_cycle,
     }
-    environ = {**os.environ, **env} if env else None
-    result, output = run_vllm_script(CASE_SCRIPT, json.dumps(spec), env=environ, timeout=300)
+    environ = {**os.environ, **(env or {})}
+    result, output = shared_script_host().run(CASE_SCRIPT, json.dumps(spec), env=environ, timeout=300)
     assert result is not None, output[-OUTPUT_TAIL_CHARS:]
     return result, output

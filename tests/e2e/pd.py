@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .serving import FORKED_ENGINE_CORE
+
 STARTUP_TIMEOUT_S = 300
 
 
@@ -113,6 +115,7 @@ def _env(extra_env: dict[str, str] | None) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "VLLM_ASCEND_DEVICE": "reference",
         "TOKENIZERS_PARALLELISM": "false",
+        **FORKED_ENGINE_CORE,
     }
     env.update(extra_env or {})
     return env

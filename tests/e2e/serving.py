@@ -19,6 +19,12 @@ import pytest
 
 STARTUP_TIMEOUT_S = 240
 
+#: The test servers' engine core is forked from the API server instead of spawned (``vllm serve`` picks spawn
+#: unless ``VLLM_WORKER_MULTIPROC_METHOD`` is set): one interpreter start and vLLM import (about 20 s of CPU)
+#: less per server, tensor-parallel workers included. ``test_runner_server`` keeps the spawned default that
+#: users get.
+FORKED_ENGINE_CORE = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -42,10 +48,17 @@ def served(
     model_dir: Path, serve_args: list[str], log: Path, env: dict[str, str] | None = None
 ) -> Iterator[str]:
     """Run ``vllm-ascend serve model_dir --device reference --host 127.0.0.1 --port <free> *serve_args`` in its
-    own process group; yield its base URL once ``/health`` answers 200 (failing the test with the log's tail
-    if it exits or takes longer than :data:`STARTUP_TIMEOUT_S`); SIGTERM the group afterwards."""
+    own process group (``env`` over this process's and :data:`FORKED_ENGINE_CORE`); yield its base URL once
+    ``/health`` answers 200 (failing the test with the log's tail if it exits or takes longer than
+    :data:`STARTUP_TIMEOUT_S`); SIGTERM the group afterwards."""
     port = free_port()
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1", **(env or {})}
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "HF_HUB_OFFLINE": "1",
+        **FORKED_ENGINE_CORE,
+        **(env or {}),
+    }
     argv = [
         sys.executable, "-m", "vllm_ascend.core.cli", "serve", str(model_dir), "--device", "reference",
         "--host", "127.0.0.1", "--port", str(port), *serve_args,

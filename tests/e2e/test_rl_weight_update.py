@@ -24,7 +24,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vllm_ascend.eplb.expert_map_file import save_expert_map
-from vllm_ascend.testing.process import OUTPUT_TAIL_CHARS, run_vllm_script
+from vllm_ascend.testing.process import OUTPUT_TAIL_CHARS
+from vllm_ascend.testing.script_host import shared_script_host
 from vllm_ascend.testing.weight_sync import llm_handlers, run_trainer
 
 from .conftest import MAX_NEW_TOKENS
@@ -217,7 +218,7 @@ def test_update_over_tp2_expert_parallel_with_permuted_placement(tiny_qwen3_moe,
             "additional_config": {"eplb_config": {"expert_map_path": str(tmp_path / "permuted.json")}},
         },
     }
-    result, output = run_vllm_script(CASE_SCRIPT, json.dumps(spec), timeout=300)
+    result, output = shared_script_host().run(CASE_SCRIPT, json.dumps(spec), timeout=300)
     assert result is not None, output[-OUTPUT_TAIL_CHARS:]
     assert "Traceback" not in output, output[-OUTPUT_TAIL_CHARS:]
     assert result["ranks"] == 2 and result["report"]["engine"] == "CollectiveTrainerWeightTransferEngine"

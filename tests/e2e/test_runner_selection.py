@@ -2,7 +2,8 @@
 now that V2's kernels run on this platform — V2 by default, V1 where vLLM falls back (the suffix method,
 ``VLLM_USE_V2_MODEL_RUNNER=0``), on every family whose worker serves V2, a family without Triton (310P:
 V2's kernels run their torch references there) included.
-Each case builds vLLM's engine config in a fresh interpreter (vLLM picks its platform once per process)."""
+Each case builds vLLM's engine config in a process of its own (vLLM picks its platform once per process), forked
+from a warm interpreter that imported vLLM under the case's family (``script_host``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ascend.testing.process import run_vllm_script
+from vllm_ascend.testing.script_host import shared_script_host
 
 SCRIPT = r"""
 import json, sys
@@ -56,7 +57,7 @@ def _select(model: Path, env: dict[str, str] | None = None, dtype: str = "float3
     if env is None or "VLLM_USE_V2_MODEL_RUNNER" not in env:
         environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
     spec = {"model": str(model), "options": options, "dtype": dtype}
-    result, output = run_vllm_script(SCRIPT, json.dumps(spec), env=environ, timeout=240)
+    result, output = shared_script_host().run(SCRIPT, json.dumps(spec), env=environ, timeout=240)
     assert result is not None, output[-4000:]
     return result
 
@@ -105,5 +106,5 @@ def test_the_runner_follows_each_config_in_one_process(tiny_qwen3):
         "model": str(tiny_qwen3),
     }
     specs = [on_310p, on_reference, on_310p]
-    result, output = run_vllm_script(SEQUENCE_SCRIPT, json.dumps(specs), env=environ, timeout=240)
+    result, output = shared_script_host().run(SEQUENCE_SCRIPT, json.dumps(specs), env=environ, timeout=240)
     assert result == [True, True, True], output[-4000:]

@@ -23,7 +23,8 @@ def server(tiny_qwen3, tmp_path_factory):
         "--kv-cache-memory-bytes", str(64 << 20), "--served-model-name", "tiny", "--max-num-batched-tokens", "128",
         "--enable-sleep-mode", "--additional-config", json.dumps({"rl_config": {"enabled": True}}),
     ]  # fmt: skip
-    with served(tiny_qwen3, args, log) as base:
+    # the engine core spawned, as ``vllm serve`` starts it for users (the other server tests fork it)
+    with served(tiny_qwen3, args, log, env={"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}) as base:
         yield base, log
 
 
