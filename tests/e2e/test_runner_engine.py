@@ -165,6 +165,40 @@ def test_sampling_parameters_take_effect(llm, qwen3_prompts, qwen3_hf):
         seen.add(token)
 
 
+def test_sleep_without_sleep_mode_is_refused_by_name_and_loses_nothing(llm, qwen3_prompts, qwen3_hf):
+    with pytest.raises(Exception, match=r"sleep needs the engine built with enable_sleep_mode=True"):
+        llm.sleep(level=1)
+    llm.wake_up()  # resumes the scheduler vLLM paused before asking the workers to sleep
+    assert not llm.llm_engine.is_sleeping()
+    outputs = _generate(llm, qwen3_prompts, max_tokens=12, temperature=0.0, ignore_eos=True)
+    assert [list(o.token_ids) for o in outputs] == qwen3_hf.token_ids
+
+
+@pytest.mark.parametrize("invariant", [False, True])
+def test_batch_invariant_variable_reaches_serving_attention(llm, qwen3_prompts, monkeypatch, invariant):
+    """``VLLM_ASCEND_BATCH_INVARIANT=1`` changes what serving does: four decoding requests are
+    attended one by one (bitwise independent of each other) instead of in one padded group."""
+    from vllm_ascend.kernels.device import reference
+
+    calls: list[list[int]] = []
+    attend = reference._attend_group
+
+    def spy(*args, **kwargs):
+        calls.append(list(args[7]))  # the requests attended together
+        return attend(*args, **kwargs)
+
+    monkeypatch.setenv("VLLM_ASCEND_BATCH_INVARIANT", "1" if invariant else "0")
+    monkeypatch.setattr(reference, "_attend_group", spy)
+    outputs = _generate(llm, qwen3_prompts, max_tokens=3, temperature=0.0)
+    assert all(len(o.token_ids) == 3 for o in outputs)
+    if invariant:
+        assert calls and all(len(reqs) == 1 for reqs in calls), calls
+    else:
+        assert any(len(reqs) == 4 for reqs in calls), calls  # the decode steps attend all four at once
+
+
+# Last in the module: the V1 engine this test builds is shut down when it ends, which tears down the process's
+# model-parallel groups that the module's shared engine (``llm``) serves on.
 def test_v1_runner_keeps_penalty_counts_and_decodes_as_v2(
     llm, v1_runner, make_llm, tiny_qwen3, qwen3_prompts, monkeypatch
 ):
@@ -198,35 +232,3 @@ def test_v1_runner_keeps_penalty_counts_and_decodes_as_v2(
         )
     ]
     assert plain != got  # the penalties changed the decoding
-
-
-def test_sleep_without_sleep_mode_is_refused_by_name_and_loses_nothing(llm, qwen3_prompts, qwen3_hf):
-    with pytest.raises(Exception, match=r"sleep needs the engine built with enable_sleep_mode=True"):
-        llm.sleep(level=1)
-    llm.wake_up()  # resumes the scheduler vLLM paused before asking the workers to sleep
-    assert not llm.llm_engine.is_sleeping()
-    outputs = _generate(llm, qwen3_prompts, max_tokens=12, temperature=0.0, ignore_eos=True)
-    assert [list(o.token_ids) for o in outputs] == qwen3_hf.token_ids
-
-
-@pytest.mark.parametrize("invariant", [False, True])
-def test_batch_invariant_variable_reaches_serving_attention(llm, qwen3_prompts, monkeypatch, invariant):
-    """``VLLM_ASCEND_BATCH_INVARIANT=1`` changes what serving does: four decoding requests are
-    attended one by one (bitwise independent of each other) instead of in one padded group."""
-    from vllm_ascend.kernels.device import reference
-
-    calls: list[list[int]] = []
-    attend = reference._attend_group
-
-    def spy(*args, **kwargs):
-        calls.append(list(args[7]))  # the requests attended together
-        return attend(*args, **kwargs)
-
-    monkeypatch.setenv("VLLM_ASCEND_BATCH_INVARIANT", "1" if invariant else "0")
-    monkeypatch.setattr(reference, "_attend_group", spy)
-    outputs = _generate(llm, qwen3_prompts, max_tokens=3, temperature=0.0)
-    assert all(len(o.token_ids) == 3 for o in outputs)
-    if invariant:
-        assert calls and all(len(reqs) == 1 for reqs in calls), calls
-    else:
-        assert any(len(reqs) == 4 for reqs in calls), calls  # the decode steps attend all four at once
