@@ -66,17 +66,19 @@ def _compact(
     WITH_IDS: tl.constexpr,
     BUF: tl.constexpr,
     NP: tl.constexpr,
+    BLOCK: tl.constexpr,
     MAX_PASSES: tl.constexpr,
 ):
     """Keep the entries ``>=`` the ``k``-th largest of the ``cnt >= k`` in the buffer (in place, order
-    kept); returns ``(that value, how many are kept)``."""
+    kept); returns ``(that value, how many are kept)``. The search streams the buffer in ``BLOCK``
+    tiles (one entry per lane), which keeps the streaming loop it runs in light on registers."""
     tl.debug_barrier()  # the appends of every thread are visible
     i = tl.arange(0, BUF)
     inside = i < cnt
     v = tl.load(buf_v + i, mask=inside, other=float("-inf"))
     lo = tl.min(tl.where(inside, v, float("inf")), 0)
     t = S._narrow(
-        buf_v, cnt, lo, tl.max(v, 0), cnt, 0.0, float("-inf"), 0, 0.0, k, 0.0, False, NP, BUF, MAX_PASSES
+        buf_v, cnt, lo, tl.max(v, 0), cnt, 0.0, float("-inf"), 0, 0.0, k, 0.0, False, NP, BLOCK, MAX_PASSES
     )[0]
     keep = inside & (v >= t)
     pos = tl.cumsum(keep.to(tl.int32), 0) - 1
@@ -107,6 +109,7 @@ def _take_tile(
     NPB: tl.constexpr,
     BOUND_PASSES: tl.constexpr,
     NP: tl.constexpr,
+    BLOCK: tl.constexpr,
     MAX_PASSES: tl.constexpr,
 ):
     """One ``[A, NG, V]`` tile (``umax``: its unit maxima) into the buffer; returns
@@ -118,7 +121,7 @@ def _take_tile(
         hits = (x >= thr) & (x > float("-inf"))
         n_hits = tl.sum(tl.sum(tl.sum(hits.to(tl.int32), 2), 0), 0)
         if (cnt + n_hits > BUF) & (cnt >= k):
-            thr, cnt = _compact(buf_v, buf_i, cnt, k, WITH_IDS, BUF, NP, MAX_PASSES)
+            thr, cnt = _compact(buf_v, buf_i, cnt, k, WITH_IDS, BUF, NP, BLOCK, MAX_PASSES)
             hits = hits & (x >= thr)
             n_hits = tl.sum(tl.sum(tl.sum(hits.to(tl.int32), 2), 0), 0)
         if cnt + n_hits > BUF:

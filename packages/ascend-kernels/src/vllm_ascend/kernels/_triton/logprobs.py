@@ -171,8 +171,8 @@ def compute_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> tor
 RANK_BLOCK = 32  # entries compared per step when ranking
 MIN_PAD = 32  # one compiled variant serves every n up to this (vLLM's default max_logprobs is 20)
 TOPK_UNIT = 8  # top-n: elements per slot per tile (A * V)
-TOPK_WARPS = 16
-TOPK_PER_SM = 2  # top-n: split rows for this many programs per multiprocessor
+TOPK_WARPS = 4
+TOPK_PER_SM = 4  # top-n: split rows for this many programs per multiprocessor
 
 
 @triton.jit
@@ -319,10 +319,10 @@ def _topk_logprobs_kernel(
         if n > 0:
             cnt, thr, ovf = C._take_tile(
                 region_v, region_i, cnt, thr, ovf, x, offs, umax, n, start == begin, True, BUF,
-                BOUND_NP, BOUND_PASSES, S_NP, MAX_PASSES,
+                BOUND_NP, BOUND_PASSES, S_NP, EXACT_BLOCK, MAX_PASSES,
             )  # fmt: skip
-    if (n > 0) & (ovf == 0) & (cnt > n):
-        cnt = C._compact(region_v, region_i, cnt, n, True, BUF, S_NP, MAX_PASSES)[1]
+    if (n > 0) & (ovf == 0) & (cnt > n) & (n_chunks > 1):  # one row program: its ranking does it
+        cnt = C._compact(region_v, region_i, cnt, n, True, BUF, S_NP, EXACT_BLOCK, MAX_PASSES)[1]
     m = tl.max(run_max, 0)
     safe_m = tl.where(m > float("-inf"), m, 0.0)
     part = r64 * n_chunks + c
@@ -359,7 +359,7 @@ def _topk_logprobs_kernel(
                     lo, finite = tkp._row_min_count(row_ptr, vocab, BLOCK)
                     if n < finite:
                         t = S._select(
-                            row_ptr, vocab, base_v, n_chunks * BUF, lo, finite, m, float("-inf"), n, 0.0, False,
+                            row_ptr, vocab, base_v.to(row_ptr.dtype), n_chunks * BUF, lo, finite, m, float("-inf"), n, 0.0, False,
                             S_NP, BLOCK, NP_C, EXACT_BLOCK, WIDE, MAX_PASSES,
                         )[0]  # fmt: skip
                 buf_v = buf_v_base_ptr + r64 * (2 * NPAD)
@@ -381,7 +381,7 @@ def _topk_layout(
         a //= 2
     while a * ng * v > bound and ng > 1:
         ng //= 2
-    chunks, chunk = row_split(rows, vocab, a * ng * v, device, TOPK_PER_SM)
+    chunks, chunk = row_split(rows, vocab, tkp.MIN_CHUNK_TILES * a * ng * v, device, TOPK_PER_SM)
     return dict(A=a, NG=ng, V=v), chunks, chunk
 
 
@@ -412,6 +412,6 @@ def compute_topk_logprobs(
         scratch("logprobs.top_ids", rows * 2 * npad, torch.int32, dev),
         counters("logprobs.topk_counter", rows, dev), ids, lps, ranks, BUF=buf, NPAD=npad, RB=128, JB=RANK_BLOCK,
         CB=COMBINE_BLOCK, BOUND_NP=tkp.BOUND_PIVOTS, BOUND_PASSES=tkp.BOUND_PASSES, **shape,
-        **tkp.search_constexprs(TOPK_WARPS), **launch(dev, TOPK_WARPS),
+        **tkp.search_constexprs(TOPK_WARPS), **tkp.launch_kwargs(dev, TOPK_WARPS),
     )  # fmt: skip
     return ids, lps, ranks

@@ -63,8 +63,10 @@ CLAMP = 80.0  # exp(x - ref) is clamped here: a row whose max exceeds ref by mor
 BOUND_PIVOTS = 16
 BOUND_PASSES = 2
 UNIT = 8  # elements per unit (A * V): the granularity the mask and the bracket copy skip by
-WARPS = 16
-PER_SM = 2  # split rows for this many programs per multiprocessor
+WARPS = 4  # small programs: several fit a multiprocessor, so one's search overlaps the others' streaming
+PER_SM = 4  # split rows for this many programs per multiprocessor
+MAX_REGISTERS = 128  # per thread (CUDA): four 4-warp programs fit a multiprocessor's registers
+MIN_CHUNK_TILES = 1 if IS_INTERPRETED else 8  # a split row's chunks: the last program merges one list each
 CHUNK_BLOCK = 64  # chunk partials a row's program reads at once
 LIVE_TILES = 4 + PIVOTS  # fp32 tiles the summary holds at once (its pivot masses per lane): UB bound
 
@@ -91,7 +93,8 @@ class Layout(NamedTuple):
 
 def layout(rows: int, vocab: int, dtype: torch.dtype, device: torch.device) -> Layout:
     """``UNIT``-element units, one slot per thread (8 under the interpreter), tiles bounded by the UB
-    on Ascend; rows split so that ``PER_SM`` programs per multiprocessor stream when the batch is small."""
+    on Ascend; rows split so that ``PER_SM`` programs per multiprocessor stream when the batch is small,
+    in chunks of at least ``MIN_CHUNK_TILES`` tiles."""
     v = vector(dtype)
     ng = 8 if IS_INTERPRETED else 32 * WARPS
     a = max(1, UNIT // v)
@@ -101,8 +104,16 @@ def layout(rows: int, vocab: int, dtype: torch.dtype, device: torch.device) -> L
     while a * ng * v > bound and ng > 1:
         ng //= 2
     tile = a * ng * v
-    chunks, chunk = row_split(rows, vocab, tile, device, PER_SM)
+    chunks, chunk = row_split(rows, vocab, MIN_CHUNK_TILES * tile, device, PER_SM)
     return Layout(a, ng, v, WARPS, chunks, chunk, triton.cdiv(vocab, tile) * ng)
+
+
+def launch_kwargs(device: torch.device, warps: int) -> dict[str, int]:
+    """Launch kwargs of the streaming kernels: ``warps`` and, on CUDA, at most ``MAX_REGISTERS`` per
+    thread (a row's search code, run once per row, would otherwise claim registers that keep
+    programs, and so the overlap of one's search with the others' streaming, off the multiprocessor)."""
+    kw = launch(device, warps)
+    return {**kw, "maxnreg": MAX_REGISTERS} if "num_warps" in kw else kw
 
 
 def search_constexprs(warps: int) -> dict[str, int]:
@@ -266,7 +277,8 @@ def _whole_row(
     MAX_PASSES: tl.constexpr,
 ):
     """The threshold of a row by one program over the whole row (top-k, then top-p over what it
-    keeps); ``region``: ``cap`` entries of scratch."""
+    keeps); ``region``: ``cap`` entries of float32 scratch (used in the row's dtype)."""
+    region = region.to(row_ptr.dtype)
     lo, finite = _row_min_count(row_ptr, vocab, BLOCK)
     t = tl.full([], float("-inf"), tl.float32)
     count = finite
@@ -420,10 +432,10 @@ def _summary_kernel(
                 if buffered:
                     cnt, thr, ovf = C._take_tile(
                         region, region, cnt, thr, ovf, x, x, umax, k, start == begin, False, BUF,
-                        BOUND_NP, BOUND_PASSES, S_NP, MAX_PASSES,
+                        BOUND_NP, BOUND_PASSES, S_NP, EXACT_BLOCK, MAX_PASSES,
                     )  # fmt: skip
-            if buffered & (ovf == 0) & (cnt > k):
-                cnt = C._compact(region, region, cnt, k, False, BUF, S_NP, MAX_PASSES)[1]
+            if buffered & (ovf == 0) & (cnt > k) & (n_chunks > 1):  # one row program: its search does it
+                cnt = C._compact(region, region, cnt, k, False, BUF, S_NP, EXACT_BLOCK, MAX_PASSES)[1]
             tl.store(count_ptr + r64 * n_chunks + c, tl.where(ovf != 0, -1, cnt))
             tl.store(chunk_max_ptr + r64 * n_chunks + c, tl.max(smax, 0))
             last = n_chunks == 1
@@ -723,7 +735,7 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     lay = layout(rows, vocab, logits.dtype, dev)
     programs = rows * lay.chunks
     search = search_constexprs(lay.warps)
-    kw = launch(dev, lay.warps)
+    kw = launch_kwargs(dev, lay.warps)
     maxima = scratch("top_k_top_p.maxima", rows * lay.n_units, logits.dtype, dev)
     chunk_max = scratch("top_k_top_p.chunk_max", programs, torch.float32, dev)
     counts = scratch("top_k_top_p.counts", programs, torch.int32, dev)
