@@ -31,19 +31,15 @@ from vllm_ascend.kernels._triton import top_k_top_p as T
 
 FILTER_SETTINGS: list[dict[str, object]] = [
     {},
-    {"WARPS": 8},
     {"PER_SM": 2},
     {"PER_SM": 8},
-    {"MIN_CHUNK_TILES": 2},
-    {"UNIT": 16},
+    {"WARPS": 8},
     {"PIVOTS": 4},
 ]
 LOGPROB_SETTINGS: list[dict[str, object]] = [
     {},
-    {"TOPK_WARPS": 8},
-    {"TOPK_UNIT": 16},
-    {"TOPK_PER_SM": 2},
     {"TOPK_PER_SM": 8},
+    {"TOPK_WARPS": 8},
 ]
 FILTER_OPS = {"topk_only": (True, False), "topk_topp": (True, True), "topp_only": (False, True)}
 
