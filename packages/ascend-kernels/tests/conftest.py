@@ -35,6 +35,12 @@ ASCEND_INTERPRETER_GAPS: dict[str, str] = {
     **{f"test_penalties_bad_words.py::test_bad_words[{d}]": _SCALAR_MASK for d in ("dtype0", "dtype1")},
     "test_sampling.py::test_min_p[5-dtype1]": _BF16_CONST,
     "test_sampling.py::test_min_p[12-dtype1]": _BF16_CONST,
+    **{
+        f"test_sampling.py::test_top_k_top_p_matches_the_sort_reference[{m}-{f}-dtype1]": _BF16_CONST
+        for m in ("k", "p", "kp")
+        for f in ("False", "True")
+    },
+    **{f"test_sampling.py::test_top_k_top_p_edge_rows[{v}-dtype1]": _BF16_CONST for v in (7, 300, 1000)},
     "test_warmup.py::test_kernel_warmup_runs_the_built_in_items": _BF16_CONST,
     "test_warmup.py::test_warmup_command_fills_the_cache_dir_it_names": _BF16_CONST,
 }

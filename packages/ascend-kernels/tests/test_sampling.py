@@ -7,8 +7,6 @@ import torch
 
 import vllm_ascend.kernels as K
 from vllm_ascend.kernels import gumbel, logprobs, min_p, temperature, top_k_top_p
-from vllm_ascend.kernels._triton import candidates as cand_triton
-from vllm_ascend.kernels._triton import threshold_search as search_triton
 from vllm_ascend.kernels._triton import top_k_top_p as tkp_triton
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -159,7 +157,7 @@ def _top_k_top_p_case(gen, rows, vocab, dtype, ties):
     logits[0, ::3] = float("-inf")  # earlier filters may have masked tokens
     k = torch.randint(1, vocab // 2, (rows,), generator=gen, dtype=torch.int32)
     k[1] = 0  # top-k off
-    k[2] = tkp_triton.KCAP + 10  # above what the candidate buffer serves: the whole-row search
+    k[2] = tkp_triton.CAP + 10  # more candidates than the scratch holds
     p = torch.rand(rows, generator=gen) * 0.7 + 0.25
     p[3] = 1.0  # top-p off
     return logits, k, p
@@ -185,67 +183,43 @@ def test_top_k_top_p_matches_the_sort_reference(gen, dtype, ties, which):
         assert kept[4] >= k[4] and kept[1] == torch.isfinite(logits[1]).sum()
 
 
-def _spy(monkeypatch, name, record, module=tkp_triton):
-    """Wrap the interpreted ``module.<name>``: after each call, ``record(args, result)``."""
-    real = getattr(module, name)
+def _spy(monkeypatch, name, record):
+    """Wrap the interpreted ``tkp_triton.<name>``: after each call, ``record(args, result)``."""
+    real = getattr(tkp_triton, name)
 
     def spy(*args):
         out = real(*args)
         record(args, out)
         return out
 
-    monkeypatch.setattr(module, name, spy)
+    monkeypatch.setattr(tkp_triton, name, spy)
 
 
-def test_top_k_streams_a_candidate_buffer_and_falls_back_to_the_whole_row(gen, monkeypatch):
-    """A k up to KCAP keeps a candidate buffer while the row streams, compacting it when it fills,
-    and finishes from it; a k above KCAP, and a buffer that ties fill beyond its size, search the
-    whole row. Every row keeps what the sort keeps."""
-    compacted, whole = [], []
-    _spy(monkeypatch, "_compact", lambda args, out: compacted.append(int(out[1])), cand_triton)
-    _spy(monkeypatch, "_whole_row", lambda args, t: whole.append(int(args[2])))
-    vocab = 40 * tkp_triton.BUF
-    logits = _logits(gen, 4, vocab, torch.float32)
-    logits[2] = 1.5  # all tied: the buffer cannot make room
-    k = torch.tensor([3, tkp_triton.KCAP, 5, tkp_triton.KCAP + 1], dtype=torch.int32)
-    for p in (None, torch.tensor([0.9, 0.5, 0.7, 0.3])):
-        compacted.clear()
-        whole.clear()
-        got, want = logits.clone(), logits.clone()
-        K.apply_top_k_top_p(got, k, p)
-        top_k_top_p.apply_top_k_top_p_torch(want, k, p)
-        assert torch.equal(got, want)
-        assert compacted and all(1 <= n <= tkp_triton.BUF for n in compacted)
-        assert sorted(whole) == [5, tkp_triton.KCAP + 1]  # the tied row and the large k
-
-
-def test_tiles_below_the_buffer_threshold_are_not_taken(gen, monkeypatch):
-    """Once a program's buffer has its bound, a tile whose max is below it costs no append: a row in
-    descending order appends only from each program's first tile, a random one from later tiles too."""
-    appends = []
-    _spy(monkeypatch, "_append", lambda args, n: appends.append(int(n)), cand_triton)
-    vocab = 16 * tkp_triton.BUF
-    k = torch.tensor([4], dtype=torch.int32)
-    lay = tkp_triton.layout(1, vocab, torch.float32, torch.device("cpu"))
-    assert vocab // lay.tile > lay.chunks  # several tiles per program
-    for row, first_only in (
-        (torch.arange(vocab, 0, -1).float(), True),
-        (_logits(gen, 1, vocab, torch.float32)[0], False),
-    ):
-        appends.clear()
-        got, want = row[None].clone(), row[None].clone()
-        K.apply_top_k_top_p(got, k, None)
-        top_k_top_p.apply_top_k_top_p_torch(want, k, None)
-        assert torch.equal(got, want)
-        assert (len(appends) == lay.chunks) == first_only, (len(appends), lay.chunks)
+def test_top_k_top_p_takes_the_bounded_path_and_the_whole_row_fallback(gen, monkeypatch):
+    """Small k / p are bounded by the sub-tile maxima and searched on a gathered scratch; a k above
+    the number of sub-tiles, and a p the maxima's mass cannot reach, search the whole row."""
+    gathered, searched = [], []
+    _spy(monkeypatch, "_gather", lambda args, n: gathered.append(int(n)))
+    _spy(monkeypatch, "_select", lambda args, _: searched.append(int(args[3])))  # n_ready -1: whole row
+    vocab = 256
+    logits = _logits(gen, 4, vocab, torch.float32) * 3
+    logits[3] *= 0.01  # nearly flat: the maxima hold about 1/SUB of the mass
+    k = torch.tensor([2, vocab // tkp_triton.SUB + 1, 0, 0], dtype=torch.int32)
+    p = torch.tensor([1.0, 1.0, 0.2, 0.999])
+    got, want = logits.clone(), logits.clone()
+    K.apply_top_k_top_p(got, k, p)
+    top_k_top_p.apply_top_k_top_p_torch(want, k, p)
+    assert torch.equal(got, want)
+    assert len(gathered) == 2 and all(0 < n <= tkp_triton.CAP for n in gathered)
+    assert searched == [gathered[0], -1, gathered[1], -1]
 
 
 def test_exact_search_tiers_agree_with_the_sort_reference(gen, monkeypatch):
     """Candidates that fit one per lane, several per lane (registers, fewer pivots) and a whole row
     (streamed) each take their own exact-search tier; every tier keeps what the sort keeps."""
     tiles = set()
-    _spy(monkeypatch, "_narrow", lambda args, _: tiles.add(int(args[13])), search_triton)  # BLOCK: the tier
-    for vocab, k in ((256, 3), (256, 14), (256, 90), (4096, 600)):
+    _spy(monkeypatch, "_narrow", lambda args, _: tiles.add(int(args[13])))  # BLOCK: the tier's tile
+    for vocab, k in ((256, 3), (256, 40), (256, 90), (4096, 600)):
         logits = _logits(gen, 3, vocab, torch.float32)
         logits[2] = 1.5  # all tied: the row itself is searched
         kk = torch.full((3,), k, dtype=torch.int32)
@@ -255,52 +229,50 @@ def test_exact_search_tiers_agree_with_the_sort_reference(gen, monkeypatch):
             top_k_top_p.apply_top_k_top_p_torch(want, kk, p)
             assert torch.equal(got, want), (vocab, k, p)
     per_lane = 32  # the interpreter's one-candidate-per-lane tile
-    assert {per_lane, per_lane * int(search_triton.REG_PER_LANE)} <= tiles and max(tiles) > 64, tiles
+    assert {per_lane, per_lane * int(tkp_triton.REG_PER_LANE)} <= tiles and max(tiles) > 64, tiles
 
 
-def test_top_p_alone_copies_the_bracket_of_its_sample_pivots_or_narrows_it_first(gen, monkeypatch):
-    """Top-p alone: pivots placed from the row's first tile bracket the threshold; a bracket whose
-    elements fit the scratch is copied and searched, a larger one gets a round of pivots and the
-    second stage copies the narrower bracket; a row whose max the sample's reference cannot measure,
-    and a bracket of ties too large to copy, search the whole row."""
-    copies, rounds, whole = [], [], []
-    _spy(monkeypatch, "_copy_bracket", lambda args, n: copies.append(int(n)))
-    _spy(monkeypatch, "_round", lambda args, _: rounds.append(1))
-    _spy(monkeypatch, "_whole_row", lambda args, t: whole.append(float(t)))
-    tile = tkp_triton.layout(1, 4096, torch.float32, torch.device("cpu")).tile
-    vocab = 16 * tile  # two tiles per program: the tied row's copy exceeds CAP
-    logits = _logits(gen, 4, vocab, torch.float32)
-    sample = logits[0, :tile] * 0.1 - 10.0
-    sample[[5, 20, 40]] = torch.tensor([5.0, 5.5, 6.0])
-    logits[0] = sample.repeat(16)  # the sample is the row's distribution: one direct copy
-    logits[1, :tile] *= 0.01  # a sample far narrower than the row: the bracket is too wide to copy
-    logits[2, :tile] -= 200.0  # the row's max is beyond the sample's reference
-    logits[3] = 1.5  # ties everywhere: the copy overflows
-    p = torch.tensor([0.9, 0.9, 0.9, 0.5])
-    for rows in ([0], [1], [2], [3]):
-        copies.clear()
-        rounds.clear()
-        whole.clear()
-        got, want = logits[rows].clone(), logits[rows].clone()
-        K.apply_top_k_top_p(got, None, p[rows])
-        top_k_top_p.apply_top_k_top_p_torch(want, None, p[rows])
-        assert torch.equal(got, want), rows
-        if rows == [0]:
-            assert copies and not rounds and not whole and all(n > 0 for n in copies)
-        if rows == [1]:
-            assert rounds and copies and all(n >= 0 for n in copies) and not whole
-        if rows == [2]:
-            assert not copies and len(whole) == 1
-        if rows == [3]:
-            assert rounds and min(copies) == -1 and len(whole) == 1
-    assert torch.isfinite(got).sum() == vocab  # the tied row keeps everything
+def test_small_k_is_bounded_by_the_group_maxima(gen, monkeypatch):
+    """A k far below the number of sub-tile groups takes its bound from the group maxima (GROUP
+    times fewer values to pass over); a larger k from the sub-tile maxima. Same kept sets."""
+    sizes = []
+    _spy(monkeypatch, "_bound", lambda args, _: sizes.append(int(args[1])))  # how many maxima it read
+    vocab = 2048
+    n_sub = vocab // tkp_triton.SUB
+    n_grp = n_sub // tkp_triton.GROUP
+    logits = _logits(gen, 2, vocab, torch.float32)
+    k = torch.tensor([2, n_grp // 2], dtype=torch.int32)
+    got, want = logits.clone(), logits.clone()
+    K.apply_top_k_top_p(got, k, None)
+    top_k_top_p.apply_top_k_top_p_torch(want, k, None)
+    assert torch.equal(got, want) and sizes == [n_grp, n_sub]
+    sizes.clear()
+    _check_topk_logprobs(logits, 3, torch.tensor([0, 1]))
+    assert sizes == [n_grp, n_grp]
+
+
+def test_top_p_alone_splits_its_search_and_falls_back_when_the_bracket_overflows(gen, monkeypatch):
+    """Top-p without top-k narrows a bracket in split rounds and searches it in the scratch; a row of
+    ties keeps the whole row in its bracket, more than the scratch holds, and searches the row."""
+    whole_row = []
+    _spy(monkeypatch, "_select", lambda args, _: whole_row.append(int(args[3])))
+    vocab = 4 * tkp_triton.CAP
+    logits = _logits(gen, 4, vocab, torch.float32) * 3
+    logits[2] = 1.5  # ties everywhere
+    p = torch.tensor([0.01, 0.9, 0.5, 0.999])
+    got, want = logits.clone(), logits.clone()
+    K.apply_top_k_top_p(got, None, p)
+    top_k_top_p.apply_top_k_top_p_torch(want, None, p)
+    assert torch.equal(got, want)
+    assert whole_row == [-1]
+    assert torch.isfinite(got).sum(1).tolist()[2] == vocab and torch.isfinite(got[0]).sum() == 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("vocab", [7, 300, 1000])
 def test_top_k_top_p_edge_rows(gen, dtype, vocab):
     """k >= V, k = V - 1, p = 1, a row with one finite logit, an all -inf row, a row with top-k off
-    and top-p on beside top-k rows (each takes its own path in one launch), odd vocabularies."""
+    and top-p on beside top-k rows, odd vocabularies; top-k logprobs of the same rows up to n = V."""
     rows = 8
     logits = _logits(gen, rows, vocab, dtype)
     logits[2] = float("-inf")

@@ -97,26 +97,24 @@ def test_compiled_triton_warms_every_tile_and_split_variant(monkeypatch):
     assert warmup._batch_sizes(cpu) == (2,)
 
 
-def test_top_k_top_p_compiles_nothing_per_batch_size(monkeypatch):
-    """The top-k/top-p and top-k logprob launches take every batch-dependent value (chunk count and
-    size, units per row) at run time and the same slot tiles and search settings for every batch,
-    split or not, so batch sizes the warm-up did not run compile nothing new."""
+def test_every_split_batch_shares_one_chunk_tile(monkeypatch):
+    """The top-k/top-p search reads its chunk statistics with one tile width for every split batch
+    (1 for unsplit rows), so batch sizes the warm-up did not run compile nothing new."""
     from vllm_ascend.kernels import _geometry
-    from vllm_ascend.kernels._triton import logprobs as lp
     from vllm_ascend.kernels._triton import top_k_top_p as tkp
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(_geometry, "geometry", lambda device: _geometry.LaunchGeometry("cuda", 132))
-    shapes, chunks = set(), set()
+    block = 2048
+    tiles = {}
     for rows in (1, 2, 7, 64, 100, 128, 129, 132, 300, 527, 528, 1024):
-        for dtype in (torch.float32, torch.bfloat16):
-            lay = tkp.layout(rows, 151936, dtype, cpu)
-            shapes.add((dtype, tuple(lay.shape.items()), tuple(tkp.search_constexprs(lay.warps).items())))
-            chunks.add(lay.chunks)
-            shape, n_chunks, _ = lp._topk_layout(rows, 151936, dtype, cpu)
-            shapes.add((dtype, "logprobs", tuple(shape.items())))
-            chunks.add(n_chunks)
-    assert len(shapes) == 4 and {1} < chunks and max(chunks) > 8
+        chunks = tkp.row_split(rows, 151936, block, cpu)[0]
+        summary = tkp.Summary(block, chunks, 0, 0, None, 0, 0, None, None, None, None)
+        tiles[rows] = tkp.search_settings(rows, 151936, summary, cpu)[1]["CHUNKS"]
+    assert {rows: tile for rows, tile in tiles.items() if rows < 528} == dict.fromkeys(
+        (1, 2, 7, 64, 100, 128, 129, 132, 300, 527), 128
+    )
+    assert tiles[528] == tiles[1024] == 1
 
 
 def test_warmup_command_fills_the_cache_dir_it_names(tmp_path, monkeypatch, capsys):

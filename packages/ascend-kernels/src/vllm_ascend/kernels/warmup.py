@@ -54,9 +54,9 @@ def _logits(rows: int, vocab: int, dtype: torch.dtype, device: torch.device) -> 
 def _batch_sizes(device: torch.device) -> tuple[int, ...]:
     """Row counts that reach every compiled variant: the Triton wrappers pick larger tiles for batches
     of up to ``SMALL_BATCH_ROWS`` and split rows over several programs below the core count (SMs,
-    Ascend vector cores) or below a few programs per core (``PROGRAMS_PER_SM`` at most; the
-    top-k/top-p and top-k logprob launches compile the same variant for every batch). Batch-dependent
-    integers are not specialized on, so these few batches cover every other batch size. The
+    Ascend vector cores) or, for top-k/top-p and top-k logprobs, below ``PROGRAMS_PER_SM`` programs
+    per core. Batch-dependent integers are not specialized on and the split kernels read their chunk
+    statistics with one tile width, so these few batches cover every other batch size. The
     interpreter and the references have one variant."""
     from vllm_ascend.kernels._backend import use_triton
 

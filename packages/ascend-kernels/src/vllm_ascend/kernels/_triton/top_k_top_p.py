@@ -1,31 +1,43 @@
-"""Triton :func:`vllm_ascend.kernels.apply_top_k_top_p`: thresholds found while the logits stream.
+"""Triton :func:`vllm_ascend.kernels.apply_top_k_top_p`: a threshold search instead of a sort.
 
-The kept set of a row is ``{x >= t}``. Every launch walks the rows in slot tiles (``[A, NG, V]``,
-:func:`.common.slots`: slot ``g`` is one thread's ``A`` vectors of ``V`` elements), rows split into
-chunks of whole tiles when the batch is small. A *unit* is one slot of one tile; the summary stores
-each unit's max, and the mask launch reads only the units that reach ``t`` (it writes every one).
+The kept set of a row is ``{x >= t}``. The first and last launches are shared:
 
-A row is served by what its ``k`` and ``p`` ask for:
+* ``_summary_kernel`` (rows split into chunks so that small batches fill the device): per chunk the
+  max, softmax sum, min and finite count; per sub-tile of ``SUB`` consecutive elements its max, and
+  per group of ``GROUP`` sub-tiles its max (:mod:`.logprobs` also has it count, per chunk, the
+  elements above a chosen token).
+* ``_mask_kernel`` (split the same way): writes ``-inf`` below ``t``; sub-tiles whose max is below
+  ``t`` are written without being read.
 
-* top-k (``0 < k < V``, ``k <= KCAP``), with or without top-p: the summary fills a candidate buffer
-  per program (:mod:`.candidates`), so the row's last program has every element ``>= t_k`` at hand
-  and finds ``t_k`` and then top-p over what it keeps exactly. The row is read once before the mask.
-* top-p alone: the kept set can be a quarter of the row, beyond any buffer. Every program of the
-  row reads the row's first tile as a sample, estimates the threshold and its standard error from it
-  and places ``PIVOTS`` pivots around the estimate (:func:`_sample_pivots`: the same pivots in every
-  program of the row); the summary adds up the mass of ``{x >= pivot}`` for each while it streams.
-  The collect launch copies the elements of the bracket holding ``t`` (only units whose max reaches
-  it are read) and the row's last program searches them exactly, the mass above the bracket as a
-  base. A bracket too large to copy (the estimate missed) gets one round of pivots inside it instead
-  and is copied by the same kernel's second stage.
-* a larger ``k``, a buffer that overflowed (massive ties), pivots that cannot measure the row (a
-  sample far below the row's max): the row's last program searches the whole row
-  (:func:`.threshold_search._select`).
+With top-k (``_threshold_kernel``, one program per row): the sub-tile maxima are distinct
+elements, so if ``c`` of them are ``>= v`` the row has at least ``c`` elements ``>= v`` (and at
+least their mass), i.e. ``t >= v`` as soon as ``c >= k`` (or their mass reaches the top-p target).
+A ``k`` far below the number of groups takes the bound from the group maxima instead (16 times
+fewer values). Only sub-tiles whose max reaches that bound can hold candidates: they are listed
+through the group maxima (groups below the bound are skipped whole), they alone are read, and their
+elements ``>= bound`` copied to a per-row scratch (typically a few times ``k``), where exact pivot
+passes find ``t``: per pass, pivots spread over an interval ``[lo, top]`` known to hold ``t`` give
+the count (top-k) or probability mass (top-p) of ``{x >= pivot}``; the pivots around the target
+then give way to the nearest elements (one more sweep, or none when the candidates, up to
+``REG_PER_LANE`` per lane, stay in registers for the whole search), so ``lo`` and ``top`` become
+element values and meet at ``t``; ties are kept exactly as a sort keeps them. Top-p then runs on the
+scratch, over the distribution top-k left.
+Rows whose bound is too weak (``k`` above the number of sub-tiles, massive ties, top-k off with a
+flat distribution) search the whole row: coarse pivot passes until a bucket fits the scratch, then
+the same exact passes.
 
-So a typical row is read once (top-k) or about one and a half times (top-p) and written once. Masses
-are float32 sums of ``exp(x - ref)``, so a top-p threshold can differ from a float64 sort where the
-cumulative mass is within rounding of ``p``. Scratch buffers are cached per device and shared:
-calls must not run concurrently on two streams of one device.
+Top-p alone (flat distributions keep thousands of tokens, beyond what maxima bound): the search is
+split over the device. ``TOP_P_ROUNDS`` launches of ``_top_p_round_kernel`` each give, per chunk,
+the mass of ``{x >= pivot}`` for ``ROUND_PIVOTS`` pivots over the bracket the earlier rounds left
+(starting at an analytic lower bound, see ``_tail_bound``); every program replays the rounds from
+those partials, so no per-row state is stored. ``_top_p_bucket_kernel`` copies the elements of the
+final bracket to the scratch (a relaxed atomic per element), and ``_top_p_threshold_kernel`` searches them
+exactly, with the mass above the bracket as a base.
+
+So a typical row is read about twice and written once. Scratch buffers are cached per device and
+shared: calls must not run concurrently on two streams of one device. Masses are float32 sums, so
+a top-p threshold can differ from a float64 sort where the cumulative mass is within rounding of
+``p``.
 """
 
 from __future__ import annotations
@@ -37,693 +49,1150 @@ import triton
 import triton.language as tl
 
 from vllm_ascend.kernels._geometry import launch
-from vllm_ascend.kernels._triton import candidates as C
-from vllm_ascend.kernels._triton import threshold_search as S
 from vllm_ascend.kernels._triton.common import (
     IS_INTERPRETED,
+    SMALL_BATCH_ROWS,
     check_logits,
-    counters,
-    last_chunk,
     row_split,
     scratch,
-    slots,
-    ub_cap,
-    vector,
 )
 
-KCAP = 16 if IS_INTERPRETED else 256  # the largest k served by the streaming candidate buffer
-BUF = 64 if IS_INTERPRETED else 1024  # candidate buffer per program (entries)
-CAP = 64 if IS_INTERPRETED else 16384  # copied bracket per program of a top-p row (entries)
-PIVOTS = 8  # summary pivots of a top-p row
-SPREAD = 2.0  # pivot spacing, in standard errors of the sample's threshold (outer ones 3.5x, 7.5x)
-SAMPLE_PIVOTS = 8
-SAMPLE_PASSES = 4
-SAMPLE_RANGE = 40.0  # the sample's threshold is searched within this far below its max
-CLAMP = 80.0  # exp(x - ref) is clamped here: a row whose max exceeds ref by more is searched whole
+NUM_PIVOTS = 8
+SCRATCH_PIVOTS = 32
+ROUND_PIVOTS = 8
+ROUND_BLOCK = 1024
+TOP_P_ROUNDS = 2
 BOUND_PIVOTS = 16
 BOUND_PASSES = 2
-UNIT = 8  # elements per unit (A * V): the granularity the mask and the bracket copy skip by
-WARPS = 4  # small programs: several fit a multiprocessor, so one's search overlaps the others' streaming
-PER_SM = 4  # split rows for this many programs per multiprocessor
-MAX_REGISTERS = 128  # per thread (CUDA): four 4-warp programs fit a multiprocessor's registers
-MIN_CHUNK_TILES = 1 if IS_INTERPRETED else 8  # a split row's chunks: the last program merges one list each
-CHUNK_BLOCK = 64  # chunk partials a row's program reads at once
-LIVE_TILES = 4 + PIVOTS  # fp32 tiles the summary holds at once (its pivot masses per lane): UB bound
-
-
-class Layout(NamedTuple):
-    """Slot tiles and row split of one call (the same for every launch of it)."""
-
-    a: int
-    ng: int
-    v: int
-    warps: int
-    chunks: int
-    chunk: int
-    n_units: int  # units per row (tiles * ng)
-
-    @property
-    def tile(self) -> int:
-        return self.a * self.ng * self.v
-
-    @property
-    def shape(self) -> dict[str, int]:
-        return dict(A=self.a, NG=self.ng, V=self.v)
-
-
-def layout(rows: int, vocab: int, dtype: torch.dtype, device: torch.device) -> Layout:
-    """``UNIT``-element units, one slot per thread (8 under the interpreter), tiles bounded by the UB
-    on Ascend; rows split so that ``PER_SM`` programs per multiprocessor stream when the batch is small,
-    in chunks of at least ``MIN_CHUNK_TILES`` tiles."""
-    v = vector(dtype)
-    ng = 8 if IS_INTERPRETED else 32 * WARPS
-    a = max(1, UNIT // v)
-    bound = ub_cap(device, a * ng * v, LIVE_TILES)
-    while a * ng * v > bound and a > 1:
-        a //= 2
-    while a * ng * v > bound and ng > 1:
-        ng //= 2
-    tile = a * ng * v
-    chunks, chunk = row_split(rows, vocab, MIN_CHUNK_TILES * tile, device, PER_SM)
-    return Layout(a, ng, v, WARPS, chunks, chunk, triton.cdiv(vocab, tile) * ng)
-
-
-def launch_kwargs(device: torch.device, warps: int) -> dict[str, int]:
-    """Launch kwargs of the streaming kernels: ``warps`` and, on CUDA, at most ``MAX_REGISTERS`` per
-    thread (a row's search code, run once per row, would otherwise claim registers that keep
-    programs, and so the overlap of one's search with the others' streaming, off the multiprocessor)."""
-    kw = launch(device, warps)
-    return {**kw, "maxnreg": MAX_REGISTERS} if "num_warps" in kw else kw
-
-
-def search_constexprs(warps: int) -> dict[str, int]:
-    """Tiles and pivots of the exact searches a row's last program runs (one candidate per lane in
-    the short tier, so no register spills)."""
-    lanes = 32 if IS_INTERPRETED else 32 * warps
-    return dict(
-        S_NP=S.NUM_PIVOTS,
-        BLOCK=128 if IS_INTERPRETED else 4 * lanes,
-        NP_C=S.SCRATCH_PIVOTS,
-        EXACT_BLOCK=lanes,
-        WIDE=32 if IS_INTERPRETED else 4096,
-        MAX_PASSES=S.MAX_PASSES,
-    )
+SUB = 8 if IS_INTERPRETED else 16
+CAP = 64 if IS_INTERPRETED else 16384
+MAX_PASSES = 48
+REG_PER_LANE = tl.constexpr(2 if IS_INTERPRETED else 8)  # exact search on registers up to this many per lane
+GROUP = 4 if IS_INTERPRETED else 16  # sub-tiles per group (the summary also keeps group maxima)
+GROUP_RATIO = tl.constexpr(8)  # the top-k bound uses group maxima when k * this <= their number
+GATHER_BLOCK = 64 if IS_INTERPRETED else 512  # elements loaded per step from listed sub-tiles
+# (tile, warps) of the per-row search programs, for batches up to SMALL_BATCH_ROWS and above
+SMALL_BATCH_SEARCH = (2048, 8)
+LARGE_BATCH_SEARCH = (512, 4)
+MASS_MARGIN = tl.constexpr(
+    1.0 + 2.0**-14
+)  # the bound's float32 mass must beat the target by more than rounding
+_STATS = 4  # per chunk: max, softmax sum relative to it, min, finite count
 
 
 @triton.jit
-def _params(k_ptr, p_ptr, row, vocab, HAS_K: tl.constexpr, HAS_P: tl.constexpr):
-    """``(k, p, top-k on, top-p alone)`` of a row (``k = 0`` / ``p = 1`` when absent)."""
-    k = tl.zeros([], tl.int32)
-    p = tl.full([], 1.0, tl.float32)
-    if HAS_K:
-        k = tl.load(k_ptr + row).to(tl.int32)
-    if HAS_P:
-        p = tl.load(p_ptr + row).to(tl.float32)
-    k_on = (k > 0) & (k < vocab)
-    return k, p, k_on, (p < 1.0) & (k_on == 0)
+def _pivots(lo, top, NP: tl.constexpr):
+    i = tl.arange(0, NP) + 1
+    piv = lo + (top - lo) * (i.to(tl.float32) / NP)
+    return tl.where(i == NP, top, tl.minimum(piv, top))
 
 
 @triton.jit
-def _sample_pivots(
-    row_ptr,
-    vocab,
-    p,
-    T: tl.constexpr,
+def _pivot_pass(
+    src_ptr,
+    n,
+    piv,
+    row_max,
+    floor,
+    lo,
+    BY_MASS: tl.constexpr,
     NP: tl.constexpr,
-    SNP: tl.constexpr,
-    PASSES: tl.constexpr,
-    RANGE: tl.constexpr,
-    SPREAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+    COUNT: tl.constexpr = True,
 ):
-    """``NP`` ascending pivots around the top-p threshold of the row's first ``T`` elements, and the
-    sample's max (the reference of the masses). The sample's threshold ``ts`` is searched to
-    ``RANGE / SNP**PASSES``; its standard error is taken as ``sd / sqrt(K + 1)`` (``sd``: the
-    sample's standard deviation weighted by probability, ``K``: how many it keeps), and the pivots
-    sit at ``ts ± SPREAD * err * (0.5, 1.5, 3.5, 7.5, ...)``."""
-    offs = tl.arange(0, T)[None, :]
-    x = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
-    ms = tl.max(tl.max(x, 1), 0)
-    ref = tl.where(ms > float("-inf"), ms, 0.0)
-    e = tl.exp(x - ref)
-    z = tl.sum(tl.sum(e, 1), 0)
-    target = p * z
-    idx = tl.arange(0, SNP)
-    lo = ref - RANGE
-    top = ref
-    for _ in tl.static_range(PASSES):
-        piv = S._pivots(lo, top, SNP)
-        mass = tl.sum(tl.where(x >= piv[:, None], e, 0.0), 1)
-        j = tl.sum((mass >= target).to(tl.int32), 0)
-        lo = tl.where(j == 0, lo, S._take(piv, idx, j - 1, 0.0))
-        top = tl.where(j == SNP, top, S._take(piv, idx, j, 0.0))
-    kept = tl.sum(tl.sum((x >= lo).to(tl.float32), 1), 0)
-    d = tl.where(x > float("-inf"), x - lo, 0.0)
-    mean = tl.sum(tl.sum(d * e, 1), 0) / z
-    var = tl.maximum(tl.sum(tl.sum(d * d * e, 1), 0) / z - mean * mean, 0.0)
-    step = tl.maximum(SPREAD * tl.sqrt(var / (kept + 1.0)), 1e-6 * (tl.abs(lo) + 1.0))
-    i = tl.arange(0, NP)
-    half = NP // 2
-    h = tl.where(i < half, half - 1 - i, i - half).to(tl.float32)
-    off = tl.where(i < half, -1.0, 1.0) * (tl.exp2(h) - 0.5)
-    return lo + step * off, ms
+    """Per pivot: count (zero without ``COUNT``) and mass of ``{x >= pivot}``, and the mass of
+    ``{x >= lo}``. Elements under ``floor`` count as ``-inf``.
 
-
-@triton.jit
-def _summary_top_p(
-    row_ptr,
-    r64,
-    c,
-    begin,
-    end,
-    vocab,
-    p,
-    n_chunks,
-    umax_ptr,
-    chunk_max_ptr,
-    piv_ptr,
-    ref_ptr,
-    part_ptr,
-    z_ptr,
-    A: tl.constexpr,
-    NG: tl.constexpr,
-    V: tl.constexpr,
-    NP: tl.constexpr,
-    SAMPLE_NP: tl.constexpr,
-    SAMPLE_PASSES: tl.constexpr,
-    SAMPLE_RANGE: tl.constexpr,
-    SPREAD: tl.constexpr,
-    CLAMP: tl.constexpr,
-):
-    """Unit maxima, the chunk's max, and the mass of ``{x >= pivot}`` (and of the whole chunk) for the
-    row's sample pivots, relative to the sample's max; program 0 of the row stores the pivots."""
-    TILE: tl.constexpr = A * NG * V
-    piv, ref = _sample_pivots(row_ptr, vocab, p, TILE, NP, SAMPLE_NP, SAMPLE_PASSES, SAMPLE_RANGE, SPREAD)
-    i = tl.arange(0, NP)
-    if c == 0:
-        tl.store(piv_ptr + r64 * NP + i, piv)
-        tl.store(ref_ptr + r64, ref)
-    pv = piv[:, None, None, None]
-    local = slots(A, NG, V)
-    g = tl.arange(0, NG)
-    acc = tl.zeros([NP, A, NG, V], tl.float32)
-    zr = tl.zeros([A, NG, V], tl.float32)
-    smax = tl.full([NG], float("-inf"), tl.float32)
-    nxt = tl.load(row_ptr + begin + local, mask=begin + local < end, other=float("-inf"))
-    for start in range(begin, end, TILE):
+    Tiles are loaded as ``[1, BLOCK]`` and the pivot axis comes first, so a tile broadcasts against
+    the pivots in the layout it was loaded in (a 1-D tile would go through shared memory on every
+    iteration). Counts and masses are kept per lane and reduced once at the end: a reduction across
+    the program per tile (and per pivot) would dominate the pass."""
+    lane_cnt = tl.zeros([NP, BLOCK], tl.int32)
+    lane_mass = tl.zeros([NP, BLOCK], tl.float32)
+    mass_lo = tl.zeros([1, BLOCK], tl.float32)
+    pv = piv[:, None]
+    offs = tl.arange(0, BLOCK)[None, :]
+    nxt = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf"))
+    for start in range(0, n, BLOCK):
         x = nxt.to(tl.float32)
-        offs = start + TILE + local
-        nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
-        umax = tl.max(tl.max(x, 2), 0)
-        tl.store(umax_ptr + (start // TILE) * NG + g, umax.to(umax_ptr.dtype.element_ty))
-        smax = tl.maximum(smax, umax)
-        e = tl.exp(tl.minimum(x - ref, CLAMP))
-        zr += e
-        acc += (x[None] >= pv).to(tl.float32) * e[None]  # a set and a fused multiply-add per pivot
-    tl.store(part_ptr + (r64 * n_chunks + c) * NP + i, tl.sum(tl.sum(tl.sum(acc, 3), 1), 1))
-    tl.store(z_ptr + r64 * n_chunks + c, tl.sum(tl.sum(tl.sum(zr, 2), 0), 0))
-    tl.store(chunk_max_ptr + r64 * n_chunks + c, tl.max(smax, 0))
+        offs = start + BLOCK + tl.arange(0, BLOCK)[None, :]
+        nxt = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf"))
+        x = tl.where(x >= floor, x, float("-inf"))
+        ge = x >= pv
+        if COUNT:
+            lane_cnt += ge.to(tl.int32)
+        if BY_MASS:
+            e = tl.exp(x - row_max)
+            lane_mass += tl.where(ge, e, 0.0)
+            mass_lo += tl.where(x >= lo, e, 0.0)
+    return tl.sum(lane_cnt, 1), tl.sum(lane_mass, 1), tl.sum(tl.sum(mass_lo, 1), 0)
 
 
 @triton.jit
-def _row_min_count(row_ptr, vocab, BLOCK: tl.constexpr):
-    """Smallest finite element of a row and how many are finite (for the whole-row search)."""
+def _neighbours(src_ptr, n, floor, above, below, BLOCK: tl.constexpr):
+    """``(min{x >= above}, max{x < below})`` over the candidates (``inf`` / ``-inf`` when empty)."""
     lane_min = tl.full([BLOCK], float("inf"), tl.float32)
-    lane_cnt = tl.zeros([BLOCK], tl.int32)
+    lane_max = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
+        x = tl.where(x >= floor, x, float("-inf"))
+        lane_min = tl.minimum(lane_min, tl.where(x >= above, x, float("inf")))
+        lane_max = tl.maximum(lane_max, tl.where(x < below, x, float("-inf")))
+    return tl.min(lane_min, 0), tl.max(lane_max, 0)
+
+
+@triton.jit
+def _take(vec, idx, j, default):
+    """``vec[j]`` (``default`` when ``j`` is out of range) for a small vector and scalar ``j``."""
+    return tl.sum(tl.where(idx == j, vec, 0), 0) + tl.where((j >= 0) & (j < vec.shape[0]), 0, default)
+
+
+@triton.jit
+def _reached(cnt, mass, base_count, base_mass, target_count, target_mass, BY_MASS: tl.constexpr):
+    if BY_MASS:
+        return mass + base_mass >= target_mass
+    return cnt + base_count >= target_count
+
+
+@triton.jit
+def _compact(row_ptr, vocab, lo, hi, dst_ptr, BLOCK: tl.constexpr):
+    """Copy the row's elements in ``[lo, hi)`` to ``dst`` (order kept); returns how many."""
+    base = tl.zeros([], tl.int32)
     for start in range(0, vocab, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
-        ok = x > float("-inf")
-        lane_min = tl.minimum(lane_min, tl.where(ok, x, float("inf")))
-        lane_cnt += ok.to(tl.int32)
-    return tl.min(lane_min, 0), tl.sum(lane_cnt, 0)
+        keep = (x >= lo) & (x < hi)
+        pos = tl.cumsum(keep.to(tl.int32), 0)
+        tl.store(dst_ptr + base + pos - 1, x.to(dst_ptr.dtype.element_ty), mask=keep)
+        base += tl.sum(keep.to(tl.int32), 0)
+    return base
 
 
 @triton.jit
-def _whole_row(
+def _select(
     row_ptr,
     vocab,
-    k,
-    p,
-    row_max,
-    region,
+    cand_ptr,
+    n_ready,
     cap,
-    HAS_K: tl.constexpr,
-    HAS_P: tl.constexpr,
-    S_NP: tl.constexpr,
+    lo,
+    count_lo,
+    row_max,
+    floor,
+    target_count,
+    target_mass,
+    BY_MASS: tl.constexpr,
+    NP: tl.constexpr,
     BLOCK: tl.constexpr,
     NP_C: tl.constexpr,
-    EXACT_BLOCK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
     WIDE: tl.constexpr,
     MAX_PASSES: tl.constexpr,
 ):
-    """The threshold of a row by one program over the whole row (top-k, then top-p over what it
-    keeps); ``region``: ``cap`` entries of float32 scratch (used in the row's dtype)."""
-    region = region.to(row_ptr.dtype)
-    lo, finite = _row_min_count(row_ptr, vocab, BLOCK)
-    t = tl.full([], float("-inf"), tl.float32)
-    count = finite
-    if HAS_K:
-        if (k > 0) & (k < finite):
-            t, count = S._select(
-                row_ptr, vocab, region, cap, lo, finite, row_max, float("-inf"), k, 0.0, False,
-                S_NP, BLOCK, NP_C, EXACT_BLOCK, WIDE, MAX_PASSES,
-            )  # fmt: skip
-    if HAS_P:
-        if (p < 1.0) & (finite > 0):
-            lo = tl.maximum(t, lo)
-            kept = S._pivot_pass(
-                row_ptr, vocab, S._pivots(lo, row_max, S_NP), row_max, t, lo, True, S_NP, BLOCK, False
-            )[2]
-            t = S._select(
-                row_ptr, vocab, region, cap, lo, count, row_max, t, 0, p * kept, True,
-                S_NP, BLOCK, NP_C, EXACT_BLOCK, WIDE, MAX_PASSES,
-            )[0]  # fmt: skip
-    return t
+    """Threshold ``t`` (largest element whose ``{x >= t}`` reaches the target), ``#{x >= t}``, and the
+    number of elements ``>= t`` left in the scratch (``-1`` when the scratch does not hold them all).
+
+    ``n_ready >= 0`` says the scratch already holds every element ``>= lo`` (``n_ready`` of them)."""
+    idx = tl.arange(0, NP)
+    inf = float("inf")
+    hi = tl.full([], inf, tl.float32)  # exclusive upper end of the candidate bucket [lo, hi)
+    count_hi = tl.zeros([], tl.int32)
+    mass_hi = tl.zeros([], tl.float32)
+    passes = tl.zeros([], tl.int32)
+    # Coarse passes over the row until the bucket [lo, hi) fits the scratch (tensors left of `&`: n_ready
+    # may be a constexpr, which triton-ascend refuses there).
+    searching = (count_lo - count_hi > cap) & (lo < row_max) & (n_ready < 0)
+    while searching:
+        top = tl.minimum(hi, row_max)
+        piv = _pivots(lo, top, NP)
+        cnt, mass, _ = _pivot_pass(row_ptr, vocab, piv, row_max, floor, lo, BY_MASS, NP, BLOCK)
+        j = tl.sum(_reached(cnt, mass, 0, 0.0, target_count, target_mass, BY_MASS).to(tl.int32), 0)
+        count_lo = tl.where(j == 0, count_lo, _take(cnt, idx, j - 1, 0))
+        lo = tl.where(j == 0, lo, _take(piv, idx, j - 1, 0.0))
+        count_hi = _take(cnt, idx, j, 0)
+        mass_hi = _take(mass, idx, j, 0.0)
+        hi = _take(piv, idx, j, inf)
+        passes += 1
+        searching = (count_lo - count_hi > cap) & (lo < tl.minimum(hi, row_max)) & (passes < MAX_PASSES)
+    # Candidates: the scratch when they fit (the whole tail >= lo if possible), else the row itself.
+    src_ptr = row_ptr
+    n = vocab
+    base_count = tl.zeros([], tl.int32)
+    base_mass = tl.zeros([], tl.float32)
+    tail_in_scratch = tl.zeros([], tl.int32)
+    if n_ready >= 0:
+        src_ptr = cand_ptr
+        n = n_ready
+        tail_in_scratch = 1
+    elif count_lo <= cap:
+        n = _compact(row_ptr, vocab, lo, inf, cand_ptr, BLOCK)
+        src_ptr = cand_ptr
+        tail_in_scratch = 1
+    elif count_lo - count_hi <= cap:
+        n = _compact(row_ptr, vocab, lo, hi, cand_ptr, BLOCK)
+        src_ptr = cand_ptr
+        base_count = count_hi
+        base_mass = mass_hi
+    # Exact passes: lo and top become elements until they meet.
+    top = tl.minimum(hi, row_max)
+    lo, count_lo = _exact(
+        src_ptr,
+        n,
+        lo,
+        top,
+        count_lo,
+        row_max,
+        floor,
+        base_count,
+        base_mass,
+        target_count,
+        target_mass,
+        BY_MASS,
+        NP,
+        BLOCK,
+        NP_C,
+        BLOCK_C,
+        WIDE,
+        MAX_PASSES,
+    )
+    return lo, count_lo, tl.where(tail_in_scratch == 1, n, -1)
 
 
 @triton.jit
-def _finish_top_k(
-    row_ptr,
-    vocab,
-    k,
-    p,
+def _exact(
+    src_ptr,
+    n,
+    lo,
+    top,
+    count_lo,
     row_max,
-    base,
-    count_ptr,
-    n_chunks,
-    HAS_P: tl.constexpr,
-    KCAP: tl.constexpr,
-    BUF: tl.constexpr,
-    S_NP: tl.constexpr,
+    floor,
+    base_count,
+    base_mass,
+    target_count,
+    target_mass,
+    BY_MASS: tl.constexpr,
+    NP: tl.constexpr,
     BLOCK: tl.constexpr,
     NP_C: tl.constexpr,
-    EXACT_BLOCK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
     WIDE: tl.constexpr,
     MAX_PASSES: tl.constexpr,
 ):
-    """The threshold of a top-k row from its chunks' candidate buffers (``base``: the row's
-    ``n_chunks * BUF`` entries): ``t_k``, then top-p over ``{x >= t_k}``; the whole row when ``k``
-    exceeds the buffer or a buffer overflowed."""
-    n, ovf, vmin, vmax = C._merge(base, base, count_ptr, n_chunks, BUF, False, BUF)
-    t = tl.full([], float("-inf"), tl.float32)
-    if (ovf != 0) | (k > KCAP):
-        t = _whole_row(
-            row_ptr, vocab, k, p, row_max, base, n_chunks * BUF, True, HAS_P,
-            S_NP, BLOCK, NP_C, EXACT_BLOCK, WIDE, MAX_PASSES,
-        )  # fmt: skip
+    """:func:`_narrow` over ``n`` candidates: more than ``WIDE`` take the row's wide tiles and
+    ``NP`` pivots, fewer the candidate tiles and ``NP_C`` pivots (fewer, cheaper passes); up to
+    ``REG_PER_LANE`` candidates per lane stay in registers for every pass, with ``NP`` pivots (a
+    pass over registers costs far less than the memory round trip of a streamed one)."""
+    REG: tl.constexpr = BLOCK_C * REG_PER_LANE
+    if (n > BLOCK_C) & (n <= REG):
+        lo, count_lo = _narrow(
+            src_ptr,
+            n,
+            lo,
+            top,
+            count_lo,
+            row_max,
+            floor,
+            base_count,
+            base_mass,
+            target_count,
+            target_mass,
+            BY_MASS,
+            NP,
+            REG,
+            MAX_PASSES,
+        )
+    elif n > WIDE:
+        lo, count_lo = _narrow(
+            src_ptr,
+            n,
+            lo,
+            top,
+            count_lo,
+            row_max,
+            floor,
+            base_count,
+            base_mass,
+            target_count,
+            target_mass,
+            BY_MASS,
+            NP,
+            BLOCK,
+            MAX_PASSES,
+        )
     else:
-        if n >= k:  # fewer finite elements than k: top-k keeps them all
-            t = S._exact(
-                base, n, vmin, vmax, n, row_max, float("-inf"), 0, 0.0, k, 0.0, False,
-                S_NP, BLOCK, NP_C, EXACT_BLOCK, WIDE, MAX_PASSES,
-            )[0]  # fmt: skip
-        if HAS_P:
-            if (p < 1.0) & (n > 0):
-                lo = tl.maximum(t, vmin)
-                kept = S._pivot_pass(
-                    base, n, S._pivots(lo, vmax, S_NP), row_max, t, lo, True, S_NP, BLOCK, False
-                )[2]
-                t = S._exact(
-                    base, n, lo, vmax, n, row_max, t, 0, 0.0, 0, p * kept, True,
-                    S_NP, BLOCK, NP_C, EXACT_BLOCK, WIDE, MAX_PASSES,
-                )[0]  # fmt: skip
-    return t
+        lo, count_lo = _narrow(
+            src_ptr,
+            n,
+            lo,
+            top,
+            count_lo,
+            row_max,
+            floor,
+            base_count,
+            base_mass,
+            target_count,
+            target_mass,
+            BY_MASS,
+            NP_C,
+            BLOCK_C,
+            MAX_PASSES,
+        )
+    return lo, count_lo
 
 
-@triton.jit(do_not_specialize=["chunk", "n_chunks", "n_units"])
+@triton.jit
+def _narrow(
+    src_ptr,
+    n,
+    lo,
+    top,
+    count_lo,
+    row_max,
+    floor,
+    base_count,
+    base_mass,
+    target_count,
+    target_mass,
+    BY_MASS: tl.constexpr,
+    NP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    MAX_PASSES: tl.constexpr,
+):
+    """Narrow ``[lo, top]`` to the threshold: per pass the nearest elements around ``NP`` pivots
+    become the new ends, so they are element values and meet at ``t``. Candidates that fit one
+    tile are loaded once and every pass runs on registers (the passes are a dependent chain, so a
+    memory round trip per pass is what a short search costs)."""
+    idx = tl.arange(0, NP)
+    passes = tl.zeros([], tl.int32)
+    searching = lo < top
+    if n <= BLOCK:
+        offs = tl.arange(0, BLOCK)[None, :]
+        x = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
+        x = tl.where(x >= floor, x, float("-inf"))
+        e = x
+        if BY_MASS:
+            e = tl.exp(x - row_max)
+        while searching:
+            piv = _pivots(lo, top, NP)
+            ge = x >= piv[:, None]
+            cnt = tl.sum(ge.to(tl.int32), 1)
+            mass = tl.sum(tl.where(ge, e, 0.0), 1)
+            j = tl.sum(
+                _reached(cnt, mass, base_count, base_mass, target_count, target_mass, BY_MASS).to(tl.int32), 0
+            )
+            above = tl.min(tl.min(tl.where(x >= _take(piv, idx, j - 1, float("inf")), x, float("inf")), 1), 0)
+            below = tl.max(tl.max(tl.where(x < _take(piv, idx, j, float("-inf")), x, float("-inf")), 1), 0)
+            lo, top, count_lo = _advance(j, lo, top, count_lo, cnt, base_count, above, below, NP)
+            passes += 1
+            searching = (lo < top) & (passes < MAX_PASSES)
+    else:
+        while searching:
+            piv = _pivots(lo, top, NP)
+            cnt, mass, _ = _pivot_pass(src_ptr, n, piv, row_max, floor, lo, BY_MASS, NP, BLOCK)
+            j = tl.sum(
+                _reached(cnt, mass, base_count, base_mass, target_count, target_mass, BY_MASS).to(tl.int32), 0
+            )
+            above, below = _neighbours(
+                src_ptr,
+                n,
+                floor,
+                _take(piv, idx, j - 1, float("inf")),
+                _take(piv, idx, j, float("-inf")),
+                BLOCK,
+            )
+            lo, top, count_lo = _advance(j, lo, top, count_lo, cnt, base_count, above, below, NP)
+            passes += 1
+            searching = (lo < top) & (passes < MAX_PASSES)
+    return lo, count_lo
+
+
+@triton.jit
+def _advance(j, lo, top, count_lo, cnt, base_count, above, below, NP: tl.constexpr):
+    """One narrowing step: ``j`` pivots reached the target; ``above`` is the smallest element at or
+    above the last of them, ``below`` the largest under the next (only these two, not one per
+    pivot). Returns the new ``(lo, top, count_lo)``; ``lo == top`` once they meet at ``t``."""
+    count_lo = tl.where(j == 0, count_lo, _take(cnt, tl.arange(0, NP), j - 1, 0) + base_count)
+    new_lo = tl.where(j == 0, lo, above)
+    done = (j == NP) | (new_lo >= below)
+    answer = tl.where(j == NP, top, new_lo)
+    return tl.where(done, answer, new_lo), tl.where(done, answer, below), count_lo
+
+
+@triton.jit
 def _summary_kernel(
     logits_ptr,
     row_stride,
-    k_ptr,
+    vocab,
+    chunk,
+    n_sub,
+    maxima_ptr,
+    n_grp,
+    groups_ptr,
+    stats_ptr,
+    counter_ptr,
+    chosen_ptr,
+    above_ptr,
+    NEED_SUM: tl.constexpr,
+    SUB: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    COUNT_ABOVE: tl.constexpr = False,
+):
+    """Per chunk: max, softmax sum, min, finite count (and with ``COUNT_ABOVE`` the number of
+    elements above the row's ``chosen`` token, for its rank); per sub-tile: its max; per group of
+    ``GROUP`` sub-tiles: its max."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+    chosen = tl.zeros([], tl.float32)
+    if COUNT_ABOVE:
+        chosen = tl.load(row_ptr + tl.load(chosen_ptr + row)).to(tl.float32)
+    lo_idx = c * chunk
+    end = tl.minimum(lo_idx + chunk, vocab)
+    NS: tl.constexpr = BLOCK // SUB
+    sub = tl.arange(0, NS)
+    col = tl.arange(0, SUB)
+    run_max = tl.full([NS], float("-inf"), tl.float32)
+    run_sum = tl.zeros([NS], tl.float32)
+    mn = tl.full([NS, SUB], float("inf"), tl.float32)
+    finite = tl.zeros([NS, SUB], tl.int32)
+    above = tl.zeros([NS, SUB], tl.int32)
+    tile = sub[:, None] * SUB + col[None, :]
+    nxt = tl.load(row_ptr + lo_idx + tile, mask=lo_idx + tile < end, other=float("-inf"))
+    for start in range(lo_idx, end, BLOCK):  # the next tile is loaded before this one is reduced
+        x = nxt.to(tl.float32)
+        offs = start + BLOCK + tile
+        nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
+        sub_max = tl.max(x, 1)
+        s = start // SUB + sub
+        tl.store(maxima_ptr + row.to(tl.int64) * n_sub + s, sub_max, mask=s < tl.cdiv(end, SUB))
+        g = start // (SUB * GROUP) + tl.arange(0, NS // GROUP)
+        grp_max = tl.max(tl.reshape(sub_max, [NS // GROUP, GROUP]), 1)
+        tl.store(groups_ptr + row.to(tl.int64) * n_grp + g, grp_max, mask=g < tl.cdiv(end, SUB * GROUP))
+        if NEED_SUM:  # softmax sum per sub-tile lane: one exponential per element
+            new_max = tl.maximum(run_max, sub_max)
+            safe = tl.where(new_max > float("-inf"), new_max, 0.0)
+            run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(tl.exp(x - safe[:, None]), 1)
+            run_max = new_max
+        else:
+            run_max = tl.maximum(run_max, sub_max)
+        ok = x > float("-inf")
+        mn = tl.minimum(mn, tl.where(ok, x, float("inf")))
+        finite += ok.to(tl.int32)
+        if COUNT_ABOVE:
+            above += (x > chosen).to(tl.int32)
+    m = tl.max(run_max, 0)
+    safe_m = tl.where(m > float("-inf"), m, 0.0)
+    out = stats_ptr + (row.to(tl.int64) * tl.num_programs(1) + c) * 4
+    if c == 0:
+        tl.store(counter_ptr + row, 0)
+    tl.store(out, m)
+    tl.store(out + 1, tl.sum(run_sum * tl.exp(run_max - safe_m), 0))
+    tl.store(out + 2, tl.min(tl.min(mn, 1), 0))
+    tl.store(out + 3, tl.sum(tl.sum(finite, 1), 0).to(tl.float32))
+    if COUNT_ABOVE:
+        tl.store(above_ptr + row.to(tl.int64) * tl.num_programs(1) + c, tl.sum(tl.sum(above, 1), 0))
+
+
+@triton.jit
+def _row_stats(stats_ptr, row, n_chunks, CHUNKS: tl.constexpr):
+    """Row max, softmax sum relative to it, min and finite count from the chunk statistics."""
+    ci = tl.arange(0, CHUNKS)
+    st = stats_ptr + (row.to(tl.int64) * n_chunks + ci) * 4
+    inside = ci < n_chunks
+    c_max = tl.load(st, mask=inside, other=float("-inf"))
+    row_max = tl.max(c_max, 0)
+    safe = tl.where(row_max > float("-inf"), row_max, 0.0)
+    z = tl.sum(tl.load(st + 1, mask=inside, other=0.0) * tl.exp(c_max - safe), 0)
+    row_min = tl.min(tl.load(st + 2, mask=inside, other=float("inf")), 0)
+    finite = tl.sum(tl.load(st + 3, mask=inside, other=0.0), 0).to(tl.int32)
+    return row_max, z, row_min, finite
+
+
+@triton.jit
+def _tail_bound(row_max, z, finite, p):
+    """The mass below ``v`` is at most ``finite * exp(v - max)``: where that is the ``1 - p`` left
+    over, ``{x >= v}`` must hold at least ``p``, so ``v`` bounds the top-p threshold from below."""
+    return tl.minimum(row_max + tl.log((1.0 - p) * z * 0.999 / finite.to(tl.float32)), row_max)
+
+
+@triton.jit
+def _bracket(
+    partials_ptr,
+    row,
+    rows,
+    n_chunks,
+    lo,
+    target,
+    row_max,
+    ROUNDS: tl.constexpr,
+    NP: tl.constexpr,
+    CHUNKS: tl.constexpr,
+):
+    """Replay the split top-p rounds: ``(lo, hi, count, mass)`` with the threshold in ``[lo, hi)``
+    and ``count`` / ``mass`` those of ``{x >= hi}``. Round ``r``'s per-chunk counts and masses of
+    ``{x >= pivot}`` are at ``partials[r, row, chunk, pivot, 2]``."""
+    idx = tl.arange(0, NP)
+    ci = tl.arange(0, CHUNKS)
+    hi = tl.full([], float("inf"), tl.float32)
+    count_hi = tl.zeros([], tl.float32)
+    mass_hi = tl.zeros([], tl.float32)
+    for r in tl.static_range(ROUNDS):
+        piv = _pivots(lo, tl.minimum(hi, row_max), NP)
+        at = partials_ptr + (((r * rows + row).to(tl.int64) * n_chunks + ci[:, None]) * NP + idx[None, :]) * 2
+        inside = (ci < n_chunks)[:, None]
+        cnt = tl.sum(tl.load(at, mask=inside, other=0.0), 0)
+        mass = tl.sum(tl.load(at + 1, mask=inside, other=0.0), 0)
+        j = tl.sum((mass >= target).to(tl.int32), 0)
+        lo = tl.where(j == 0, lo, _take(piv, idx, j - 1, 0.0))
+        count_hi = tl.where(j == NP, count_hi, _take(cnt, idx, j, 0.0))
+        mass_hi = tl.where(j == NP, mass_hi, _take(mass, idx, j, 0.0))
+        hi = tl.where(j == NP, hi, _take(piv, idx, j, 0.0))
+    return lo, hi, count_hi, mass_hi
+
+
+@triton.jit(do_not_specialize=["rows", "n_chunks"])
+def _top_p_round_kernel(
+    logits_ptr,
+    row_stride,
     p_ptr,
+    stats_ptr,
+    partials_ptr,
+    rows,
     vocab,
     chunk,
     n_chunks,
-    n_units,
-    maxima_ptr,
-    chunk_max_ptr,
-    count_ptr,
-    cand_ptr,
-    piv_ptr,
-    ref_ptr,
-    part_ptr,
-    z_ptr,
-    threshold_ptr,
-    counter_ptr,
-    HAS_K: tl.constexpr,
-    HAS_P: tl.constexpr,
-    A: tl.constexpr,
-    NG: tl.constexpr,
-    V: tl.constexpr,
-    KCAP: tl.constexpr,
-    BUF: tl.constexpr,
+    ROUND: tl.constexpr,
     NP: tl.constexpr,
-    BOUND_NP: tl.constexpr,
-    BOUND_PASSES: tl.constexpr,
-    SAMPLE_NP: tl.constexpr,
-    SAMPLE_PASSES: tl.constexpr,
-    SAMPLE_RANGE: tl.constexpr,
-    SPREAD: tl.constexpr,
-    CLAMP: tl.constexpr,
-    CB: tl.constexpr,
-    S_NP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNKS: tl.constexpr,
+):
+    """One split round of the top-p search: this chunk's count and mass of ``{x >= pivot}`` for
+    ``NP`` pivots over the bracket the earlier rounds left."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    row_max, z, row_min, finite = _row_stats(stats_ptr, row, n_chunks, CHUNKS)
+    p = tl.load(p_ptr + row)
+    if (p < 1.0) & (finite > 0):
+        start = c * chunk
+        lo = tl.maximum(row_min, _tail_bound(row_max, z, finite, p))
+        lo, hi, _, _ = _bracket(partials_ptr, row, rows, n_chunks, lo, p * z, row_max, ROUND, NP, CHUNKS)
+        piv = _pivots(lo, tl.minimum(hi, row_max), NP)
+        cnt, mass, _ = _pivot_pass(
+            logits_ptr + row.to(tl.int64) * row_stride + start,
+            tl.minimum(chunk, vocab - start),
+            piv,
+            row_max,
+            float("-inf"),
+            lo,
+            True,
+            NP,
+            BLOCK,
+            False,
+        )
+        out = partials_ptr + (((ROUND * rows + row).to(tl.int64) * n_chunks + c) * NP + tl.arange(0, NP)) * 2
+        tl.store(out, cnt.to(tl.float32))
+        tl.store(out + 1, mass)
+
+
+@triton.jit(do_not_specialize=["rows", "n_chunks"])
+def _top_p_bucket_kernel(
+    logits_ptr,
+    row_stride,
+    p_ptr,
+    stats_ptr,
+    partials_ptr,
+    counter_ptr,
+    cand_base_ptr,
+    rows,
+    vocab,
+    chunk,
+    n_chunks,
+    cap,
+    ROUNDS: tl.constexpr,
+    NP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNKS: tl.constexpr,
+):
+    """Copy this chunk's elements of the final bracket ``[lo, hi)`` to the row's scratch, at
+    offsets taken from a per-row counter."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    row_max, z, row_min, finite = _row_stats(stats_ptr, row, n_chunks, CHUNKS)
+    p = tl.load(p_ptr + row)
+    if (p < 1.0) & (finite > 0):
+        lo = tl.maximum(row_min, _tail_bound(row_max, z, finite, p))
+        lo, hi, _, _ = _bracket(partials_ptr, row, rows, n_chunks, lo, p * z, row_max, ROUNDS, NP, CHUNKS)
+        row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+        cand_ptr = cand_base_ptr + row.to(tl.int64) * cap
+        end = tl.minimum(c * chunk + chunk, vocab)
+        for start in range(c * chunk, end, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
+            xf = x.to(tl.float32)
+            keep = (xf >= lo) & (xf < hi)
+            # One relaxed atomic per kept element (a bracket holds ~1/80 of the row): cheaper than a
+            # prefix sum over every tile, and the order of the scratch does not matter.
+            pos = tl.atomic_add(counter_ptr + row + tl.zeros_like(offs), 1, mask=keep, sem="relaxed")
+            tl.store(cand_ptr + pos, x, mask=keep & (pos < cap))
+
+
+@triton.jit(do_not_specialize=["rows", "n_chunks"])
+def _top_p_threshold_kernel(
+    logits_ptr,
+    row_stride,
+    p_ptr,
+    stats_ptr,
+    partials_ptr,
+    counter_ptr,
+    cand_base_ptr,
+    threshold_ptr,
+    rows,
+    vocab,
+    n_chunks,
+    cap,
+    ROUNDS: tl.constexpr,
+    NP_R: tl.constexpr,
+    NP: tl.constexpr,
     BLOCK: tl.constexpr,
     NP_C: tl.constexpr,
     EXACT_BLOCK: tl.constexpr,
     WIDE: tl.constexpr,
+    CHUNKS: tl.constexpr,
     MAX_PASSES: tl.constexpr,
 ):
-    """One chunk of a row: unit maxima and the chunk's max; the candidate buffer (top-k rows, whose
-    last program then stores the threshold) or the pivot masses (top-p rows); rows with neither
-    store ``-inf``."""
+    """The exact top-p threshold of a row from its bracket in the scratch (whole-row search when
+    the bracket overflowed the scratch)."""
     row = tl.program_id(0)
-    c = tl.program_id(1)
-    r64 = row.to(tl.int64)
-    row_ptr = logits_ptr + r64 * row_stride
-    TILE: tl.constexpr = A * NG * V
-    begin = c * chunk
-    end = tl.minimum(begin + chunk, vocab)
-    umax_ptr = maxima_ptr + r64 * n_units
-    k, p, k_on, p_alone = _params(k_ptr, p_ptr, row, vocab, HAS_K, HAS_P)
-    if HAS_P:
-        if p_alone:
-            _summary_top_p(
-                row_ptr, r64, c, begin, end, vocab, p, n_chunks, umax_ptr, chunk_max_ptr, piv_ptr, ref_ptr,
-                part_ptr, z_ptr, A, NG, V, NP, SAMPLE_NP, SAMPLE_PASSES, SAMPLE_RANGE, SPREAD, CLAMP,
-            )  # fmt: skip
-    if HAS_K:
-        if k_on:
-            region = cand_ptr + (r64 * n_chunks + c) * BUF
-            local = slots(A, NG, V)
-            g = tl.arange(0, NG)
-            buffered = k <= KCAP
-            thr = tl.full([], float("inf"), tl.float32)  # rows above KCAP collect nothing
-            cnt = tl.zeros([], tl.int32)
-            ovf = tl.zeros([], tl.int32)
-            smax = tl.full([NG], float("-inf"), tl.float32)
-            nxt = tl.load(row_ptr + begin + local, mask=begin + local < end, other=float("-inf"))
-            for start in range(begin, end, TILE):
-                x = nxt.to(tl.float32)
-                offs = start + TILE + local
-                nxt = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf"))
-                umax = tl.max(tl.max(x, 2), 0)
-                tl.store(umax_ptr + (start // TILE) * NG + g, umax.to(umax_ptr.dtype.element_ty))
-                smax = tl.maximum(smax, umax)
-                if buffered:
-                    cnt, thr, ovf = C._take_tile(
-                        region, region, cnt, thr, ovf, x, x, umax, k, start == begin, False, BUF,
-                        BOUND_NP, BOUND_PASSES, S_NP, EXACT_BLOCK, MAX_PASSES,
-                    )  # fmt: skip
-            if buffered & (ovf == 0) & (cnt > k) & (n_chunks > 1):  # one row program: its search does it
-                cnt = C._compact(region, region, cnt, k, False, BUF, S_NP, EXACT_BLOCK, MAX_PASSES)[1]
-            tl.store(count_ptr + r64 * n_chunks + c, tl.where(ovf != 0, -1, cnt))
-            tl.store(chunk_max_ptr + r64 * n_chunks + c, tl.max(smax, 0))
-            last = n_chunks == 1
-            if n_chunks > 1:
-                last = last_chunk(counter_ptr, row, n_chunks)
-            if last:
-                row_max = _max_chunks(chunk_max_ptr + r64 * n_chunks, n_chunks, CB)
-                t = _finish_top_k(
-                    row_ptr, vocab, k, p, row_max, cand_ptr + r64 * n_chunks * BUF, count_ptr + r64 * n_chunks,
-                    n_chunks, HAS_P, KCAP, BUF, S_NP, BLOCK, NP_C, EXACT_BLOCK, WIDE, MAX_PASSES,
-                )  # fmt: skip
-                tl.store(threshold_ptr + row, t)
-    if (k_on == 0) & (p_alone == 0) & (c == 0):
-        tl.store(threshold_ptr + row, float("-inf"))
+    row_max, z, row_min, finite = _row_stats(stats_ptr, row, n_chunks, CHUNKS)
+    p = tl.load(p_ptr + row)
+    threshold = tl.full([], float("-inf"), tl.float32)
+    if (p < 1.0) & (finite > 0):
+        target = p * z
+        lo = tl.maximum(row_min, _tail_bound(row_max, z, finite, p))
+        lo, hi, count_hi, mass_hi = _bracket(
+            partials_ptr, row, rows, n_chunks, lo, target, row_max, ROUNDS, NP_R, CHUNKS
+        )
+        n = tl.load(counter_ptr + row)
+        cand_ptr = cand_base_ptr + row.to(tl.int64) * cap
+        if n <= cap:
+            threshold, _ = _exact(
+                cand_ptr,
+                n,
+                lo,
+                tl.minimum(hi, row_max),
+                tl.zeros([], tl.int32),
+                row_max,
+                float("-inf"),
+                count_hi.to(tl.int32),
+                mass_hi,
+                0,
+                target,
+                True,
+                NP,
+                BLOCK,
+                NP_C,
+                EXACT_BLOCK,
+                WIDE,
+                MAX_PASSES,
+            )
+        else:
+            threshold, _, _ = _select(
+                logits_ptr + row.to(tl.int64) * row_stride,
+                vocab,
+                cand_ptr,
+                -1,
+                cap,
+                lo,
+                finite,
+                row_max,
+                float("-inf"),
+                0,
+                target,
+                True,
+                NP,
+                BLOCK,
+                NP_C,
+                EXACT_BLOCK,
+                WIDE,
+                MAX_PASSES,
+            )
+    tl.store(threshold_ptr + row, threshold)
 
 
 @triton.jit
-def _sum_chunks(ptr, n_chunks, N: tl.constexpr, CB: tl.constexpr):
-    """``sum over c < n_chunks of ptr[c * N + j]`` for ``j < N``."""
-    j = tl.arange(0, N)
-    ci = tl.arange(0, CB)
-    total = tl.zeros([N], tl.float32)
-    for c0 in range(0, n_chunks, CB):
-        at = ptr + (c0 + ci[:, None]) * N + j[None, :]
-        total += tl.sum(tl.load(at, mask=(c0 + ci < n_chunks)[:, None], other=0.0), 0)
-    return total
-
-
-@triton.jit
-def _sum_z(ptr, n_chunks, CB: tl.constexpr):
-    ci = tl.arange(0, CB)
-    total = tl.zeros([], tl.float32)
-    for c0 in range(0, n_chunks, CB):
-        total += tl.sum(tl.load(ptr + c0 + ci, mask=c0 + ci < n_chunks, other=0.0), 0)
-    return total
-
-
-@triton.jit
-def _max_chunks(ptr, n_chunks, CB: tl.constexpr):
-    ci = tl.arange(0, CB)
-    m = tl.full([], float("-inf"), tl.float32)
-    for c0 in range(0, n_chunks, CB):
-        m = tl.maximum(m, tl.max(tl.load(ptr + c0 + ci, mask=c0 + ci < n_chunks, other=float("-inf")), 0))
-    return m
-
-
-@triton.jit
-def _bracket(piv, masses, target, z, ref, p, vocab, NP: tl.constexpr):
-    """From the masses of ``{x >= piv_j}``: ``(lo, hi, mass >= hi, mass >= lo)`` with ``t`` in
-    ``[lo, hi)``; below the first pivot ``lo`` is the tail bound, above the last ``hi`` is ``inf``."""
-    idx = tl.arange(0, NP)
-    j = tl.sum((masses >= target).to(tl.int32), 0)
-    tail = tl.minimum(S._tail_bound(ref, z, vocab + tl.zeros([], tl.int32), p), tl.min(piv, 0))
-    lo = tl.where(j == 0, tail, S._take(piv, idx, j - 1, 0.0))
-    hi = tl.where(j == NP, float("inf"), S._take(piv, idx, j, 0.0))
-    base = tl.where(j == NP, 0.0, S._take(masses, idx, j, 0.0))
-    mass_lo = tl.where(j == 0, z, S._take(masses, idx, j - 1, 0.0))
-    return lo, hi, base, mass_lo
-
-
-@triton.jit
-def _units(umax_ptr, t, n_units, lo, NG: tl.constexpr):
-    """Whether each slot's unit of tile ``t`` reaches ``lo`` (its max; units past the row: no)."""
-    u = t * NG + tl.arange(0, NG)
-    return tl.load(umax_ptr + u, mask=u < n_units, other=float("-inf")).to(tl.float32) >= lo
-
-
-@triton.jit
-def _copy_bracket(
-    row_ptr,
-    umax_ptr,
-    begin,
-    end,
-    n_units,
-    lo,
-    hi,
-    region,
-    cap,
-    A: tl.constexpr,
-    NG: tl.constexpr,
-    V: tl.constexpr,
+def _bound(
+    maxima_ptr,
+    n_sub,
+    row_min,
+    row_max,
+    floor,
+    target_count,
+    target_mass,
+    BY_MASS: tl.constexpr,
+    NP: tl.constexpr,
+    PASSES: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
-    """Copy the chunk's elements in ``[lo, hi)`` to ``region``, reading only units whose max reaches
-    ``lo`` (the next tile's maxima and elements are loaded before this tile is taken); returns how
-    many, ``-1`` past ``cap``."""
-    TILE: tl.constexpr = A * NG * V
-    local = slots(A, NG, V)
+    """Largest pivot ``v`` (to ``(row_max - row_min) / NP**PASSES``) such that the sub-tile maxima
+    ``>= v`` alone reach the target: a lower bound of the threshold; ``row_min`` if none does."""
+    idx = tl.arange(0, NP)
+    lo = row_min
+    top = row_max
+    for _ in range(PASSES):
+        piv = _pivots(lo, top, NP)
+        cnt, mass, _ = _pivot_pass(maxima_ptr, n_sub, piv, row_max, floor, lo, BY_MASS, NP, BLOCK)
+        j = tl.sum(
+            _reached(cnt, mass, 0, 0.0, target_count, target_mass * MASS_MARGIN, BY_MASS).to(tl.int32), 0
+        )
+        lo = tl.where(j == 0, lo, _take(piv, idx, j - 1, 0.0))
+        top = tl.where(j == NP, top, _take(piv, idx, j, 0.0))
+    return lo
+
+
+@triton.jit
+def _list_subtiles(
+    row_maxima,
+    row_groups,
+    n_sub,
+    n_grp,
+    v,
+    gsel_ptr,
+    sel_ptr,
+    cap,
+    GROUP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """List the sub-tiles whose max is ``>= v`` in ascending order (the first ``cap`` of them);
+    returns how many. Groups whose max is below ``v`` are listed out first, so their sub-tile
+    maxima are never read: a high ``v`` touches a few groups' maxima, not the row's. Rows of at most
+    ``2 * BLOCK`` sub-tiles are listed in one or two flat steps instead (fewer dependent steps)."""
+    n_sel = tl.zeros([], tl.int32)
+    if n_sub <= 2 * BLOCK:
+        for s0 in range(0, n_sub, BLOCK):
+            sub = s0 + tl.arange(0, BLOCK)
+            sel = (tl.load(row_maxima + sub, mask=sub < n_sub, other=float("-inf")) >= v) & (sub < n_sub)
+            pos = n_sel + tl.cumsum(sel.to(tl.int32), 0) - 1
+            tl.store(sel_ptr + pos, sub, mask=sel & (pos < cap))
+            n_sel += tl.sum(sel.to(tl.int32), 0)
+    else:
+        n_g = tl.zeros([], tl.int32)
+        for g0 in range(0, n_grp, BLOCK):
+            g = g0 + tl.arange(0, BLOCK)
+            sel = (tl.load(row_groups + g, mask=g < n_grp, other=float("-inf")) >= v) & (g < n_grp)
+            pos = n_g + tl.cumsum(sel.to(tl.int32), 0) - 1
+            tl.store(gsel_ptr + pos, g, mask=sel)
+            n_g += tl.sum(sel.to(tl.int32), 0)
+        tl.debug_barrier()
+        NG: tl.constexpr = 32  # groups per step
+        for i0 in range(0, n_g, NG):
+            i = i0 + tl.arange(0, NG)
+            g = tl.load(gsel_ptr + i, mask=i < n_g, other=0)
+            sub = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+            sub = tl.reshape(sub, [NG * GROUP])
+            ok = tl.reshape(tl.broadcast_to((i < n_g)[:, None], [NG, GROUP]), [NG * GROUP]) & (sub < n_sub)
+            sel = (tl.load(row_maxima + sub, mask=ok, other=float("-inf")) >= v) & ok
+            pos = n_sel + tl.cumsum(sel.to(tl.int32), 0) - 1
+            tl.store(sel_ptr + pos, sub, mask=sel & (pos < cap))
+            n_sel += tl.sum(sel.to(tl.int32), 0)
+    tl.debug_barrier()
+    return n_sel
+
+
+@triton.jit
+def _gather(
+    row_ptr,
+    maxima_ptr,
+    groups_ptr,
+    n_sub,
+    n_grp,
+    vocab,
+    lo,
+    cand_ptr,
+    gsel_ptr,
+    sel_ptr,
+    cap,
+    SUB: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Copy every element ``>= lo`` to the scratch, reading only sub-tiles whose max is ``>= lo``;
+    returns how many (more than ``cap``: the scratch holds only part of them, or more than
+    ``cap // 4`` sub-tiles qualified and none were read).
+
+    First the indices of those sub-tiles are listed (:func:`_list_subtiles`), then they are
+    loaded ``BLOCK_C // SUB`` at a time, so the loop does not walk the whole row."""
+    n_sel = _list_subtiles(maxima_ptr, groups_ptr, n_sub, n_grp, lo, gsel_ptr, sel_ptr, cap, GROUP, BLOCK)
     n = tl.zeros([], tl.int32)
-    sel = _units(umax_ptr, begin // TILE, n_units, lo, NG)
-    nxt = tl.load(
-        row_ptr + begin + local, mask=(begin + local < end) & sel[None, :, None], other=float("-inf")
-    )
-    sel_nxt = _units(umax_ptr, begin // TILE + 1, n_units, lo, NG)
-    for start in range(begin, end, TILE):
-        x = nxt.to(tl.float32)
-        cur = sel
-        offs = start + TILE + local
-        nxt = tl.load(row_ptr + offs, mask=(offs < end) & sel_nxt[None, :, None], other=float("-inf"))
-        sel = sel_nxt
-        sel_nxt = _units(umax_ptr, start // TILE + 2, n_units, lo, NG)
-        if (tl.max(cur.to(tl.int32), 0) > 0) & (n >= 0):
-            hits = (x >= lo) & (x < hi)
-            n_hits = tl.sum(tl.sum(tl.sum(hits.to(tl.int32), 2), 0), 0)
-            if n + n_hits > cap:
-                n = tl.full([], -1, tl.int32)
-            else:
-                n = C._append(region, region, n, x, hits, x, False)
+    if n_sel > cap // 4:  # likely more candidates than fit: not worth loading them one by one
+        n = cap + 1
+    else:
+        NS: tl.constexpr = BLOCK_C // SUB
+        col = tl.arange(0, SUB)
+        for i0 in range(0, n_sel, NS):
+            i = i0 + tl.arange(0, NS)
+            s = tl.load(sel_ptr + i, mask=i < n_sel, other=0)
+            offs2 = s[:, None] * SUB + col[None, :]
+            x = tl.load(row_ptr + offs2, mask=(i < n_sel)[:, None] & (offs2 < vocab), other=float("-inf"))
+            keep = tl.reshape(x.to(tl.float32) >= lo, [BLOCK_C])
+            pos = n + tl.cumsum(keep.to(tl.int32), 0) - 1
+            tl.store(cand_ptr + pos, tl.reshape(x, [BLOCK_C]), mask=keep & (pos < cap))
+            n += tl.sum(keep.to(tl.int32), 0)
+        tl.debug_barrier()
     return n
 
 
 @triton.jit
-def _round(
+def _top_k_threshold(
     row_ptr,
-    umax_ptr,
-    begin,
-    end,
-    n_units,
-    lo,
-    piv,
-    ref,
-    A: tl.constexpr,
-    NG: tl.constexpr,
-    V: tl.constexpr,
-    NP: tl.constexpr,
-    CLAMP: tl.constexpr,
-):
-    """The chunk's mass of ``{x >= piv_j}`` (all pivots ``>= lo``; units below ``lo`` are not read)."""
-    TILE: tl.constexpr = A * NG * V
-    local = slots(A, NG, V)
-    pv = piv[:, None, None, None]
-    acc = tl.zeros([NP, A, NG, V], tl.float32)
-    for start in range(begin, end, TILE):
-        sel = _units(umax_ptr, start // TILE, n_units, lo, NG)
-        offs = start + local
-        x = tl.load(row_ptr + offs, mask=(offs < end) & sel[None, :, None], other=float("-inf")).to(
-            tl.float32
-        )
-        e = tl.exp(tl.minimum(x - ref, CLAMP))
-        acc += (x[None] >= pv).to(tl.float32) * e[None]
-    return tl.sum(tl.sum(tl.sum(acc, 3), 1), 1)
-
-
-@triton.jit(do_not_specialize=["chunk", "n_chunks", "n_units"])
-def _collect_kernel(
-    logits_ptr,
-    row_stride,
-    k_ptr,
-    p_ptr,
-    vocab,
-    chunk,
-    n_chunks,
-    n_units,
-    maxima_ptr,
-    chunk_max_ptr,
-    piv_ptr,
-    ref_ptr,
-    part_ptr,
-    z_ptr,
-    round_ptr,
+    row_maxima,
+    row_groups,
     cand_ptr,
-    count_ptr,
-    threshold_ptr,
-    counter_ptr,
-    HAS_K: tl.constexpr,
-    STAGE: tl.constexpr,
-    A: tl.constexpr,
-    NG: tl.constexpr,
-    V: tl.constexpr,
+    gsel_ptr,
+    sel_ptr,
+    vocab,
+    n_sub,
+    n_grp,
+    cap,
+    k,
+    finite,
+    row_min,
+    row_max,
     NP: tl.constexpr,
-    CAP: tl.constexpr,
-    CLAMP: tl.constexpr,
-    CB: tl.constexpr,
-    S_NP: tl.constexpr,
-    BLOCK: tl.constexpr,
     NP_C: tl.constexpr,
+    BOUND_NP: tl.constexpr,
+    BOUND_PASSES: tl.constexpr,
+    SUB: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
     EXACT_BLOCK: tl.constexpr,
     WIDE: tl.constexpr,
     MAX_PASSES: tl.constexpr,
 ):
-    """Top-p rows. Stage 1: the bracket of the summary's pivots holding ``t``; copy it when its
-    elements fit ``CAP`` (their mass bounds their count), else one round of pivots inside it. Stage 2,
-    rows that took the round: copy the round's bracket. The row's last program of the stage that
-    copied searches the copy exactly; rows the pivots cannot measure are searched whole."""
+    """``(t, #{x >= t}, n_ready)`` for the ``k`` largest of a row (``t = -inf``, count ``finite``
+    when ``k`` keeps every finite element or is off); ``n_ready`` as :func:`_select` returns it."""
+    threshold = tl.full([], float("-inf"), tl.float32)
+    count = finite
+    n_ready = tl.full([], -1, tl.int32)
+    if (k > 0) & (k < finite):
+        lo = row_min
+        n = finite
+        if k <= n_sub:
+            # Group maxima bound as well and are GROUP times fewer; their bound is weaker, so only
+            # for k well below their number.
+            src = row_maxima
+            n_src = n_sub
+            if k * GROUP_RATIO <= n_grp:
+                src = row_groups
+                n_src = n_grp
+            bound = _bound(
+                src, n_src, row_min, row_max, float("-inf"), k, 0.0, False, BOUND_NP, BOUND_PASSES, BLOCK_C
+            )
+            if bound > row_min:
+                n_bound = _gather(
+                    row_ptr,
+                    row_maxima,
+                    row_groups,
+                    n_sub,
+                    n_grp,
+                    vocab,
+                    bound,
+                    cand_ptr,
+                    gsel_ptr,
+                    sel_ptr,
+                    cap,
+                    SUB,
+                    GROUP,
+                    BLOCK,
+                    BLOCK_C,
+                )
+                if n_bound <= cap:
+                    n_ready = n_bound
+                    lo = bound
+                    n = n_bound
+        threshold, count, n_ready = _select(
+            row_ptr,
+            vocab,
+            cand_ptr,
+            n_ready,
+            cap,
+            lo,
+            n,
+            row_max,
+            float("-inf"),
+            k,
+            0.0,
+            False,
+            NP,
+            BLOCK,
+            NP_C,
+            EXACT_BLOCK,
+            WIDE,
+            MAX_PASSES,
+        )
+    return threshold, count, n_ready
+
+
+@triton.jit(do_not_specialize=["n_chunks"])
+def _threshold_kernel(
+    logits_ptr,
+    row_stride,
+    k_ptr,
+    p_ptr,
+    maxima_ptr,
+    groups_ptr,
+    stats_ptr,
+    cand_base_ptr,
+    gsel_base_ptr,
+    sel_base_ptr,
+    threshold_ptr,
+    vocab,
+    n_sub,
+    n_grp,
+    n_chunks,
+    cap,
+    HAS_P: tl.constexpr,
+    NP: tl.constexpr,
+    NP_C: tl.constexpr,
+    BOUND_NP: tl.constexpr,
+    BOUND_PASSES: tl.constexpr,
+    SUB: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    EXACT_BLOCK: tl.constexpr,
+    WIDE: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    MAX_PASSES: tl.constexpr,
+):
     row = tl.program_id(0)
-    c = tl.program_id(1)
-    r64 = row.to(tl.int64)
-    row_ptr = logits_ptr + r64 * row_stride
-    k, p, _k_on, p_alone = _params(k_ptr, p_ptr, row, vocab, HAS_K, True)
-    if p_alone:
-        begin = c * chunk
-        end = tl.minimum(begin + chunk, vocab)
-        umax_ptr = maxima_ptr + r64 * n_units
-        row_max = _max_chunks(chunk_max_ptr + r64 * n_chunks, n_chunks, CB)
-        i = tl.arange(0, NP)
-        piv = tl.load(piv_ptr + r64 * NP + i)
-        ref = tl.load(ref_ptr + r64)
-        masses = _sum_chunks(part_ptr + r64 * n_chunks * NP, n_chunks, NP, CB)
-        z = _sum_z(z_ptr + r64 * n_chunks, n_chunks, CB)
-        valid = (row_max <= ref + CLAMP) & (z > 0.0)
-        target = p * z
-        lo, hi, base, mass_lo = _bracket(piv, masses, target, z, ref, p, vocab, NP)
-        direct = valid & (mass_lo - base <= CAP * tl.exp(lo - ref))
-        region = cand_ptr + (r64 * n_chunks + c) * CAP
-        rounds = round_ptr + r64 * n_chunks * NP
-        if STAGE == 1:
-            if direct:
-                n = _copy_bracket(row_ptr, umax_ptr, begin, end, n_units, lo, hi, region, CAP, A, NG, V)
-                tl.store(count_ptr + r64 * n_chunks + c, n)
-            elif valid:
-                piv2 = S._pivots(lo, tl.minimum(hi, row_max), NP)
-                masses2 = _round(row_ptr, umax_ptr, begin, end, n_units, lo, piv2, ref, A, NG, V, NP, CLAMP)
-                tl.store(rounds + c * NP + i, masses2)
-            finishes = direct | (valid == 0)
-        else:
-            finishes = valid & (direct == 0)
-            if finishes:  # the round's bracket inside the summary's
-                piv2 = S._pivots(lo, tl.minimum(hi, row_max), NP)
-                masses2 = _sum_chunks(rounds, n_chunks, NP, CB)
-                j = tl.sum((masses2 >= target).to(tl.int32), 0)
-                lo = tl.where(j == 0, lo, S._take(piv2, i, j - 1, 0.0))
-                base = tl.where(j == NP, base, S._take(masses2, i, j, 0.0))
-                hi = tl.where(j == NP, hi, S._take(piv2, i, j, 0.0))
-                n = _copy_bracket(row_ptr, umax_ptr, begin, end, n_units, lo, hi, region, CAP, A, NG, V)
-                tl.store(count_ptr + r64 * n_chunks + c, n)
-        if finishes:
-            last = n_chunks == 1
-            if n_chunks > 1:
-                last = last_chunk(counter_ptr, row, n_chunks)
-            if last:
-                base_v = cand_ptr + r64 * n_chunks * CAP
-                t = tl.full([], float("-inf"), tl.float32)
-                copied = valid
-                if valid:
-                    n, ovf, _vmin, vmax = C._merge(
-                        base_v, base_v, count_ptr + r64 * n_chunks, n_chunks, CAP, False, BLOCK
+    row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+    cand_ptr = cand_base_ptr + row.to(tl.int64) * cap
+    sel_ptr = sel_base_ptr + row.to(tl.int64) * cap
+    row_maxima = maxima_ptr + row.to(tl.int64) * n_sub
+    row_groups = groups_ptr + row.to(tl.int64) * n_grp
+    gsel_ptr = gsel_base_ptr + row.to(tl.int64) * n_grp
+    row_max, z, row_min, finite = _row_stats(stats_ptr, row, n_chunks, CHUNKS)
+    k = tl.load(k_ptr + row).to(tl.int32)
+    threshold, count, n_ready = _top_k_threshold(
+        row_ptr,
+        row_maxima,
+        row_groups,
+        cand_ptr,
+        gsel_ptr,
+        sel_ptr,
+        vocab,
+        n_sub,
+        n_grp,
+        cap,
+        k,
+        finite,
+        row_min,
+        row_max,
+        NP,
+        NP_C,
+        BOUND_NP,
+        BOUND_PASSES,
+        SUB,
+        GROUP,
+        BLOCK,
+        BLOCK_C,
+        EXACT_BLOCK,
+        WIDE,
+        MAX_PASSES,
+    )
+    if HAS_P:
+        p = tl.load(p_ptr + row)
+        if (p < 1.0) & (finite > 0):
+            target = p * z
+            lo = tl.maximum(threshold, row_min)
+            if threshold > float("-inf"):  # top-p over what top-k kept
+                src = row_ptr
+                n_src = vocab
+                if n_ready >= 0:
+                    src = cand_ptr
+                    n_src = n_ready
+                _, _, kept = _pivot_pass(
+                    src,
+                    n_src,
+                    _pivots(threshold, row_max, NP),
+                    row_max,
+                    threshold,
+                    threshold,
+                    True,
+                    NP,
+                    BLOCK_C,
+                    False,
+                )
+                target = p * kept
+            else:
+                bound = _bound(
+                    row_maxima,
+                    n_sub,
+                    row_min,
+                    row_max,
+                    float("-inf"),
+                    0,
+                    target,
+                    True,
+                    BOUND_NP,
+                    BOUND_PASSES,
+                    BLOCK_C,
+                )
+                bound = tl.maximum(bound, _tail_bound(row_max, z, finite, p))
+                if bound > row_min:
+                    lo = bound  # the whole-row search starts here too (count: at most finite)
+                    n_bound = _gather(
+                        row_ptr,
+                        row_maxima,
+                        row_groups,
+                        n_sub,
+                        n_grp,
+                        vocab,
+                        bound,
+                        cand_ptr,
+                        gsel_ptr,
+                        sel_ptr,
+                        cap,
+                        SUB,
+                        GROUP,
+                        BLOCK,
+                        BLOCK_C,
                     )
-                    copied = (ovf == 0) & (n > 0)
-                    if copied:
-                        t = S._exact(
-                            base_v, n, lo, tl.minimum(hi, vmax), n, ref, float("-inf"), 0, base, 0, target, True,
-                            S_NP, BLOCK, NP_C, EXACT_BLOCK, WIDE, MAX_PASSES,
-                        )[0]  # fmt: skip
-                if copied == 0:
-                    t = _whole_row(
-                        row_ptr, vocab, k, p, row_max, base_v, n_chunks * CAP, False, True,
-                        S_NP, BLOCK, NP_C, EXACT_BLOCK, WIDE, MAX_PASSES,
-                    )  # fmt: skip
-                tl.store(threshold_ptr + row, t)
+                    if n_bound <= cap:
+                        n_ready = n_bound
+                        count = n_bound
+            threshold, count, n_ready = _select(
+                row_ptr,
+                vocab,
+                cand_ptr,
+                n_ready,
+                cap,
+                lo,
+                count,
+                row_max,
+                threshold,
+                0,
+                target,
+                True,
+                NP,
+                BLOCK,
+                NP_C,
+                EXACT_BLOCK,
+                WIDE,
+                MAX_PASSES,
+            )
+    tl.store(threshold_ptr + row, threshold)
 
 
-@triton.jit(do_not_specialize=["chunk", "n_units"])
+@triton.jit
 def _mask_kernel(
     logits_ptr,
     row_stride,
     vocab,
     chunk,
-    n_units,
+    n_sub,
     maxima_ptr,
     threshold_ptr,
-    A: tl.constexpr,
-    NG: tl.constexpr,
-    V: tl.constexpr,
+    SUB: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
-    """Write ``-inf`` below the row's threshold; units whose max is below it are written unread
-    (the next tile's maxima and kept units are loaded before this tile is written)."""
     row = tl.program_id(0)
     t = tl.load(threshold_ptr + row)
     if t > float("-inf"):
-        TILE: tl.constexpr = A * NG * V
-        r64 = row.to(tl.int64)
-        row_ptr = logits_ptr + r64 * row_stride
-        umax_ptr = maxima_ptr + r64 * n_units
-        local = slots(A, NG, V)
-        begin = tl.program_id(1) * chunk
-        end = tl.minimum(begin + chunk, vocab)
-        sel = _units(umax_ptr, begin // TILE, n_units, t, NG)
-        nxt = tl.load(
-            row_ptr + begin + local, mask=(begin + local < end) & sel[None, :, None], other=float("-inf")
-        )
-        for start in range(begin, end, TILE):
-            x = nxt.to(tl.float32)
-            offs = start + local
-            sel = _units(umax_ptr, start // TILE + 1, n_units, t, NG)
-            nxt = tl.load(
-                row_ptr + offs + TILE, mask=(offs + TILE < end) & sel[None, :, None], other=float("-inf")
-            )
-            y = tl.where(x < t, float("-inf"), x)
-            tl.store(row_ptr + offs, y.to(logits_ptr.dtype.element_ty), mask=offs < end)
+        row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+        start0 = tl.program_id(1) * chunk
+        end = tl.minimum(start0 + chunk, vocab)
+        NS: tl.constexpr = BLOCK // SUB
+        sub = tl.arange(0, NS)
+        col = tl.arange(0, SUB)
+        for start in range(start0, end, BLOCK):
+            s = start // SUB + sub
+            sel = tl.load(maxima_ptr + row.to(tl.int64) * n_sub + s, mask=s < n_sub, other=float("-inf")) >= t
+            offs = start + sub[:, None] * SUB + col[None, :]
+            inb = offs < vocab  # chunks are whole tiles: only the row end needs a mask
+            x = tl.load(row_ptr + offs, mask=inb & sel[:, None], other=float("-inf"))
+            tl.store(row_ptr + offs, tl.where(x.to(tl.float32) < t, float("-inf"), x), mask=inb)
+
+
+class Summary(NamedTuple):
+    """What :func:`summarize` leaves on the device for the per-row searches."""
+
+    block: int
+    chunks: int
+    chunk: int
+    n_sub: int
+    maxima: torch.Tensor  # [rows * n_sub] float32: the max of each sub-tile
+    group: int  # sub-tiles per group
+    n_grp: int
+    groups: torch.Tensor  # [rows * n_grp] float32: the max of each group of sub-tiles
+    stats: torch.Tensor  # [rows * chunks * 4] float32: see ``_STATS``
+    counter: torch.Tensor  # [rows] int32, zeroed
+    above: torch.Tensor | None  # [rows * chunks] int32: elements above the chosen token per chunk
+
+
+def summarize(logits: torch.Tensor, need_sum: bool, chosen: torch.Tensor | None = None) -> Summary:
+    """Launch ``_summary_kernel`` over ``logits`` (rows split so that small batches fill the device);
+    with ``chosen`` (one token id per row) also count, per chunk, the elements above that token."""
+    rows, vocab = logits.shape
+    dev = logits.device
+    block = max(SUB, min(triton.next_power_of_2(vocab), 64 if IS_INTERPRETED else 2048))
+    chunks, chunk = row_split(rows, vocab, block, dev)
+    n_sub = triton.cdiv(vocab, SUB)
+    maxima = scratch("top_k_top_p.maxima", rows * n_sub, torch.float32, dev)
+    group = min(GROUP, block // SUB)
+    n_grp = triton.cdiv(n_sub, group)
+    groups = scratch("top_k_top_p.groups", rows * n_grp, torch.float32, dev)
+    stats = scratch("top_k_top_p.stats", rows * chunks * _STATS, torch.float32, dev)
+    counter = scratch("top_k_top_p.counter", rows, torch.int32, dev)
+    above = None if chosen is None else scratch("top_k_top_p.above", rows * chunks, torch.int32, dev)
+    _summary_kernel[(rows, chunks)](
+        logits,
+        logits.stride(0),
+        vocab,
+        chunk,
+        n_sub,
+        maxima,
+        n_grp,
+        groups,
+        stats,
+        counter,
+        counter if chosen is None else chosen,
+        counter if above is None else above,
+        NEED_SUM=need_sum,
+        SUB=SUB,
+        GROUP=group,
+        BLOCK=block,
+        COUNT_ABOVE=chosen is not None,
+        **launch(dev, 8),
+    )
+    return Summary(block, chunks, chunk, n_sub, maxima, group, n_grp, groups, stats, counter, above)
+
+
+def search_settings(rows: int, vocab: int, sm: Summary, device: torch.device) -> tuple[int, dict[str, int]]:
+    """``(num_warps, constexprs)`` of the per-row search programs.
+
+    H200: the per-row search is latency-bound; few rows want wide programs, many rows narrow ones
+    (more of them resident per multiprocessor). ``CHUNKS`` (chunk statistics a row program reads at
+    once) is 1 for unsplit rows and otherwise the most chunks any batch splits a row into, so that one
+    compiled variant serves every split batch size (and the warm-up covers it) instead of one per
+    power of two."""
+    chunks = 1 if sm.chunks == 1 else row_split(1, vocab, sm.block, device)[0]
+    search_block, warps = SMALL_BATCH_SEARCH if rows <= SMALL_BATCH_ROWS else LARGE_BATCH_SEARCH
+    search_block = max(SUB, min(triton.next_power_of_2(vocab), 128 if IS_INTERPRETED else search_block))
+    return warps, dict(
+        NP=NUM_PIVOTS,
+        BLOCK=search_block,
+        NP_C=SCRATCH_PIVOTS,
+        EXACT_BLOCK=32 if IS_INTERPRETED else 32 * warps,  # one candidate per lane: no register spills
+        WIDE=32 if IS_INTERPRETED else 4096,
+        CHUNKS=triton.next_power_of_2(chunks),
+        MAX_PASSES=MAX_PASSES,
+    )
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
@@ -732,42 +1201,102 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     if rows == 0 or (k is None and p is None):
         return logits
     dev = logits.device
-    lay = layout(rows, vocab, logits.dtype, dev)
-    programs = rows * lay.chunks
-    search = search_constexprs(lay.warps)
-    kw = launch_kwargs(dev, lay.warps)
-    maxima = scratch("top_k_top_p.maxima", rows * lay.n_units, logits.dtype, dev)
-    chunk_max = scratch("top_k_top_p.chunk_max", programs, torch.float32, dev)
-    counts = scratch("top_k_top_p.counts", programs, torch.int32, dev)
-    thresholds = scratch("top_k_top_p.threshold", rows, torch.float32, dev)
-    p32 = p.to(torch.float32) if p is not None else logits
-    pivots = scratch("top_k_top_p.pivots", rows * PIVOTS, torch.float32, dev)
-    refs = scratch("top_k_top_p.refs", rows, torch.float32, dev)
-    partials = scratch("top_k_top_p.partials", programs * PIVOTS, torch.float32, dev)
-    z_parts = scratch("top_k_top_p.z", programs, torch.float32, dev)
-    cand = (
-        scratch("top_k_top_p.candidates", programs * BUF, torch.float32, dev) if k is not None else chunk_max
+    row_stride = logits.stride(0)
+    sm = summarize(logits, need_sum=p is not None)
+    block, chunks, chunk, n_sub, maxima, stats, counter = (
+        sm.block,
+        sm.chunks,
+        sm.chunk,
+        sm.n_sub,
+        sm.maxima,
+        sm.stats,
+        sm.counter,
     )
-    _summary_kernel[(rows, lay.chunks)](
-        logits, logits.stride(0), k if k is not None else counts, p32, vocab, lay.chunk, lay.chunks,
-        lay.n_units, maxima, chunk_max, counts, cand, pivots, refs, partials, z_parts, thresholds,
-        counters("top_k_top_p.summary", rows, dev), HAS_K=k is not None, HAS_P=p is not None, KCAP=KCAP,
-        BUF=BUF, NP=PIVOTS, BOUND_NP=BOUND_PIVOTS, BOUND_PASSES=BOUND_PASSES, SAMPLE_NP=SAMPLE_PIVOTS,
-        SAMPLE_PASSES=SAMPLE_PASSES, SAMPLE_RANGE=SAMPLE_RANGE, SPREAD=SPREAD, CLAMP=CLAMP, CB=CHUNK_BLOCK,
-        **lay.shape, **search, **kw,
-    )  # fmt: skip
-    if p is not None:
-        bracket = scratch("top_k_top_p.bracket", programs * CAP, torch.float32, dev)
-        bracket_counts = scratch("top_k_top_p.bracket_counts", programs, torch.int32, dev)
-        rounds = scratch("top_k_top_p.rounds", programs * PIVOTS, torch.float32, dev)
-        for stage in (1, 2):
-            _collect_kernel[(rows, lay.chunks)](
-                logits, logits.stride(0), k if k is not None else counts, p32, vocab, lay.chunk, lay.chunks,
-                lay.n_units, maxima, chunk_max, pivots, refs, partials, z_parts, rounds, bracket, bracket_counts,
-                thresholds, counters(f"top_k_top_p.collect{stage}", rows, dev), HAS_K=k is not None,
-                STAGE=stage, NP=PIVOTS, CAP=CAP, CLAMP=CLAMP, CB=CHUNK_BLOCK, **lay.shape, **search, **kw,
-            )  # fmt: skip
-    _mask_kernel[(rows, lay.chunks)](
-        logits, logits.stride(0), vocab, lay.chunk, lay.n_units, maxima, thresholds, **lay.shape, **kw
+    thresholds = scratch("top_k_top_p.threshold", rows, torch.float32, dev)
+    cand = scratch("top_k_top_p.candidates", rows * CAP, logits.dtype, dev)
+    p32 = p.to(torch.float32) if p is not None else logits
+    warps, exact = search_settings(rows, vocab, sm, dev)
+    if k is None:  # top-p alone: split rounds narrow the threshold over the whole device
+        partials = scratch(
+            "top_k_top_p.partials", TOP_P_ROUNDS * rows * chunks * ROUND_PIVOTS * 2, torch.float32, dev
+        )
+        split = dict(NP=ROUND_PIVOTS, BLOCK=block, CHUNKS=exact["CHUNKS"], **launch(dev, 8))
+        for r in range(TOP_P_ROUNDS):  # small tiles: each element meets ROUND_PIVOTS pivots
+            _top_p_round_kernel[(rows, chunks)](
+                logits,
+                row_stride,
+                p32,
+                stats,
+                partials,
+                rows,
+                vocab,
+                chunk,
+                chunks,
+                ROUND=r,
+                **(split | dict(BLOCK=min(block, ROUND_BLOCK))),
+            )
+        _top_p_bucket_kernel[(rows, chunks)](
+            logits,
+            row_stride,
+            p32,
+            stats,
+            partials,
+            counter,
+            cand,
+            rows,
+            vocab,
+            chunk,
+            chunks,
+            CAP,
+            ROUNDS=TOP_P_ROUNDS,
+            **split,
+        )
+        _top_p_threshold_kernel[(rows,)](
+            logits,
+            row_stride,
+            p32,
+            stats,
+            partials,
+            counter,
+            cand,
+            thresholds,
+            rows,
+            vocab,
+            chunks,
+            CAP,
+            ROUNDS=TOP_P_ROUNDS,
+            NP_R=ROUND_PIVOTS,
+            **launch(dev, warps),
+            **exact,
+        )
+    else:
+        _threshold_kernel[(rows,)](
+            logits,
+            row_stride,
+            k,
+            p32,
+            maxima,
+            sm.groups,
+            stats,
+            cand,
+            scratch("top_k_top_p.group_list", rows * sm.n_grp, torch.int32, dev),
+            scratch("top_k_top_p.subtiles", rows * CAP, torch.int32, dev),
+            thresholds,
+            vocab,
+            n_sub,
+            sm.n_grp,
+            chunks,
+            CAP,
+            HAS_P=p is not None,
+            BLOCK_C=GATHER_BLOCK,
+            BOUND_NP=BOUND_PIVOTS,
+            BOUND_PASSES=BOUND_PASSES,
+            SUB=SUB,
+            GROUP=sm.group,
+            **launch(dev, warps),
+            **exact,
+        )
+    _mask_kernel[(rows, chunks)](
+        logits, row_stride, vocab, chunk, n_sub, maxima, thresholds, SUB=SUB, BLOCK=block, **launch(dev, 8)
     )
     return logits
