@@ -908,6 +908,12 @@ def main() -> None:
         help="comma list of batch sizes (default: 1,8,64,256,1024; --quick 1,64,1024)",
     )
     parser.add_argument("--vocabs", default="", help="comma list of vocabulary sizes (default: all)")
+    parser.add_argument(
+        "--warmup",
+        action="store_true",
+        help="compile the sampling kernels first with the package's warm-up (in parallel, every vocabulary "
+        "of the run): the timed calls then load them",
+    )
     default_peer = ROOT / ".peer" / "vllm_032"
     parser.add_argument(
         "--vllm-peer",
@@ -953,6 +959,11 @@ def main() -> None:
         batches = (1, 64, 1024) if args.quick else (1, 8, 64, 256, 1024)
         batches = tuple(int(b) for b in args.batches.split(",") if b) or batches
         vocabs = tuple(int(v) for v in args.vocabs.split(",") if v) or (32000, 151936)
+        for vocab in vocabs if args.warmup else ():
+            stats: dict = {}
+            start = time.perf_counter()
+            K.kernel_warmup(DEV, vocab, (torch.float32, torch.bfloat16), include=["sampling"], stats=stats)
+            print(f"# warm-up, vocabulary {vocab}: {time.perf_counter() - start:.1f} s {stats}", flush=True)
         for vocab in vocabs:
             for batch in batches:
                 for dtype in (torch.float32, torch.bfloat16):

@@ -309,6 +309,30 @@ def test_top_p_alone_splits_its_search_and_falls_back_when_the_bracket_overflows
     assert torch.isfinite(got).sum(1).tolist()[2] == vocab and torch.isfinite(got[0]).sum() == 1
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [7, 300, 1000])
+def test_top_k_top_p_edge_rows(gen, dtype, vocab):
+    """k >= V, k = V - 1, p = 1, a row with one finite logit, an all -inf row, a row with top-k off
+    and top-p on beside top-k rows, odd vocabularies; top-k logprobs of the same rows up to n = V."""
+    rows = 8
+    logits = _logits(gen, rows, vocab, dtype)
+    logits[2] = float("-inf")
+    logits[2, vocab // 2] = 1.0
+    logits[3] = float("-inf")
+    k = torch.tensor([vocab, vocab + 5, 3, 2, 0, vocab - 1, 1, 4], dtype=torch.int64)
+    p = torch.tensor([1.0, 0.5, 0.9, 0.9, 0.6, 0.99, 1.0, 0.01])
+    for kk, pp in ((k, None), (None, p), (k, p), (k, torch.ones(rows))):
+        got, want = logits.clone(), logits.clone()
+        K.apply_top_k_top_p(got, kk, pp)
+        top_k_top_p.apply_top_k_top_p_torch(want, kk, pp)
+        assert torch.equal(got, want), (kk, pp)
+    assert torch.equal(got[:5], logits[:5])  # k >= V, k off, one finite logit, all -inf; p = 1
+    chosen = torch.randint(0, vocab, (rows,), generator=gen)
+    chosen[2] = vocab // 2
+    for n in (0, 1, min(vocab, 5), vocab):
+        _check_topk_logprobs(logits, n, chosen)
+
+
 def test_top_k_keeps_exactly_k_distinct_values(gen):
     logits = torch.randperm(200, generator=gen).float().unsqueeze(0)
     k = torch.tensor([17])
