@@ -137,7 +137,7 @@ def test_postprocess_matches_vllm(dim_first: bool, precomputed: bool) -> None:
         if precomputed
         else [r - s + d for r, s, d in zip(running, scheduled.tolist(), draft.tolist(), strict=True)]
     )
-    _against_vllm(
+    caches = _against_vllm(
         "postprocess_mamba_fused",
         (5, 4, 16),
         dim_first,
@@ -152,6 +152,10 @@ def test_postprocess_matches_vllm(dim_first: bool, precomputed: bool) -> None:
         block_size=4,
         HAS_IDX_MAPPING=precomputed,
         PRECOMPUTED_NEW_COMPUTED=precomputed,
+    )
+    assert any(  # the accepted-token states were copied into their blocks (equal to vLLM's, checked above)
+        not torch.equal(after, before)
+        for after, (_, before, _) in zip(caches, _states(11, dim_first), strict=True)
     )
 
 
