@@ -181,3 +181,17 @@ def fresh_compile_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
     with inductor_config.patch(fx_graph_cache=False):
         yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """A failing test's report carries the log tails of the servers it left running (``pd.py`` instances): a
+    hang inside a server shows in that server's log, not in the client's timeout."""
+    import sys
+
+    report = yield
+    pd = sys.modules.get(__name__.rpartition(".")[0] + ".pd")
+    if report.failed and pd is not None:
+        for inst in pd.LIVE:
+            report.sections.append((f"log tail of {inst.base} ({inst.log})", inst.log_tail()))
+    return report

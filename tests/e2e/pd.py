@@ -23,24 +23,38 @@ from .serving import FORKED_ENGINE_CORE
 
 STARTUP_TIMEOUT_S = 300
 
+#: instances started and not yet stopped: a failing test's report shows their logs' tails (conftest)
+LIVE: list[Instance] = []
+
+
+#: ports handed out by this process: an instance binds its ports only once it started, so a later pick
+#: must not land on an earlier one's (a decode's handshake block overlapping its prefill's)
+_HANDED: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED:
+            _HANDED.add(port)
+            return port
+    raise RuntimeError("no free port outside those already handed out")
 
 
 def free_port_block(count: int) -> int:
     """A base port with ``count`` free ports after it (handshake sockets take ``kv_port + rank``)."""
     for _ in range(50):
         base = free_port()
-        if base + count >= 65535:
+        if base + count >= 65535 or _HANDED.intersection(range(base + 1, base + count)):
             continue
         try:
             with ExitStack() as stack:
                 for p in range(base, base + count):
                     s = stack.enter_context(socket.socket())
                     s.bind(("127.0.0.1", p))
+            _HANDED.update(range(base, base + count))
             return base
         except OSError:
             continue
@@ -95,6 +109,8 @@ class Instance:
         return self.log.read_text(errors="replace")[-n:]
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self in LIVE:
+            LIVE.remove(self)
         if self.proc.poll() is not None:
             return
         try:
@@ -108,14 +124,14 @@ class Instance:
             self.proc.wait()
 
 
-def _env(extra_env: dict[str, str] | None) -> dict[str, str]:
+def _env(extra_env: dict[str, str] | None, forked: bool = True) -> dict[str, str]:
     env = {
         **os.environ,
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "HF_HUB_OFFLINE": "1",
         "VLLM_ASCEND_DEVICE": "reference",
         "TOKENIZERS_PARALLELISM": "false",
-        **FORKED_ENGINE_CORE,
+        **(FORKED_ENGINE_CORE if forked else {}),
     }
     env.update(extra_env or {})
     return env
@@ -129,7 +145,10 @@ def start_serve(
     args: Sequence[str] = (),
     env: dict[str, str] | None = None,
 ) -> Instance:
-    """``vllm-ascend serve`` of ``model`` on a free port (not waited for: see :func:`wait_healthy`)."""
+    """``vllm-ascend serve`` of ``model`` on a free port (not waited for: see :func:`wait_healthy`).
+
+    An instance with a KV connector keeps vLLM's spawned engine core and workers, as users run it: Mooncake's
+    engine then starts in a fresh interpreter, not in a fork of one that already runs threads."""
     port = free_port()
     argv = [
         sys.executable, "-m", "vllm_ascend.core.cli", "serve", str(model), "--device", "reference",
@@ -141,9 +160,15 @@ def start_serve(
         argv += ["--kv-transfer-config", json.dumps(kv_transfer)]
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            argv, env=_env(env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            env=_env(env, forked=kv_transfer is None),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
-    return Instance(f"http://127.0.0.1:{port}", proc, log, int((kv_transfer or {}).get("kv_port", 0)), argv)
+    inst = Instance(f"http://127.0.0.1:{port}", proc, log, int((kv_transfer or {}).get("kv_port", 0)), argv)
+    LIVE.append(inst)
+    return inst
 
 
 def start_proxy(prefill: Sequence[Instance], decode: Sequence[Instance], log: Path, *extra: str) -> Instance:
@@ -167,7 +192,9 @@ def start_proxy(prefill: Sequence[Instance], decode: Sequence[Instance], log: Pa
         proc = subprocess.Popen(
             argv, env=_env(None), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
-    return Instance(f"http://127.0.0.1:{port}", proc, log, 0, argv)
+    inst = Instance(f"http://127.0.0.1:{port}", proc, log, 0, argv)
+    LIVE.append(inst)
+    return inst
 
 
 def wait_healthy(*instances: Instance, timeout: float = STARTUP_TIMEOUT_S) -> None:

@@ -110,6 +110,7 @@ class MooncakeEngine:
         if not transfer.lengths:
             return
         call = getattr(self._engine, f"batch_transfer_sync_{direction}")
+        start = time.monotonic()
         rc = call(peer, transfer.local, transfer.remote, transfer.lengths)
         if rc != 0:
             # once more: the ranges are the same, and a TCP transfer starved of CPU can fail once and then pass
@@ -119,7 +120,7 @@ class MooncakeEngine:
         if rc != 0:
             raise TransferError(
                 f"Mooncake batch_transfer_sync_{direction} with {peer} ({len(transfer.lengths)} ranges, "
-                f"{transfer.nbytes} bytes) returned {rc}"
+                f"{transfer.nbytes} bytes) returned {rc} after {time.monotonic() - start:.1f} s (two tries)"
             )
 
     def close(self) -> None:
