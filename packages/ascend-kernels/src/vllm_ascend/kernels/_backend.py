@@ -144,10 +144,21 @@ def kernel_module(name: str) -> Any:
     return module
 
 
+_chosen: dict[tuple[Any, ...], bool] = {}
+
+
 def dispatch(
     module: str, name: str, reference: Callable[..., Any], device: torch.device
 ) -> Callable[..., Any]:
-    """Kernel ``name`` for ``device``: ``vllm_ascend.kernels._triton.<module>.<name>`` or ``reference``."""
-    if not use_triton(device):
-        return reference
-    return getattr(kernel_module(module), name)
+    """Kernel ``name`` for ``device``: ``vllm_ascend.kernels._triton.<module>.<name>`` or ``reference``.
+
+    Whether Triton serves is decided once per device, ``VLLM_ASCEND_KERNEL_BACKEND``, ``TRITON_INTERPRET`` and
+    ``VLLM_ASCEND_DEVICE`` (read at each call); the platform the decision probes (the family and its Triton
+    support) is taken as it was at the first launch: probing it costs microseconds to tens of microseconds a
+    launch, several times a small kernel's own launch."""
+    get = os.environ.get
+    key = (device, get(ENV_BACKEND), get("TRITON_INTERPRET"), get("VLLM_ASCEND_DEVICE"))
+    triton = _chosen.get(key)
+    if triton is None:
+        triton = _chosen[key] = use_triton(device)
+    return getattr(kernel_module(module), name) if triton else reference

@@ -18,13 +18,12 @@ recent releases).
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from vllm_ascend.kernels._backend import ENV_BACKEND, KernelBackendError, kernel_module, use_triton
+from vllm_ascend.kernels._backend import KernelBackendError, dispatch
 
 Grid = tuple[int, ...]
 
@@ -60,24 +59,9 @@ def tensor_at(address: int, dtype: torch.dtype, numel: int, device: torch.device
     return torch.frombuffer(buffer, dtype=dtype, count=numel)
 
 
-_chosen: dict[tuple[Any, ...], Callable[..., Any]] = {}
-
-
 def dispatch_v2(
     module: str, name: str, reference: Callable[..., Any], device: torch.device
 ) -> Callable[..., Any]:
-    """Override ``name`` of module ``module`` for ``device``: the Ascend Triton kernel or ``reference``.
-
-    Decided once per kernel, device, ``VLLM_ASCEND_KERNEL_BACKEND`` and ``TRITON_INTERPRET`` (both read
-    at each call, as the backend choice reads them); the platform it probes (``VLLM_ASCEND_DEVICE``, the
-    family and its Triton support) is taken as it was at the first launch."""
-    get = os.environ.get
-    key = (module, name, device, get(ENV_BACKEND), get("TRITON_INTERPRET"))
-    impl = _chosen.get(key)
-    if impl is None:
-        if use_triton(device):
-            impl = getattr(kernel_module(f"v2.{module}"), name)
-        else:
-            impl = reference
-        _chosen[key] = impl
-    return impl
+    """Override ``name`` of module ``module`` for ``device``: the Ascend Triton kernel in ``_triton.v2`` or
+    ``reference``, remembered as :func:`~vllm_ascend.kernels._backend.dispatch` remembers its choices."""
+    return dispatch(f"v2.{module}", name, reference, device)
