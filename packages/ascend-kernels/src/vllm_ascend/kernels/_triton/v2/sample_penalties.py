@@ -3,9 +3,11 @@
 Work items ``(row, column chunk)`` (penalties) or ``(request, chunk of its prefill tokens)`` (bincount),
 columns and tokens being independent, are walked grid-stride by the device's grid (``_geometry``: one
 program per vector core on Ascend, whole rows once the rows fill the cores; one per tile on CUDA, as
-vLLM's per-block launch), each swept in UB-sized tiles. The prompt bitmask is read per element (word
-``col // 32``, bit ``col % 32``) instead of vLLM's ``[BLOCK / 32, 32]`` reshape, so a tile is any power
-of two.
+vLLM's per-block launch), each swept in UB-sized tiles. A penalties tile of ``WORDS * 32`` columns is a
+``[WORDS, 32]`` block (word ``w``, bit ``b``: column ``32 w + b``), so each prompt-bitmask word is loaded
+once and its bits tested in place, with no reshape to 1-D (vLLM reshapes its ``[BLOCK / 32, 32]``
+expansion; the kernels here keep reshapes of tiles out, for triton-ascend). Tiles are 8192 columns on CUDA (vLLM's block), 4096 on Ascend (then
+bounded by the UB).
 """
 
 from __future__ import annotations
@@ -119,10 +121,11 @@ def _penalties_kernel(
     width,
     chunks,
     chunk,
-    TILE: tl.constexpr,
+    WORDS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
+    bits = tl.arange(0, 32)
     for item in range(pid, num_tokens * chunks, programs):
         token = item // chunks
         begin = (item - token * chunks) * chunk
@@ -138,8 +141,10 @@ def _penalties_kernel(
             row = logits_ptr + tl.cast(token, tl.int64) * logits_stride
             counts_row = output_bin_counts_ptr + state * output_bin_counts_stride
             mask_row = prompt_bin_mask_ptr + state * prompt_bin_mask_stride
-            for start in range(begin, end, TILE):
-                cols = start + tl.arange(0, TILE)
+            # begin is a multiple of the tile (WORDS * 32 columns): the tiles start on a word.
+            for first_word in range(begin // 32, tl.cdiv(end, 32), WORDS):
+                words = first_word + tl.arange(0, WORDS)
+                cols = words[:, None] * 32 + bits[None, :]
                 valid = cols < end
                 x = tl.load(row + cols, mask=valid, other=0.0).to(tl.float32)
                 counts = tl.load(counts_row + cols, mask=valid, other=0)
@@ -147,13 +152,18 @@ def _penalties_kernel(
                     counts += (cols == tl.load(first_draft + k)).to(tl.int32)
                 seen = counts > 0
                 if use_rep:
-                    word = tl.load(mask_row + cols // 32, mask=valid, other=0)
-                    in_prompt = ((word >> (cols % 32)) & 1) != 0
+                    packed = tl.load(mask_row + words, mask=words * 32 < end, other=0)
+                    in_prompt = ((packed[:, None] >> bits[None, :]) & 1) != 0
                     scale = tl.where(in_prompt | seen, rep, 1.0)
                     x = x * tl.where(x > 0, 1.0 / scale, scale)
                 x = x - freq * counts.to(tl.float32)
                 x = x - pres * seen.to(tl.float32)
                 tl.store(row + cols, x.to(logits_ptr.dtype.element_ty), mask=valid)
+
+
+#: Penalties tile caps (columns) per launch backend: vLLM's 8192-column block on CUDA; Ascend's 4096,
+#: then bounded by the UB; a few words under the interpreter, so the test shapes take several tiles.
+PENALTIES_TILE = {"cuda": 8192, "npu": 4096, "interpreter": 32}
 
 
 def penalties(
@@ -179,7 +189,8 @@ def penalties(
         return
     device = logits_ptr.device
     geometry = _geometry.geometry(device)
-    tile = min(next_power_of_2(width), ub_cap(device, 32 if IS_INTERPRETED else 4096, 6))
+    cap = PENALTIES_TILE["interpreter" if IS_INTERPRETED else geometry.backend]
+    tile = max(32, min(next_power_of_2(width), ub_cap(device, cap, 6)))
     chunks, chunk = geometry.column_split(num_tokens, width, tile)
     _penalties_kernel[(geometry.programs(num_tokens * chunks),)](
         logits_ptr,
@@ -198,5 +209,5 @@ def penalties(
         width,
         chunks,
         chunk,
-        TILE=tile,
+        WORDS=tile // 32,
     )
