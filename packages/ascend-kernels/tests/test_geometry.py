@@ -115,6 +115,16 @@ def test_grid_stride_kernels_launch_a_program_per_item_on_cuda_and_per_core_else
     # the interpreter with a "work" grid: what the v2 tests' launch_grid fixture runs the kernels under
     work = dataclasses.replace(INTERPRETER, grid="work")
     assert (work.programs(37), work.column_split(2, 300, 64)) == (37, (5, 64))
+    # 2-D grids (tokens x vocabulary blocks): vLLM's on CUDA; on Ascend at most the cores, split so that
+    # the busiest program has the fewest items (256 x 149 on 48 cores: 16 x 3, 800 items; ideal 795)
+    assert h200.programs_2d(256, 149) == (256, 149) and h200.programs_2d(0, 0) == (1, 1)
+    assert a2.programs_2d(256, 149) == (16, 3)
+    assert a2.programs_2d(1, 149) == (1, 38)  # 4 blocks each, as 48 programs would give
+    assert a2.programs_2d(1000, 1) == (48, 1) and a2.programs_2d(0, 5) == (1, 5)
+    assert INTERPRETER.programs_2d(3, 10) == (1, 4) and work.programs_2d(3, 10) == (3, 10)
+    for rows, cols in ((7, 3), (256, 149), (5, 700), (48, 48), (49, 1)):
+        p0, p1 = a2.programs_2d(rows, cols)
+        assert p0 * p1 <= 48 and p0 <= rows and p1 <= cols
 
 
 @pytest.mark.parametrize(

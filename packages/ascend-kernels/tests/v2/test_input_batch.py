@@ -138,6 +138,9 @@ def test_get_num_sampled_and_rejected(num_reqs: int) -> None:
     }
     ref = _same("get_num_sampled_and_rejected", (num_reqs,), args)
     assert (ref["num_rejected_ptr"] >= 0).all()
+    chunked = args["seq_lens_ptr"] < args["prefill_len_ptr"][args["idx_mapping_ptr"].long()]
+    if num_reqs >= 6:  # both kinds of request (a program each on the "work" grid, tiles on "cores")
+        assert chunked.any() and not chunked.all()
 
 
 @pytest.mark.parametrize(

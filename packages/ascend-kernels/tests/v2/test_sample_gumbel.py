@@ -114,6 +114,11 @@ def _gumbel_args(g, num_tokens, vocab, block, *, cache, draft, apply_temp, dtype
         (7, 200, 64, None, True, False, torch.bfloat16),
         (5, 130, 128, "scalar", True, True, torch.float32),
         (5, 130, 64, "per_token", False, False, torch.bfloat16),
+        # 2-D grid-stride: on the interpreter's 4 cores, programs (0, j) take every token and blocks
+        # j, j + 4, ... (one-tile blocks of 64 here; vLLM's grid on "work")
+        (3, 600, 64, None, False, True, torch.float32),
+        (5, 700, 64, "scalar", True, True, torch.bfloat16),
+        (6, 1000, 128, "per_token", False, True, torch.float32),  # blocks of two tiles
     ],
 )
 def test_gumbel_sample(num_tokens, vocab, block, cache, draft, apply_temp, dtype) -> None:

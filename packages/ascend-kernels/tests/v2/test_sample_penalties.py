@@ -109,3 +109,24 @@ def test_penalties(query_lens, vocab: int, block: int, dtype: torch.dtype) -> No
     unpenalised = args["expanded_idx_mapping_ptr"] == 0
     assert torch.equal(args["logits_ptr"][unpenalised], original[unpenalised])
     assert (args["logits_ptr"][~unpenalised] != original[~unpenalised]).any(dim=-1).all()
+
+
+@pytest.mark.parametrize(
+    ("tile_cap", "query_lens", "vocab", "block"),
+    [
+        (256, [1, 3, 2], 300, 64),  # [8, 32] word tiles, the last cut at the vocabulary
+        (256, [2, 1, 1, 1, 1, 1, 3], 1000, 128),  # more rows than the interpreter's programs
+        (8192, [1, 2], 300, 64),  # CUDA's cap: one tile wider than the row (512 columns for 300)
+        (8192, [1, 1, 2], 40, 1024),  # a row narrower than two words, vLLM's block wider than it
+    ],
+)
+def test_penalties_word_tiles(monkeypatch, tile_cap: int, query_lens, vocab: int, block: int) -> None:
+    """Tiles of several bitmask words (the CUDA and Ascend caps), against the reference."""
+    monkeypatch.setitem(triton_impl.PENALTIES_TILE, "interpreter", tile_cap)
+    g = torch.Generator().manual_seed(tile_cap + vocab)
+    args, grid = _penalty_args(g, query_lens, vocab, block, torch.float32)
+    ref = _clone(args)
+    v2.penalties_torch(grid, **ref)
+    triton_impl.penalties(grid, **args)
+    assert torch.equal(args["logits_ptr"], ref["logits_ptr"])
+    assert torch.equal(args["output_bin_counts_ptr"], ref["output_bin_counts_ptr"])

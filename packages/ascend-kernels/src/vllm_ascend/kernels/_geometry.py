@@ -105,6 +105,16 @@ class LaunchGeometry:
             return max(1, work)
         return max(1, min(work, self.persistent_programs()))
 
+    def programs_2d(self, rows: int, cols: int) -> tuple[int, int]:
+        """Grid ``(p0, p1)`` of a 2-D grid-stride kernel over ``rows x cols`` independent items (program
+        ``(i, j)`` takes rows ``i, i + p0, ...`` and, in each, columns ``j, j + p1, ...``): the whole
+        ``(rows, cols)`` on a ``"work"`` grid (vLLM's 2-D launch), at most :meth:`persistent_programs`
+        programs on a ``"cores"`` grid, the split giving the busiest program the fewest items. Cached:
+        called per launch."""
+        if self.grid == "work":
+            return max(1, rows), max(1, cols)
+        return _programs_2d(self.persistent_programs(), max(1, rows), max(1, cols))
+
     def column_split(self, rows: int, width: int, tile: int) -> tuple[int, int]:
         """``(chunks, chunk)``: each of ``rows`` rows of ``width`` independent columns cut into ``chunks``
         work items of ``chunk`` columns (a multiple of ``tile``; the last may be shorter). A tile each on a
@@ -130,6 +140,16 @@ def _column_split(per_tile: bool, programs: int, rows: int, width: int, tile: in
     chunks = tiles if per_tile else min(tiles, -(-programs // max(1, rows)))
     chunk = -(-tiles // chunks) * tile
     return -(-max(1, width) // chunk), chunk
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _programs_2d(programs: int, rows: int, cols: int) -> tuple[int, int]:
+    best = (rows * cols + 1, 0, 0)
+    for p1 in range(1, min(cols, programs) + 1):
+        p0 = min(rows, programs // p1)
+        # The busiest program's items; ties: more programs along the rows (fewer per-row prologues).
+        best = min(best, (-(-rows // p0) * -(-cols // p1), -p0, p1))
+    return -best[1], best[2]
 
 
 @functools.lru_cache(maxsize=1024, typed=True)

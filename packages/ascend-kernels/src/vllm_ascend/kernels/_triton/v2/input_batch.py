@@ -2,7 +2,8 @@
 
 The requests are walked grid-stride by the device's grid (``_geometry``: one program per vector core on
 Ascend; one per request on CUDA, as vLLM launches them), copying token runs in UB-bounded tiles; kernels
-whose per-request work is a scalar or two walk tiles of requests.
+whose per-request work is a scalar or two walk tiles of requests (on CUDA, ``get_num_sampled_and_rejected``
+runs a program per request, as vLLM).
 """
 
 from __future__ import annotations
@@ -254,25 +255,34 @@ def _num_sampled_and_rejected_kernel(
     prefill_len_ptr,
     num_reqs,
     TILE: tl.constexpr,
+    PER_ITEM: tl.constexpr,
 ):
-    # Tiles of requests grid-stride: chunk-prefilling requests (seq_len < prefill_len) sample and reject
-    # nothing; the others reject their logits minus their sampled tokens.
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    for t in range(pid * TILE, num_reqs, programs * TILE):
-        req = t + tl.arange(0, TILE)
-        inside = req < num_reqs
-        state = tl.load(idx_mapping_ptr + req, mask=inside, other=0)
-        seq_len = tl.load(seq_lens_ptr + req, mask=inside, other=0)
-        prefill_len = tl.load(prefill_len_ptr + state, mask=inside, other=0)
-        chunked = seq_len < prefill_len
-        sampled = tl.load(num_sampled_ptr + req, mask=inside, other=0)
-        sampled = tl.where(chunked, 0, sampled)
-        tl.store(num_sampled_ptr + req, sampled, mask=inside)
-        num_logits = tl.load(cu_num_logits_ptr + req + 1, mask=inside, other=0) - tl.load(
-            cu_num_logits_ptr + req, mask=inside, other=0
-        )
-        tl.store(num_rejected_ptr + req, tl.where(chunked, 0, num_logits - sampled), mask=inside)
+    # Chunk-prefilling requests (seq_len < prefill_len) sample and reject nothing; the others reject their
+    # logits minus their sampled tokens.
+    if PER_ITEM:  # a program per request (CUDA, vLLM's grid): scalars
+        req = tl.program_id(0)
+        chunked = tl.load(seq_lens_ptr + req) < tl.load(prefill_len_ptr + tl.load(idx_mapping_ptr + req))
+        sampled = tl.where(chunked, 0, tl.load(num_sampled_ptr + req))
+        tl.store(num_sampled_ptr + req, sampled)
+        num_logits = tl.load(cu_num_logits_ptr + req + 1) - tl.load(cu_num_logits_ptr + req)
+        tl.store(num_rejected_ptr + req, tl.where(chunked, 0, num_logits - sampled))
+    else:  # tiles of requests grid-stride (Ascend: a program per vector core)
+        pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        for t in range(pid * TILE, num_reqs, programs * TILE):
+            req = t + tl.arange(0, TILE)
+            inside = req < num_reqs
+            state = tl.load(idx_mapping_ptr + req, mask=inside, other=0)
+            seq_len = tl.load(seq_lens_ptr + req, mask=inside, other=0)
+            prefill_len = tl.load(prefill_len_ptr + state, mask=inside, other=0)
+            chunked = seq_len < prefill_len
+            sampled = tl.load(num_sampled_ptr + req, mask=inside, other=0)
+            sampled = tl.where(chunked, 0, sampled)
+            tl.store(num_sampled_ptr + req, sampled, mask=inside)
+            num_logits = tl.load(cu_num_logits_ptr + req + 1, mask=inside, other=0) - tl.load(
+                cu_num_logits_ptr + req, mask=inside, other=0
+            )
+            tl.store(num_rejected_ptr + req, tl.where(chunked, 0, num_logits - sampled), mask=inside)
 
 
 def get_num_sampled_and_rejected(
@@ -289,7 +299,9 @@ def get_num_sampled_and_rejected(
         return
     device = num_sampled_ptr.device
     tile = _tile(device)
-    _num_sampled_and_rejected_kernel[(_geometry.programs(device, cdiv(num_reqs, tile)),)](
+    per_item = _geometry.geometry(device).grid == "work"
+    programs = num_reqs if per_item else _geometry.programs(device, cdiv(num_reqs, tile))
+    _num_sampled_and_rejected_kernel[(programs,)](
         num_sampled_ptr,
         num_rejected_ptr,
         seq_lens_ptr,
@@ -298,6 +310,7 @@ def get_num_sampled_and_rejected(
         prefill_len_ptr,
         num_reqs,
         TILE=tile,
+        PER_ITEM=per_item,
     )
 
 

@@ -2,10 +2,15 @@
 
 The work items, ``(token, column chunk)`` (temperature) or ``(token, vocabulary block)`` (sampling),
 are walked grid-stride by the device's grid (``_geometry``: one program per vector core on Ascend, one
-per item on CUDA, as vLLM launches them); a vocabulary block is swept in UB-sized tiles whose argmaxes
-are combined leftmost-first, so the per-block results are those of vLLM's one-program-per-block
-launch. The murmur3 words of the request (seed, position) are mixed once per block, the token id per
-element.
+per item on CUDA, as vLLM launches them). Sampling runs on a 2-D grid, ``program_id(0)`` over tokens and
+``program_id(1)`` over blocks, so no program divides to find its item: vLLM's ``(num_tokens, num_blocks)``
+on CUDA, each program its one item with no loop (``PER_ITEM``: vLLM's code, registers and instruction
+count for sm_90), and on Ascend a grid of at most the vector cores walked grid-stride along both axes,
+a token's request state read once per program and token.
+A vocabulary block wider than the UB allows is swept in tiles whose argmaxes are combined
+leftmost-first, so the per-block results are those of vLLM's one-program-per-block launch; a block of
+one tile (CUDA's and Ascend's 1024) is reduced once, as vLLM does. The murmur3 words of the request
+(seed, position) are mixed once per token, the token id per element.
 """
 
 from __future__ import annotations
@@ -157,6 +162,133 @@ def temperature(
 
 
 @triton.jit
+def _noised_tile(
+    row,
+    source_row,
+    cache_row,
+    offs,
+    vocab_size,
+    valid,
+    temp,
+    prefix,
+    HAS_CACHE: tl.constexpr,
+    APPLY_TEMPERATURE: tl.constexpr,
+):
+    """Logits ``offs`` of a row (cached first, before temperature, for a valid request), in float32,
+    scaled and Gumbel-noised where the request samples (``temp != 0``); -inf past the vocabulary."""
+    mask = offs < vocab_size
+    x = tl.load(row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+    if HAS_CACHE:
+        if valid:
+            tl.store(cache_row + offs, tl.load(source_row + offs, mask=mask), mask=mask)
+    if temp != 0.0:
+        if APPLY_TEMPERATURE:
+            x = x / temp
+        noise = gumbel_from_uniform(murmur3_uniform_from_prefix(prefix, offs))
+        x = tl.where(mask, x + noise, float("-inf"))
+    return x
+
+
+#: Sampling tile cap: a whole vLLM block (1024) on CUDA, UB-bounded on Ascend; under the interpreter
+#: smaller than the test blocks, so they take the tile-merge path too.
+GUMBEL_TILE = 64 if IS_INTERPRETED else 4096
+
+
+@triton.jit
+def _token_state(
+    token,
+    idx_mapping_ptr,
+    seeds_ptr,
+    pos_ptr,
+    temp_ptr,
+    cache_ptr,
+    cache_stride_0,
+    cache_stride_1,
+    cache_col_ptr,
+    IS_DRAFTING: tl.constexpr,
+    HAS_CACHE: tl.constexpr,
+    PER_TOKEN_COL: tl.constexpr,
+):
+    """A token's request state: ``(valid, temp, murmur3 prefix, its logits-cache row)`` (a padded token,
+    request -1, samples greedily with seed 0)."""
+    req = tl.load(idx_mapping_ptr + token).to(tl.int64)
+    valid = req >= 0
+    state = tl.where(valid, req, 0)
+    temp = tl.where(valid, tl.load(temp_ptr + state).to(tl.float32), 0.0)
+    seed = tl.where(valid, tl.load(seeds_ptr + state).to(tl.int64), 0)
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    if IS_DRAFTING:
+        pos = pos + _SALT
+    cache_row = cache_ptr
+    if HAS_CACHE:
+        if PER_TOKEN_COL:
+            col = tl.load(cache_col_ptr + token).to(tl.int64)
+        else:
+            col = tl.load(cache_col_ptr).to(tl.int64)
+        cache_row = cache_ptr + state * cache_stride_0 + col * cache_stride_1
+    return valid, temp, murmur3_prefix(seed, pos), cache_row
+
+
+@triton.jit
+def _sample_block(
+    token,
+    block,
+    valid,
+    temp,
+    prefix,
+    cache_row,
+    local_argmax_ptr,
+    local_argmax_stride,
+    local_max_ptr,
+    local_max_stride,
+    source_ptr,
+    source_stride,
+    logits_ptr,
+    logits_stride,
+    vocab_size,
+    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
+    APPLY_TEMPERATURE: tl.constexpr,
+    HAS_CACHE: tl.constexpr,
+):
+    """Block ``block`` of a token's row: its (noised) maximum and the token id of its leftmost argmax."""
+    token64 = tl.cast(token, tl.int64)
+    row = logits_ptr + token64 * logits_stride
+    source_row = source_ptr + token64 * source_stride
+    block_start = block * BLOCK_SIZE
+    if TILE == BLOCK_SIZE:  # one tile: reduced once, as vLLM's block
+        offs = block_start + tl.arange(0, TILE)
+        x = _noised_tile(
+            row, source_row, cache_row, offs, vocab_size, valid, temp, prefix, HAS_CACHE, APPLY_TEMPERATURE
+        )
+        best, index = tl.max(x, axis=0, return_indices=True)
+        best_idx = index.to(tl.int32)
+    else:
+        best = tl.full([], float("-inf"), tl.float32)
+        best_idx = tl.full([], 0, tl.int32)
+        for start in range(0, BLOCK_SIZE, TILE):
+            offs = block_start + start + tl.arange(0, TILE)
+            x = _noised_tile(
+                row,
+                source_row,
+                cache_row,
+                offs,
+                vocab_size,
+                valid,
+                temp,
+                prefix,
+                HAS_CACHE,
+                APPLY_TEMPERATURE,
+            )
+            value, index = tl.max(x, axis=0, return_indices=True)
+            better = value > best
+            best_idx = tl.where(better, start + index.to(tl.int32), best_idx)
+            best = tl.where(better, value, best)
+    tl.store(local_argmax_ptr + token64 * local_argmax_stride + block, (block_start + best_idx).to(tl.int64))
+    tl.store(local_max_ptr + token64 * local_max_stride + block, best)
+
+
+@triton.jit
 def _gumbel_sample_kernel(
     local_argmax_ptr,
     local_argmax_stride,
@@ -183,54 +315,83 @@ def _gumbel_sample_kernel(
     APPLY_TEMPERATURE: tl.constexpr,
     HAS_CACHE: tl.constexpr,
     PER_TOKEN_COL: tl.constexpr,
+    PER_ITEM: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    for item in range(pid, num_tokens * num_blocks, programs):
-        token = item // num_blocks
-        block = item - token * num_blocks
-        block_start = block * BLOCK_SIZE
-        token64 = tl.cast(token, tl.int64)
-        req = tl.load(idx_mapping_ptr + token).to(tl.int64)
-        valid = req >= 0
-        state = tl.where(valid, req, 0)
-        temp = tl.where(valid, tl.load(temp_ptr + state).to(tl.float32), 0.0)
-        seed = tl.where(valid, tl.load(seeds_ptr + state).to(tl.int64), 0)
-        pos = tl.load(pos_ptr + token).to(tl.int64)
-        if IS_DRAFTING:
-            pos = pos + _SALT
-        prefix = murmur3_prefix(seed, pos)
-        if HAS_CACHE:
-            if PER_TOKEN_COL:
-                col = tl.load(cache_col_ptr + token).to(tl.int64)
-            else:
-                col = tl.load(cache_col_ptr).to(tl.int64)
-            cache_row = cache_ptr + state * cache_stride_0 + col * cache_stride_1
-        row = logits_ptr + token64 * logits_stride
-
-        best = tl.full([], float("-inf"), tl.float32)
-        best_idx = tl.full([], 0, tl.int32)
-        for start in range(0, BLOCK_SIZE, TILE):
-            offs = block_start + start + tl.arange(0, TILE)
-            mask = offs < vocab_size
-            x = tl.load(row + offs, mask=mask, other=float("-inf")).to(tl.float32)
-            if HAS_CACHE:
-                if valid:
-                    raw = tl.load(source_ptr + token64 * source_stride + offs, mask=mask)
-                    tl.store(cache_row + offs, raw, mask=mask)
-            if temp != 0.0:
-                if APPLY_TEMPERATURE:
-                    x = x / temp
-                noise = gumbel_from_uniform(murmur3_uniform_from_prefix(prefix, offs))
-                x = tl.where(mask, x + noise, float("-inf"))
-            value, index = tl.max(x, axis=0, return_indices=True)
-            better = value > best
-            best_idx = tl.where(better, start + index.to(tl.int32), best_idx)
-            best = tl.where(better, value, best)
-        tl.store(
-            local_argmax_ptr + token64 * local_argmax_stride + block, (block_start + best_idx).to(tl.int64)
+    if PER_ITEM:  # the grid is (num_tokens, num_blocks): program (token, block), vLLM's
+        token = tl.program_id(0)
+        valid, temp, prefix, cache_row = _token_state(
+            token,
+            idx_mapping_ptr,
+            seeds_ptr,
+            pos_ptr,
+            temp_ptr,
+            cache_ptr,
+            cache_stride_0,
+            cache_stride_1,
+            cache_col_ptr,
+            IS_DRAFTING,
+            HAS_CACHE,
+            PER_TOKEN_COL,
         )
-        tl.store(local_max_ptr + token64 * local_max_stride + block, best)
+        _sample_block(
+            token,
+            tl.program_id(1),
+            valid,
+            temp,
+            prefix,
+            cache_row,
+            local_argmax_ptr,
+            local_argmax_stride,
+            local_max_ptr,
+            local_max_stride,
+            source_ptr,
+            source_stride,
+            logits_ptr,
+            logits_stride,
+            vocab_size,
+            BLOCK_SIZE,
+            TILE,
+            APPLY_TEMPERATURE,
+            HAS_CACHE,
+        )
+    else:  # 2-D grid-stride: tokens along axis 0, each token's blocks along axis 1
+        for token in range(tl.program_id(0), num_tokens, tl.num_programs(0)):
+            valid, temp, prefix, cache_row = _token_state(
+                token,
+                idx_mapping_ptr,
+                seeds_ptr,
+                pos_ptr,
+                temp_ptr,
+                cache_ptr,
+                cache_stride_0,
+                cache_stride_1,
+                cache_col_ptr,
+                IS_DRAFTING,
+                HAS_CACHE,
+                PER_TOKEN_COL,
+            )
+            for block in range(tl.program_id(1), num_blocks, tl.num_programs(1)):
+                _sample_block(
+                    token,
+                    block,
+                    valid,
+                    temp,
+                    prefix,
+                    cache_row,
+                    local_argmax_ptr,
+                    local_argmax_stride,
+                    local_max_ptr,
+                    local_max_stride,
+                    source_ptr,
+                    source_stride,
+                    logits_ptr,
+                    logits_stride,
+                    vocab_size,
+                    BLOCK_SIZE,
+                    TILE,
+                    APPLY_TEMPERATURE,
+                    HAS_CACHE,
+                )
 
 
 def gumbel_sample(
@@ -292,9 +453,10 @@ def gumbel_sample(
         return
     device = logits_ptr.device
     has_cache = logits_cache_ptr is not None
-    programs = _geometry.programs(device, num_tokens * num_blocks)
-    tile = min(BLOCK_SIZE, ub_cap(device, 64 if IS_INTERPRETED else 4096, 8))
-    _gumbel_sample_kernel[(programs,)](
+    geometry = _geometry.geometry(device)
+    programs = geometry.programs_2d(num_tokens, num_blocks)
+    tile = min(BLOCK_SIZE, ub_cap(device, GUMBEL_TILE, 8))
+    _gumbel_sample_kernel[programs](
         local_argmax_ptr,
         local_argmax_stride,
         local_max_ptr,
@@ -320,4 +482,5 @@ def gumbel_sample(
         APPLY_TEMPERATURE=APPLY_TEMPERATURE,
         HAS_CACHE=has_cache,
         PER_TOKEN_COL=PER_TOKEN_COL,
+        PER_ITEM=programs == (num_tokens, num_blocks),
     )

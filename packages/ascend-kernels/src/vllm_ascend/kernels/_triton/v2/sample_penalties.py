@@ -3,9 +3,13 @@
 Work items ``(row, column chunk)`` (penalties) or ``(request, chunk of its prefill tokens)`` (bincount),
 columns and tokens being independent, are walked grid-stride by the device's grid (``_geometry``: one
 program per vector core on Ascend, whole rows once the rows fill the cores; one per tile on CUDA, as
-vLLM's per-block launch), each swept in UB-sized tiles. The prompt bitmask is read per element (word
-``col // 32``, bit ``col % 32``) instead of vLLM's ``[BLOCK / 32, 32]`` reshape, so a tile is any power
-of two.
+vLLM's per-block launch), each swept in UB-sized tiles. A penalties tile of ``WORDS * 32`` columns is a
+``[WORDS, 32]`` block (word ``w``, bit ``b``: column ``32 w + b``), so each prompt-bitmask word is loaded
+once and its bits tested in place, with no reshape to 1-D (vLLM reshapes its ``[BLOCK / 32, 32]``
+expansion; the kernels here keep reshapes of tiles out, for triton-ascend). Tiles are 8192 columns on CUDA (vLLM's block), 4096 on Ascend (then
+bounded by the UB). Penalties run on a 2-D grid, ``program_id(0)`` over tokens and ``program_id(1)`` over
+column chunks: on CUDA vLLM's ``(num_tokens, tiles)``, a program per tile with no loop (``PER_ITEM``),
+on Ascend at most the vector cores, walking both axes grid-stride.
 """
 
 from __future__ import annotations
@@ -102,6 +106,100 @@ def bincount(
 
 
 @triton.jit
+def _penalize_tile(
+    row,
+    counts_row,
+    mask_row,
+    first_draft,
+    pos,
+    first_word,
+    end,
+    rep,
+    freq,
+    pres,
+    use_rep,
+    WORDS: tl.constexpr,
+):
+    """Columns ``[32 first_word, 32 (first_word + WORDS))`` below ``end`` of one row, as a
+    ``[WORDS, 32]`` block: column ``32 w + b`` is bit ``b`` of prompt-bitmask word ``w``."""
+    words = first_word + tl.arange(0, WORDS)
+    bits = tl.arange(0, 32)
+    cols = words[:, None] * 32 + bits[None, :]
+    valid = cols < end
+    x = tl.load(row + cols, mask=valid, other=0.0).to(tl.float32)
+    counts = tl.load(counts_row + cols, mask=valid, other=0)
+    for k in range(0, pos):
+        counts += (cols == tl.load(first_draft + k)).to(tl.int32)
+    seen = counts > 0
+    if use_rep:
+        packed = tl.load(mask_row + words, mask=words * 32 < end, other=0)
+        in_prompt = ((packed[:, None] >> bits[None, :]) & 1) != 0
+        scale = tl.where(in_prompt | seen, rep, 1.0)
+        x = x * tl.where(x > 0, 1.0 / scale, scale)
+    x = x - freq * counts.to(tl.float32)
+    x = x - pres * seen.to(tl.float32)
+    tl.store(row + cols, x.to(row.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def _penalize_chunk(
+    token,
+    part,
+    logits_ptr,
+    logits_stride,
+    idx_mapping_ptr,
+    token_ids_ptr,
+    local_pos_ptr,
+    repetition_penalty_ptr,
+    frequency_penalty_ptr,
+    presence_penalty_ptr,
+    prompt_bin_mask_ptr,
+    prompt_bin_mask_stride,
+    output_bin_counts_ptr,
+    output_bin_counts_stride,
+    width,
+    chunk,
+    WORDS: tl.constexpr,
+    ONE_TILE: tl.constexpr,
+):
+    """Chunk ``part`` (``chunk`` columns, a multiple of the tile) of a token's row."""
+    state = tl.load(idx_mapping_ptr + token).to(tl.int64)
+    rep = tl.load(repetition_penalty_ptr + state).to(tl.float32)
+    freq = tl.load(frequency_penalty_ptr + state).to(tl.float32)
+    pres = tl.load(presence_penalty_ptr + state).to(tl.float32)
+    use_rep = rep != 1.0
+    if use_rep | (freq != 0.0) | (pres != 0.0):
+        begin = part * chunk
+        end = tl.minimum(begin + chunk, width)
+        pos = tl.load(local_pos_ptr + token)
+        first_draft = token_ids_ptr + tl.cast(token, tl.int64) - pos + 1
+        row = logits_ptr + tl.cast(token, tl.int64) * logits_stride
+        counts_row = output_bin_counts_ptr + state * output_bin_counts_stride
+        mask_row = prompt_bin_mask_ptr + state * prompt_bin_mask_stride
+        # begin is a multiple of the tile (WORDS * 32 columns): the tiles start on a word.
+        if ONE_TILE:
+            _penalize_tile(
+                row, counts_row, mask_row, first_draft, pos, begin // 32, end, rep, freq, pres, use_rep, WORDS
+            )
+        else:
+            for first_word in range(begin // 32, tl.cdiv(end, 32), WORDS):
+                _penalize_tile(
+                    row,
+                    counts_row,
+                    mask_row,
+                    first_draft,
+                    pos,
+                    first_word,
+                    end,
+                    rep,
+                    freq,
+                    pres,
+                    use_rep,
+                    WORDS,
+                )
+
+
+@triton.jit
 def _penalties_kernel(
     logits_ptr,
     logits_stride,
@@ -119,41 +217,58 @@ def _penalties_kernel(
     width,
     chunks,
     chunk,
-    TILE: tl.constexpr,
+    WORDS: tl.constexpr,
+    PER_ITEM: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    for item in range(pid, num_tokens * chunks, programs):
-        token = item // chunks
-        begin = (item - token * chunks) * chunk
-        end = tl.minimum(begin + chunk, width)
-        state = tl.load(idx_mapping_ptr + token).to(tl.int64)
-        rep = tl.load(repetition_penalty_ptr + state).to(tl.float32)
-        freq = tl.load(frequency_penalty_ptr + state).to(tl.float32)
-        pres = tl.load(presence_penalty_ptr + state).to(tl.float32)
-        use_rep = rep != 1.0
-        if use_rep | (freq != 0.0) | (pres != 0.0):
-            pos = tl.load(local_pos_ptr + token)
-            first_draft = token_ids_ptr + tl.cast(token, tl.int64) - pos + 1
-            row = logits_ptr + tl.cast(token, tl.int64) * logits_stride
-            counts_row = output_bin_counts_ptr + state * output_bin_counts_stride
-            mask_row = prompt_bin_mask_ptr + state * prompt_bin_mask_stride
-            for start in range(begin, end, TILE):
-                cols = start + tl.arange(0, TILE)
-                valid = cols < end
-                x = tl.load(row + cols, mask=valid, other=0.0).to(tl.float32)
-                counts = tl.load(counts_row + cols, mask=valid, other=0)
-                for k in range(0, pos):
-                    counts += (cols == tl.load(first_draft + k)).to(tl.int32)
-                seen = counts > 0
-                if use_rep:
-                    word = tl.load(mask_row + cols // 32, mask=valid, other=0)
-                    in_prompt = ((word >> (cols % 32)) & 1) != 0
-                    scale = tl.where(in_prompt | seen, rep, 1.0)
-                    x = x * tl.where(x > 0, 1.0 / scale, scale)
-                x = x - freq * counts.to(tl.float32)
-                x = x - pres * seen.to(tl.float32)
-                tl.store(row + cols, x.to(logits_ptr.dtype.element_ty), mask=valid)
+    if PER_ITEM:  # the grid is (num_tokens, chunks) and a chunk one tile: program (token, tile), vLLM's
+        _penalize_chunk(
+            tl.program_id(0),
+            tl.program_id(1),
+            logits_ptr,
+            logits_stride,
+            idx_mapping_ptr,
+            token_ids_ptr,
+            local_pos_ptr,
+            repetition_penalty_ptr,
+            frequency_penalty_ptr,
+            presence_penalty_ptr,
+            prompt_bin_mask_ptr,
+            prompt_bin_mask_stride,
+            output_bin_counts_ptr,
+            output_bin_counts_stride,
+            width,
+            chunk,
+            WORDS,
+            True,
+        )
+    else:  # 2-D grid-stride: tokens along axis 0, each token's chunks along axis 1
+        for token in range(tl.program_id(0), num_tokens, tl.num_programs(0)):
+            for part in range(tl.program_id(1), chunks, tl.num_programs(1)):
+                _penalize_chunk(
+                    token,
+                    part,
+                    logits_ptr,
+                    logits_stride,
+                    idx_mapping_ptr,
+                    token_ids_ptr,
+                    local_pos_ptr,
+                    repetition_penalty_ptr,
+                    frequency_penalty_ptr,
+                    presence_penalty_ptr,
+                    prompt_bin_mask_ptr,
+                    prompt_bin_mask_stride,
+                    output_bin_counts_ptr,
+                    output_bin_counts_stride,
+                    width,
+                    chunk,
+                    WORDS,
+                    False,
+                )
+
+
+#: Penalties tile caps (columns) per launch backend: vLLM's 8192-column block on CUDA; Ascend's 4096,
+#: then bounded by the UB; a few words under the interpreter, so the test shapes take several tiles.
+PENALTIES_TILE = {"cuda": 8192, "npu": 4096, "interpreter": 32}
 
 
 def penalties(
@@ -179,9 +294,11 @@ def penalties(
         return
     device = logits_ptr.device
     geometry = _geometry.geometry(device)
-    tile = min(next_power_of_2(width), ub_cap(device, 32 if IS_INTERPRETED else 4096, 6))
+    cap = PENALTIES_TILE["interpreter" if IS_INTERPRETED else geometry.backend]
+    tile = max(32, min(next_power_of_2(width), ub_cap(device, cap, 6)))
     chunks, chunk = geometry.column_split(num_tokens, width, tile)
-    _penalties_kernel[(geometry.programs(num_tokens * chunks),)](
+    programs = geometry.programs_2d(num_tokens, chunks)
+    _penalties_kernel[programs](
         logits_ptr,
         logits_stride,
         expanded_idx_mapping_ptr,
@@ -198,5 +315,6 @@ def penalties(
         width,
         chunks,
         chunk,
-        TILE=tile,
+        WORDS=tile // 32,
+        PER_ITEM=programs == (num_tokens, chunks) and chunk == tile,
     )
