@@ -12,11 +12,14 @@ the reduction axis (the cube unit on Ascend), in two layouts:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend.kernels._geometry import geometry
+from vllm_ascend.kernels._geometry import LaunchGeometry, geometry
+from vllm_ascend.kernels.v2._launch import cdiv, next_power_of_2
 
 #: ``tl.dot``'s smallest tile side.
 _DOT_MIN = 16
@@ -118,11 +121,15 @@ def _dot_dtype(x: torch.Tensor, w: torch.Tensor) -> tl.dtype:
 def _tiles(device: torch.device, columns: int, reduction: int) -> tuple[int, int]:
     """``(BLOCK_cols, BLOCK_K)``: powers of two >= tl.dot's minimum, the K tile bounded by the UB (fp32
     tiles of rows, columns and the accumulator live at once)."""
-    geo = geometry(device)
-    block_cols = max(_DOT_MIN, min(64, triton.next_power_of_2(columns)))
-    block_k = geo.max_block(
-        4, _DOT_MIN + block_cols, cap=max(_DOT_MIN, min(256, triton.next_power_of_2(reduction)))
-    )
+    return _tiles_for(geometry(device), columns, reduction)
+
+
+@functools.lru_cache(maxsize=1024)
+def _tiles_for(geo: LaunchGeometry, columns: int, reduction: int) -> tuple[int, int]:
+    """:func:`_tiles` of a geometry, remembered: launches repeat a handful of layer shapes, and the host
+    arithmetic cost several microseconds a launch."""
+    block_cols = max(_DOT_MIN, min(64, next_power_of_2(columns)))
+    block_k = geo.max_block(4, _DOT_MIN + block_cols, cap=max(_DOT_MIN, min(256, next_power_of_2(reduction))))
     return block_cols, max(_DOT_MIN, block_k)
 
 
@@ -133,7 +140,7 @@ def _token_block(num_tokens: int) -> int:
 
 def _split_k(device: torch.device, programs: int, reduction: int, block_k: int) -> int:
     """Reduction splits that bring a small by-token shrink near one program per core (1: no split)."""
-    chunks = triton.cdiv(reduction, block_k)
+    chunks = cdiv(reduction, block_k)
     cores = geometry(device).persistent_programs()
     return max(1, min(chunks, cores // max(1, programs)))
 
@@ -156,7 +163,7 @@ def _launch(
     if runs == 0 or max_len == 0:
         return
     block_n, block_k = _tiles(x.device, columns, reduction)
-    grid = (runs, triton.cdiv(max_len, _DOT_MIN), triton.cdiv(columns, block_n))
+    grid = (runs, cdiv(max_len, _DOT_MIN), cdiv(columns, block_n))
     _lora_matmul_kernel[grid](
         x, x.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0),
         seq_starts, seq_lens, seq_loras, 0, reduction, columns, offset, scale,
@@ -182,7 +189,7 @@ def _launch_by_token(
         return
     block_n, block_k = _tiles(x.device, columns, reduction)
     block_m = _token_block(tokens)
-    grid = (loras, triton.cdiv(tokens, block_m), triton.cdiv(columns, block_n) * split_k)
+    grid = (loras, cdiv(tokens, block_m), cdiv(columns, block_n) * split_k)
     _lora_matmul_kernel[grid](
         x, x.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0),
         token_lora_indices, token_lora_indices, token_lora_indices, tokens, reduction, columns, offset, scale,
@@ -219,7 +226,7 @@ def lora_shrink_tokens(
     tokens, (_, rank, reduction) = x.shape[0], a.shape
     if split_k is None:
         block_n, block_k = _tiles(x.device, rank, reduction)
-        programs = triton.cdiv(tokens, _token_block(tokens)) * triton.cdiv(rank, block_n)
+        programs = cdiv(tokens, _token_block(tokens)) * cdiv(rank, block_n)
         split_k = _split_k(x.device, programs, reduction, block_k)
     if out.dtype != torch.float32:
         split_k = 1
