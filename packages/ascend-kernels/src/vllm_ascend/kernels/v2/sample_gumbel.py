@@ -188,7 +188,9 @@ def gumbel_sample_torch(
     USE_FP64: bool,
     PER_TOKEN_COL: bool,
 ) -> None:
-    """Reference of :func:`gumbel_sample`."""
+    """Reference of :func:`gumbel_sample`: per token, ``logits / temp + gumbel(seed, pos, column)`` over
+    the vocabulary (plain logits where ``temp == 0``: no noise computed for those rows), ``-inf`` past it,
+    then the leftmost maximum of each ``BLOCK_SIZE`` block."""
     num_tokens, num_blocks = grid_dim(grid, 0), grid_dim(grid, 1)
     if num_tokens == 0 or num_blocks == 0:
         return
@@ -212,32 +214,29 @@ def gumbel_sample_torch(
         cache[req[valid], col[valid]] = source[valid].to(cache.dtype)
 
     temp = torch.where(valid, temp_ptr[safe_req].float(), torch.zeros((), device=device))
-    seed = torch.where(valid, seeds_ptr[safe_req].long(), torch.zeros((), dtype=torch.int64, device=device))
-    pos = pos_ptr[:num_tokens].long()
-
-    logits = torch.full((num_tokens, width), float("-inf"), dtype=torch.float32, device=device)
-    if covered:
-        logits[:, :covered] = _rows(logits_ptr, num_tokens, logits_stride, covered).float()
-    sampled = temp != 0.0
-    if APPLY_TEMPERATURE:
-        divisor = torch.where(sampled, temp, torch.ones((), device=device))
-        logits = logits / divisor[:, None]
+    logits = _rows(logits_ptr, num_tokens, logits_stride, covered).to(torch.float32, copy=True)
+    # Gumbel noise only for the sampled rows (temperature != 0), over the vocabulary; greedy rows keep
+    # their plain logits (an all-greedy batch computes no noise).
+    sampled = (temp != 0.0).nonzero().flatten()
+    if APPLY_TEMPERATURE and sampled.numel():
+        logits[sampled] = logits[sampled] / temp[sampled, None]
     if USE_FP64:
         logits = logits.double()
-    if bool(sampled.any()):
-        keys = torch.arange(width, device=device, dtype=torch.int64)
+    if sampled.numel() and covered:
+        seed = seeds_ptr[req[sampled]].long()
+        pos = pos_ptr[:num_tokens].long()[sampled]
         if IS_DRAFTING:
             pos = pos + DRAFT_NOISE_SALT
+        keys = torch.arange(covered, device=device, dtype=torch.int64)
         noise = gumbel_noise_torch(seed[:, None], pos[:, None], keys[None, :], use_fp64=USE_FP64)
-        in_vocab = (keys < vocab_size)[None, :]
-        noised = torch.where(in_vocab, logits + noise, float("-inf"))
-        logits = torch.where(sampled[:, None], noised, logits)
+        logits[sampled] = logits[sampled] + noise
+    if covered < width:  # columns past the vocabulary (or past the logits) read as -inf
+        logits = torch.cat([logits, logits.new_full((num_tokens, width - covered), float("-inf"))], dim=1)
 
     # Triton's max(return_indices=True): the leftmost maximum (NaN compares as nothing: taken as -inf).
-    blocks = logits.reshape(num_tokens, num_blocks, BLOCK_SIZE)
-    blocks = blocks.masked_fill(blocks.isnan(), float("-inf"))
-    value = blocks.amax(dim=-1)
-    first = (blocks == value[..., None]).to(torch.int8).argmax(dim=-1)
+    blocks = logits.view(num_tokens, num_blocks, BLOCK_SIZE)
+    blocks.masked_fill_(blocks.isnan(), float("-inf"))
+    value, first = blocks.amax(dim=-1), blocks.argmax(dim=-1)
     token = first + torch.arange(num_blocks, device=device)[None, :] * BLOCK_SIZE
     _rows(local_argmax_ptr, num_tokens, local_argmax_stride, num_blocks).copy_(token)
     _rows(local_max_ptr, num_tokens, local_max_stride, num_blocks).copy_(value)
