@@ -1,8 +1,10 @@
 """Host cost of the V2 torch references that used to loop over requests (CPU reference device).
 
 Times ``<name>_torch`` of ``vllm_ascend.kernels.v2.{input_batch,block_table,sample_gumbel}`` on a decode
-step shaped like serving (max_model_len 512, KV block size 16, 64 state rows, one KV-cache group) at 1
-and 48 requests, and prints microseconds per call (median of repeats). In-place state the kernels advance
+step shaped like serving (max_model_len 512, KV block size 16, 64 state rows, one KV-cache group) at 1,
+4 and 48 requests (decode rows with 3 draft tokens: 4 logits each; ``prepare_prefill_inputs`` with every
+row in an 8-token prompt chunk; ``gumbel_sample`` at vocabularies 512 and 32000, all rows sampled at
+temperature 0.7 or all greedy), and prints microseconds per call (median of repeats). In-place state the kernels advance
 (total lengths, computed tokens) is reset before each call, outside the timed region.
 
     nice -n 19 env OMP_NUM_THREADS=1 uv run --no-sync python benchmarks/v2_reference_loops.py
@@ -22,6 +24,7 @@ from vllm_ascend.kernels.v2 import sample_gumbel as sg
 
 MAX_REQS, MAX_LEN, KV_BLOCK, DRAFTS = 64, 512, 16, 3
 _KEEP: list[torch.Tensor] = []
+REQUESTS = (1, 4, 48)
 
 
 def _time(call: Callable[[], None], reset: Callable[[], None] | None = None, n: int = 200) -> float:
@@ -170,6 +173,8 @@ def cases(r: int) -> dict[str, tuple[Callable[[], None], Callable[[], None] | No
     )
     positions = torch.randint(0, MAX_LEN, (MAX_REQS * 8,), generator=g, dtype=torch.int64)
     slots = torch.zeros((1, MAX_REQS * 8), dtype=torch.int64)
+    block_sizes = torch.tensor([KV_BLOCK], dtype=torch.int32)
+    enabled, sharded = torch.tensor([True]), torch.tensor([False])
     out["compute_slot_mappings"] = (
         lambda: bt.compute_slot_mappings_torch(
             (1, r + 1),
@@ -179,9 +184,9 @@ def cases(r: int) -> dict[str, tuple[Callable[[], None], Callable[[], None] | No
             positions,
             src_ptrs,
             strides,
-            torch.tensor([KV_BLOCK], dtype=torch.int32),
-            torch.tensor([True]),
-            torch.tensor([False]),
+            block_sizes,
+            enabled,
+            sharded,
             slots,
             MAX_REQS * 8,
             0,
@@ -247,11 +252,11 @@ def main() -> None:
     torch.set_num_threads(1)
     table = {
         r: {name: _time(*c, n=20 if "32000" in name else 200) for name, c in cases(r).items()}
-        for r in (1, 48)
+        for r in REQUESTS
     }
-    print(f"{'function':44s} {'R=1 us':>10s} {'R=48 us':>10s}")
+    print(f"{'function':36s}" + "".join(f"{f'R={r} us':>10s}" for r in REQUESTS))
     for name in table[1]:
-        print(f"{name:44s} {table[1][name]:10.1f} {table[48][name]:10.1f}")
+        print(f"{name:36s}" + "".join(f"{table[r][name]:10.1f}" for r in REQUESTS))
 
 
 if __name__ == "__main__":

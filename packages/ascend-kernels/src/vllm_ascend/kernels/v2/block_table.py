@@ -86,7 +86,7 @@ def compute_slot_mappings_torch(
     groups, num_reqs = grid_dim(grid, 0), grid_dim(grid, 1) - 1
     device = pos.device
     qsl = query_start_loc[: num_reqs + 1].to(torch.int64)
-    start, num_tokens = qsl[[0, -1]].tolist()
+    start, num_tokens = int(qsl[0]), int(qsl[-1])
     owner = torch.searchsorted(
         qsl[1:], torch.arange(start, max(start, num_tokens), device=device), right=True
     )

@@ -15,8 +15,8 @@ _VLLM = "vllm.v1.worker.gpu.input_batch"
 
 def _tokens(qsl: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The scheduled tokens ``qsl[0] .. qsl[-1]`` and the batch row owning each (row ``i`` owns ``qsl[i] ..
-    qsl[i + 1]``), for a ``query_start_loc`` prefix ``qsl``; one host sync for the bounds."""
-    start, end = qsl[[0, -1]].tolist()
+    qsl[i + 1]``), for a ``query_start_loc`` prefix ``qsl``; the two bounds are read on the host."""
+    start, end = int(qsl[0]), int(qsl[-1])
     tokens = torch.arange(start, max(start, end), device=qsl.device)
     return tokens, torch.searchsorted(qsl[1:], tokens, right=True)
 

@@ -33,23 +33,37 @@ def _mul32(a: torch.Tensor, b: int) -> torch.Tensor:
     return (lo + hi) & _U32
 
 
+def _mul32_(a: torch.Tensor, b: int) -> torch.Tensor:
+    """:func:`_mul32` in place (the noise's full-size intermediates: no fresh buffers per step)."""
+    hi = a * (b >> 16)
+    hi.bitwise_and_(0xFFFF).bitwise_left_shift_(16)
+    return a.mul_(b & 0xFFFF).add_(hi).bitwise_and_(_U32)
+
+
 def _rotl32(a: torch.Tensor, shift: int) -> torch.Tensor:
     return ((a << shift) & _U32) | (a >> (32 - shift))
+
+
+def _rotl32_(a: torch.Tensor, shift: int) -> torch.Tensor:
+    low = a >> (32 - shift)
+    return a.bitwise_left_shift_(shift).bitwise_and_(_U32).bitwise_or_(low)
 
 
 def _mix(h: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     key = _rotl32(_mul32(key, 0xCC9E2D51), 15)
     key = _mul32(key, 0x1B873593)
-    h = _rotl32(h ^ key, 13)
-    return (h * 5 + 0xE6546B64) & _U32
+    h = _rotl32_(h ^ key, 13)
+    return h.mul_(5).add_(0xE6546B64).bitwise_and_(_U32)
 
 
-def _fmix(h: torch.Tensor) -> torch.Tensor:
-    h = h ^ (h >> 16)
-    h = _mul32(h, 0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = _mul32(h, 0xC2B2AE35)
-    return h ^ (h >> 16)
+def _fmix_(h: torch.Tensor) -> torch.Tensor:
+    """murmur3's finaliser, in place."""
+    h ^= h >> 16
+    _mul32_(h, 0x85EBCA6B)
+    h ^= h >> 13
+    _mul32_(h, 0xC2B2AE35)
+    h ^= h >> 16
+    return h
 
 
 def murmur3_hash32_torch(
@@ -66,14 +80,15 @@ def murmur3_hash32_torch(
     h = _mix(h, (seed >> 32) & _U32)
     h = _mix(h, pos & _U32)
     h = _mix(h, offset)
-    return _fmix(h ^ 16)
+    return _fmix_(h ^ 16)
 
 
 def murmur3_uniform32_torch(seed: torch.Tensor, pos: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     """vLLM's ``murmur3_uniform32``: ``fp32((hash + 0.5) * 2**-32)``, in ``(0, 1)``, bit-exact."""
     r = murmur3_hash32_torch(seed, pos, offset)
     # Both halves and their scaled sum are exact in float64; one rounding to float32, as vLLM's.
-    return ((r >> 16).double() * 2.0**-16 + ((r & 0xFFFF).double() + 0.5) * 2.0**-32).float()
+    high = (r >> 16).double().mul_(2.0**-16)
+    return high.add_((r & 0xFFFF).double().add_(0.5).mul_(2.0**-32)).float()
 
 
 def murmur3_uniform64_torch(seed: torch.Tensor, pos: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
@@ -92,11 +107,10 @@ def _log1p_neg_stable(value: torch.Tensor) -> torch.Tensor:
     def c(x: float) -> torch.Tensor:
         return torch.tensor(x, dtype=torch.float32)
 
-    polynomial = c(1.0 / 8.0)
+    polynomial = value * c(1.0 / 8.0)  # Horner's scheme, in place: p = 1/k + value * p
     for k in (7.0, 6.0, 5.0, 4.0, 3.0, 2.0):
-        polynomial = c(1.0 / k) + value * polynomial
-    polynomial = c(1.0) + value * polynomial
-    series = -value * polynomial
+        polynomial.add_(c(1.0 / k)).mul_(value)
+    series = polynomial.add_(c(1.0)).mul_(-value)
     direct = torch.log(torch.clamp_min(c(1.0) - value, 5.960464477539063e-08))
     return torch.where(value < 0.25, series, direct)
 
@@ -108,8 +122,8 @@ def gumbel_noise_torch(
     draft salt): float32 ``-log(-log1p(-u))`` of the 32-bit uniform, or float64 ``-log(-log(u))`` of
     the 64-bit one."""
     if use_fp64:
-        return -torch.log(-torch.log(murmur3_uniform64_torch(seed, pos, offset)))
-    return -torch.log(-_log1p_neg_stable(murmur3_uniform32_torch(seed, pos, offset)))
+        return murmur3_uniform64_torch(seed, pos, offset).log_().neg_().log_().neg_()
+    return _log1p_neg_stable(murmur3_uniform32_torch(seed, pos, offset)).neg_().log_().neg_()
 
 
 def _rows(t: torch.Tensor, rows: int, stride: int, width: int) -> torch.Tensor:
@@ -229,7 +243,7 @@ def gumbel_sample_torch(
             pos = pos + DRAFT_NOISE_SALT
         keys = torch.arange(covered, device=device, dtype=torch.int64)
         noise = gumbel_noise_torch(seed[:, None], pos[:, None], keys[None, :], use_fp64=USE_FP64)
-        logits[sampled] = logits[sampled] + noise
+        logits.index_add_(0, sampled, noise)
     if covered < width:  # columns past the vocabulary (or past the logits) read as -inf
         logits = torch.cat([logits, logits.new_full((num_tokens, width - covered), float("-inf"))], dim=1)
 
