@@ -103,7 +103,7 @@ def test_combine_sampled_and_draft_tokens(num_reqs: int, new_sampled: int) -> No
     args = {
         "input_ids_ptr": torch.randint(0, 100, (int(qsl[-1]) + 2,), generator=g, dtype=torch.int32),
         "idx_mapping_ptr": idx,
-        "last_sampled_tokens_ptr": torch.randint(500, 600, (max_reqs,), generator=g, dtype=torch.int32),
+        "last_sampled_tokens_ptr": torch.randint(500, 600, (max_reqs, 1), generator=g, dtype=torch.int64),
         "query_start_loc_ptr": qsl,
         "seq_lens_ptr": prefill[idx.long()]
         + torch.randint(-3, 8, (num_reqs,), generator=g, dtype=torch.int32),
@@ -156,7 +156,7 @@ def test_post_update(num_reqs: int, with_counts: bool, with_qsl: bool) -> None:
     args = {
         "idx_mapping_ptr": idx,
         "num_computed_tokens_ptr": torch.randint(0, 10, (max_reqs,), generator=g, dtype=torch.int32),
-        "last_sampled_tokens_ptr": torch.full((max_reqs,), -1, dtype=torch.int32),
+        "last_sampled_tokens_ptr": torch.full((max_reqs, 1), -1, dtype=torch.int64),
         "output_bin_counts_ptr": torch.randint(0, 3, (max_reqs, vocab), generator=g, dtype=torch.int32)
         if with_counts
         else None,

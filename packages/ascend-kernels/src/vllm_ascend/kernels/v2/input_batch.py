@@ -164,7 +164,7 @@ def combine_sampled_and_draft_tokens_torch(
     decoding = seq_len > prefill_len
     if NUM_NEW_SAMPLED_TOKENS > 0:
         last = (decoding & (seq_len - num_logits >= prefill_len)).nonzero().flatten()
-        input_ids_ptr[(query_end - num_logits)[last]] = last_sampled_tokens_ptr[states[last]].to(
+        input_ids_ptr[(query_end - num_logits)[last]] = last_sampled_tokens_ptr.view(-1)[states[last]].to(
             input_ids_ptr.dtype
         )
     num_draft = num_logits - NUM_NEW_SAMPLED_TOKENS
@@ -251,7 +251,7 @@ def post_update_torch(
             counts = output_bin_counts_ptr.view(-1)
             counts.index_put_((index,), torch.ones_like(index, dtype=counts.dtype), accumulate=True)
         last = (i + 1 == k[row]).nonzero().flatten()
-        last_sampled_tokens_ptr[state[last]] = tokens[last].to(last_sampled_tokens_ptr.dtype)
+        last_sampled_tokens_ptr.view(-1)[state[last]] = tokens[last].to(last_sampled_tokens_ptr.dtype)
         total_len_ptr[state[last]] = (total + i + 1)[last].to(total_len_ptr.dtype)
     delta = -num_rejected_ptr[:n]
     if query_start_loc_ptr is not None:
