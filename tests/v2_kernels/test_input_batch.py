@@ -9,6 +9,8 @@ from vllm_ascend.kernels.v2 import input_batch as v2
 
 from .vllm_oracle import clone_args, vllm_kernel
 
+pytestmark = pytest.mark.usefixtures("reference_form")
+
 
 @pytest.mark.parametrize("num_reqs", [0, 1, 6])
 def test_prepare_pos_seq_lens_matches_vllm(num_reqs: int) -> None:

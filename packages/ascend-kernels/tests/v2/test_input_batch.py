@@ -8,6 +8,8 @@ import torch
 from vllm_ascend.kernels._triton.v2 import input_batch as triton_impl
 from vllm_ascend.kernels.v2 import input_batch as v2
 
+pytestmark = pytest.mark.usefixtures("reference_form")
+
 pytestmark = pytest.mark.usefixtures("launch_grid")
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, tensor_at
+from vllm_ascend.kernels.v2._launch import by_rows as _by_rows
 
 _VLLM = "vllm.v1.worker.gpu.block_table"
 
@@ -52,12 +53,46 @@ def gather_block_tables_torch(
         dst[:real] = torch.where(copied, src[reqs], dst[:real])
 
 
+def gather_block_tables_rows_torch(
+    grid: Grid,
+    batch_idx_to_req_idx: torch.Tensor,
+    src_block_table_ptrs: torch.Tensor,
+    dst_block_table_ptrs: torch.Tensor,
+    block_table_strides: torch.Tensor,
+    num_blocks_ptr: torch.Tensor,
+    num_blocks_stride: int,
+    num_reqs: int,
+    BLOCK_SIZE: int,
+) -> None:
+    """Reference of :func:`gather_block_tables` walking the requests one by one: the results of :func:`gather_block_tables_torch`,
+    cheaper up to :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests."""
+    groups, batch = grid_dim(grid, 0), grid_dim(grid, 1)
+    device = batch_idx_to_req_idx.device
+    reqs = [int(r) for r in batch_idx_to_req_idx[: min(num_reqs, batch)].tolist()]
+    counts = num_blocks_ptr.reshape(-1)
+    for group in range(groups):
+        stride = int(block_table_strides[group])
+        dst = _table(int(dst_block_table_ptrs[group]), batch, stride, device)
+        dst[len(reqs) :] = 0
+        if not reqs:
+            continue
+        src = _table(int(src_block_table_ptrs[group]), max(reqs) + 1, stride, device)
+        for row, req in enumerate(reqs):
+            n = int(counts[group * num_blocks_stride + req])
+            dst[row, :n] = src[req, :n]
+
+
 def gather_block_tables(grid: Grid, **arguments: Any) -> None:
     """Per KV-cache group, batch row ``i`` of the destination table = the first ``num_blocks`` entries of
     request ``batch_idx_to_req_idx[i]``'s row of the source table; rows ``num_reqs ..`` of the grid are zeroed
     (graph padding)."""
     device = arguments["batch_idx_to_req_idx"].device
-    dispatch_v2("block_table", "gather_block_tables", gather_block_tables_torch, device)(grid, **arguments)
+    dispatch_v2(
+        "block_table",
+        "gather_block_tables",
+        _by_rows(int(arguments["num_reqs"]), gather_block_tables_torch, gather_block_tables_rows_torch),
+        device,
+    )(grid, **arguments)
 
 
 def compute_slot_mappings_torch(

@@ -9,8 +9,13 @@ from typing import Any
 import torch
 
 from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim
+from vllm_ascend.kernels.v2._launch import by_rows as _by_rows
 
 _VLLM = "vllm.v1.worker.gpu.input_batch"
+
+
+def _rows(tensor: torch.Tensor, n: int) -> list[int]:
+    return [int(v) for v in tensor[:n].tolist()]
 
 
 def _tokens(qsl: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,14 +123,53 @@ def prepare_prefill_inputs_torch(
     )
 
 
+def prepare_prefill_inputs_rows_torch(
+    grid: Grid,
+    input_ids_ptr: torch.Tensor,
+    next_prefill_tokens_ptr: torch.Tensor,
+    next_prefill_tokens_stride: int,
+    num_lookahead: int,
+    idx_mapping_ptr: torch.Tensor,
+    query_start_loc_ptr: torch.Tensor,
+    all_token_ids_ptr: torch.Tensor,
+    all_token_ids_stride: int,
+    prefill_lens_ptr: torch.Tensor,
+    num_computed_tokens_ptr: torch.Tensor,
+    BLOCK_SIZE: int,
+    LOOKAHEAD_BLOCK: int,
+) -> None:
+    """Reference of :func:`prepare_prefill_inputs` walking the requests one by one: the results of :func:`prepare_prefill_inputs_torch`,
+    cheaper up to :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests."""
+    num_reqs = grid_dim(grid, 0)
+    qsl = _rows(query_start_loc_ptr, num_reqs + 1)
+    lookahead = next_prefill_tokens_ptr.view(-1)
+    for batch, state in enumerate(_rows(idx_mapping_ptr, num_reqs)):
+        prefill_len = int(prefill_lens_ptr[state])
+        computed = int(num_computed_tokens_ptr[state])
+        if computed >= prefill_len:
+            continue
+        start, query_len = qsl[batch], qsl[batch + 1] - qsl[batch]
+        row = all_token_ids_ptr[state]
+        input_ids_ptr[start : start + query_len] = row[computed : computed + query_len].to(
+            input_ids_ptr.dtype
+        )
+        for k in range(num_lookahead):
+            pos = computed + query_len + k
+            token = row[pos] if pos < prefill_len else 0
+            lookahead[k * next_prefill_tokens_stride + state] = token
+
+
 def prepare_prefill_inputs(grid: Grid, **arguments: Any) -> None:
     """Input ids of prefill requests from their prompt rows (``all_token_ids[state, computed:...]``) and the
     next ``num_lookahead`` prompt tokens after the chunk (0 past the prompt) into ``next_prefill_tokens``
     (row ``k``, column ``state``); requests past their prompt are left alone."""
     device = arguments["input_ids_ptr"].device
-    dispatch_v2("input_batch", "prepare_prefill_inputs", prepare_prefill_inputs_torch, device)(
-        grid, **arguments
-    )
+    dispatch_v2(
+        "input_batch",
+        "prepare_prefill_inputs",
+        _by_rows(grid_dim(grid, 0), prepare_prefill_inputs_torch, prepare_prefill_inputs_rows_torch),
+        device,
+    )(grid, **arguments)
 
 
 def combine_sampled_and_draft_tokens_torch(
@@ -173,12 +217,62 @@ def combine_sampled_and_draft_tokens_torch(
     input_ids_ptr[(query_end - num_draft)[row] + j] = drafts.to(input_ids_ptr.dtype)
 
 
+def combine_sampled_and_draft_tokens_rows_torch(
+    grid: Grid,
+    input_ids_ptr: torch.Tensor,
+    idx_mapping_ptr: torch.Tensor,
+    last_sampled_tokens_ptr: torch.Tensor,
+    query_start_loc_ptr: torch.Tensor,
+    seq_lens_ptr: torch.Tensor,
+    prefill_len_ptr: torch.Tensor,
+    draft_tokens_ptr: torch.Tensor,
+    draft_tokens_stride: int,
+    cu_num_logits_ptr: torch.Tensor,
+    logits_indices_ptr: torch.Tensor,
+    BLOCK_SIZE: int,
+    NUM_NEW_SAMPLED_TOKENS: int = 1,
+) -> None:
+    """Reference of :func:`combine_sampled_and_draft_tokens` walking the requests one by one: the results of :func:`combine_sampled_and_draft_tokens_torch`,
+    cheaper up to :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests."""
+    num_reqs = grid_dim(grid, 0)
+    cu = _rows(cu_num_logits_ptr, num_reqs + 1)
+    qsl = _rows(query_start_loc_ptr, num_reqs + 1)
+    drafts = draft_tokens_ptr.view(-1)
+    for batch, state in enumerate(_rows(idx_mapping_ptr, num_reqs)):
+        num_logits = min(cu[batch + 1] - cu[batch], BLOCK_SIZE)
+        query_end = qsl[batch + 1]
+        logits_start = query_end - (cu[batch + 1] - cu[batch])
+        logits_indices_ptr[cu[batch] : cu[batch] + num_logits] = torch.arange(
+            logits_start, logits_start + num_logits, dtype=logits_indices_ptr.dtype
+        )
+        seq_len = int(seq_lens_ptr[batch])
+        prefill_len = int(prefill_len_ptr[state])
+        if seq_len <= prefill_len:
+            continue
+        total_logits = cu[batch + 1] - cu[batch]
+        if NUM_NEW_SAMPLED_TOKENS > 0 and seq_len - total_logits >= prefill_len:
+            input_ids_ptr[logits_start] = last_sampled_tokens_ptr[state]
+        num_draft = min(total_logits - NUM_NEW_SAMPLED_TOKENS, BLOCK_SIZE)
+        if num_draft > 0:
+            base = state * draft_tokens_stride
+            input_ids_ptr[query_end - (total_logits - NUM_NEW_SAMPLED_TOKENS) :][:num_draft] = drafts[
+                base : base + num_draft
+            ].to(input_ids_ptr.dtype)
+
+
 def combine_sampled_and_draft_tokens(grid: Grid, **arguments: Any) -> None:
     """Logits indices of each request (its last ``num_logits`` query tokens) and, for requests past their
     prompt, the last sampled token and the draft tokens written into the input ids."""
     device = arguments["input_ids_ptr"].device
     impl = dispatch_v2(
-        "input_batch", "combine_sampled_and_draft_tokens", combine_sampled_and_draft_tokens_torch, device
+        "input_batch",
+        "combine_sampled_and_draft_tokens",
+        _by_rows(
+            grid_dim(grid, 0),
+            combine_sampled_and_draft_tokens_torch,
+            combine_sampled_and_draft_tokens_rows_torch,
+        ),
+        device,
     )
     impl(grid, **arguments)
 
@@ -259,12 +353,60 @@ def post_update_torch(
     num_computed_tokens_ptr.index_add_(0, states[valid], delta[valid].to(num_computed_tokens_ptr.dtype))
 
 
+def post_update_rows_torch(
+    grid: Grid,
+    idx_mapping_ptr: torch.Tensor,
+    num_computed_tokens_ptr: torch.Tensor,
+    last_sampled_tokens_ptr: torch.Tensor,
+    output_bin_counts_ptr: torch.Tensor | None,
+    output_bin_counts_stride: int,
+    sampled_tokens_ptr: torch.Tensor,
+    sampled_tokens_stride: int,
+    num_sampled_ptr: torch.Tensor,
+    num_rejected_ptr: torch.Tensor,
+    query_start_loc_ptr: torch.Tensor | None,
+    all_token_ids_ptr: torch.Tensor,
+    all_token_ids_stride: int,
+    total_len_ptr: torch.Tensor,
+) -> None:
+    """Reference of :func:`post_update` walking the requests one by one: the results of :func:`post_update_torch`,
+    cheaper up to :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests."""
+    n = grid_dim(grid, 0)
+    sampled_flat = sampled_tokens_ptr.view(-1)
+    counts = None if output_bin_counts_ptr is None else output_bin_counts_ptr.view(-1)
+    qsl = None if query_start_loc_ptr is None else _rows(query_start_loc_ptr, n + 1)
+    num_sampled = _rows(num_sampled_ptr, n)
+    num_rejected = _rows(num_rejected_ptr, n)
+    for batch, state in enumerate(_rows(idx_mapping_ptr, n)):
+        if state < 0:
+            continue
+        total = int(total_len_ptr[state])
+        k = num_sampled[batch]
+        if k > 0:
+            tokens = sampled_flat[batch * sampled_tokens_stride : batch * sampled_tokens_stride + k]
+            last_sampled_tokens_ptr[state] = tokens[k - 1]
+            total_len_ptr[state] = total + k
+            all_token_ids_ptr[state, total : total + k] = tokens.to(all_token_ids_ptr.dtype)
+            if counts is not None:
+                index = state * output_bin_counts_stride + tokens.to(torch.int64)
+                counts.index_add_(0, index, torch.ones_like(index, dtype=counts.dtype))
+        query_len = 0 if qsl is None else qsl[batch + 1] - qsl[batch]
+        delta = query_len - num_rejected[batch]
+        if delta:
+            num_computed_tokens_ptr[state] += delta
+
+
 def post_update(grid: Grid, **arguments: Any) -> None:
     """After sampling, per request: its sampled tokens appended to its token row and counted in its output
     histogram, its last sampled token and total length updated, its computed tokens advanced by the query
     length minus the rejected drafts. Rows with a negative state index are skipped."""
     device = arguments["all_token_ids_ptr"].device
-    dispatch_v2("input_batch", "post_update", post_update_torch, device)(grid, **arguments)
+    dispatch_v2(
+        "input_batch",
+        "post_update",
+        _by_rows(grid_dim(grid, 0), post_update_torch, post_update_rows_torch),
+        device,
+    )(grid, **arguments)
 
 
 def post_update_num_computed_tokens_torch(
@@ -308,10 +450,37 @@ def expand_idx_mapping_torch(
     expanded_local_pos_ptr[cu[row] + j] = j.to(expanded_local_pos_ptr.dtype)
 
 
+def expand_idx_mapping_rows_torch(
+    grid: Grid,
+    idx_mapping_ptr: torch.Tensor,
+    expanded_idx_mapping_ptr: torch.Tensor,
+    expanded_local_pos_ptr: torch.Tensor,
+    cu_num_logits_ptr: torch.Tensor,
+    BLOCK_SIZE: int,
+) -> None:
+    """Reference of :func:`expand_idx_mapping` walking the requests one by one: the results of :func:`expand_idx_mapping_torch`,
+    cheaper up to :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests."""
+    n = grid_dim(grid, 0)
+    cu = _rows(cu_num_logits_ptr, n + 1)
+    for batch, state in enumerate(_rows(idx_mapping_ptr, n)):
+        count = min(cu[batch + 1] - cu[batch], BLOCK_SIZE)
+        if count <= 0:
+            continue
+        expanded_idx_mapping_ptr[cu[batch] : cu[batch] + count] = state
+        expanded_local_pos_ptr[cu[batch] : cu[batch] + count] = torch.arange(
+            count, dtype=expanded_local_pos_ptr.dtype
+        )
+
+
 def expand_idx_mapping(grid: Grid, **arguments: Any) -> None:
     """Per logit: its request's state index and its position among the request's logits."""
     device = arguments["idx_mapping_ptr"].device
-    dispatch_v2("input_batch", "expand_idx_mapping", expand_idx_mapping_torch, device)(grid, **arguments)
+    dispatch_v2(
+        "input_batch",
+        "expand_idx_mapping",
+        _by_rows(grid_dim(grid, 0), expand_idx_mapping_torch, expand_idx_mapping_rows_torch),
+        device,
+    )(grid, **arguments)
 
 
 OVERRIDES: dict[str, Callable[..., Any]] = {
