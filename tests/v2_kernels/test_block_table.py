@@ -10,6 +10,8 @@ from vllm_ascend.kernels.v2 import block_table
 
 from .vllm_oracle import clone_args, vllm_kernel
 
+pytestmark = pytest.mark.usefixtures("reference_form")
+
 
 def _ptrs(tables: list[torch.Tensor]) -> torch.Tensor:
     return torch.tensor([t.data_ptr() for t in tables], dtype=torch.uint64)

@@ -9,6 +9,8 @@ from vllm_ascend.kernels.v2 import input_batch as v2
 
 from .vllm_oracle import clone_args, vllm_kernel
 
+pytestmark = pytest.mark.usefixtures("reference_form")
+
 
 @pytest.mark.parametrize("num_reqs", [0, 1, 6])
 def test_prepare_pos_seq_lens_matches_vllm(num_reqs: int) -> None:
@@ -87,7 +89,7 @@ def test_combine_sampled_and_draft_tokens_matches_vllm(seed: int, new_sampled: i
     args = {
         "input_ids_ptr": torch.randint(0, 100, (int(qsl[-1]) + 2,), generator=g, dtype=torch.int32),
         "idx_mapping_ptr": idx,
-        "last_sampled_tokens_ptr": torch.randint(500, 600, (max_reqs,), generator=g, dtype=torch.int32),
+        "last_sampled_tokens_ptr": torch.randint(500, 600, (max_reqs, 1), generator=g, dtype=torch.int64),
         "query_start_loc_ptr": qsl,
         "seq_lens_ptr": seq_lens,
         "prefill_len_ptr": prefill,
@@ -134,7 +136,7 @@ def test_post_update_matches_vllm(with_counts: bool, with_qsl: bool) -> None:
     args = {
         "idx_mapping_ptr": idx,
         "num_computed_tokens_ptr": torch.randint(0, 10, (max_reqs,), generator=g, dtype=torch.int32),
-        "last_sampled_tokens_ptr": torch.full((max_reqs,), -1, dtype=torch.int32),
+        "last_sampled_tokens_ptr": torch.full((max_reqs, 1), -1, dtype=torch.int64),
         "output_bin_counts_ptr": torch.randint(0, 3, (max_reqs, vocab), generator=g, dtype=torch.int32)
         if with_counts
         else None,

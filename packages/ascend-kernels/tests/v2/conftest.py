@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from vllm_ascend.kernels import _geometry
+from vllm_ascend.testing.v2_references import FORMS, use_reference_form
 
 
 @pytest.fixture(params=_geometry.GRIDS)
@@ -19,3 +20,10 @@ def launch_grid(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     _geometry.geometry.cache_clear()
     yield request.param
     _geometry.geometry.cache_clear()
+
+
+@pytest.fixture(params=FORMS)
+def reference_form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The V2 references with two forms run as ``"grid"`` and as ``"per-request"`` (``use_reference_form``)."""
+    use_reference_form(monkeypatch, request.param)
+    return request.param

@@ -9,6 +9,8 @@ import torch
 from vllm_ascend.kernels._triton.v2 import block_table as triton_impl
 from vllm_ascend.kernels.v2 import block_table as v2
 
+pytestmark = pytest.mark.usefixtures("reference_form")
+
 pytestmark = pytest.mark.usefixtures("launch_grid")
 
 
@@ -92,3 +94,24 @@ def test_compute_slot_mappings(num_reqs: int, cp_size: int, cp_rank: int, interl
     assert (outputs[1][1] == -1).all()  # group 1: slot mapping disabled
     if num_reqs:
         assert (outputs[1][0, :total] >= 0).any()
+
+
+def test_gather_block_tables_reference_num_reqs_past_grid() -> None:
+    """``num_reqs`` beyond the grid's rows: only the grid's rows are gathered, none zeroed; rows copy only
+    their ``num_blocks`` leading entries and keep the rest."""
+    src = torch.arange(1, 25, dtype=torch.int32).view(4, 6)
+    dst = torch.full((4, 6), -9, dtype=torch.int32)
+    v2.gather_block_tables_torch(
+        (1, 2),
+        batch_idx_to_req_idx=torch.tensor([3, 1, 0], dtype=torch.int32),
+        src_block_table_ptrs=_ptrs([src]),
+        dst_block_table_ptrs=_ptrs([dst]),
+        block_table_strides=torch.tensor([6]),
+        num_blocks_ptr=torch.tensor([[6, 2, 0, 3]], dtype=torch.int32),
+        num_blocks_stride=4,
+        num_reqs=3,
+        BLOCK_SIZE=1024,
+    )
+    assert dst[0].tolist() == [19, 20, 21, -9, -9, -9]
+    assert dst[1].tolist() == [7, 8, -9, -9, -9, -9]
+    assert (dst[2:] == -9).all()

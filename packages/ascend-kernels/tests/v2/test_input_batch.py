@@ -8,6 +8,8 @@ import torch
 from vllm_ascend.kernels._triton.v2 import input_batch as triton_impl
 from vllm_ascend.kernels.v2 import input_batch as v2
 
+pytestmark = pytest.mark.usefixtures("reference_form")
+
 pytestmark = pytest.mark.usefixtures("launch_grid")
 
 
@@ -103,7 +105,7 @@ def test_combine_sampled_and_draft_tokens(num_reqs: int, new_sampled: int) -> No
     args = {
         "input_ids_ptr": torch.randint(0, 100, (int(qsl[-1]) + 2,), generator=g, dtype=torch.int32),
         "idx_mapping_ptr": idx,
-        "last_sampled_tokens_ptr": torch.randint(500, 600, (max_reqs,), generator=g, dtype=torch.int32),
+        "last_sampled_tokens_ptr": torch.randint(500, 600, (max_reqs, 1), generator=g, dtype=torch.int64),
         "query_start_loc_ptr": qsl,
         "seq_lens_ptr": prefill[idx.long()]
         + torch.randint(-3, 8, (num_reqs,), generator=g, dtype=torch.int32),
@@ -156,7 +158,7 @@ def test_post_update(num_reqs: int, with_counts: bool, with_qsl: bool) -> None:
     args = {
         "idx_mapping_ptr": idx,
         "num_computed_tokens_ptr": torch.randint(0, 10, (max_reqs,), generator=g, dtype=torch.int32),
-        "last_sampled_tokens_ptr": torch.full((max_reqs,), -1, dtype=torch.int32),
+        "last_sampled_tokens_ptr": torch.full((max_reqs, 1), -1, dtype=torch.int64),
         "output_bin_counts_ptr": torch.randint(0, 3, (max_reqs, vocab), generator=g, dtype=torch.int32)
         if with_counts
         else None,
@@ -201,3 +203,71 @@ def test_expand_idx_mapping(num_reqs: int) -> None:
     }
     ref = _same("expand_idx_mapping", (num_reqs,), args)
     assert (ref["expanded_local_pos_ptr"] >= 0).all()
+
+
+def test_references_cap_lanes_at_block_size() -> None:
+    """``combine_sampled_and_draft_tokens`` and ``expand_idx_mapping`` touch at most ``BLOCK_SIZE`` lanes a
+    row (vLLM's ``tl.arange(0, BLOCK_SIZE)``): the logits and drafts past it are left alone."""
+    qsl, cu = torch.tensor([0, 6, 13], dtype=torch.int32), torch.tensor([0, 5, 11], dtype=torch.int32)
+    input_ids = torch.full((13,), -1, dtype=torch.int32)
+    logits_indices = torch.full((11,), -1, dtype=torch.int64)
+    v2.combine_sampled_and_draft_tokens_torch(
+        (2,),
+        input_ids_ptr=input_ids,
+        idx_mapping_ptr=torch.tensor([1, 0], dtype=torch.int32),
+        last_sampled_tokens_ptr=torch.tensor([500, 501], dtype=torch.int32),
+        query_start_loc_ptr=qsl,
+        seq_lens_ptr=torch.tensor([3, 20], dtype=torch.int32),  # row 0 chunk-prefilling (3 <= 4)
+        prefill_len_ptr=torch.tensor([10, 4], dtype=torch.int32),
+        draft_tokens_ptr=torch.arange(700, 716, dtype=torch.int64).view(2, 8),
+        draft_tokens_stride=8,
+        cu_num_logits_ptr=cu,
+        logits_indices_ptr=logits_indices,
+        BLOCK_SIZE=4,
+        NUM_NEW_SAMPLED_TOKENS=1,
+    )
+    assert logits_indices.tolist() == [1, 2, 3, 4, -1, 7, 8, 9, 10, -1, -1]
+    # row 1 (state 0): last sampled at 13 - 6 = 7; drafts 700.. at 13 - 5 = 8, capped at 4 of 5
+    assert input_ids.tolist() == [-1] * 7 + [500, 700, 701, 702, 703, -1]
+
+    expanded = torch.full((11,), -1, dtype=torch.int32)
+    local = torch.full((11,), -1, dtype=torch.int32)
+    v2.expand_idx_mapping_torch((2,), torch.tensor([3, 9], dtype=torch.int32), expanded, local, cu, 4)
+    assert expanded.tolist() == [3, 3, 3, 3, -1, 9, 9, 9, 9, -1, -1]
+    assert local.tolist() == [0, 1, 2, 3, -1, 0, 1, 2, 3, -1, -1]
+
+
+def test_post_update_reference_values() -> None:
+    """Negative states skipped, ``num_sampled == 0`` rows only advance ``num_computed_tokens``, a token
+    sampled twice in a row counts twice, and ``query_start_loc=None`` means query length 0."""
+    computed = torch.tensor([10, 20, 30, 40], dtype=torch.int32)
+    last = torch.full((4,), -1, dtype=torch.int32)
+    counts = torch.zeros((4, 8), dtype=torch.int32)
+    all_ids = torch.zeros((4, 12), dtype=torch.int32)
+    total = torch.tensor([2, 3, 4, 5], dtype=torch.int32)
+    args = {
+        "idx_mapping_ptr": torch.tensor([2, -1, 0, 3], dtype=torch.int32),
+        "num_computed_tokens_ptr": computed,
+        "last_sampled_tokens_ptr": last,
+        "output_bin_counts_ptr": counts,
+        "output_bin_counts_stride": 8,
+        "sampled_tokens_ptr": torch.tensor([[5, 5, 1], [7, 7, 7], [6, 0, 0], [4, 2, 3]]),
+        "sampled_tokens_stride": 3,
+        "num_sampled_ptr": torch.tensor([3, 2, 0, 1], dtype=torch.int32),
+        "num_rejected_ptr": torch.tensor([0, 1, 2, 1], dtype=torch.int32),
+        "query_start_loc_ptr": torch.tensor([0, 3, 6, 9, 12], dtype=torch.int32),
+        "all_token_ids_ptr": all_ids,
+        "all_token_ids_stride": 12,
+        "total_len_ptr": total,
+    }
+    v2.post_update_torch((4,), **args)
+    assert computed.tolist() == [11, 20, 33, 42]
+    assert last.tolist() == [-1, -1, 1, 4]
+    assert total.tolist() == [2, 3, 7, 6]
+    assert all_ids[2, 4:7].tolist() == [5, 5, 1] and all_ids[3, 5].item() == 4
+    assert int(all_ids.count_nonzero()) == 4
+    assert counts[2].tolist() == [0, 1, 0, 0, 0, 2, 0, 0] and counts[3].tolist() == [0, 0, 0, 0, 1, 0, 0, 0]
+    assert int(counts.sum()) == 4
+    v2.post_update_torch((4,), **{**args, "query_start_loc_ptr": None, "output_bin_counts_ptr": None})
+    assert computed.tolist() == [9, 20, 33, 41]
+    assert int(counts.sum()) == 4

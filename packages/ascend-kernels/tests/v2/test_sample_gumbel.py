@@ -148,3 +148,60 @@ def test_gumbel_sample_fp64_runs_the_reference() -> None:
     triton_impl.gumbel_sample(grid, **args)
     assert torch.equal(args["local_argmax_ptr"], ref["local_argmax_ptr"])
     assert torch.equal(args["local_max_ptr"], ref["local_max_ptr"])
+
+
+@pytest.mark.parametrize("fp64", [False, True])
+def test_gumbel_sample_reference_greedy_rows_draw_no_noise(
+    fp64: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Temperature-0 rows (and negative-index rows) are the plain blockwise argmax/max, leftmost on ties,
+    NaN read as -inf, -inf past the vocabulary; an all-greedy batch never computes noise, and the input
+    logits are left alone."""
+    logits = torch.tensor(
+        [[1.0, 3.0, 3.0, -2.0, 0.5, float("nan"), 4.0], [float("nan")] * 4 + [-1.0, 2.0, 2.0]]
+    )
+    before = logits.clone()
+    argmax = torch.full((2, 2), -5, dtype=torch.int64)
+    local_max = torch.zeros((2, 2), dtype=torch.float64 if fp64 else torch.float32)
+
+    def no_noise(*args, **kwargs):
+        raise AssertionError("noise computed for a greedy-only batch")
+
+    monkeypatch.setattr(v2, "gumbel_noise_torch", no_noise)
+    v2.gumbel_sample_torch(
+        (2, 2), argmax, 2, local_max, 2, None, 0, 0, None, None, 0, logits, 7,
+        torch.tensor([0, -1], dtype=torch.int32), torch.tensor([5]), torch.tensor([0, 0]),
+        torch.tensor([0.0]), 7, 4, False, True, fp64, False,
+    )  # fmt: skip
+    assert torch.equal(argmax, torch.tensor([[1, 6], [0, 5]]))
+    assert torch.equal(local_max, torch.tensor([[3.0, 4.0], [float("-inf"), 2.0]], dtype=local_max.dtype))
+    assert torch.equal(logits.isnan(), before.isnan())
+    assert torch.equal(logits.nan_to_num(), before.nan_to_num())
+
+
+def test_gumbel_sample_reference_mixed_batch_noises_only_sampled_rows() -> None:
+    """In a batch of greedy and sampled rows, the greedy rows equal the greedy-only result and the sampled
+    rows equal their result on their own."""
+    g = torch.Generator().manual_seed(3)
+    vocab, block = 100, 32
+    logits = torch.randn(4, vocab, generator=g) * 3
+    temp = torch.tensor([0.0, 0.7, 0.0, 1.3])
+    seeds, pos = torch.tensor([1, 2, 3, 4]), torch.tensor([10, 11, 12, 13])
+
+    def run(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(rows)
+        argmax, value = torch.zeros((n, 4), dtype=torch.int64), torch.zeros((n, 4))
+        v2.gumbel_sample_torch(
+            (n, 4), argmax, 4, value, 4, None, 0, 0, None, None, 0, logits[rows].contiguous(), vocab,
+            torch.tensor(rows, dtype=torch.int32), seeds, pos[rows], temp, vocab, block, False, True, False,
+            False,
+        )  # fmt: skip
+        return argmax, value
+
+    both = run([0, 1, 2, 3])
+    for rows in ([0, 2], [1], [3]):
+        alone = run(rows)
+        assert torch.equal(both[0][rows], alone[0]) and torch.equal(both[1][rows], alone[1])
+    greedy = logits[[0, 2]].reshape(2, -1)
+    padded = torch.cat([greedy, torch.full((2, 4 * block - vocab), float("-inf"))], 1).view(2, 4, block)
+    assert torch.equal(both[1][[0, 2]], padded.amax(-1))

@@ -65,3 +65,15 @@ def dispatch_v2(
     """Override ``name`` of module ``module`` for ``device``: the Ascend Triton kernel in ``_triton.v2`` or
     ``reference``, remembered as :func:`~vllm_ascend.kernels._backend.dispatch` remembers its choices."""
     return dispatch(f"v2.{module}", name, reference, device)
+
+
+#: Up to this many requests a reference walks the requests one by one (a dozen small tensor ops each); above,
+#: it works on the whole (request, lane) grid at once (a fixed few dozen ops): the cheaper form at each size.
+PER_REQUEST_ROWS = 4
+
+
+def by_rows(
+    num_requests: int, vectorized: Callable[..., Any], per_request: Callable[..., Any]
+) -> Callable[..., Any]:
+    """The reference form for a launch over ``num_requests`` requests (both give the same results)."""
+    return per_request if num_requests <= PER_REQUEST_ROWS else vectorized

@@ -10,12 +10,13 @@ from typing import Any
 import torch
 
 from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, tensor_at
+from vllm_ascend.kernels.v2._launch import by_rows as _by_rows
 
 _VLLM = "vllm.v1.worker.gpu.block_table"
 
 
-def _table(pointers: torch.Tensor, group: int, rows: int, stride: int, device: torch.device) -> torch.Tensor:
-    flat = tensor_at(int(pointers[group]), torch.int32, rows * stride, device)
+def _table(pointer: int, rows: int, stride: int, device: torch.device) -> torch.Tensor:
+    flat = tensor_at(pointer, torch.int32, rows * stride, device)
     return flat.view(rows, stride)
 
 
@@ -30,18 +31,52 @@ def gather_block_tables_torch(
     num_reqs: int,
     BLOCK_SIZE: int,
 ) -> None:
-    """Reference of :func:`gather_block_tables`."""
+    """Reference of :func:`gather_block_tables`: per group, ``dst[i, :n] = src[req, :n]`` with ``req =
+    batch_idx_to_req_idx[i]`` and ``n = num_blocks[group, req]`` for rows ``i < num_reqs`` (the rest of
+    the row untouched), rows ``num_reqs .. grid[1]`` zeroed."""
+    groups, batch = grid_dim(grid, 0), grid_dim(grid, 1)
+    device = batch_idx_to_req_idx.device
+    real = max(0, min(num_reqs, batch))
+    reqs = batch_idx_to_req_idx[:real].to(torch.int64)
+    rows_needed = int(reqs.max()) + 1 if real else 0
+    strides = block_table_strides[:groups].tolist()
+    src_ptrs, dst_ptrs = src_block_table_ptrs[:groups].tolist(), dst_block_table_ptrs[:groups].tolist()
+    counts = num_blocks_ptr.reshape(-1)
+    for group, stride in enumerate(strides):
+        dst = _table(dst_ptrs[group], batch, stride, device)
+        dst[real:] = 0
+        if not real:
+            continue
+        src = _table(src_ptrs[group], rows_needed, stride, device)
+        n = counts[group * num_blocks_stride + reqs]
+        copied = torch.arange(stride, device=device)[None, :] < n[:, None]
+        dst[:real] = torch.where(copied, src[reqs], dst[:real])
+
+
+def gather_block_tables_rows_torch(
+    grid: Grid,
+    batch_idx_to_req_idx: torch.Tensor,
+    src_block_table_ptrs: torch.Tensor,
+    dst_block_table_ptrs: torch.Tensor,
+    block_table_strides: torch.Tensor,
+    num_blocks_ptr: torch.Tensor,
+    num_blocks_stride: int,
+    num_reqs: int,
+    BLOCK_SIZE: int,
+) -> None:
+    """Reference of :func:`gather_block_tables` walking the requests one by one: the results of :func:`gather_block_tables_torch`,
+    cheaper up to :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests."""
     groups, batch = grid_dim(grid, 0), grid_dim(grid, 1)
     device = batch_idx_to_req_idx.device
     reqs = [int(r) for r in batch_idx_to_req_idx[: min(num_reqs, batch)].tolist()]
     counts = num_blocks_ptr.reshape(-1)
     for group in range(groups):
         stride = int(block_table_strides[group])
-        dst = _table(dst_block_table_ptrs, group, batch, stride, device)
+        dst = _table(int(dst_block_table_ptrs[group]), batch, stride, device)
         dst[len(reqs) :] = 0
         if not reqs:
             continue
-        src = _table(src_block_table_ptrs, group, max(reqs) + 1, stride, device)
+        src = _table(int(src_block_table_ptrs[group]), max(reqs) + 1, stride, device)
         for row, req in enumerate(reqs):
             n = int(counts[group * num_blocks_stride + req])
             dst[row, :n] = src[req, :n]
@@ -52,7 +87,12 @@ def gather_block_tables(grid: Grid, **arguments: Any) -> None:
     request ``batch_idx_to_req_idx[i]``'s row of the source table; rows ``num_reqs ..`` of the grid are zeroed
     (graph padding)."""
     device = arguments["batch_idx_to_req_idx"].device
-    dispatch_v2("block_table", "gather_block_tables", gather_block_tables_torch, device)(grid, **arguments)
+    dispatch_v2(
+        "block_table",
+        "gather_block_tables",
+        _by_rows(int(arguments["num_reqs"]), gather_block_tables_torch, gather_block_tables_rows_torch),
+        device,
+    )(grid, **arguments)
 
 
 def compute_slot_mappings_torch(
@@ -74,49 +114,54 @@ def compute_slot_mappings_torch(
     PAD_ID: int,
     TRITON_BLOCK_SIZE: int,
 ) -> None:
-    """Reference of :func:`compute_slot_mappings`."""
+    """Reference of :func:`compute_slot_mappings`: per group, token ``t`` of row ``i`` (state ``s``,
+    position ``p``, DCP-localised where sharded) gets ``block_table[s, p // bs] * bs + p % bs``, or
+    ``PAD_ID`` for ``s < 0``, disabled groups and other ranks' tokens; ``PAD_ID`` from the batch's last
+    token to ``max_num_tokens``."""
     groups, num_reqs = grid_dim(grid, 0), grid_dim(grid, 1) - 1
     device = pos.device
     qsl = query_start_loc[: num_reqs + 1].to(torch.int64)
-    num_tokens = int(qsl[-1]) if num_reqs >= 0 else 0
-    start = int(qsl[0])
-    states = idx_mapping[:num_reqs].to(torch.int64)
-    owner = torch.repeat_interleave(torch.arange(num_reqs, device=device), qsl[1:] - qsl[:-1])
+    start, num_tokens = int(qsl[0]), int(qsl[-1])
+    owner = torch.searchsorted(
+        qsl[1:], torch.arange(start, max(start, num_tokens), device=device), right=True
+    )
     positions = pos[start:num_tokens].to(torch.int64)
-    token_states = states[owner]
+    token_states = idx_mapping[:num_reqs].to(torch.int64)[owner]
     real = token_states >= 0
+    rows_needed = int(token_states.max()) + 1 if owner.numel() else 0
+    params = zip(
+        block_table_ptrs[:groups].tolist(),
+        block_table_strides[:groups].tolist(),
+        block_sizes[:groups].tolist(),
+        slot_mapping_enabled[:groups].tolist(),
+        dcp_sharded[:groups].tolist() if CP_SIZE != 1 else [False] * groups,
+        strict=True,
+    )
     out = slot_mappings_ptr.reshape(-1)
-    for group in range(groups):
+    for group, (pointer, stride, block_size, enabled, sharded) in enumerate(params):
         row = out[group * slot_mappings_stride : group * slot_mappings_stride + max_num_tokens]
         row[num_tokens:max_num_tokens] = PAD_ID
-        if num_tokens == start:
+        if num_tokens <= start:
             continue
-        block_size = int(block_sizes[group])
-        stride = int(block_table_strides[group])
-        enabled = bool(slot_mapping_enabled[group])
-        local, is_local = positions, torch.ones_like(positions, dtype=torch.bool)
-        if CP_SIZE != 1 and bool(dcp_sharded[group]):
+        if not enabled:
+            row[start:num_tokens] = PAD_ID
+            continue
+        local, is_local = positions, real
+        if sharded:
             virtual = block_size * CP_SIZE
             offsets = positions % virtual
-            is_local = (offsets // CP_INTERLEAVE) % CP_SIZE == cp_rank
+            is_local = real & ((offsets // CP_INTERLEAVE) % CP_SIZE == cp_rank)
             local = (
                 (positions // virtual) * block_size
                 + (offsets // (CP_INTERLEAVE * CP_SIZE)) * CP_INTERLEAVE
                 + (offsets % CP_INTERLEAVE)
             )
-        block_index = local // block_size if enabled else torch.zeros_like(local)
-        read = is_local & real
-        rows_needed = int(token_states.max()) + 1 if bool(real.any()) else 0
         numbers = torch.zeros_like(local)
-        if rows_needed:
-            table = _table(block_table_ptrs, group, rows_needed, stride, device)
-            numbers[read] = table[token_states[read], block_index[read]].to(torch.int64)
+        if rows_needed > 0:
+            table = _table(pointer, rows_needed, stride, device)
+            numbers[is_local] = table[token_states[is_local], local[is_local] // block_size].to(torch.int64)
         slots = numbers * block_size + local % block_size
-        slots = torch.where(is_local, slots, torch.full_like(slots, PAD_ID))
-        if not enabled:
-            slots = torch.full_like(slots, PAD_ID)
-        slots = torch.where(real, slots, torch.full_like(slots, PAD_ID))
-        row[start:num_tokens] = slots.to(row.dtype)
+        row[start:num_tokens] = torch.where(is_local, slots, PAD_ID).to(row.dtype)
 
 
 def compute_slot_mappings(grid: Grid, **arguments: Any) -> None:

@@ -33,23 +33,37 @@ def _mul32(a: torch.Tensor, b: int) -> torch.Tensor:
     return (lo + hi) & _U32
 
 
+def _mul32_(a: torch.Tensor, b: int) -> torch.Tensor:
+    """:func:`_mul32` in place (the noise's full-size intermediates: no fresh buffers per step)."""
+    hi = a * (b >> 16)
+    hi.bitwise_and_(0xFFFF).bitwise_left_shift_(16)
+    return a.mul_(b & 0xFFFF).add_(hi).bitwise_and_(_U32)
+
+
 def _rotl32(a: torch.Tensor, shift: int) -> torch.Tensor:
     return ((a << shift) & _U32) | (a >> (32 - shift))
+
+
+def _rotl32_(a: torch.Tensor, shift: int) -> torch.Tensor:
+    low = a >> (32 - shift)
+    return a.bitwise_left_shift_(shift).bitwise_and_(_U32).bitwise_or_(low)
 
 
 def _mix(h: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     key = _rotl32(_mul32(key, 0xCC9E2D51), 15)
     key = _mul32(key, 0x1B873593)
-    h = _rotl32(h ^ key, 13)
-    return (h * 5 + 0xE6546B64) & _U32
+    h = _rotl32_(h ^ key, 13)
+    return h.mul_(5).add_(0xE6546B64).bitwise_and_(_U32)
 
 
-def _fmix(h: torch.Tensor) -> torch.Tensor:
-    h = h ^ (h >> 16)
-    h = _mul32(h, 0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = _mul32(h, 0xC2B2AE35)
-    return h ^ (h >> 16)
+def _fmix_(h: torch.Tensor) -> torch.Tensor:
+    """murmur3's finaliser, in place."""
+    h ^= h >> 16
+    _mul32_(h, 0x85EBCA6B)
+    h ^= h >> 13
+    _mul32_(h, 0xC2B2AE35)
+    h ^= h >> 16
+    return h
 
 
 def murmur3_hash32_torch(
@@ -66,14 +80,15 @@ def murmur3_hash32_torch(
     h = _mix(h, (seed >> 32) & _U32)
     h = _mix(h, pos & _U32)
     h = _mix(h, offset)
-    return _fmix(h ^ 16)
+    return _fmix_(h ^ 16)
 
 
 def murmur3_uniform32_torch(seed: torch.Tensor, pos: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     """vLLM's ``murmur3_uniform32``: ``fp32((hash + 0.5) * 2**-32)``, in ``(0, 1)``, bit-exact."""
     r = murmur3_hash32_torch(seed, pos, offset)
     # Both halves and their scaled sum are exact in float64; one rounding to float32, as vLLM's.
-    return ((r >> 16).double() * 2.0**-16 + ((r & 0xFFFF).double() + 0.5) * 2.0**-32).float()
+    high = (r >> 16).double().mul_(2.0**-16)
+    return high.add_((r & 0xFFFF).double().add_(0.5).mul_(2.0**-32)).float()
 
 
 def murmur3_uniform64_torch(seed: torch.Tensor, pos: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
@@ -92,11 +107,10 @@ def _log1p_neg_stable(value: torch.Tensor) -> torch.Tensor:
     def c(x: float) -> torch.Tensor:
         return torch.tensor(x, dtype=torch.float32)
 
-    polynomial = c(1.0 / 8.0)
+    polynomial = value * c(1.0 / 8.0)  # Horner's scheme, in place: p = 1/k + value * p
     for k in (7.0, 6.0, 5.0, 4.0, 3.0, 2.0):
-        polynomial = c(1.0 / k) + value * polynomial
-    polynomial = c(1.0) + value * polynomial
-    series = -value * polynomial
+        polynomial.add_(c(1.0 / k)).mul_(value)
+    series = polynomial.add_(c(1.0)).mul_(-value)
     direct = torch.log(torch.clamp_min(c(1.0) - value, 5.960464477539063e-08))
     return torch.where(value < 0.25, series, direct)
 
@@ -108,8 +122,8 @@ def gumbel_noise_torch(
     draft salt): float32 ``-log(-log1p(-u))`` of the 32-bit uniform, or float64 ``-log(-log(u))`` of
     the 64-bit one."""
     if use_fp64:
-        return -torch.log(-torch.log(murmur3_uniform64_torch(seed, pos, offset)))
-    return -torch.log(-_log1p_neg_stable(murmur3_uniform32_torch(seed, pos, offset)))
+        return murmur3_uniform64_torch(seed, pos, offset).log_().neg_().log_().neg_()
+    return _log1p_neg_stable(murmur3_uniform32_torch(seed, pos, offset)).neg_().log_().neg_()
 
 
 def _rows(t: torch.Tensor, rows: int, stride: int, width: int) -> torch.Tensor:
@@ -188,7 +202,9 @@ def gumbel_sample_torch(
     USE_FP64: bool,
     PER_TOKEN_COL: bool,
 ) -> None:
-    """Reference of :func:`gumbel_sample`."""
+    """Reference of :func:`gumbel_sample`: per token, ``logits / temp + gumbel(seed, pos, column)`` over
+    the vocabulary (plain logits where ``temp == 0``: no noise computed for those rows), ``-inf`` past it,
+    then the leftmost maximum of each ``BLOCK_SIZE`` block."""
     num_tokens, num_blocks = grid_dim(grid, 0), grid_dim(grid, 1)
     if num_tokens == 0 or num_blocks == 0:
         return
@@ -212,32 +228,29 @@ def gumbel_sample_torch(
         cache[req[valid], col[valid]] = source[valid].to(cache.dtype)
 
     temp = torch.where(valid, temp_ptr[safe_req].float(), torch.zeros((), device=device))
-    seed = torch.where(valid, seeds_ptr[safe_req].long(), torch.zeros((), dtype=torch.int64, device=device))
-    pos = pos_ptr[:num_tokens].long()
-
-    logits = torch.full((num_tokens, width), float("-inf"), dtype=torch.float32, device=device)
-    if covered:
-        logits[:, :covered] = _rows(logits_ptr, num_tokens, logits_stride, covered).float()
-    sampled = temp != 0.0
-    if APPLY_TEMPERATURE:
-        divisor = torch.where(sampled, temp, torch.ones((), device=device))
-        logits = logits / divisor[:, None]
+    logits = _rows(logits_ptr, num_tokens, logits_stride, covered).to(torch.float32, copy=True)
+    # Gumbel noise only for the sampled rows (temperature != 0), over the vocabulary; greedy rows keep
+    # their plain logits (an all-greedy batch computes no noise).
+    sampled = (temp != 0.0).nonzero().flatten()
+    if APPLY_TEMPERATURE and sampled.numel():
+        logits[sampled] = logits[sampled] / temp[sampled, None]
     if USE_FP64:
         logits = logits.double()
-    if bool(sampled.any()):
-        keys = torch.arange(width, device=device, dtype=torch.int64)
+    if sampled.numel() and covered:
+        seed = seeds_ptr[req[sampled]].long()
+        pos = pos_ptr[:num_tokens].long()[sampled]
         if IS_DRAFTING:
             pos = pos + DRAFT_NOISE_SALT
+        keys = torch.arange(covered, device=device, dtype=torch.int64)
         noise = gumbel_noise_torch(seed[:, None], pos[:, None], keys[None, :], use_fp64=USE_FP64)
-        in_vocab = (keys < vocab_size)[None, :]
-        noised = torch.where(in_vocab, logits + noise, float("-inf"))
-        logits = torch.where(sampled[:, None], noised, logits)
+        logits.index_add_(0, sampled, noise)
+    if covered < width:  # columns past the vocabulary (or past the logits) read as -inf
+        logits = torch.cat([logits, logits.new_full((num_tokens, width - covered), float("-inf"))], dim=1)
 
     # Triton's max(return_indices=True): the leftmost maximum (NaN compares as nothing: taken as -inf).
-    blocks = logits.reshape(num_tokens, num_blocks, BLOCK_SIZE)
-    blocks = blocks.masked_fill(blocks.isnan(), float("-inf"))
-    value = blocks.amax(dim=-1)
-    first = (blocks == value[..., None]).to(torch.int8).argmax(dim=-1)
+    blocks = logits.view(num_tokens, num_blocks, BLOCK_SIZE)
+    blocks.masked_fill_(blocks.isnan(), float("-inf"))
+    value, first = blocks.amax(dim=-1), blocks.argmax(dim=-1)
     token = first + torch.arange(num_blocks, device=device)[None, :] * BLOCK_SIZE
     _rows(local_argmax_ptr, num_tokens, local_argmax_stride, num_blocks).copy_(token)
     _rows(local_max_ptr, num_tokens, local_max_stride, num_blocks).copy_(value)
