@@ -92,3 +92,33 @@ def test_compute_slot_mappings(num_reqs: int, cp_size: int, cp_rank: int, interl
     assert (outputs[1][1] == -1).all()  # group 1: slot mapping disabled
     if num_reqs:
         assert (outputs[1][0, :total] >= 0).any()
+
+
+class _Launches:
+    """Stands for a Triton kernel: records each launch's grid and ``PER_ITEM``, then runs it."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.seen = kernel, []
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.seen.append((tuple(grid), kwargs["PER_ITEM"]))
+            return self.kernel[grid](*args, **kwargs)
+
+        return run
+
+
+def test_work_grid_launches_vllms_2d_grid(launch_grid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the "work" grid (CUDA's) both kernels take vLLM's grid, a program per (group, row) with no
+    grid-stride loop (the tests above compare that variant with the references); on "cores" a 1-D grid
+    of at most the interpreter's programs."""
+    gather = _Launches(triton_impl._gather_block_tables_kernel)
+    slots = _Launches(triton_impl._compute_slot_mappings_kernel)
+    monkeypatch.setattr(triton_impl, "_gather_block_tables_kernel", gather)
+    monkeypatch.setattr(triton_impl, "_compute_slot_mappings_kernel", slots)
+    test_gather_block_tables(5, 8)
+    test_compute_slot_mappings(6, 2, 1, 2)
+    if launch_grid == "work":
+        assert gather.seen == [((3, 8), True)] and slots.seen == [((3, 7), True)]
+    else:
+        assert gather.seen == [((4,), False)] and slots.seen == [((4,), False)]

@@ -189,15 +189,40 @@ def test_post_update_num_computed_tokens(num_reqs: int) -> None:
 
 
 @pytest.mark.parametrize("num_reqs", [0, 1, 5, 11])
-def test_expand_idx_mapping(num_reqs: int) -> None:
+# The interpreter's tile is 4: spans of 8 take a loop of tiles; 4 and 3 one tile on the "work" grid (a
+# program per request, vLLM's one block; 3 clips a 4-wide tile), requests of up to 7 logits clipped.
+@pytest.mark.parametrize("block_size", [8, 4, 3])
+def test_expand_idx_mapping(num_reqs: int, block_size: int) -> None:
     g = torch.Generator().manual_seed(60 + num_reqs)
-    cu = _qsl(torch.randint(1, 8, (num_reqs,), generator=g))
+    counts = torch.randint(1, 8, (num_reqs,), generator=g)
+    cu = _qsl(counts)
     args = {
         "idx_mapping_ptr": torch.randperm(16, generator=g)[:num_reqs].to(torch.int32),
         "expanded_idx_mapping_ptr": torch.full((int(cu[-1]),), -1, dtype=torch.int32),
         "expanded_local_pos_ptr": torch.full((int(cu[-1]),), -1, dtype=torch.int32),
         "cu_num_logits_ptr": cu,
-        "BLOCK_SIZE": 8,
+        "BLOCK_SIZE": block_size,
     }
     ref = _same("expand_idx_mapping", (num_reqs,), args)
-    assert (ref["expanded_local_pos_ptr"] >= 0).all()
+    written = (torch.arange(int(cu[-1])) - torch.repeat_interleave(cu[:-1], counts)) < block_size
+    assert (ref["expanded_local_pos_ptr"][written] >= 0).all()
+    assert (ref["expanded_local_pos_ptr"][~written] == -1).all()
+
+
+def test_expand_idx_mapping_work_grid(launch_grid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program per request (vLLM's grid) on "work", no grid-stride loop; at most the interpreter's
+    programs on "cores"."""
+    seen = []
+    kernel = triton_impl._expand_idx_mapping_kernel
+
+    class Launches:
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                seen.append((tuple(grid), kwargs["PER_ITEM"]))
+                return kernel[grid](*args, **kwargs)
+
+            return run
+
+    monkeypatch.setattr(triton_impl, "_expand_idx_mapping_kernel", Launches())
+    test_expand_idx_mapping(11, 4)
+    assert seen == ([((11,), True)] if launch_grid == "work" else [((4,), False)])

@@ -439,6 +439,41 @@ def post_update_num_computed_tokens(
 
 
 @triton.jit
+def _expand_request(
+    req,
+    idx_mapping_ptr,
+    expanded_idx_mapping_ptr,
+    expanded_local_pos_ptr,
+    cu_num_logits_ptr,
+    MAX_SPAN: tl.constexpr,
+    TILE: tl.constexpr,
+    ONE_TILE: tl.constexpr,
+):
+    # Each of a request's logits (at most MAX_SPAN) gets its state and local index: one tile where
+    # ONE_TILE (TILE >= MAX_SPAN; vLLM's one block), else a loop of tiles.
+    begin = tl.load(cu_num_logits_ptr + req)
+    count = tl.load(cu_num_logits_ptr + req + 1) - begin
+    state = tl.load(idx_mapping_ptr + req)
+    if ONE_TILE:
+        offs = tl.arange(0, TILE)
+        inside = offs < count
+        if MAX_SPAN < TILE:
+            inside = inside & (offs < MAX_SPAN)
+        tl.store(
+            expanded_idx_mapping_ptr + begin + offs, tl.zeros([TILE], dtype=tl.int32) + state, mask=inside
+        )
+        tl.store(expanded_local_pos_ptr + begin + offs, offs, mask=inside)
+    else:
+        count = tl.minimum(count, MAX_SPAN)
+        for i in range(0, count, TILE):
+            offs = i + tl.arange(0, TILE)
+            inside = offs < count
+            states = tl.zeros([TILE], dtype=tl.int32) + state
+            tl.store(expanded_idx_mapping_ptr + begin + offs, states, mask=inside)
+            tl.store(expanded_local_pos_ptr + begin + offs, offs, mask=inside)
+
+
+@triton.jit
 def _expand_idx_mapping_kernel(
     idx_mapping_ptr,
     expanded_idx_mapping_ptr,
@@ -447,20 +482,33 @@ def _expand_idx_mapping_kernel(
     num_reqs,
     MAX_SPAN: tl.constexpr,
     TILE: tl.constexpr,
+    PER_ITEM: tl.constexpr,
 ):
-    # Requests grid-stride: each of a request's logits (at most MAX_SPAN) gets its state and local index.
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    for req in range(pid, num_reqs, programs):
-        begin = tl.load(cu_num_logits_ptr + req)
-        count = tl.minimum(tl.load(cu_num_logits_ptr + req + 1) - begin, MAX_SPAN)
-        state = tl.load(idx_mapping_ptr + req)
-        for i in range(0, count, TILE):
-            offs = i + tl.arange(0, TILE)
-            inside = offs < count
-            states = tl.zeros([TILE], dtype=tl.int32) + state
-            tl.store(expanded_idx_mapping_ptr + begin + offs, states, mask=inside)
-            tl.store(expanded_local_pos_ptr + begin + offs, offs, mask=inside)
+    if PER_ITEM:  # a program per request (CUDA, vLLM's grid)
+        _expand_request(
+            tl.program_id(0),
+            idx_mapping_ptr,
+            expanded_idx_mapping_ptr,
+            expanded_local_pos_ptr,
+            cu_num_logits_ptr,
+            MAX_SPAN,
+            TILE,
+            MAX_SPAN <= TILE,
+        )
+    else:  # requests grid-stride (Ascend: a program per vector core)
+        pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        for req in range(pid, num_reqs, programs):
+            _expand_request(
+                req,
+                idx_mapping_ptr,
+                expanded_idx_mapping_ptr,
+                expanded_local_pos_ptr,
+                cu_num_logits_ptr,
+                MAX_SPAN,
+                TILE,
+                False,
+            )
 
 
 def expand_idx_mapping(
@@ -475,7 +523,8 @@ def expand_idx_mapping(
     if num_reqs == 0:
         return
     device = idx_mapping_ptr.device
-    _expand_idx_mapping_kernel[(_geometry.programs(device, num_reqs),)](
+    per_item = _geometry.geometry(device).grid == "work"
+    _expand_idx_mapping_kernel[(num_reqs if per_item else _geometry.programs(device, num_reqs),)](
         idx_mapping_ptr,
         expanded_idx_mapping_ptr,
         expanded_local_pos_ptr,
@@ -483,4 +532,5 @@ def expand_idx_mapping(
         num_reqs,
         MAX_SPAN=BLOCK_SIZE,
         TILE=_tile(device, next_power_of_2(max(1, BLOCK_SIZE))),
+        PER_ITEM=per_item,
     )
