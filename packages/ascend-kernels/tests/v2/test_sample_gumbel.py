@@ -148,3 +148,23 @@ def test_gumbel_sample_fp64_runs_the_reference() -> None:
     triton_impl.gumbel_sample(grid, **args)
     assert torch.equal(args["local_argmax_ptr"], ref["local_argmax_ptr"])
     assert torch.equal(args["local_max_ptr"], ref["local_max_ptr"])
+
+
+def test_temperature_work_grid(launch_grid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's 2-D grid (tokens x 64-column tiles under the interpreter) with no loop on "work" (CUDA's;
+    test_temperature compares that variant with the reference); a 1-D grid of at most the interpreter's
+    programs on "cores"."""
+    seen = []
+    jit = triton_impl._temperature_kernel
+
+    class Launches:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append((tuple(grid), kwargs["PER_ITEM"]))
+                return jit[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(triton_impl, "_temperature_kernel", Launches())
+    test_temperature(7, 150, 128, torch.float32)
+    assert seen == ([((7, 3), True)] if launch_grid == "work" else [((4,), False)])
