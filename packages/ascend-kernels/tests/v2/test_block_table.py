@@ -9,9 +9,8 @@ import torch
 from vllm_ascend.kernels._triton.v2 import block_table as triton_impl
 from vllm_ascend.kernels.v2 import block_table as v2
 
-pytestmark = pytest.mark.usefixtures("reference_form")
-
-pytestmark = pytest.mark.usefixtures("launch_grid")
+# every case under both launch grids and both reference forms
+pytestmark = pytest.mark.usefixtures("launch_grid", "reference_form")
 
 
 def _ptrs(tables: list[torch.Tensor]) -> torch.Tensor:
@@ -115,3 +114,33 @@ def test_gather_block_tables_reference_num_reqs_past_grid() -> None:
     assert dst[0].tolist() == [19, 20, 21, -9, -9, -9]
     assert dst[1].tolist() == [7, 8, -9, -9, -9, -9]
     assert (dst[2:] == -9).all()
+
+
+class _Launches:
+    """Stands for a Triton kernel: records each launch's grid and ``PER_ITEM``, then runs it."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.seen = kernel, []
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.seen.append((tuple(grid), kwargs["PER_ITEM"]))
+            return self.kernel[grid](*args, **kwargs)
+
+        return run
+
+
+def test_work_grid_launches_vllms_2d_grid(launch_grid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the "work" grid (CUDA's) both kernels take vLLM's grid, a program per (group, row) with no
+    grid-stride loop (the tests above compare that variant with the references); on "cores" a 1-D grid
+    of at most the interpreter's programs."""
+    gather = _Launches(triton_impl._gather_block_tables_kernel)
+    slots = _Launches(triton_impl._compute_slot_mappings_kernel)
+    monkeypatch.setattr(triton_impl, "_gather_block_tables_kernel", gather)
+    monkeypatch.setattr(triton_impl, "_compute_slot_mappings_kernel", slots)
+    test_gather_block_tables(5, 8)
+    test_compute_slot_mappings(6, 2, 1, 2)
+    if launch_grid == "work":
+        assert gather.seen == [((3, 8), True)] and slots.seen == [((3, 7), True)]
+    else:
+        assert gather.seen == [((4,), False)] and slots.seen == [((4,), False)]

@@ -8,9 +8,8 @@ import torch
 from vllm_ascend.kernels._triton.v2 import input_batch as triton_impl
 from vllm_ascend.kernels.v2 import input_batch as v2
 
-pytestmark = pytest.mark.usefixtures("reference_form")
-
-pytestmark = pytest.mark.usefixtures("launch_grid")
+# every case under both launch grids and both reference forms
+pytestmark = pytest.mark.usefixtures("launch_grid", "reference_form")
 
 
 def _batch(seed: int, num_reqs: int, max_reqs: int) -> dict:
@@ -66,9 +65,12 @@ def _same(name: str, grid: tuple[int, ...], args: dict) -> dict:
 
 
 @pytest.mark.parametrize("num_reqs", [0, 1, 4, 9])
-def test_prepare_prefill_inputs(num_reqs: int) -> None:
+# The interpreter's tile is 4: 3 or 1 lookahead tokens take one tile on the "work" grid (vLLM's one block),
+# 6 a loop of tiles.
+@pytest.mark.parametrize(("lookahead", "lookahead_block"), [(3, 4), (1, 1), (6, 8)])
+def test_prepare_prefill_inputs(num_reqs: int, lookahead: int, lookahead_block: int) -> None:
     g = torch.Generator().manual_seed(10 + num_reqs)
-    max_reqs, max_len, lookahead = 12, 48, 3
+    max_reqs, max_len = 12, 48
     prefill = torch.randint(5, 40, (max_reqs,), generator=g, dtype=torch.int32)
     computed = torch.minimum(torch.randint(0, 40, (max_reqs,), generator=g, dtype=torch.int32), prefill + 2)
     idx = torch.randperm(max_reqs, generator=g)[:num_reqs].to(torch.int32)
@@ -85,7 +87,7 @@ def test_prepare_prefill_inputs(num_reqs: int) -> None:
         "prefill_lens_ptr": prefill,
         "num_computed_tokens_ptr": computed,
         "BLOCK_SIZE": 1024,
-        "LOOKAHEAD_BLOCK": 4,
+        "LOOKAHEAD_BLOCK": lookahead_block,
     }
     ref = _same("prepare_prefill_inputs", (num_reqs,), args)
     prefilling = (computed[idx.long()] < prefill[idx.long()]).sum()
@@ -94,7 +96,10 @@ def test_prepare_prefill_inputs(num_reqs: int) -> None:
 
 
 @pytest.mark.parametrize(("num_reqs", "new_sampled"), [(0, 1), (1, 1), (7, 1), (6, 0)])
-def test_combine_sampled_and_draft_tokens(num_reqs: int, new_sampled: int) -> None:
+# The interpreter's tile is 4: spans of 8 take loops of tiles, 4 and 3 one tile on the "work" grid (vLLM's
+# one block; 3 clips a 4-wide tile), requests of up to 6 logits clipped.
+@pytest.mark.parametrize("block_size", [8, 4, 3])
+def test_combine_sampled_and_draft_tokens(num_reqs: int, new_sampled: int, block_size: int) -> None:
     g = torch.Generator().manual_seed(20 + num_reqs)
     max_reqs, steps = 10, 5
     idx = torch.randperm(max_reqs, generator=g)[:num_reqs].to(torch.int32)
@@ -114,11 +119,13 @@ def test_combine_sampled_and_draft_tokens(num_reqs: int, new_sampled: int) -> No
         "draft_tokens_stride": steps,
         "cu_num_logits_ptr": cu,
         "logits_indices_ptr": torch.full((int(cu[-1]),), -1, dtype=torch.int64),
-        "BLOCK_SIZE": 8,
+        "BLOCK_SIZE": block_size,
         "NUM_NEW_SAMPLED_TOKENS": new_sampled,
     }
     ref = _same("combine_sampled_and_draft_tokens", (num_reqs,), args)
-    assert (ref["logits_indices_ptr"] >= 0).all()
+    written = (torch.arange(int(cu[-1])) - torch.repeat_interleave(cu[:-1], num_logits)) < block_size
+    assert (ref["logits_indices_ptr"][written] >= 0).all()
+    assert (ref["logits_indices_ptr"][~written] == -1).all()
     if num_reqs > 5:
         assert (ref["input_ids_ptr"] >= 700).any()  # drafts written
 
@@ -191,18 +198,24 @@ def test_post_update_num_computed_tokens(num_reqs: int) -> None:
 
 
 @pytest.mark.parametrize("num_reqs", [0, 1, 5, 11])
-def test_expand_idx_mapping(num_reqs: int) -> None:
+# The interpreter's tile is 4: spans of 8 take a loop of tiles; 4 and 3 one tile on the "work" grid (a
+# program per request, vLLM's one block; 3 clips a 4-wide tile), requests of up to 7 logits clipped.
+@pytest.mark.parametrize("block_size", [8, 4, 3])
+def test_expand_idx_mapping(num_reqs: int, block_size: int) -> None:
     g = torch.Generator().manual_seed(60 + num_reqs)
-    cu = _qsl(torch.randint(1, 8, (num_reqs,), generator=g))
+    counts = torch.randint(1, 8, (num_reqs,), generator=g)
+    cu = _qsl(counts)
     args = {
         "idx_mapping_ptr": torch.randperm(16, generator=g)[:num_reqs].to(torch.int32),
         "expanded_idx_mapping_ptr": torch.full((int(cu[-1]),), -1, dtype=torch.int32),
         "expanded_local_pos_ptr": torch.full((int(cu[-1]),), -1, dtype=torch.int32),
         "cu_num_logits_ptr": cu,
-        "BLOCK_SIZE": 8,
+        "BLOCK_SIZE": block_size,
     }
     ref = _same("expand_idx_mapping", (num_reqs,), args)
-    assert (ref["expanded_local_pos_ptr"] >= 0).all()
+    written = (torch.arange(int(cu[-1])) - torch.repeat_interleave(cu[:-1], counts)) < block_size
+    assert (ref["expanded_local_pos_ptr"][written] >= 0).all()
+    assert (ref["expanded_local_pos_ptr"][~written] == -1).all()
 
 
 def test_references_cap_lanes_at_block_size() -> None:
@@ -271,3 +284,33 @@ def test_post_update_reference_values() -> None:
     v2.post_update_torch((4,), **{**args, "query_start_loc_ptr": None, "output_bin_counts_ptr": None})
     assert computed.tolist() == [9, 20, 33, 41]
     assert int(counts.sum()) == 4
+
+
+@pytest.mark.parametrize(
+    ("kernel", "run", "num_reqs"),
+    [
+        ("_expand_idx_mapping_kernel", lambda: test_expand_idx_mapping(11, 4), 11),
+        ("_post_update_kernel", lambda: test_post_update(7, True, False), 7),
+        ("_prefill_inputs_kernel", lambda: test_prepare_prefill_inputs(9, 3, 4), 9),
+        ("_combine_sampled_and_draft_kernel", lambda: test_combine_sampled_and_draft_tokens(7, 1, 4), 7),
+    ],
+)
+def test_work_grid_launches_a_program_per_request(
+    launch_grid: str, monkeypatch: pytest.MonkeyPatch, kernel: str, run, num_reqs: int
+) -> None:
+    """A program per request (vLLM's grid) with no grid-stride loop on "work" (CUDA's; the tests above
+    compare that variant with the references); at most the interpreter's programs on "cores"."""
+    seen = []
+    jit = getattr(triton_impl, kernel)
+
+    class Launches:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append((tuple(grid), kwargs["PER_ITEM"]))
+                return jit[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(triton_impl, kernel, Launches())
+    run()
+    assert seen == ([((num_reqs,), True)] if launch_grid == "work" else [((4,), False)])

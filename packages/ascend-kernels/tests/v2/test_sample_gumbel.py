@@ -205,3 +205,23 @@ def test_gumbel_sample_reference_mixed_batch_noises_only_sampled_rows() -> None:
     greedy = logits[[0, 2]].reshape(2, -1)
     padded = torch.cat([greedy, torch.full((2, 4 * block - vocab), float("-inf"))], 1).view(2, 4, block)
     assert torch.equal(both[1][[0, 2]], padded.amax(-1))
+
+
+def test_temperature_work_grid(launch_grid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's 2-D grid (tokens x 64-column tiles under the interpreter) with no loop on "work" (CUDA's;
+    test_temperature compares that variant with the reference); a 1-D grid of at most the interpreter's
+    programs on "cores"."""
+    seen = []
+    jit = triton_impl._temperature_kernel
+
+    class Launches:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append((tuple(grid), kwargs["PER_ITEM"]))
+                return jit[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(triton_impl, "_temperature_kernel", Launches())
+    test_temperature(7, 150, 128, torch.float32)
+    assert seen == ([((7, 3), True)] if launch_grid == "work" else [((4,), False)])

@@ -19,6 +19,38 @@ _TILE = 4 if IS_INTERPRETED else 1024
 
 
 @triton.jit
+def _gather_row(
+    group,
+    row,
+    batch_idx_to_req_idx,
+    src_block_table_ptrs,
+    dst_block_table_ptrs,
+    block_table_strides,
+    num_blocks_ptr,
+    num_blocks_stride,
+    num_reqs,
+    TILE: tl.constexpr,
+):
+    stride = tl.load(block_table_strides + group)
+    dst = tl.load(dst_block_table_ptrs + group).to(tl.pointer_type(tl.int32)) + row * stride
+    # Names local to each branch differ: Triton merges a name bound in both branches, and the two loops'
+    # bounds have different types (the stride is int64, the block count int32).
+    if row >= num_reqs:
+        # Graph padding: the whole row zeroed.
+        for pad_start in range(0, stride, TILE):
+            pad = pad_start + tl.arange(0, TILE)
+            tl.store(dst + pad, tl.zeros([TILE], dtype=tl.int32), mask=pad < stride)
+    else:
+        req = tl.load(batch_idx_to_req_idx + row)
+        count = tl.load(num_blocks_ptr + group * num_blocks_stride + req)
+        src = tl.load(src_block_table_ptrs + group).to(tl.pointer_type(tl.int32)) + req * stride
+        for start in range(0, count, TILE):
+            offs = start + tl.arange(0, TILE)
+            inside = offs < count
+            tl.store(dst + offs, tl.load(src + offs, mask=inside, other=0), mask=inside)
+
+
+@triton.jit
 def _gather_block_tables_kernel(
     batch_idx_to_req_idx,
     src_block_table_ptrs,
@@ -30,29 +62,37 @@ def _gather_block_tables_kernel(
     num_rows,
     num_groups,
     TILE: tl.constexpr,
+    PER_ITEM: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    for work in range(pid, num_groups * num_rows, programs):
-        group = work // num_rows
-        row = work % num_rows
-        stride = tl.load(block_table_strides + group)
-        dst = tl.load(dst_block_table_ptrs + group).to(tl.pointer_type(tl.int32)) + row * stride
-        # Names local to each branch differ: Triton merges a name bound in both branches, and the two loops'
-        # bounds have different types (the stride is int64, the block count int32).
-        if row >= num_reqs:
-            # Graph padding: the whole row zeroed.
-            for pad_start in range(0, stride, TILE):
-                pad = pad_start + tl.arange(0, TILE)
-                tl.store(dst + pad, tl.zeros([TILE], dtype=tl.int32), mask=pad < stride)
-        else:
-            req = tl.load(batch_idx_to_req_idx + row)
-            count = tl.load(num_blocks_ptr + group * num_blocks_stride + req)
-            src = tl.load(src_block_table_ptrs + group).to(tl.pointer_type(tl.int32)) + req * stride
-            for start in range(0, count, TILE):
-                offs = start + tl.arange(0, TILE)
-                inside = offs < count
-                tl.store(dst + offs, tl.load(src + offs, mask=inside, other=0), mask=inside)
+    if PER_ITEM:  # a program per (group, row) (CUDA, vLLM's 2-D grid)
+        _gather_row(
+            tl.program_id(0),
+            tl.program_id(1),
+            batch_idx_to_req_idx,
+            src_block_table_ptrs,
+            dst_block_table_ptrs,
+            block_table_strides,
+            num_blocks_ptr,
+            num_blocks_stride,
+            num_reqs,
+            TILE,
+        )
+    else:  # the (group, row) pairs grid-stride (Ascend: a program per vector core)
+        pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        for work in range(pid, num_groups * num_rows, programs):
+            _gather_row(
+                work // num_rows,
+                work % num_rows,
+                batch_idx_to_req_idx,
+                src_block_table_ptrs,
+                dst_block_table_ptrs,
+                block_table_strides,
+                num_blocks_ptr,
+                num_blocks_stride,
+                num_reqs,
+                TILE,
+            )
 
 
 def gather_block_tables(
@@ -70,7 +110,8 @@ def gather_block_tables(
     if groups * rows == 0:
         return
     device = batch_idx_to_req_idx.device
-    _gather_block_tables_kernel[(_geometry.programs(device, groups * rows),)](
+    per_item = _geometry.geometry(device).grid == "work"
+    _gather_block_tables_kernel[(groups, rows) if per_item else (_geometry.programs(device, groups * rows),)](
         batch_idx_to_req_idx,
         src_block_table_ptrs,
         dst_block_table_ptrs,
@@ -81,7 +122,86 @@ def gather_block_tables(
         rows,
         groups,
         TILE=ub_cap(device, min(BLOCK_SIZE, _TILE), live_tiles=2),
+        PER_ITEM=per_item,
     )
+
+
+@triton.jit
+def _slot_mapping_item(
+    group,
+    b,
+    max_num_tokens,
+    idx_mapping,
+    query_start_loc,
+    pos,
+    block_table_ptrs,
+    block_table_strides,
+    block_sizes,
+    slot_mapping_enabled,
+    dcp_sharded,
+    slot_mappings_ptr,
+    slot_mappings_stride,
+    cp_rank,
+    num_reqs,
+    CP_SIZE: tl.constexpr,
+    CP_INTERLEAVE: tl.constexpr,
+    PAD_ID: tl.constexpr,
+    TILE: tl.constexpr,
+    PER_ITEM: tl.constexpr,
+):
+    # Work item (group, b): b < num_reqs computes request b's slots; b == num_reqs pads the group's row
+    # from the batch's token count to max_num_tokens.
+    out = slot_mappings_ptr + group * slot_mappings_stride
+    if b == num_reqs:
+        first = tl.load(query_start_loc + num_reqs)
+        for i in range(first, max_num_tokens, TILE):
+            offs = i + tl.arange(0, TILE)
+            tl.store(out + offs, tl.full([TILE], PAD_ID, tl.int64), mask=offs < max_num_tokens)
+    else:
+        table = tl.load(block_table_ptrs + group).to(tl.pointer_type(tl.int32))
+        stride = tl.load(block_table_strides + group)
+        block_size = tl.load(block_sizes + group).to(tl.int64)
+        enabled = tl.load(slot_mapping_enabled + group).to(tl.int32) != 0
+        state = tl.load(idx_mapping + b)
+        row = table + state.to(tl.int64) * stride
+        begin = tl.load(query_start_loc + b)
+        end = tl.load(query_start_loc + b + 1)
+        for i in range(begin, end, TILE):
+            offs = i + tl.arange(0, TILE)
+            inside = offs < end
+            positions = tl.load(pos + offs, mask=inside, other=0).to(tl.int64)
+            # A dummy request (state -1) owns no blocks: its row is never read. On CUDA (PER_ITEM) tokens
+            # past ``end`` read block 0 of the row (their positions load as 0) and are not stored: the load
+            # mask is the request's alone, as vLLM's; on Ascend they read nothing (a gather may be a load
+            # per lane there). (Scalar conditions are widened to tiles before they meet a tile mask: the
+            # upstream interpreter turns a tile mask combined with a scalar one into int32 data, which it
+            # refuses as a load mask.)
+            if PER_ITEM:
+                read = (tl.zeros([TILE], dtype=tl.int32) + state) >= 0
+            else:
+                read = inside & ((tl.zeros([TILE], dtype=tl.int32) + state) >= 0)
+            if CP_SIZE == 1:
+                local = positions
+            else:
+                sharded = (tl.zeros([TILE], dtype=tl.int32) + tl.load(dcp_sharded + group).to(tl.int32)) != 0
+                virtual = block_size * CP_SIZE
+                within = positions % virtual
+                spread = (within // CP_INTERLEAVE) % CP_SIZE == cp_rank
+                packed = (
+                    (positions // virtual) * block_size
+                    + (within // (CP_INTERLEAVE * CP_SIZE)) * CP_INTERLEAVE
+                    + within % CP_INTERLEAVE
+                )
+                local = tl.where(sharded, packed, positions)
+                mine = spread | (sharded == 0)
+                read = read & mine
+            index = tl.where(enabled, local // block_size, 0)
+            numbers = tl.load(row + index, mask=read, other=0).to(tl.int64)
+            slots = numbers * block_size + local % block_size
+            if CP_SIZE != 1:
+                slots = tl.where(mine, slots, PAD_ID)
+            slots = tl.where(enabled & (state >= 0), slots, PAD_ID)
+            tl.store(out + offs, slots, mask=inside)
 
 
 @triton.jit
@@ -104,60 +224,58 @@ def _compute_slot_mappings_kernel(
     CP_INTERLEAVE: tl.constexpr,
     PAD_ID: tl.constexpr,
     TILE: tl.constexpr,
+    PER_ITEM: tl.constexpr,
 ):
-    # Work item (group, b): b < num_reqs computes request b's slots; b == num_reqs pads the group's row
-    # from the batch's token count to max_num_tokens.
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    items = num_reqs + 1
-    for work in range(pid, num_groups * items, programs):
-        group = work // items
-        b = work % items
-        out = slot_mappings_ptr + group * slot_mappings_stride
-        if b == num_reqs:
-            first = tl.load(query_start_loc + num_reqs)
-            for i in range(first, max_num_tokens, TILE):
-                offs = i + tl.arange(0, TILE)
-                tl.store(out + offs, tl.full([TILE], PAD_ID, tl.int64), mask=offs < max_num_tokens)
-        else:
-            table = tl.load(block_table_ptrs + group).to(tl.pointer_type(tl.int32))
-            stride = tl.load(block_table_strides + group)
-            block_size = tl.load(block_sizes + group).to(tl.int64)
-            enabled = tl.load(slot_mapping_enabled + group).to(tl.int32) != 0
-            state = tl.load(idx_mapping + b)
-            row = table + state.to(tl.int64) * stride
-            begin = tl.load(query_start_loc + b)
-            end = tl.load(query_start_loc + b + 1)
-            for i in range(begin, end, TILE):
-                offs = i + tl.arange(0, TILE)
-                inside = offs < end
-                positions = tl.load(pos + offs, mask=inside, other=0).to(tl.int64)
-                if CP_SIZE == 1:
-                    local = positions
-                    mine = inside
-                else:
-                    sharded = (
-                        tl.zeros([TILE], dtype=tl.int32) + tl.load(dcp_sharded + group).to(tl.int32)
-                    ) != 0
-                    virtual = block_size * CP_SIZE
-                    within = positions % virtual
-                    spread = (within // CP_INTERLEAVE) % CP_SIZE == cp_rank
-                    packed = (
-                        (positions // virtual) * block_size
-                        + (within // (CP_INTERLEAVE * CP_SIZE)) * CP_INTERLEAVE
-                        + within % CP_INTERLEAVE
-                    )
-                    local = tl.where(sharded, packed, positions)
-                    mine = inside & (spread | (sharded == 0))
-                # A dummy request (state -1) owns no blocks: its row is never read. (Scalar conditions are
-                # widened to tiles before they meet a tile mask: the upstream interpreter turns a tile mask
-                # combined with a scalar one into int32 data, which it refuses as a load mask.)
-                read = mine & ((tl.zeros([TILE], dtype=tl.int32) + state) >= 0)
-                index = tl.where(enabled, local // block_size, 0)
-                numbers = tl.load(row + index, mask=read, other=0).to(tl.int64)
-                slots = numbers * block_size + local % block_size
-                slots = tl.where(read & enabled, slots, PAD_ID)
-                tl.store(out + offs, slots, mask=inside)
+    if PER_ITEM:  # a program per (group, b) (CUDA, vLLM's 2-D grid)
+        _slot_mapping_item(
+            tl.program_id(0),
+            tl.program_id(1),
+            max_num_tokens,
+            idx_mapping,
+            query_start_loc,
+            pos,
+            block_table_ptrs,
+            block_table_strides,
+            block_sizes,
+            slot_mapping_enabled,
+            dcp_sharded,
+            slot_mappings_ptr,
+            slot_mappings_stride,
+            cp_rank,
+            num_reqs,
+            CP_SIZE,
+            CP_INTERLEAVE,
+            PAD_ID,
+            TILE,
+            True,
+        )
+    else:  # the (group, b) pairs grid-stride (Ascend: a program per vector core)
+        pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        items = num_reqs + 1
+        for work in range(pid, num_groups * items, programs):
+            _slot_mapping_item(
+                work // items,
+                work % items,
+                max_num_tokens,
+                idx_mapping,
+                query_start_loc,
+                pos,
+                block_table_ptrs,
+                block_table_strides,
+                block_sizes,
+                slot_mapping_enabled,
+                dcp_sharded,
+                slot_mappings_ptr,
+                slot_mappings_stride,
+                cp_rank,
+                num_reqs,
+                CP_SIZE,
+                CP_INTERLEAVE,
+                PAD_ID,
+                TILE,
+                False,
+            )
 
 
 def compute_slot_mappings(
@@ -183,7 +301,9 @@ def compute_slot_mappings(
     if groups == 0 or num_reqs < 0:
         return
     device = pos.device
-    _compute_slot_mappings_kernel[(_geometry.programs(device, groups * (num_reqs + 1)),)](
+    per_item = _geometry.geometry(device).grid == "work"
+    programs = (groups, num_reqs + 1) if per_item else (_geometry.programs(device, groups * (num_reqs + 1)),)
+    _compute_slot_mappings_kernel[programs](
         max_num_tokens,
         idx_mapping,
         query_start_loc,
@@ -202,4 +322,5 @@ def compute_slot_mappings(
         CP_INTERLEAVE=CP_INTERLEAVE,
         PAD_ID=PAD_ID,
         TILE=ub_cap(device, min(TRITON_BLOCK_SIZE, _TILE), live_tiles=6),
+        PER_ITEM=per_item,
     )

@@ -78,6 +78,55 @@ def prepare_pos_seq_lens(
 
 
 @triton.jit
+def _prefill_request(
+    req,
+    input_ids_ptr,
+    next_prefill_tokens_ptr,
+    next_prefill_tokens_stride,
+    num_lookahead,
+    idx_mapping_ptr,
+    query_start_loc_ptr,
+    all_token_ids_ptr,
+    all_token_ids_stride,
+    prefill_lens_ptr,
+    num_computed_tokens_ptr,
+    TILE: tl.constexpr,
+    LOOKAHEAD_TILE: tl.constexpr,
+    ONE_LOOKAHEAD_TILE: tl.constexpr,
+):
+    # A request still inside its prompt copies its chunk's prompt tokens and the ``num_lookahead`` prompt
+    # tokens after the chunk (0 past the prompt): one tile of them where ONE_LOOKAHEAD_TILE (the host saw
+    # num_lookahead <= LOOKAHEAD_TILE; vLLM's one block), else a loop of tiles.
+    state = tl.load(idx_mapping_ptr + req)
+    prefill_len = tl.load(prefill_lens_ptr + state)
+    computed = tl.load(num_computed_tokens_ptr + state)
+    if computed < prefill_len:
+        start = tl.load(query_start_loc_ptr + req)
+        query_len = tl.load(query_start_loc_ptr + req + 1) - start
+        row = all_token_ids_ptr + state.to(tl.int64) * all_token_ids_stride
+        for i in range(0, query_len, TILE):
+            offs = i + tl.arange(0, TILE)
+            inside = offs < query_len
+            tokens = tl.load(row + computed + offs, mask=inside, other=0)
+            tl.store(input_ids_ptr + start + offs, tokens, mask=inside)
+        if ONE_LOOKAHEAD_TILE:
+            k = tl.arange(0, LOOKAHEAD_TILE)
+            wanted = k < num_lookahead
+            pos = computed + query_len + k
+            tokens = tl.load(row + pos, mask=wanted & (pos < prefill_len), other=0)
+            tl.store(next_prefill_tokens_ptr + k * next_prefill_tokens_stride + state, tokens, mask=wanted)
+        else:
+            for k0 in range(0, num_lookahead, LOOKAHEAD_TILE):
+                k = k0 + tl.arange(0, LOOKAHEAD_TILE)
+                wanted = k < num_lookahead
+                pos = computed + query_len + k
+                tokens = tl.load(row + pos, mask=wanted & (pos < prefill_len), other=0)
+                tl.store(
+                    next_prefill_tokens_ptr + k * next_prefill_tokens_stride + state, tokens, mask=wanted
+                )
+
+
+@triton.jit
 def _prefill_inputs_kernel(
     input_ids_ptr,
     next_prefill_tokens_ptr,
@@ -92,32 +141,46 @@ def _prefill_inputs_kernel(
     num_reqs,
     TILE: tl.constexpr,
     LOOKAHEAD_TILE: tl.constexpr,
+    PER_ITEM: tl.constexpr,
+    ONE_LOOKAHEAD_TILE: tl.constexpr,
 ):
-    # Requests grid-stride; a request still inside its prompt copies its chunk's prompt tokens and the
-    # ``num_lookahead`` prompt tokens after the chunk (0 past the prompt).
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    for req in range(pid, num_reqs, programs):
-        state = tl.load(idx_mapping_ptr + req)
-        prefill_len = tl.load(prefill_lens_ptr + state)
-        computed = tl.load(num_computed_tokens_ptr + state)
-        if computed < prefill_len:
-            start = tl.load(query_start_loc_ptr + req)
-            query_len = tl.load(query_start_loc_ptr + req + 1) - start
-            row = all_token_ids_ptr + state.to(tl.int64) * all_token_ids_stride
-            for i in range(0, query_len, TILE):
-                offs = i + tl.arange(0, TILE)
-                inside = offs < query_len
-                tokens = tl.load(row + computed + offs, mask=inside, other=0)
-                tl.store(input_ids_ptr + start + offs, tokens, mask=inside)
-            for k0 in range(0, num_lookahead, LOOKAHEAD_TILE):
-                k = k0 + tl.arange(0, LOOKAHEAD_TILE)
-                wanted = k < num_lookahead
-                pos = computed + query_len + k
-                tokens = tl.load(row + pos, mask=wanted & (pos < prefill_len), other=0)
-                tl.store(
-                    next_prefill_tokens_ptr + k * next_prefill_tokens_stride + state, tokens, mask=wanted
-                )
+    if PER_ITEM:  # a program per request (CUDA, vLLM's grid)
+        _prefill_request(
+            tl.program_id(0),
+            input_ids_ptr,
+            next_prefill_tokens_ptr,
+            next_prefill_tokens_stride,
+            num_lookahead,
+            idx_mapping_ptr,
+            query_start_loc_ptr,
+            all_token_ids_ptr,
+            all_token_ids_stride,
+            prefill_lens_ptr,
+            num_computed_tokens_ptr,
+            TILE,
+            LOOKAHEAD_TILE,
+            ONE_LOOKAHEAD_TILE,
+        )
+    else:  # requests grid-stride (Ascend: a program per vector core)
+        pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        for req in range(pid, num_reqs, programs):
+            _prefill_request(
+                req,
+                input_ids_ptr,
+                next_prefill_tokens_ptr,
+                next_prefill_tokens_stride,
+                num_lookahead,
+                idx_mapping_ptr,
+                query_start_loc_ptr,
+                all_token_ids_ptr,
+                all_token_ids_stride,
+                prefill_lens_ptr,
+                num_computed_tokens_ptr,
+                TILE,
+                LOOKAHEAD_TILE,
+                False,
+            )
 
 
 def prepare_prefill_inputs(
@@ -139,7 +202,9 @@ def prepare_prefill_inputs(
     if num_reqs == 0:
         return
     device = input_ids_ptr.device
-    _prefill_inputs_kernel[(_geometry.programs(device, num_reqs),)](
+    per_item = _geometry.geometry(device).grid == "work"
+    lookahead_tile = _tile(device, max(1, LOOKAHEAD_BLOCK))
+    _prefill_inputs_kernel[(num_reqs if per_item else _geometry.programs(device, num_reqs),)](
         input_ids_ptr,
         next_prefill_tokens_ptr,
         next_prefill_tokens_stride,
@@ -152,8 +217,78 @@ def prepare_prefill_inputs(
         num_computed_tokens_ptr,
         num_reqs,
         TILE=_tile(device, BLOCK_SIZE),
-        LOOKAHEAD_TILE=_tile(device, max(1, LOOKAHEAD_BLOCK)),
+        LOOKAHEAD_TILE=lookahead_tile,
+        PER_ITEM=per_item,
+        ONE_LOOKAHEAD_TILE=per_item and num_lookahead <= lookahead_tile,
     )
+
+
+@triton.jit
+def _combine_request(
+    req,
+    input_ids_ptr,
+    idx_mapping_ptr,
+    last_sampled_tokens_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    prefill_len_ptr,
+    draft_tokens_ptr,
+    draft_tokens_stride,
+    cu_num_logits_ptr,
+    logits_indices_ptr,
+    MAX_SPAN: tl.constexpr,
+    NEW_SAMPLED: tl.constexpr,
+    TILE: tl.constexpr,
+    ONE_TILE: tl.constexpr,
+):
+    # A request's logits are its last ``num_logits`` query tokens (at most MAX_SPAN written, as vLLM's
+    # one-block kernel); past its prompt, the token before its drafts is the last sampled one (unless that
+    # slot is still a prompt token) and its drafts follow. ONE_TILE (TILE >= MAX_SPAN): one tile each,
+    # vLLM's code; else loops of tiles.
+    state = tl.load(idx_mapping_ptr + req)
+    logits_begin = tl.load(cu_num_logits_ptr + req)
+    num_logits = tl.load(cu_num_logits_ptr + req + 1) - logits_begin
+    query_end = tl.load(query_start_loc_ptr + req + 1)
+    first_logit = query_end - num_logits
+    if ONE_TILE:
+        offs = tl.arange(0, TILE)
+        inside = offs < num_logits
+        if MAX_SPAN < TILE:
+            inside = inside & (offs < MAX_SPAN)
+        tl.store(logits_indices_ptr + logits_begin + offs, (first_logit + offs).to(tl.int64), mask=inside)
+    else:
+        written = tl.minimum(num_logits, MAX_SPAN)
+        for i in range(0, written, TILE):
+            offs = i + tl.arange(0, TILE)
+            tl.store(
+                logits_indices_ptr + logits_begin + offs,
+                (first_logit + offs).to(tl.int64),
+                mask=offs < written,
+            )
+    seq_len = tl.load(seq_lens_ptr + req)
+    prefill_len = tl.load(prefill_len_ptr + state)
+    if seq_len > prefill_len:
+        if NEW_SAMPLED > 0:
+            if seq_len - num_logits >= prefill_len:
+                tl.store(input_ids_ptr + first_logit, tl.load(last_sampled_tokens_ptr + state))
+        num_draft = num_logits - NEW_SAMPLED
+        if ONE_TILE:
+            if num_draft > 0:
+                offs = tl.arange(0, TILE)
+                inside = offs < num_draft
+                if MAX_SPAN < TILE:
+                    inside = inside & (offs < MAX_SPAN)
+                # 32-bit row offset, as vLLM's: states x draft steps.
+                tokens = tl.load(draft_tokens_ptr + state * draft_tokens_stride + offs, mask=inside, other=0)
+                tl.store(input_ids_ptr + query_end - num_draft + offs, tokens, mask=inside)
+        else:
+            drafts = tl.minimum(num_draft, MAX_SPAN)
+            row = draft_tokens_ptr + state.to(tl.int64) * draft_tokens_stride
+            for i in range(0, drafts, TILE):
+                offs = i + tl.arange(0, TILE)
+                inside = offs < drafts
+                tokens = tl.load(row + offs, mask=inside, other=0)
+                tl.store(input_ids_ptr + query_end - num_draft + offs, tokens, mask=inside)
 
 
 @triton.jit
@@ -172,40 +307,47 @@ def _combine_sampled_and_draft_kernel(
     MAX_SPAN: tl.constexpr,
     NEW_SAMPLED: tl.constexpr,
     TILE: tl.constexpr,
+    PER_ITEM: tl.constexpr,
 ):
-    # Requests grid-stride. A request's logits are its last ``num_logits`` query tokens (at most MAX_SPAN
-    # written, as vLLM's one-block kernel); past its prompt, the token before its drafts is the last sampled
-    # one (unless that slot is still a prompt token) and its drafts follow.
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    for req in range(pid, num_reqs, programs):
-        state = tl.load(idx_mapping_ptr + req)
-        logits_begin = tl.load(cu_num_logits_ptr + req)
-        num_logits = tl.load(cu_num_logits_ptr + req + 1) - logits_begin
-        query_end = tl.load(query_start_loc_ptr + req + 1)
-        first_logit = query_end - num_logits
-        written = tl.minimum(num_logits, MAX_SPAN)
-        for i in range(0, written, TILE):
-            offs = i + tl.arange(0, TILE)
-            tl.store(
-                logits_indices_ptr + logits_begin + offs,
-                (first_logit + offs).to(tl.int64),
-                mask=offs < written,
+    if PER_ITEM:  # a program per request (CUDA, vLLM's grid)
+        _combine_request(
+            tl.program_id(0),
+            input_ids_ptr,
+            idx_mapping_ptr,
+            last_sampled_tokens_ptr,
+            query_start_loc_ptr,
+            seq_lens_ptr,
+            prefill_len_ptr,
+            draft_tokens_ptr,
+            draft_tokens_stride,
+            cu_num_logits_ptr,
+            logits_indices_ptr,
+            MAX_SPAN,
+            NEW_SAMPLED,
+            TILE,
+            MAX_SPAN <= TILE,
+        )
+    else:  # requests grid-stride (Ascend: a program per vector core)
+        pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        for req in range(pid, num_reqs, programs):
+            _combine_request(
+                req,
+                input_ids_ptr,
+                idx_mapping_ptr,
+                last_sampled_tokens_ptr,
+                query_start_loc_ptr,
+                seq_lens_ptr,
+                prefill_len_ptr,
+                draft_tokens_ptr,
+                draft_tokens_stride,
+                cu_num_logits_ptr,
+                logits_indices_ptr,
+                MAX_SPAN,
+                NEW_SAMPLED,
+                TILE,
+                False,
             )
-        seq_len = tl.load(seq_lens_ptr + req)
-        prefill_len = tl.load(prefill_len_ptr + state)
-        if seq_len > prefill_len:
-            if NEW_SAMPLED > 0:
-                if seq_len - num_logits >= prefill_len:
-                    tl.store(input_ids_ptr + first_logit, tl.load(last_sampled_tokens_ptr + state))
-            num_draft = num_logits - NEW_SAMPLED
-            drafts = tl.minimum(num_draft, MAX_SPAN)
-            row = draft_tokens_ptr + state.to(tl.int64) * draft_tokens_stride
-            for i in range(0, drafts, TILE):
-                offs = i + tl.arange(0, TILE)
-                inside = offs < drafts
-                tokens = tl.load(row + offs, mask=inside, other=0)
-                tl.store(input_ids_ptr + query_end - num_draft + offs, tokens, mask=inside)
 
 
 def combine_sampled_and_draft_tokens(
@@ -227,7 +369,8 @@ def combine_sampled_and_draft_tokens(
     if num_reqs == 0:
         return
     device = input_ids_ptr.device
-    _combine_sampled_and_draft_kernel[(_geometry.programs(device, num_reqs),)](
+    per_item = _geometry.geometry(device).grid == "work"
+    _combine_sampled_and_draft_kernel[(num_reqs if per_item else _geometry.programs(device, num_reqs),)](
         input_ids_ptr,
         idx_mapping_ptr,
         last_sampled_tokens_ptr,
@@ -242,6 +385,7 @@ def combine_sampled_and_draft_tokens(
         MAX_SPAN=BLOCK_SIZE,
         NEW_SAMPLED=NUM_NEW_SAMPLED_TOKENS,
         TILE=_tile(device, next_power_of_2(max(1, BLOCK_SIZE))),
+        PER_ITEM=per_item,
     )
 
 
@@ -315,6 +459,64 @@ def get_num_sampled_and_rejected(
 
 
 @triton.jit
+def _post_update_request(
+    req,
+    idx_mapping_ptr,
+    num_computed_tokens_ptr,
+    last_sampled_tokens_ptr,
+    output_bin_counts_ptr,
+    output_bin_counts_stride,
+    sampled_tokens_ptr,
+    sampled_tokens_stride,
+    num_sampled_ptr,
+    num_rejected_ptr,
+    query_start_loc_ptr,
+    all_token_ids_ptr,
+    all_token_ids_stride,
+    total_len_ptr,
+    HAS_COUNTS: tl.constexpr,
+    HAS_QUERY: tl.constexpr,
+    TILE: tl.constexpr,
+    SCALAR: tl.constexpr,
+):
+    # A negative state row is skipped: sampled tokens appended to the state's token row, counted one by
+    # one in its histogram (a token may repeat), last token and length updated; computed tokens advanced
+    # by the query length minus the rejected drafts. SCALAR (CUDA, vLLM's code): a token at a time, appended
+    # and counted in one loop; else the tokens copied in tiles, then counted.
+    state = tl.load(idx_mapping_ptr + req)
+    if state >= 0:
+        state64 = state.to(tl.int64)
+        total = tl.load(total_len_ptr + state)
+        sampled = tl.load(num_sampled_ptr + req)
+        tokens_row = sampled_tokens_ptr + req * sampled_tokens_stride
+        if sampled > 0:
+            tl.store(last_sampled_tokens_ptr + state, tl.load(tokens_row + sampled - 1))
+            tl.store(total_len_ptr + state, total + sampled)
+        out_row = all_token_ids_ptr + state64 * all_token_ids_stride + total
+        counts_row = output_bin_counts_ptr + state64 * output_bin_counts_stride
+        if SCALAR:
+            for i in range(0, sampled):
+                token = tl.load(tokens_row + i)
+                tl.store(out_row + i, token)
+                if HAS_COUNTS:
+                    tl.store(counts_row + token, tl.load(counts_row + token) + 1)
+        else:
+            for i in range(0, sampled, TILE):
+                offs = i + tl.arange(0, TILE)
+                inside = offs < sampled
+                tl.store(out_row + offs, tl.load(tokens_row + offs, mask=inside, other=0), mask=inside)
+            if HAS_COUNTS:
+                for i in range(0, sampled):
+                    slot = counts_row + tl.load(tokens_row + i)
+                    tl.store(slot, tl.load(slot) + 1)
+        delta = -tl.load(num_rejected_ptr + req)
+        if HAS_QUERY:
+            delta += tl.load(query_start_loc_ptr + req + 1) - tl.load(query_start_loc_ptr + req)
+        if delta != 0:
+            tl.store(num_computed_tokens_ptr + state, tl.load(num_computed_tokens_ptr + state) + delta)
+
+
+@triton.jit
 def _post_update_kernel(
     idx_mapping_ptr,
     num_computed_tokens_ptr,
@@ -333,37 +535,53 @@ def _post_update_kernel(
     HAS_COUNTS: tl.constexpr,
     HAS_QUERY: tl.constexpr,
     TILE: tl.constexpr,
+    PER_ITEM: tl.constexpr,
 ):
-    # Requests grid-stride (negative state rows skipped): sampled tokens appended to the state's token row,
-    # counted one by one in its histogram (a token may repeat), last token and length updated; computed
-    # tokens advanced by the query length minus the rejected drafts.
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    for req in range(pid, num_reqs, programs):
-        state = tl.load(idx_mapping_ptr + req)
-        if state >= 0:
-            state64 = state.to(tl.int64)
-            total = tl.load(total_len_ptr + state)
-            sampled = tl.load(num_sampled_ptr + req)
-            tokens_row = sampled_tokens_ptr + req * sampled_tokens_stride
-            if sampled > 0:
-                tl.store(last_sampled_tokens_ptr + state, tl.load(tokens_row + sampled - 1))
-                tl.store(total_len_ptr + state, total + sampled)
-            out_row = all_token_ids_ptr + state64 * all_token_ids_stride + total
-            for i in range(0, sampled, TILE):
-                offs = i + tl.arange(0, TILE)
-                inside = offs < sampled
-                tl.store(out_row + offs, tl.load(tokens_row + offs, mask=inside, other=0), mask=inside)
-            if HAS_COUNTS:
-                counts_row = output_bin_counts_ptr + state64 * output_bin_counts_stride
-                for i in range(0, sampled):
-                    slot = counts_row + tl.load(tokens_row + i)
-                    tl.store(slot, tl.load(slot) + 1)
-            delta = -tl.load(num_rejected_ptr + req)
-            if HAS_QUERY:
-                delta += tl.load(query_start_loc_ptr + req + 1) - tl.load(query_start_loc_ptr + req)
-            if delta != 0:
-                tl.store(num_computed_tokens_ptr + state, tl.load(num_computed_tokens_ptr + state) + delta)
+    if PER_ITEM:  # a program per request (CUDA, vLLM's grid), scalar code
+        _post_update_request(
+            tl.program_id(0),
+            idx_mapping_ptr,
+            num_computed_tokens_ptr,
+            last_sampled_tokens_ptr,
+            output_bin_counts_ptr,
+            output_bin_counts_stride,
+            sampled_tokens_ptr,
+            sampled_tokens_stride,
+            num_sampled_ptr,
+            num_rejected_ptr,
+            query_start_loc_ptr,
+            all_token_ids_ptr,
+            all_token_ids_stride,
+            total_len_ptr,
+            HAS_COUNTS,
+            HAS_QUERY,
+            TILE,
+            True,
+        )
+    else:  # requests grid-stride (Ascend: a program per vector core)
+        pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        for req in range(pid, num_reqs, programs):
+            _post_update_request(
+                req,
+                idx_mapping_ptr,
+                num_computed_tokens_ptr,
+                last_sampled_tokens_ptr,
+                output_bin_counts_ptr,
+                output_bin_counts_stride,
+                sampled_tokens_ptr,
+                sampled_tokens_stride,
+                num_sampled_ptr,
+                num_rejected_ptr,
+                query_start_loc_ptr,
+                all_token_ids_ptr,
+                all_token_ids_stride,
+                total_len_ptr,
+                HAS_COUNTS,
+                HAS_QUERY,
+                TILE,
+                False,
+            )
 
 
 def post_update(
@@ -386,7 +604,8 @@ def post_update(
     if num_reqs == 0:
         return
     device = all_token_ids_ptr.device
-    _post_update_kernel[(_geometry.programs(device, num_reqs),)](
+    per_item = _geometry.geometry(device).grid == "work"
+    _post_update_kernel[(num_reqs if per_item else _geometry.programs(device, num_reqs),)](
         idx_mapping_ptr,
         num_computed_tokens_ptr,
         last_sampled_tokens_ptr,
@@ -404,6 +623,7 @@ def post_update(
         HAS_COUNTS=output_bin_counts_ptr is not None,
         HAS_QUERY=query_start_loc_ptr is not None,
         TILE=_tile(device, 16),
+        PER_ITEM=per_item,
         **_geometry.launch(device, 1),  # scalar work per request: one warp on CUDA, as vLLM launches it
     )
 
@@ -439,6 +659,41 @@ def post_update_num_computed_tokens(
 
 
 @triton.jit
+def _expand_request(
+    req,
+    idx_mapping_ptr,
+    expanded_idx_mapping_ptr,
+    expanded_local_pos_ptr,
+    cu_num_logits_ptr,
+    MAX_SPAN: tl.constexpr,
+    TILE: tl.constexpr,
+    ONE_TILE: tl.constexpr,
+):
+    # Each of a request's logits (at most MAX_SPAN) gets its state and local index: one tile where
+    # ONE_TILE (TILE >= MAX_SPAN; vLLM's one block), else a loop of tiles.
+    begin = tl.load(cu_num_logits_ptr + req)
+    count = tl.load(cu_num_logits_ptr + req + 1) - begin
+    state = tl.load(idx_mapping_ptr + req)
+    if ONE_TILE:
+        offs = tl.arange(0, TILE)
+        inside = offs < count
+        if MAX_SPAN < TILE:
+            inside = inside & (offs < MAX_SPAN)
+        tl.store(
+            expanded_idx_mapping_ptr + begin + offs, tl.zeros([TILE], dtype=tl.int32) + state, mask=inside
+        )
+        tl.store(expanded_local_pos_ptr + begin + offs, offs, mask=inside)
+    else:
+        count = tl.minimum(count, MAX_SPAN)
+        for i in range(0, count, TILE):
+            offs = i + tl.arange(0, TILE)
+            inside = offs < count
+            states = tl.zeros([TILE], dtype=tl.int32) + state
+            tl.store(expanded_idx_mapping_ptr + begin + offs, states, mask=inside)
+            tl.store(expanded_local_pos_ptr + begin + offs, offs, mask=inside)
+
+
+@triton.jit
 def _expand_idx_mapping_kernel(
     idx_mapping_ptr,
     expanded_idx_mapping_ptr,
@@ -447,20 +702,33 @@ def _expand_idx_mapping_kernel(
     num_reqs,
     MAX_SPAN: tl.constexpr,
     TILE: tl.constexpr,
+    PER_ITEM: tl.constexpr,
 ):
-    # Requests grid-stride: each of a request's logits (at most MAX_SPAN) gets its state and local index.
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    for req in range(pid, num_reqs, programs):
-        begin = tl.load(cu_num_logits_ptr + req)
-        count = tl.minimum(tl.load(cu_num_logits_ptr + req + 1) - begin, MAX_SPAN)
-        state = tl.load(idx_mapping_ptr + req)
-        for i in range(0, count, TILE):
-            offs = i + tl.arange(0, TILE)
-            inside = offs < count
-            states = tl.zeros([TILE], dtype=tl.int32) + state
-            tl.store(expanded_idx_mapping_ptr + begin + offs, states, mask=inside)
-            tl.store(expanded_local_pos_ptr + begin + offs, offs, mask=inside)
+    if PER_ITEM:  # a program per request (CUDA, vLLM's grid)
+        _expand_request(
+            tl.program_id(0),
+            idx_mapping_ptr,
+            expanded_idx_mapping_ptr,
+            expanded_local_pos_ptr,
+            cu_num_logits_ptr,
+            MAX_SPAN,
+            TILE,
+            MAX_SPAN <= TILE,
+        )
+    else:  # requests grid-stride (Ascend: a program per vector core)
+        pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        for req in range(pid, num_reqs, programs):
+            _expand_request(
+                req,
+                idx_mapping_ptr,
+                expanded_idx_mapping_ptr,
+                expanded_local_pos_ptr,
+                cu_num_logits_ptr,
+                MAX_SPAN,
+                TILE,
+                False,
+            )
 
 
 def expand_idx_mapping(
@@ -475,7 +743,8 @@ def expand_idx_mapping(
     if num_reqs == 0:
         return
     device = idx_mapping_ptr.device
-    _expand_idx_mapping_kernel[(_geometry.programs(device, num_reqs),)](
+    per_item = _geometry.geometry(device).grid == "work"
+    _expand_idx_mapping_kernel[(num_reqs if per_item else _geometry.programs(device, num_reqs),)](
         idx_mapping_ptr,
         expanded_idx_mapping_ptr,
         expanded_local_pos_ptr,
@@ -483,4 +752,5 @@ def expand_idx_mapping(
         num_reqs,
         MAX_SPAN=BLOCK_SIZE,
         TILE=_tile(device, next_power_of_2(max(1, BLOCK_SIZE))),
+        PER_ITEM=per_item,
     )

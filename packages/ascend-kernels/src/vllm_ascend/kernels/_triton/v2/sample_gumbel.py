@@ -113,22 +113,33 @@ def _temperature_kernel(
     chunks,
     chunk,
     TILE: tl.constexpr,
+    PER_ITEM: tl.constexpr,
 ):
-    # Work items (token, column chunk) grid-stride: every column is scaled on its own.
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    for item in range(pid, num_tokens * chunks, programs):
-        token = item // chunks
-        begin = (item - token * chunks) * chunk
-        end = tl.minimum(begin + chunk, width)
+    # Every column is scaled on its own (rows of temperature 0 or 1 untouched).
+    if PER_ITEM:  # a program per (token, TILE columns) (CUDA, vLLM's 2-D grid), no loop
+        token = tl.program_id(0)
         temp = tl.load(temperature_ptr + tl.load(idx_mapping_ptr + token)).to(tl.float32)
         if (temp != 0.0) & (temp != 1.0):
             row = logits_ptr + tl.cast(token, tl.int64) * logits_stride
-            for start in range(begin, end, TILE):
-                offs = start + tl.arange(0, TILE)
-                mask = offs < end
-                x = tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
-                tl.store(row + offs, (x / temp).to(logits_ptr.dtype.element_ty), mask=mask)
+            offs = tl.program_id(1) * TILE + tl.arange(0, TILE)
+            mask = offs < width
+            x = tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(row + offs, (x / temp).to(logits_ptr.dtype.element_ty), mask=mask)
+    else:  # work items (token, column chunk) grid-stride (Ascend: a program per vector core)
+        pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        for item in range(pid, num_tokens * chunks, programs):
+            token = item // chunks
+            begin = (item - token * chunks) * chunk
+            end = tl.minimum(begin + chunk, width)
+            temp = tl.load(temperature_ptr + tl.load(idx_mapping_ptr + token)).to(tl.float32)
+            if (temp != 0.0) & (temp != 1.0):
+                row = logits_ptr + tl.cast(token, tl.int64) * logits_stride
+                for start in range(begin, end, TILE):
+                    offs = start + tl.arange(0, TILE)
+                    mask = offs < end
+                    x = tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
+                    tl.store(row + offs, (x / temp).to(logits_ptr.dtype.element_ty), mask=mask)
 
 
 def temperature(
@@ -148,7 +159,8 @@ def temperature(
     geometry = _geometry.geometry(device)
     tile = min(next_power_of_2(width), ub_cap(device, 64 if IS_INTERPRETED else 8192, 3))
     chunks, chunk = geometry.column_split(num_tokens, width, tile)
-    _temperature_kernel[(geometry.programs(num_tokens * chunks),)](
+    per_item = geometry.grid == "work"  # column_split gave a tile per chunk: grid (tokens, chunks)
+    _temperature_kernel[(num_tokens, chunks) if per_item else (geometry.programs(num_tokens * chunks),)](
         logits_ptr,
         logits_stride,
         expanded_idx_mapping_ptr,
@@ -158,6 +170,7 @@ def temperature(
         chunks,
         chunk,
         TILE=tile,
+        PER_ITEM=per_item,
     )
 
 
