@@ -41,13 +41,16 @@ def _qsl(query_lens: torch.Tensor) -> torch.Tensor:
     return qsl
 
 
-def _check(kernel: str, grid: tuple[int, ...], args: dict, reference) -> None:
+def _mismatches(kernel: str, grid: tuple[int, ...], args: dict, reference) -> list[str]:
+    """vLLM's kernel and ``reference`` on equal copies of ``args``: the tensor arguments they leave different."""
     expected = clone_args(args)
     vllm_kernel(f"vllm.v1.worker.gpu.input_batch.{kernel}")(grid, **expected)
     reference(grid, **args)
-    for name, value in args.items():
-        if isinstance(value, torch.Tensor):
-            assert torch.equal(value, expected[name]), name
+    return [
+        name
+        for name, value in args.items()
+        if isinstance(value, torch.Tensor) and not torch.equal(value, expected[name])
+    ]
 
 
 @pytest.mark.parametrize(("seed", "num_reqs"), [(0, 4), (1, 4), (2, 6), (3, 1), (4, 0)])
@@ -72,7 +75,9 @@ def test_prepare_prefill_inputs_matches_vllm(seed: int, num_reqs: int) -> None:
         "BLOCK_SIZE": 8,
         "LOOKAHEAD_BLOCK": 4,
     }
-    _check("_prepare_prefill_inputs_kernel", (num_reqs,), args, v2.prepare_prefill_inputs_torch)
+    assert not _mismatches(
+        "_prepare_prefill_inputs_kernel", (num_reqs,), args, v2.prepare_prefill_inputs_torch
+    )
 
 
 @pytest.mark.parametrize(("seed", "new_sampled"), [(0, 1), (1, 1), (2, 0)])
@@ -100,7 +105,7 @@ def test_combine_sampled_and_draft_tokens_matches_vllm(seed: int, new_sampled: i
         "BLOCK_SIZE": 4,
         "NUM_NEW_SAMPLED_TOKENS": new_sampled,
     }
-    _check(
+    assert not _mismatches(
         "_combine_sampled_and_draft_tokens_kernel",
         (num_reqs,),
         args,
@@ -124,7 +129,9 @@ def test_get_num_sampled_and_rejected_matches_vllm(num_reqs: int) -> None:
         "idx_mapping_ptr": idx,
         "prefill_len_ptr": torch.randint(5, 30, (max_reqs,), generator=g, dtype=torch.int32),
     }
-    _check("_get_num_sampled_and_rejected_kernel", (num_reqs,), args, v2.get_num_sampled_and_rejected_torch)
+    assert not _mismatches(
+        "_get_num_sampled_and_rejected_kernel", (num_reqs,), args, v2.get_num_sampled_and_rejected_torch
+    )
 
 
 @pytest.mark.parametrize(("with_counts", "with_qsl"), [(True, True), (False, True), (True, False)])
@@ -150,7 +157,7 @@ def test_post_update_matches_vllm(with_counts: bool, with_qsl: bool) -> None:
         "all_token_ids_stride": max_len,
         "total_len_ptr": torch.randint(0, 20, (max_reqs,), generator=g, dtype=torch.int32),
     }
-    _check("_post_update_kernel", (num_reqs,), args, v2.post_update_torch)
+    assert not _mismatches("_post_update_kernel", (num_reqs,), args, v2.post_update_torch)
 
 
 def test_post_update_num_computed_tokens_and_expand_idx_mapping_match_vllm() -> None:
@@ -162,7 +169,7 @@ def test_post_update_num_computed_tokens_and_expand_idx_mapping_match_vllm() -> 
         "num_computed_tokens_ptr": torch.randint(0, 10, (max_reqs,), generator=g, dtype=torch.int32),
         "query_start_loc_ptr": _qsl(torch.randint(1, 6, (num_reqs,), generator=g)),
     }
-    _check(
+    assert not _mismatches(
         "_post_update_num_computed_tokens_kernel", (num_reqs,), args, v2.post_update_num_computed_tokens_torch
     )
     cu = _qsl(torch.randint(1, 4, (num_reqs,), generator=g))
@@ -173,4 +180,4 @@ def test_post_update_num_computed_tokens_and_expand_idx_mapping_match_vllm() -> 
         "cu_num_logits_ptr": cu,
         "BLOCK_SIZE": 4,
     }
-    _check("_expand_idx_mapping_kernel", (num_reqs,), args, v2.expand_idx_mapping_torch)
+    assert not _mismatches("_expand_idx_mapping_kernel", (num_reqs,), args, v2.expand_idx_mapping_torch)

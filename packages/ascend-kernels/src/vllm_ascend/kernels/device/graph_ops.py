@@ -168,7 +168,7 @@ def _schema_prototype(op: GraphOp) -> Callable[..., Any]:
         returns = None
 
     def prototype(*args: Any) -> Any:
-        raise NotImplementedError
+        """The schema's signature only (``torch.library.infer_schema`` reads it); the op runs the adaptor."""
 
     prototype.__signature__ = inspect.Signature(params, return_annotation=returns)  # type: ignore[attr-defined]
     return prototype
