@@ -274,6 +274,43 @@ def test_cache_rows_gathers_token_slots_from_contiguous_and_strided_caches():
     assert interleaved.stride(0) != 4 * interleaved.stride(1)  # the strided path was taken
 
 
+@pytest.mark.parametrize(
+    "layout",
+    ["per-head interleaved", "per-token interleaved", "per-block interleaved", "separate", "different dims"],
+)
+def test_kv_rows_gathers_keys_and_values_of_every_layout(layout):
+    """Keys and values at token slots equal block/offset indexing of each cache, whether one gather of
+    whole token rows serves both (they interleave per token) or each cache is gathered on its own."""
+    from vllm_ascend.kernels.device.reference import _joint_row, _kv_rows
+
+    gen = torch.Generator().manual_seed(5)
+    blocks, bs, h, d = 8, 4, 2, 3
+    if layout == "per-head interleaved":  # [blocks, bs, H, 2, D]
+        buf = torch.randn(blocks, bs, h, 2, d, generator=gen)
+        key_cache, value_cache = buf[:, :, :, 0], buf[:, :, :, 1]
+    elif layout == "per-token interleaved":  # [blocks, bs, 2, H, D]
+        buf = torch.randn(blocks, bs, 2, h, d, generator=gen)
+        key_cache, value_cache = buf[:, :, 0], buf[:, :, 1]
+    elif layout == "per-block interleaved":  # [blocks, 2, bs, H, D]: blocks and tokens not one run
+        buf = torch.randn(blocks, 2, bs, h, d, generator=gen)
+        key_cache, value_cache = buf[:, 0], buf[:, 1]
+    elif layout == "separate":
+        key_cache, value_cache = torch.randn(2, blocks, bs, h, d, generator=gen).unbind(0)
+    else:  # MLA-like: values narrower than keys
+        buf = torch.randn(blocks, bs, h, d + 2, generator=gen)
+        key_cache, value_cache = buf, buf[..., :d]
+    joint = _joint_row(key_cache, value_cache)
+    assert (joint is not None) == (layout in ("per-head interleaved", "per-token interleaved"))
+    slots = torch.randint(0, blocks * bs, (3, 5), generator=gen)
+    got_k, got_v = _kv_rows(key_cache, value_cache, slots)
+    for cache, got in ((key_cache, got_k), (value_cache, got_v)):
+        want = cache[torch.div(slots, bs, rounding_mode="floor"), slots % bs]
+        assert got.shape == want.shape
+        assert torch.equal(got, want)
+    if joint is not None:  # the two share one gathered buffer
+        assert got_k.untyped_storage().data_ptr() == got_v.untyped_storage().data_ptr()
+
+
 def test_reshape_and_cache_writes_exactly_the_given_slots(ref):
     key_cache, value_cache = flat_cache_views(6, 4, 2, 8, 4)
     assert not key_cache.is_contiguous()
