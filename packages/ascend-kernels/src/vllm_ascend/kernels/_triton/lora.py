@@ -7,7 +7,9 @@ the reduction axis (the cube unit on Ascend), in two layouts:
 - by token (decode): grid ``(adapter slots, token tiles, column tiles x K splits)``; a program takes the tokens of
   its tile that use its slot (a tile with none exits), so an adapter's weights are read once per token tile, not
   once per token, with no sort and no host sync (capturable). Small batches split the reduction over programs
-  (shrink only: partial sums added atomically into the fp32 buffer, its adapter rows zeroed first).
+  (shrink only): each split stores its partial sum to a scratch and the tile's last split to finish
+  (:func:`.common.last_chunk`) adds them in split order and writes the rows, so one launch serves both layouts,
+  nothing is zeroed first and the sum does not depend on which split finishes first.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import triton
 import triton.language as tl
 
 from vllm_ascend.kernels._geometry import LaunchGeometry, geometry
+from vllm_ascend.kernels._triton.common import counters, last_chunk, scratch
 from vllm_ascend.kernels.v2._launch import cdiv, next_power_of_2
 
 #: ``tl.dot``'s smallest tile side.
@@ -37,6 +40,8 @@ def _lora_matmul_kernel(
     starts_ptr,
     lens_ptr,
     loras_ptr,
+    part_ptr,
+    counter_ptr,
     num_tokens,
     reduction,
     columns,
@@ -55,7 +60,8 @@ def _lora_matmul_kernel(
 
     Segmented: program ``(run, tile, col)`` takes rows ``s + tile*BLOCK_M + i < s + n`` of run ``(s, n, l)``.
     By token: program ``(l, tile, col*SPLIT_K + k)`` takes the tile's tokens whose ``loras[t] == l`` and the
-    ``k``-th of ``SPLIT_K`` interleaved reduction chunks (``SPLIT_K > 1``: atomic adds)."""
+    ``k``-th of ``SPLIT_K`` interleaved reduction chunks; with ``SPLIT_K > 1`` it stores its partial
+    ``[BLOCK_M, BLOCK_N]`` at ``part_ptr`` and the output tile's last split adds the ``SPLIT_K`` partials."""
     tiles = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     col_split = tl.program_id(2)
     cols = (col_split // SPLIT_K) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -89,15 +95,32 @@ def _lora_matmul_kernel(
                 other=0.0,
             ).to(DOT_DTYPE)
             acc += tl.dot(xt, tl.trans(wt))
-        acc = acc * scale
         out = out_ptr + rows[:, None] * out_stride + offset + cols[None, :]
         mask = row_ok[:, None] & col_ok[None, :]
         if SPLIT_K > 1:
-            tl.atomic_add(out, acc, mask=mask)
+            tile = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * (
+                tl.num_programs(2) // SPLIT_K
+            )
+            tile += col_split // SPLIT_K
+            cell = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            tl.store(
+                part_ptr + (tile.to(tl.int64) * SPLIT_K + col_split % SPLIT_K) * BLOCK_M * BLOCK_N + cell, acc
+            )
+            if last_chunk(counter_ptr, tile, SPLIT_K):
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for k in range(SPLIT_K):
+                    acc += tl.load(part_ptr + (tile.to(tl.int64) * SPLIT_K + k) * BLOCK_M * BLOCK_N + cell)
+                _store_rows(out, acc * scale, mask, ADD_INPUTS)
         else:
-            if ADD_INPUTS:
-                acc += tl.load(out, mask=mask, other=0.0).to(tl.float32)
-            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+            _store_rows(out, acc * scale, mask, ADD_INPUTS)
+
+
+@triton.jit
+def _store_rows(out, acc, mask, ADD_INPUTS: tl.constexpr):
+    """Write (or with ``ADD_INPUTS`` add) the fp32 tile ``acc`` into ``out`` in its dtype."""
+    if ADD_INPUTS:
+        acc += tl.load(out, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out, acc.to(out.dtype.element_ty), mask=mask)
 
 
 def _rows_contiguous(**tensors: torch.Tensor) -> None:
@@ -166,7 +189,7 @@ def _launch(
     grid = (runs, cdiv(max_len, _DOT_MIN), cdiv(columns, block_n))
     _lora_matmul_kernel[grid](
         x, x.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0),
-        seq_starts, seq_lens, seq_loras, 0, reduction, columns, offset, scale,
+        seq_starts, seq_lens, seq_loras, out, seq_lens, 0, reduction, columns, offset, scale,
         ADD_INPUTS=add_inputs, BY_TOKEN=False, SPLIT_K=1, DOT_DTYPE=_dot_dtype(x, w),
         BLOCK_M=_DOT_MIN, BLOCK_N=block_n, BLOCK_K=block_k,
     )  # fmt: skip
@@ -190,9 +213,15 @@ def _launch_by_token(
     block_n, block_k = _tiles(x.device, columns, reduction)
     block_m = _token_block(tokens)
     grid = (loras, cdiv(tokens, block_m), cdiv(columns, block_n) * split_k)
+    part, counter = out, token_lora_indices
+    if split_k > 1:
+        tiles = loras * grid[1] * (grid[2] // split_k)
+        part = scratch("lora.partials", tiles * split_k * block_m * block_n, torch.float32, x.device)
+        counter = counters("lora.tiles", tiles, x.device)
     _lora_matmul_kernel[grid](
         x, x.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0),
-        token_lora_indices, token_lora_indices, token_lora_indices, tokens, reduction, columns, offset, scale,
+        token_lora_indices, token_lora_indices, token_lora_indices, part, counter,
+        tokens, reduction, columns, offset, scale,
         ADD_INPUTS=add_inputs, BY_TOKEN=True, SPLIT_K=split_k, DOT_DTYPE=_dot_dtype(x, w),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
     )  # fmt: skip
@@ -221,17 +250,13 @@ def lora_shrink_tokens(
     *,
     split_k: int | None = None,
 ) -> None:
-    """``split_k``: reduction splits (default: by the batch and the device's cores; used for an fp32 ``out``)."""
+    """``split_k``: reduction splits (default: by the batch and the device's cores)."""
     _rows_contiguous(x=x, lora_a=a, out=out)
     tokens, (_, rank, reduction) = x.shape[0], a.shape
     if split_k is None:
         block_n, block_k = _tiles(x.device, rank, reduction)
         programs = cdiv(tokens, _token_block(tokens)) * cdiv(rank, block_n)
         split_k = _split_k(x.device, programs, reduction, block_k)
-    if out.dtype != torch.float32:
-        split_k = 1
-    if split_k > 1:
-        out[:tokens, :rank].masked_fill_((token_lora_indices[:tokens] >= 0).unsqueeze(1), 0.0)
     _launch_by_token(x, a, out, token_lora_indices, 0, float(scale), add_inputs=False, split_k=split_k)
 
 

@@ -269,6 +269,8 @@ def _penalties_kernel(
 #: Penalties tile caps (columns) per launch backend: vLLM's 8192-column block on CUDA; Ascend's 4096,
 #: then bounded by the UB; a few words under the interpreter, so the test shapes take several tiles.
 PENALTIES_TILE = {"cuda": 8192, "npu": 4096, "interpreter": 32}
+#: Warps of a penalties program on CUDA (vLLM launches its own with Triton's default, 4).
+PENALTIES_WARPS = 4
 
 
 def penalties(
@@ -317,4 +319,5 @@ def penalties(
         chunk,
         WORDS=tile // 32,
         PER_ITEM=programs == (num_tokens, chunks) and chunk == tile,
+        **geometry.launch(PENALTIES_WARPS),
     )
