@@ -40,6 +40,9 @@ _BK_CAP = 64
 _BV_CAP = 32
 #: Warps on CUDA (4 spill several times more in both kernels).
 _WARPS = 8
+#: ``tl.dot``'s ``input_precision`` for float32 operands, per launch backend: IEEE float32 products (no TF32)
+#: everywhere until a device measurement shows another keeps the reference's accuracy.
+DOT_PRECISION = {"cuda": "ieee", "npu": "ieee", "interpreter": "ieee"}
 _DOT_MIN = 16
 #: Sequences whose offsets one step of the inverse kernel's chunk search reads.
 _SEQ_TILE = 64
@@ -132,6 +135,7 @@ def _inverse_kernel(
     LOG_CHUNK: tl.constexpr,
     BK: tl.constexpr,
     SEQ_TILE: tl.constexpr,
+    PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
     slot = tl.program_id(0)
@@ -164,7 +168,7 @@ def _inverse_kernel(
         for k0 in range(0, K, BK):
             kc = k0 + tl.arange(0, BK)
             kt = _tile(k_base, t, k_st, kc, k_sk, t_ok[:, None] & (kc < K)[None, :], DOT_DTYPE)
-            kk += tl.dot(kt, tl.trans(kt), input_precision="ieee")
+            kk += tl.dot(kt, tl.trans(kt), input_precision=PRECISION)
             if L2NORM:
                 kf = kt.to(tl.float32)
                 k_norm += tl.sum(kf * kf, axis=1)
@@ -177,7 +181,7 @@ def _inverse_kernel(
         for level in range(LOG_CHUNK):
             off = ((ri >> (level + 1)) == (rj >> (level + 1))) & ((ri >> level) > (rj >> level))
             inv -= tl.dot(
-                tl.dot(inv, tl.where(off, a, 0.0), input_precision="ieee"), inv, input_precision="ieee"
+                tl.dot(inv, tl.where(off, a, 0.0), input_precision=PRECISION), inv, input_precision=PRECISION
             )
         out = inv_ptr + head.to(tl.int64) * tokens * CHUNK + t[:, None] * CHUNK + rj
         tl.store(out, inv, mask=t_ok[:, None])
@@ -221,6 +225,7 @@ def _walk_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seq = pid // v_heads
@@ -258,11 +263,11 @@ def _walk_kernel(
             st = tl.load(
                 s_base + kc[:, None] * V + vc[None, :], mask=k_ok[:, None] & v_ok[None, :], other=0.0
             )
-            qk += tl.dot(qt, tl.trans(kt), input_precision="ieee")
+            qk += tl.dot(qt, tl.trans(kt), input_precision=PRECISION)
             qf = qt.to(tl.float32)
             kf = kt.to(tl.float32)
-            ks += tl.dot(kf, st, input_precision="ieee")
-            qs += tl.dot(qf, st, input_precision="ieee")
+            ks += tl.dot(kf, st, input_precision=PRECISION)
+            qs += tl.dot(qf, st, input_precision=PRECISION)
             if L2NORM:
                 k_norm += tl.sum(kf * kf, axis=1)
                 q_norm += tl.sum(qf * qf, axis=1)
@@ -281,10 +286,10 @@ def _walk_kernel(
         ).to(tl.float32)
         rhs = beta[:, None] * (v - tl.exp(gamma)[:, None] * (ks * k_scale[:, None]))
         inv = tl.load(inv_base + t[:, None] * CHUNK + rj, mask=t_ok[:, None], other=0.0)
-        u = tl.dot(inv, rhs, input_precision="ieee")
+        u = tl.dot(inv, rhs, input_precision=PRECISION)
         decay = tl.exp(tl.where(rj <= ri, gamma[:, None] - gamma[None, :], float("-inf")))
         p = qk * q_scale[:, None] * k_scale[None, :] * decay
-        o = tl.exp(gamma)[:, None] * (qs * q_scale[:, None]) + tl.dot(p, u, input_precision="ieee")
+        o = tl.exp(gamma)[:, None] * (qs * q_scale[:, None]) + tl.dot(p, u, input_precision=PRECISION)
         tl.store(
             out_ptr + t[:, None] * o_st + head * o_sh + vc[None, :],
             o.to(out_ptr.dtype.element_ty),
@@ -300,7 +305,7 @@ def _walk_kernel(
             s_ptrs = s_base + kc[:, None] * V + vc[None, :]
             s_ok = k_ok[:, None] & v_ok[None, :]
             st = tl.exp(gamma_last) * tl.load(s_ptrs, mask=s_ok, other=0.0)
-            tl.store(s_ptrs, st + tl.dot(tl.trans(kf), w, input_precision="ieee"), mask=s_ok)
+            tl.store(s_ptrs, st + tl.dot(tl.trans(kf), w, input_precision=PRECISION), mask=s_ok)
 
 
 def chunk_gated_delta_rule(
@@ -327,15 +332,17 @@ def chunk_gated_delta_rule(
     if tokens == 0 or num_seqs == 0:
         return out, state
     device = q.device
-    bk, bv = tiles(geometry(device), k_dim, v_dim)
+    geo = geometry(device)
+    bk, bv = tiles(geo, k_dim, v_dim)
     dot_dtype = _dot_dtype(q)
+    precision = DOT_PRECISION[geo.backend]
     inverses = torch.empty(v_heads, tokens, CHUNK, dtype=torch.float32, device=device)
     _inverse_kernel[(triton.cdiv(tokens, CHUNK) + num_seqs, v_heads)](
         k, g, beta, cu_seqlens, inverses,
         k.stride(0), k.stride(1), k.stride(2), g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
         _EPS, num_seqs, tokens, groups, k_dim,
         L2NORM=use_qk_l2norm, CHUNK=CHUNK, LOG_CHUNK=CHUNK.bit_length() - 1, BK=bk, SEQ_TILE=_SEQ_TILE,
-        DOT_DTYPE=dot_dtype, **launch(device, _WARPS),
+        PRECISION=precision, DOT_DTYPE=dot_dtype, **launch(device, _WARPS),
     )  # fmt: skip
     _walk_kernel[(num_seqs * v_heads, triton.cdiv(v_dim, bv))](
         q, k, v, g, beta, cu_seqlens, inverses, state, out,
@@ -345,6 +352,7 @@ def chunk_gated_delta_rule(
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
         out.stride(0), out.stride(1),
         float(k_dim**-0.5 if scale is None else scale), _EPS, tokens, v_heads, groups, k_dim, v_dim,
-        L2NORM=use_qk_l2norm, CHUNK=CHUNK, BK=bk, BV=bv, DOT_DTYPE=dot_dtype, **launch(device, _WARPS),
+        L2NORM=use_qk_l2norm, CHUNK=CHUNK, BK=bk, BV=bv, DOT_DTYPE=dot_dtype, PRECISION=precision,
+        **launch(device, _WARPS),
     )  # fmt: skip
     return out, state
