@@ -62,6 +62,9 @@ SCRATCH_PIVOTS = 32
 ROUND_PIVOTS = 8
 ROUND_BLOCK = 1024
 TOP_P_ROUNDS = 2
+TOP_P_FUSED_MASK = (
+    True  # top-p alone: bucket copy and mask in one sweep, the threshold kernel masks the bracket
+)
 BOUND_PIVOTS = 16
 BOUND_PASSES = 2
 SUB = 8 if IS_INTERPRETED else 16
@@ -637,6 +640,159 @@ def _top_p_bucket_kernel(
             # prefix sum over every tile, and the order of the scratch does not matter.
             pos = tl.atomic_add(counter_ptr + row + tl.zeros_like(offs), 1, mask=keep, sem="relaxed")
             tl.store(cand_ptr + pos, x, mask=keep & (pos < cap))
+
+
+@triton.jit(do_not_specialize=["rows", "n_chunks"])
+def _top_p_mask_collect_kernel(
+    logits_ptr,
+    row_stride,
+    p_ptr,
+    stats_ptr,
+    partials_ptr,
+    maxima_ptr,
+    counter_ptr,
+    cand_base_ptr,
+    col_base_ptr,
+    rows,
+    vocab,
+    chunk,
+    n_chunks,
+    n_sub,
+    cap,
+    ROUNDS: tl.constexpr,
+    NP: tl.constexpr,
+    SUB: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNKS: tl.constexpr,
+):
+    """The bucket copy and the mask in one sweep of this chunk: ``-inf`` below the final bracket
+    ``[lo, hi)`` (sub-tiles whose max is below ``lo`` written unread), the bracket's elements copied
+    to the row's scratch with their columns and left in place (the threshold kernel masks those under
+    ``t``), the elements at or above ``hi`` kept."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    row_max, z, row_min, finite = _row_stats(stats_ptr, row, n_chunks, CHUNKS)
+    p = tl.load(p_ptr + row)
+    if (p < 1.0) & (finite > 0):
+        lo = tl.maximum(row_min, _tail_bound(row_max, z, finite, p))
+        lo, hi, _, _ = _bracket(partials_ptr, row, rows, n_chunks, lo, p * z, row_max, ROUNDS, NP, CHUNKS)
+        row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+        cand_ptr = cand_base_ptr + row.to(tl.int64) * cap
+        col_ptr = col_base_ptr + row.to(tl.int64) * cap
+        start0 = c * chunk
+        end = tl.minimum(start0 + chunk, vocab)
+        NS: tl.constexpr = BLOCK // SUB
+        sub = tl.arange(0, NS)
+        col = tl.arange(0, SUB)
+        for start in range(start0, end, BLOCK):
+            s = start // SUB + sub
+            sel = (
+                tl.load(maxima_ptr + row.to(tl.int64) * n_sub + s, mask=s < n_sub, other=float("-inf")) >= lo
+            )
+            offs = start + sub[:, None] * SUB + col[None, :]
+            inb = offs < vocab  # chunks are whole tiles: only the row end needs a mask
+            x = tl.load(row_ptr + offs, mask=inb & sel[:, None], other=float("-inf"))
+            xf = x.to(tl.float32)
+            keep = (xf >= lo) & (xf < hi)
+            pos = tl.atomic_add(counter_ptr + row + tl.zeros_like(offs), 1, mask=keep, sem="relaxed")
+            tl.store(cand_ptr + pos, x, mask=keep & (pos < cap))
+            tl.store(col_ptr + pos, offs, mask=keep & (pos < cap))
+            tl.store(row_ptr + offs, tl.where(xf < lo, float("-inf"), x), mask=inb)
+
+
+@triton.jit(do_not_specialize=["rows", "n_chunks"])
+def _top_p_finish_kernel(
+    logits_ptr,
+    row_stride,
+    p_ptr,
+    stats_ptr,
+    partials_ptr,
+    counter_ptr,
+    cand_base_ptr,
+    col_base_ptr,
+    rows,
+    vocab,
+    n_chunks,
+    cap,
+    ROUNDS: tl.constexpr,
+    NP_R: tl.constexpr,
+    NP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NP_C: tl.constexpr,
+    EXACT_BLOCK: tl.constexpr,
+    WIDE: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    MAX_PASSES: tl.constexpr,
+):
+    """After :func:`_top_p_mask_collect_kernel`: the exact threshold from the bracket in the scratch, and
+    ``-inf`` at the scratch's columns under it; a bracket that overflowed the scratch searches the row
+    (its elements under ``lo`` are already ``-inf``) and masks it whole."""
+    row = tl.program_id(0)
+    row_max, z, row_min, finite = _row_stats(stats_ptr, row, n_chunks, CHUNKS)
+    p = tl.load(p_ptr + row)
+    if (p < 1.0) & (finite > 0):
+        target = p * z
+        lo = tl.maximum(row_min, _tail_bound(row_max, z, finite, p))
+        lo, hi, count_hi, mass_hi = _bracket(
+            partials_ptr, row, rows, n_chunks, lo, target, row_max, ROUNDS, NP_R, CHUNKS
+        )
+        n = tl.load(counter_ptr + row)
+        row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+        cand_ptr = cand_base_ptr + row.to(tl.int64) * cap
+        if n <= cap:
+            threshold, _ = _exact(
+                cand_ptr,
+                n,
+                lo,
+                tl.minimum(hi, row_max),
+                tl.zeros([], tl.int32),
+                row_max,
+                float("-inf"),
+                count_hi.to(tl.int32),
+                mass_hi,
+                0,
+                target,
+                True,
+                NP,
+                BLOCK,
+                NP_C,
+                EXACT_BLOCK,
+                WIDE,
+                MAX_PASSES,
+            )
+            col_ptr = col_base_ptr + row.to(tl.int64) * cap
+            for start in range(0, n, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                inside = offs < n
+                x = tl.load(cand_ptr + offs, mask=inside, other=float("inf")).to(tl.float32)
+                cols = tl.load(col_ptr + offs, mask=inside, other=0)
+                tl.store(row_ptr + cols, float("-inf"), mask=inside & (x < threshold))
+        else:
+            threshold, _, _ = _select(
+                row_ptr,
+                vocab,
+                cand_ptr,
+                -1,
+                cap,
+                lo,
+                finite,
+                row_max,
+                float("-inf"),
+                0,
+                target,
+                True,
+                NP,
+                BLOCK,
+                NP_C,
+                EXACT_BLOCK,
+                WIDE,
+                MAX_PASSES,
+            )
+            for start in range(0, vocab, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                inside = offs < vocab
+                x = tl.load(row_ptr + offs, mask=inside, other=float("inf"))
+                tl.store(row_ptr + offs, float("-inf"), mask=inside & (x.to(tl.float32) < threshold))
 
 
 @triton.jit(do_not_specialize=["rows", "n_chunks"])
@@ -1235,6 +1391,46 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
                 ROUND=r,
                 **(split | dict(BLOCK=min(block, ROUND_BLOCK))),
             )
+        if TOP_P_FUSED_MASK:
+            _top_p_mask_collect_kernel[(rows, chunks)](
+                logits,
+                row_stride,
+                p32,
+                stats,
+                partials,
+                maxima,
+                counter,
+                cand,
+                scratch("top_k_top_p.candidate_columns", rows * CAP, torch.int32, dev),
+                rows,
+                vocab,
+                chunk,
+                chunks,
+                n_sub,
+                CAP,
+                ROUNDS=TOP_P_ROUNDS,
+                SUB=SUB,
+                **split,
+            )
+            _top_p_finish_kernel[(rows,)](
+                logits,
+                row_stride,
+                p32,
+                stats,
+                partials,
+                counter,
+                cand,
+                scratch("top_k_top_p.candidate_columns", rows * CAP, torch.int32, dev),
+                rows,
+                vocab,
+                chunks,
+                CAP,
+                ROUNDS=TOP_P_ROUNDS,
+                NP_R=ROUND_PIVOTS,
+                **launch(dev, warps),
+                **exact,
+            )
+            return logits
         _top_p_bucket_kernel[(rows, chunks)](
             logits,
             row_stride,
