@@ -1,8 +1,9 @@
 """Where the by-token LoRA shrink's eager time goes on a CUDA device.
 
 Times (``triton.testing.do_bench``, L2 flushed) the public ``lora_shrink``, the Triton entry with one reduction
-split and with its default split-K (which first zeroes the adapter tokens' rows: two more launches), and the
-public call replayed from a CUDA graph; then profiles 300 public calls' host path.
+split and with its default split-K (one launch: each output tile's last split adds the partials; before
+2026-12-06c it zeroed the adapter tokens' rows first, two more launches), and the public call replayed from a
+CUDA graph; then profiles 300 public calls' host path.
 
 Usage, on the GPU box from the repository root: ``python benchmarks/lora_host_path.py``
 """

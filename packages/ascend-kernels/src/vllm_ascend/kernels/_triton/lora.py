@@ -161,11 +161,25 @@ def _token_block(num_tokens: int) -> int:
     return _DOT_MIN if num_tokens <= 64 else 32 if num_tokens <= 256 else 64
 
 
-def _split_k(device: torch.device, programs: int, reduction: int, block_k: int) -> int:
-    """Reduction splits that bring a small by-token shrink near one program per core (1: no split)."""
-    chunks = cdiv(reduction, block_k)
-    cores = geometry(device).persistent_programs()
-    return max(1, min(chunks, cores // max(1, programs)))
+@functools.lru_cache(maxsize=4096)
+def _by_token_plan(
+    geo: LaunchGeometry, tokens: int, loras: int, columns: int, reduction: int, split_k: int | None
+) -> tuple[int, int, int, int, tuple[int, int, int]]:
+    """``(BLOCK_N, BLOCK_K, BLOCK_M, SPLIT_K, grid)`` of a by-token launch, remembered (decode repeats a
+    handful of shapes). ``split_k`` None: the reduction splits that bring a small batch near one program per
+    core (1: no split)."""
+    block_n, block_k = _tiles_for(geo, columns, reduction)
+    block_m = _token_block(tokens)
+    tiles = cdiv(tokens, block_m) * cdiv(columns, block_n)
+    if split_k is None:
+        split_k = max(1, min(cdiv(reduction, block_k), geo.persistent_programs() // max(1, tiles)))
+    return (
+        block_n,
+        block_k,
+        block_m,
+        split_k,
+        (loras, cdiv(tokens, block_m), cdiv(columns, block_n) * split_k),
+    )
 
 
 def _launch(
@@ -204,15 +218,15 @@ def _launch_by_token(
     scale: float,
     *,
     add_inputs: bool,
-    split_k: int,
+    split_k: int | None,
 ) -> None:
     """One by-token :func:`_lora_matmul_kernel` launch: ``w`` is ``[L, columns, reduction]``."""
     tokens, (loras, columns, reduction) = x.shape[0], w.shape
     if tokens == 0:
         return
-    block_n, block_k = _tiles(x.device, columns, reduction)
-    block_m = _token_block(tokens)
-    grid = (loras, cdiv(tokens, block_m), cdiv(columns, block_n) * split_k)
+    block_n, block_k, block_m, split_k, grid = _by_token_plan(
+        geometry(x.device), tokens, loras, columns, reduction, split_k
+    )
     part, counter = out, token_lora_indices
     if split_k > 1:
         tiles = loras * grid[1] * (grid[2] // split_k)
@@ -252,11 +266,6 @@ def lora_shrink_tokens(
 ) -> None:
     """``split_k``: reduction splits (default: by the batch and the device's cores)."""
     _rows_contiguous(x=x, lora_a=a, out=out)
-    tokens, (_, rank, reduction) = x.shape[0], a.shape
-    if split_k is None:
-        block_n, block_k = _tiles(x.device, rank, reduction)
-        programs = cdiv(tokens, _token_block(tokens)) * cdiv(rank, block_n)
-        split_k = _split_k(x.device, programs, reduction, block_k)
     _launch_by_token(x, a, out, token_lora_indices, 0, float(scale), add_inputs=False, split_k=split_k)
 
 
