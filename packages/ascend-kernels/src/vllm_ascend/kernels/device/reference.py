@@ -260,22 +260,21 @@ def clipped_swiglu_torch(
 
 
 def _check_paged_cache(name: str, cache: torch.Tensor, num_kv_heads: int | None = None) -> None:
-    _require(
-        cache.dim() == 4,
-        f"{name} must be [num_blocks, block_size, num_kv_heads, head_size], got shape {tuple(cache.shape)}",
-    )
-    if num_kv_heads is not None:
-        _require(
-            cache.shape[2] == num_kv_heads, f"{name} has {cache.shape[2]} KV heads, expected {num_kv_heads}"
+    if cache.dim() != 4:
+        raise DeviceOpError(
+            f"{name} must be [num_blocks, block_size, num_kv_heads, head_size], got shape {tuple(cache.shape)}"
         )
+    if num_kv_heads is not None:
+        if cache.shape[2] != num_kv_heads:
+            raise DeviceOpError(f"{name} has {cache.shape[2]} KV heads, expected {num_kv_heads}")
 
 
 def _check_blocks(block_table: torch.Tensor, b: int, seq_len: int, block_size: int) -> int:
     num_blocks = -(-seq_len // block_size)
-    _require(
-        num_blocks <= block_table.shape[1],
-        f"seq_lens[{b}]={seq_len} needs {num_blocks} blocks of {block_size} but block_table has {block_table.shape[1]} columns",
-    )
+    if num_blocks > block_table.shape[1]:
+        raise DeviceOpError(
+            f"seq_lens[{b}]={seq_len} needs {num_blocks} blocks of {block_size} but block_table has {block_table.shape[1]} columns"
+        )
     return num_blocks
 
 
@@ -303,10 +302,8 @@ def rope_rotate(
     angles ``cos``/``sin [T, rot_dim/2]`` (fp32): neox halves or GPT-J interleaved pairs; in ``x``'s dtype."""
     half = cos.shape[-1]
     rot_dim = 2 * half
-    _require(
-        x.shape[-1] % head_size == 0,
-        f"tensor of shape {tuple(x.shape)} is not a multiple of head_size={head_size}",
-    )
+    if x.shape[-1] % head_size != 0:
+        raise DeviceOpError(f"tensor of shape {tuple(x.shape)} is not a multiple of head_size={head_size}")
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     # (first, second) halves of the rotated dims: neox halves, GPT-J interleaved pairs
     first, second = (
@@ -787,26 +784,25 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
 
     # -- attention and KV cache ------------------------------------------------------------
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping):
-        _require(
-            key.dim() == 3 and value.dim() == 3,
-            f"key/value must be [T, Hkv, D], got {tuple(key.shape)} and {tuple(value.shape)}",
-        )
+        if not (key.dim() == 3 and value.dim() == 3):
+            raise DeviceOpError(
+                f"key/value must be [T, Hkv, D], got {tuple(key.shape)} and {tuple(value.shape)}"
+            )
         _check_paged_cache("key_cache", key_cache, key.shape[1])
         _check_paged_cache("value_cache", value_cache, value.shape[1])
-        _require(
-            key.shape[2] == key_cache.shape[3],
-            f"key head size {key.shape[2]} != key_cache head size {key_cache.shape[3]}",
-        )
-        _require(
-            value.shape[2] == value_cache.shape[3],
-            f"value head size {value.shape[2]} != value_cache head size {value_cache.shape[3]}",
-        )
-        _require(slot_mapping.dim() == 1, f"slot_mapping must be 1-D, got shape {tuple(slot_mapping.shape)}")
+        if key.shape[2] != key_cache.shape[3]:
+            raise DeviceOpError(f"key head size {key.shape[2]} != key_cache head size {key_cache.shape[3]}")
+        if value.shape[2] != value_cache.shape[3]:
+            raise DeviceOpError(
+                f"value head size {value.shape[2]} != value_cache head size {value_cache.shape[3]}"
+            )
+        if slot_mapping.dim() != 1:
+            raise DeviceOpError(f"slot_mapping must be 1-D, got shape {tuple(slot_mapping.shape)}")
         n = slot_mapping.shape[0]
-        _require(
-            n <= key.shape[0] and n <= value.shape[0],
-            f"slot_mapping has {n} slots but key/value have {key.shape[0]}/{value.shape[0]} tokens",
-        )
+        if not (n <= key.shape[0] and n <= value.shape[0]):
+            raise DeviceOpError(
+                f"slot_mapping has {n} slots but key/value have {key.shape[0]}/{value.shape[0]} tokens"
+            )
         if n == 0:
             return
         num_blocks, block_size = key_cache.shape[:2]
@@ -818,10 +814,10 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
             slots, key, value = slots[keep], key[keep], value[keep]
             if slots.numel() == 0:
                 return
-        _require(
-            top < num_blocks * block_size,
-            f"slot {top} is out of range for a cache of {num_blocks} blocks x {block_size}",
-        )
+        if top >= num_blocks * block_size:
+            raise DeviceOpError(
+                f"slot {top} is out of range for a cache of {num_blocks} blocks x {block_size}"
+            )
         blocks, offsets = torch.div(slots, block_size, rounding_mode="floor"), slots % block_size
         key_cache[blocks, offsets] = key.to(key_cache.dtype)
         value_cache[blocks, offsets] = value.to(value_cache.dtype)
@@ -841,53 +837,45 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
         sliding_window=None,
         sinks=None,
     ):
-        _require(query.dim() == 3, f"query must be [T, Hq, D], got shape {tuple(query.shape)}")
+        if query.dim() != 3:
+            raise DeviceOpError(f"query must be [T, Hq, D], got shape {tuple(query.shape)}")
         check_window_sinks(sliding_window, sinks, query.shape[1], causal)
         _check_paged_cache("key_cache", key_cache)
         _check_paged_cache("value_cache", value_cache, key_cache.shape[2])
         num_tokens, num_heads, head_size = query.shape
         num_kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
-        _require(
-            num_heads % num_kv_heads == 0,
-            f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})",
-        )
-        _require(
-            key_cache.shape[3] == head_size,
-            f"query head size {head_size} != key_cache head size {key_cache.shape[3]}",
-        )
-        _require(
-            block_table.dim() == 2,
-            f"block_table must be [B, max_blocks], got shape {tuple(block_table.shape)}",
-        )
+        if num_heads % num_kv_heads != 0:
+            raise DeviceOpError(f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})")
+        if key_cache.shape[3] != head_size:
+            raise DeviceOpError(f"query head size {head_size} != key_cache head size {key_cache.shape[3]}")
+        if block_table.dim() != 2:
+            raise DeviceOpError(f"block_table must be [B, max_blocks], got shape {tuple(block_table.shape)}")
         starts = [int(v) for v in query_start_loc.tolist()]
         lens = [int(v) for v in seq_lens.tolist()]
-        _require(
-            len(starts) == len(lens) + 1,
-            f"query_start_loc has {len(starts)} entries, expected len(seq_lens) + 1 = {len(lens) + 1}",
-        )
-        _require(
-            len(lens) <= block_table.shape[0],
-            f"{len(lens)} requests but block_table has {block_table.shape[0]} rows",
-        )
-        _require(
-            starts[-1] <= num_tokens, f"query_start_loc ends at {starts[-1]} but query has {num_tokens} rows"
-        )
+        if len(starts) != len(lens) + 1:
+            raise DeviceOpError(
+                f"query_start_loc has {len(starts)} entries, expected len(seq_lens) + 1 = {len(lens) + 1}"
+            )
+        if len(lens) > block_table.shape[0]:
+            raise DeviceOpError(f"{len(lens)} requests but block_table has {block_table.shape[0]} rows")
+        if starts[-1] > num_tokens:
+            raise DeviceOpError(f"query_start_loc ends at {starts[-1]} but query has {num_tokens} rows")
         head_size_v = value_cache.shape[3]
         if output is None:
             output = query.new_zeros(num_tokens, num_heads, head_size_v)
         else:
-            _require(
-                output.shape[0] >= num_tokens and tuple(output.shape[1:]) == (num_heads, head_size_v),
-                f"output must be [>= {num_tokens}, {num_heads}, {head_size_v}], got {tuple(output.shape)}",
-            )
+            if not (output.shape[0] >= num_tokens and tuple(output.shape[1:]) == (num_heads, head_size_v)):
+                raise DeviceOpError(
+                    f"output must be [>= {num_tokens}, {num_heads}, {head_size_v}], got {tuple(output.shape)}"
+                )
         q_lens = [end - start for start, end in itertools.pairwise(starts)]
         decodes: list[int] = []
         prefills: list[int] = []
         for b, (q_len, seq_len) in enumerate(zip(q_lens, lens, strict=True)):
-            _require(
-                0 <= q_len <= seq_len,
-                f"request {b}: query length {q_len} must be within [0, seq_len={seq_len}]",
-            )
+            if not 0 <= q_len <= seq_len:
+                raise DeviceOpError(
+                    f"request {b}: query length {q_len} must be within [0, seq_len={seq_len}]"
+                )
             if q_len:  # an idle request's blocks are not looked at
                 _check_blocks(block_table, b, seq_len, block_size)
                 (decodes if q_len == 1 else prefills).append(b)
@@ -948,28 +936,25 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
 
     # -- norms, activations, rotary --------------------------------------------------------
     def rms_norm(self, x, weight, eps):
-        _require(
-            weight.shape[-1] == x.shape[-1],
-            f"weight has {weight.shape[-1]} elements, x's last dim is {x.shape[-1]}",
-        )
+        if weight.shape[-1] != x.shape[-1]:
+            raise DeviceOpError(f"weight has {weight.shape[-1]} elements, x's last dim is {x.shape[-1]}")
         # one fused fp32 op instead of six elementwise/reduction temporaries
         return torch.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
 
     def add_rms_norm(self, x, residual, weight, eps):
-        _require(
-            x.shape == residual.shape,
-            f"x {tuple(x.shape)} and residual {tuple(residual.shape)} must have the same shape",
-        )
+        if x.shape != residual.shape:
+            raise DeviceOpError(
+                f"x {tuple(x.shape)} and residual {tuple(residual.shape)} must have the same shape"
+            )
         total = x.float() + residual.float()
-        _require(
-            weight.shape[-1] == x.shape[-1],
-            f"weight has {weight.shape[-1]} elements, x's last dim is {x.shape[-1]}",
-        )
+        if weight.shape[-1] != x.shape[-1]:
+            raise DeviceOpError(f"weight has {weight.shape[-1]} elements, x's last dim is {x.shape[-1]}")
         normed = torch.rms_norm(total, (x.shape[-1],), weight.float(), eps)
         return normed.to(x.dtype), total.to(x.dtype)
 
     def swiglu(self, x):
-        _require(x.shape[-1] % 2 == 0, f"swiglu needs an even last dim, got {x.shape[-1]}")
+        if x.shape[-1] % 2 != 0:
+            raise DeviceOpError(f"swiglu needs an even last dim, got {x.shape[-1]}")
         return _silu_mul(x.float()).to(x.dtype)
 
     def clipped_swiglu(self, x, *, alpha=1.702, limit=7.0, bias=1.0, interleaved=True):
@@ -978,10 +963,8 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
 
     def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox):
         rot_dim = cos_sin_cache.shape[-1]
-        _require(
-            rot_dim % 2 == 0 and rot_dim <= head_size,
-            f"cos_sin_cache rot_dim={rot_dim} must be even and <= head_size={head_size}",
-        )
+        if not (rot_dim % 2 == 0 and rot_dim <= head_size):
+            raise DeviceOpError(f"cos_sin_cache rot_dim={rot_dim} must be even and <= head_size={head_size}")
         cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)
         return (
             rope_rotate(query, cos, sin, head_size, is_neox),
