@@ -292,13 +292,16 @@ def test_small_k_is_bounded_by_the_group_maxima(gen, monkeypatch):
     assert sizes == [n_grp, n_grp]
 
 
-def test_top_p_alone_splits_its_search_and_falls_back_when_the_bracket_overflows(gen, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_p_alone_splits_its_search_and_falls_back_when_the_bracket_overflows(gen, monkeypatch, dtype):
     """Top-p without top-k narrows a bracket in split rounds and searches it in the scratch; a row of
-    ties keeps the whole row in its bracket, more than the scratch holds, and searches the row."""
+    ties keeps the whole row in its bracket, more than the scratch holds, and searches the row. Both
+    forms: the bucket copy and the mask fused (float32) and apart (16-bit)."""
+    assert tkp_triton.TOP_P_FUSED_MASK[torch.float32] and not tkp_triton.TOP_P_FUSED_MASK[torch.bfloat16]
     whole_row = []
     _spy(monkeypatch, "_select", lambda args, _: whole_row.append(int(args[3])))
     vocab = 4 * tkp_triton.CAP
-    logits = _logits(gen, 4, vocab, torch.float32) * 3
+    logits = _logits(gen, 4, vocab, dtype) * 3
     logits[2] = 1.5  # ties everywhere
     p = torch.tensor([0.01, 0.9, 0.5, 0.999])
     got, want = logits.clone(), logits.clone()
