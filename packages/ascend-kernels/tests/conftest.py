@@ -41,6 +41,9 @@ ASCEND_INTERPRETER_GAPS: dict[str, str] = {
         for f in ("False", "True")
     },
     **{f"test_sampling.py::test_top_k_top_p_edge_rows[{v}-dtype1]": _BF16_CONST for v in (7, 300, 1000)},
+    "test_sampling.py::test_top_p_alone_splits_its_search_and_falls_back_when_the_bracket_overflows[dtype1]": (
+        _BF16_CONST
+    ),
     "test_warmup.py::test_kernel_warmup_runs_the_built_in_items": _BF16_CONST,
     "test_warmup.py::test_warmup_command_fills_the_cache_dir_it_names": _BF16_CONST,
 }
