@@ -772,9 +772,9 @@ REASONS = {
     "sample.gumbel._gumbel_sample_kernel": "same grid and per-element math as vLLM's, compute-bound (a hash "
     "and two logs per element); compiled off-device for sm_90 (Triton 3.9) it is 976 instructions against "
     "vLLM's 904: the grid-stride prologue (the (token, block) division) and the tile-merge bookkeeping",
-    "sample.penalties._penalties_kernel": "2.1 TB/s where vLLM reaches the card's copy rate (2.9); likely "
-    "cause: the prompt bitmask is gathered per element (a dependent load and shift per column) where vLLM "
-    "loads BLOCK/32 words once and expands them, and tiles of 4096 (vLLM 8192)",
+    "sample.penalties._penalties_kernel": "vLLM's grid, tile (8192) and one load per bitmask word; 8 warps "
+    "measured slower than 4 (2026-12-06c), so not the spills; the [WORDS, 32] block's 2-D masks are the "
+    "unmeasured remaining difference",
 }
 HOST = "eager: our override's host path adds over 30 us per call"
 
