@@ -160,10 +160,8 @@ def _choice_env() -> tuple[Any, Any, Any]:
     if _CHOICE_ENV_KEYS is not None:
         get = _ENCODED_ENV.get  # type: ignore[union-attr]
         backend, interpret, device = _CHOICE_ENV_KEYS
-    else:
-        get = os.environ.get
-        backend, interpret, device = _CHOICE_ENV
-    return get(backend), get(interpret), get(device)
+        return get(backend), get(interpret), get(device)
+    return tuple(os.environ.get(name) for name in _CHOICE_ENV)  # type: ignore[return-value]
 
 
 def dispatch(
