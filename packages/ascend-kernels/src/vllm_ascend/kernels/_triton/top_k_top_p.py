@@ -648,6 +648,74 @@ def _top_p_bucket_kernel(
             tl.store(cand_ptr + pos, x, mask=keep & (pos < cap))
 
 
+@triton.jit
+def _top_p_search(
+    row_ptr,
+    vocab,
+    cand_ptr,
+    n,
+    cap,
+    lo,
+    hi,
+    count_hi,
+    mass_hi,
+    row_max,
+    finite,
+    target,
+    NP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NP_C: tl.constexpr,
+    EXACT_BLOCK: tl.constexpr,
+    WIDE: tl.constexpr,
+    MAX_PASSES: tl.constexpr,
+):
+    """The exact top-p threshold of a row from its final bracket ``[lo, hi)``: searched among the ``n``
+    elements the scratch holds (the mass of ``{x >= hi}`` as a base), or over the row when they overflowed it."""
+    if n <= cap:
+        threshold, _ = _exact(
+            cand_ptr,
+            n,
+            lo,
+            tl.minimum(hi, row_max),
+            tl.zeros([], tl.int32),
+            row_max,
+            float("-inf"),
+            count_hi.to(tl.int32),
+            mass_hi,
+            0,
+            target,
+            True,
+            NP,
+            BLOCK,
+            NP_C,
+            EXACT_BLOCK,
+            WIDE,
+            MAX_PASSES,
+        )
+    else:
+        threshold, _, _ = _select(
+            row_ptr,
+            vocab,
+            cand_ptr,
+            -1,
+            cap,
+            lo,
+            finite,
+            row_max,
+            float("-inf"),
+            0,
+            target,
+            True,
+            NP,
+            BLOCK,
+            NP_C,
+            EXACT_BLOCK,
+            WIDE,
+            MAX_PASSES,
+        )
+    return threshold
+
+
 @triton.jit(do_not_specialize=["rows", "n_chunks"])
 def _top_p_mask_collect_kernel(
     logits_ptr,
@@ -745,27 +813,11 @@ def _top_p_finish_kernel(
         n = tl.load(counter_ptr + row)
         row_ptr = logits_ptr + row.to(tl.int64) * row_stride
         cand_ptr = cand_base_ptr + row.to(tl.int64) * cap
+        threshold = _top_p_search(
+            row_ptr, vocab, cand_ptr, n, cap, lo, hi, count_hi, mass_hi, row_max, finite, target,
+            NP, BLOCK, NP_C, EXACT_BLOCK, WIDE, MAX_PASSES,
+        )  # fmt: skip
         if n <= cap:
-            threshold, _ = _exact(
-                cand_ptr,
-                n,
-                lo,
-                tl.minimum(hi, row_max),
-                tl.zeros([], tl.int32),
-                row_max,
-                float("-inf"),
-                count_hi.to(tl.int32),
-                mass_hi,
-                0,
-                target,
-                True,
-                NP,
-                BLOCK,
-                NP_C,
-                EXACT_BLOCK,
-                WIDE,
-                MAX_PASSES,
-            )
             col_ptr = col_base_ptr + row.to(tl.int64) * cap
             for start in range(0, n, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
@@ -774,26 +826,6 @@ def _top_p_finish_kernel(
                 cols = tl.load(col_ptr + offs, mask=inside, other=0)
                 tl.store(row_ptr + cols, float("-inf"), mask=inside & (x < threshold))
         else:
-            threshold, _, _ = _select(
-                row_ptr,
-                vocab,
-                cand_ptr,
-                -1,
-                cap,
-                lo,
-                finite,
-                row_max,
-                float("-inf"),
-                0,
-                target,
-                True,
-                NP,
-                BLOCK,
-                NP_C,
-                EXACT_BLOCK,
-                WIDE,
-                MAX_PASSES,
-            )
             for start in range(0, vocab, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
                 inside = offs < vocab
@@ -837,50 +869,11 @@ def _top_p_threshold_kernel(
         lo, hi, count_hi, mass_hi = _bracket(
             partials_ptr, row, rows, n_chunks, lo, target, row_max, ROUNDS, NP_R, CHUNKS
         )
-        n = tl.load(counter_ptr + row)
-        cand_ptr = cand_base_ptr + row.to(tl.int64) * cap
-        if n <= cap:
-            threshold, _ = _exact(
-                cand_ptr,
-                n,
-                lo,
-                tl.minimum(hi, row_max),
-                tl.zeros([], tl.int32),
-                row_max,
-                float("-inf"),
-                count_hi.to(tl.int32),
-                mass_hi,
-                0,
-                target,
-                True,
-                NP,
-                BLOCK,
-                NP_C,
-                EXACT_BLOCK,
-                WIDE,
-                MAX_PASSES,
-            )
-        else:
-            threshold, _, _ = _select(
-                logits_ptr + row.to(tl.int64) * row_stride,
-                vocab,
-                cand_ptr,
-                -1,
-                cap,
-                lo,
-                finite,
-                row_max,
-                float("-inf"),
-                0,
-                target,
-                True,
-                NP,
-                BLOCK,
-                NP_C,
-                EXACT_BLOCK,
-                WIDE,
-                MAX_PASSES,
-            )
+        threshold = _top_p_search(
+            logits_ptr + row.to(tl.int64) * row_stride, vocab, cand_base_ptr + row.to(tl.int64) * cap,
+            tl.load(counter_ptr + row), cap, lo, hi, count_hi, mass_hi, row_max, finite, target,
+            NP, BLOCK, NP_C, EXACT_BLOCK, WIDE, MAX_PASSES,
+        )  # fmt: skip
     tl.store(threshold_ptr + row, threshold)
 
 
