@@ -164,14 +164,87 @@ def compute_slot_mappings_torch(
         row[start:num_tokens] = torch.where(is_local, slots, PAD_ID).to(row.dtype)
 
 
+_compute_slot_mappings_grid = (
+    compute_slot_mappings_torch  # the grid form, for the per-request form's DCP launches
+)
+
+
+def compute_slot_mappings_rows_torch(
+    grid: Grid,
+    max_num_tokens: int,
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    pos: torch.Tensor,
+    block_table_ptrs: torch.Tensor,
+    block_table_strides: torch.Tensor,
+    block_sizes: torch.Tensor,
+    slot_mapping_enabled: torch.Tensor,
+    dcp_sharded: torch.Tensor,
+    slot_mappings_ptr: torch.Tensor,
+    slot_mappings_stride: int,
+    cp_rank: int,
+    CP_SIZE: int,
+    CP_INTERLEAVE: int,
+    PAD_ID: int,
+    TRITON_BLOCK_SIZE: int,
+) -> None:
+    """Reference of :func:`compute_slot_mappings` walking the requests one by one: the results of
+    :func:`compute_slot_mappings_torch` (which serves decode context parallelism), cheaper up to
+    :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests."""
+    if CP_SIZE != 1:
+        _compute_slot_mappings_grid(
+            grid, max_num_tokens, idx_mapping, query_start_loc, pos, block_table_ptrs, block_table_strides,
+            block_sizes, slot_mapping_enabled, dcp_sharded, slot_mappings_ptr, slot_mappings_stride, cp_rank,
+            CP_SIZE, CP_INTERLEAVE, PAD_ID, TRITON_BLOCK_SIZE,
+        )  # fmt: skip
+        return
+    groups, num_reqs = grid_dim(grid, 0), grid_dim(grid, 1) - 1
+    device = pos.device
+    bounds = [int(b) for b in query_start_loc[: num_reqs + 1].tolist()]
+    start, num_tokens = bounds[0], bounds[-1]
+    requests = [
+        (lo, hi, int(state))
+        for lo, hi, state in zip(bounds[:-1], bounds[1:], idx_mapping[:num_reqs].tolist(), strict=True)
+        if hi > lo
+    ]
+    rows_needed = max((state for _, _, state in requests), default=-1) + 1
+    params = zip(
+        block_table_ptrs[:groups].tolist(),
+        block_table_strides[:groups].tolist(),
+        block_sizes[:groups].tolist(),
+        slot_mapping_enabled[:groups].tolist(),
+        strict=True,
+    )
+    out = slot_mappings_ptr.reshape(-1)
+    for group, (pointer, stride, block_size, enabled) in enumerate(params):
+        row = out[group * slot_mappings_stride : group * slot_mappings_stride + max_num_tokens]
+        row[num_tokens:max_num_tokens] = PAD_ID
+        if num_tokens <= start:
+            continue
+        if not enabled:
+            row[start:num_tokens] = PAD_ID
+            continue
+        table = _table(pointer, rows_needed, stride, device) if rows_needed > 0 else None
+        for lo, hi, state in requests:
+            if state < 0 or table is None:
+                row[lo:hi] = PAD_ID
+                continue
+            positions = pos[lo:hi].to(torch.int64)
+            numbers = table[state, positions // block_size].to(torch.int64)
+            row[lo:hi] = (numbers * block_size + positions % block_size).to(row.dtype)
+
+
 def compute_slot_mappings(grid: Grid, **arguments: Any) -> None:
     """Per KV-cache group, each scheduled token's slot (``block_table[state, pos // bs] * bs + pos % bs``,
     DCP-interleaved where the group is sharded, ``PAD_ID`` for dummy requests, disabled groups and other
     ranks' tokens) and ``PAD_ID`` from the batch's token count to ``max_num_tokens``."""
     device = arguments["pos"].device
-    dispatch_v2("block_table", "compute_slot_mappings", compute_slot_mappings_torch, device)(
-        grid, **arguments
-    )
+    dispatch_v2(
+        "block_table",
+        "compute_slot_mappings",
+        _by_rows(grid_dim(grid, 1) - 1, compute_slot_mappings_torch, compute_slot_mappings_rows_torch),
+        device,
+    )(grid, **arguments)
 
 
 OVERRIDES: dict[str, Callable[..., Any]] = {
