@@ -72,8 +72,10 @@ def test_every_warm_up_variant_is_queued_under_the_key_its_launch_looks_up(tmp_p
     assert result["launches"] == [] and result["loaded"] == 0
     rebuilt = result["rebuilt"]
     kernels = {name.rsplit(".", 1)[1] for name, _, _ in rebuilt}
-    assert len(rebuilt) >= 80 and len(kernels) == 26, sorted(kernels)
+    assert len(rebuilt) >= 80 and len(kernels) == 28, sorted(kernels)
     assert {"_threshold_kernel", "_chunk_mask_kernel", "_ngram_kernel", "_q_rms_kernel"} <= kernels
+    # top-p alone: float32 logits fuse the bucket copy and the mask, 16-bit logits keep them apart
+    assert {"_top_p_mask_collect_kernel", "_top_p_finish_kernel", "_top_p_bucket_kernel"} <= kernels
     assert {
         "_add_kernel",
         "_clear_kernel",
