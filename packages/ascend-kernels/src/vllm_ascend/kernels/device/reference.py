@@ -399,14 +399,10 @@ def _kv_rows(
         return _cache_rows(key_cache, slots), _cache_rows(value_cache, slots)
     start, span = joint
     tokens = key_cache.shape[0] * key_cache.shape[1]
-    rows = key_cache.as_strided((tokens, span), (key_cache.stride(1), 1), start).index_select(
-        0, slots.reshape(-1)
-    )
-    outer = [span]
-    for size in reversed(slots.shape[1:]):
-        outer.insert(0, outer[0] * size)
+    rows = key_cache.as_strided((tokens, span), (key_cache.stride(1), 1), start)
+    rows = rows.index_select(0, slots.reshape(-1)).view(*slots.shape, span)
     shape = (*slots.shape, *key_cache.shape[2:])
-    strides = (*outer, *key_cache.stride()[2:])
+    strides = (*rows.stride()[:-1], *key_cache.stride()[2:])
     return tuple(  # type: ignore[return-value]
         rows.as_strided(shape, strides, cache.storage_offset() - start) for cache in (key_cache, value_cache)
     )
