@@ -61,6 +61,49 @@ def test_async_scheduling_gives_the_tokens_of_synchronous_scheduling(
     assert len({tuple(t) for t in results[True][1]}) == len(qwen3_prompts)  # sampling really ran
 
 
+def test_v2_sampler_masks_top_k_and_top_p_with_our_kernel(
+    make_llm, tiny_qwen3, qwen3_prompts, qwen3_hf, monkeypatch
+):
+    """V2's sampler calls vLLM's ``apply_top_k_top_p`` by name; the plugin binds it to the kernels package's.
+    ``top_k=1`` and a tiny ``top_p`` keep only the arg-max, so sampling at temperature 1 gives HF's greedy
+    tokens; a wider top-k leaves exactly k candidates in each row it masked."""
+    import torch
+    from vllm.v1.worker.gpu.sample import sampler as v2_sampler
+    from vllm.v1.worker.gpu.sample import states as v2_states
+
+    from vllm_ascend import kernels
+    from vllm_ascend.kernels import top_k_top_p
+
+    calls: list[tuple[list[int] | None, list[float] | None, list[int]]] = []
+    reference = top_k_top_p.apply_top_k_top_p_torch
+
+    def spy(logits, k, p):
+        out = reference(logits, k, p)
+        kept = torch.isfinite(out).sum(dim=1).tolist()
+        calls.append((None if k is None else k.tolist(), None if p is None else p.tolist(), kept))
+        return out
+
+    monkeypatch.setattr(top_k_top_p, "apply_top_k_top_p_torch", spy)
+    llm = make_llm(tiny_qwen3)
+    assert type(_runner(llm)).__name__ == "NPUModelRunnerV2"
+    assert v2_states.apply_top_k_top_p is kernels.apply_top_k_top_p
+    assert v2_sampler.apply_top_k_top_p is kernels.apply_top_k_top_p
+    calls.clear()  # the start-up's dummy sampling
+
+    plain = dict(temperature=1.0, max_tokens=MAX_TOKENS, ignore_eos=True, seed=3)
+    assert _generate(llm, qwen3_prompts, top_k=1, **plain) == qwen3_hf.token_ids
+    assert calls and all(
+        k is not None and set(k) == {1} and p is None and set(kept) == {1} for k, p, kept in calls
+    )
+    calls.clear()
+    assert _generate(llm, qwen3_prompts, top_p=1e-4, **plain) == qwen3_hf.token_ids
+    assert calls and all(k is None and p is not None and max(kept) == 1 for k, p, kept in calls)
+    calls.clear()
+    wide = _generate(llm, qwen3_prompts, top_k=5, **plain)
+    assert calls and all(set(kept) == {5} for _, _, kept in calls)  # random logits of a tiny model: no ties
+    assert wide != qwen3_hf.token_ids  # the five candidates were sampled among, not the arg-max taken
+
+
 def test_v2_ngram_speculator_verifies_drafts_on_our_kernels(make_llm, tiny_qwen3):
     """vLLM's V2 n-gram speculator drafts (its scan/finalize kernels are our overrides), V2's rejection
     sampler verifies: greedy tokens are plain decoding's, and drafts were accepted."""

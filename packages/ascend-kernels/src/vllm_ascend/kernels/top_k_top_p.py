@@ -16,22 +16,27 @@ from vllm_ascend.kernels._backend import dispatch
 def apply_top_k_top_p_torch(
     logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None
 ) -> torch.Tensor:
-    """Reference of :func:`apply_top_k_top_p` (one full sort per row, float64 mass sums)."""
+    """Reference of :func:`apply_top_k_top_p` (one sort per row, float64 mass sums; top-k alone: ``topk``)."""
     if k is None and p is None:
         return logits
     vocab = logits.shape[1]
     x = logits.to(torch.float32)
+    sorted_desc = x.sort(dim=1, descending=True).values if p is not None else None
     keep = torch.ones_like(x, dtype=torch.bool)
     if k is not None:
         kk = k.to(torch.int64)
-        active = (kk > 0) & (kk < vocab)
-        sorted_desc = x.sort(dim=1, descending=True).values
-        kth = sorted_desc.gather(1, (kk.clamp(1, vocab) - 1).unsqueeze(1))
-        keep &= ~active.unsqueeze(1) | (x >= kth)
-    if p is not None:
+        at = (kk.clamp(1, vocab) - 1).unsqueeze(1)
+        if sorted_desc is None:
+            kth = x.topk(int(at.max()) + 1, dim=1).values.gather(1, at)
+        else:
+            kth = sorted_desc.gather(1, at)
+        active = ((kk > 0) & (kk < vocab)).unsqueeze(1)
+        kth = torch.where(active, kth, torch.full_like(kth, float("-inf")))
+        keep &= x >= kth
+        if sorted_desc is not None:  # the top-k survivors, still in descending order
+            sorted_desc = sorted_desc.masked_fill(sorted_desc < kth, float("-inf"))
+    if p is not None and sorted_desc is not None:
         pp = p.to(torch.float64)
-        masked = torch.where(keep, x, torch.full_like(x, float("-inf")))
-        sorted_desc = masked.sort(dim=1, descending=True).values
         probs = torch.softmax(sorted_desc.to(torch.float64), dim=1)
         mass = probs.cumsum(dim=1)
         first = (mass < pp.unsqueeze(1)).sum(dim=1).clamp(max=vocab - 1)

@@ -136,6 +136,25 @@ def register_grid_kernels(overrides: Mapping[str, Callable[..., Any]]) -> None:
             host.HAS_TRITON = True
 
 
+def bind_sampling_functions() -> None:
+    """Serve vLLM's ``apply_top_k_top_p`` with :func:`vllm_ascend.kernels.apply_top_k_top_p` (Triton threshold
+    search on NPUs, the torch reference on the reference device).
+
+    vLLM's samplers call it by module-level name: Model Runner V2's sampler and sampler states, the rejection
+    samplers, V1's top-k/top-p sampler. It is a plain function, not a Triton kernel, so the dispatcher does
+    not reach it: the source module's name is rebound (later ``from`` imports get ours) and so is every copy
+    already imported. Same contract: ``k`` ``[B]`` (``k >= V`` skips the row), ``p`` ``[B]`` (``p >= 1``
+    skips), the logits masked to ``-inf`` in place and returned."""
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    from vllm_ascend import kernels
+
+    ours = kernels.apply_top_k_top_p
+    original = topk_topp_sampler.apply_top_k_top_p
+    if original is not ours:
+        rebind_kernel_copies([(original, ours)])
+
+
 @functools.cache
 def v2_kernel_table() -> dict[str, Callable[..., Any]]:
     from vllm_ascend.kernels.v2 import v2_kernel_overrides

@@ -32,7 +32,12 @@ from vllm_ascend.runner.attention.mla.sparse import DSA_INDEXER_OP
 from vllm_ascend.runner.block_table import TRITON_KERNEL_OVERRIDES
 from vllm_ascend.runner.cpu_binding import bind_cpus
 from vllm_ascend.runner.graph_wrapper import release_captured_graphs
-from vllm_ascend.runner.kernel_overrides import register_grid_kernels, register_kernels, v2_kernel_table
+from vllm_ascend.runner.kernel_overrides import (
+    bind_sampling_functions,
+    register_grid_kernels,
+    register_kernels,
+    v2_kernel_table,
+)
 from vllm_ascend.runner.mamba_state import MAMBA_KERNEL_OVERRIDES
 from vllm_ascend.runner.model_runner import NPUModelRunner
 from vllm_ascend.runner.ops.registry import enable_custom_ops, register_custom_ops
@@ -112,13 +117,14 @@ class NPUWorker(Worker):
 
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
-        """Register the V1 table with vLLM's dispatcher, and V2's (``vllm_ascend.kernels.v2``) where vLLM may
-        select V2 for this config (``vllm_bridge.serve_model_runner_v2_in_vllm`` answered its check). Each
+        """Register the V1 table with vLLM's dispatcher (and vLLM's ``apply_top_k_top_p`` with ours, see
+        ``bind_sampling_functions``), and V2's (``vllm_ascend.kernels.v2``) where vLLM may select V2 for this config (``vllm_bridge.serve_model_runner_v2_in_vllm`` answered its check). Each
         table once per process: vLLM asks at every worker start, and a process may serve V1 first."""
         from vllm.config import vllm as vllm_config_module
 
         if "v1" not in _REGISTERED_TABLES:
             register_kernels(cls.triton_kernel_overrides())
+            bind_sampling_functions()
             _REGISTERED_TABLES.add("v1")
         if "v2" not in _REGISTERED_TABLES and vllm_config_module.HAS_TRITON and cls.serves_model_runner_v2():
             register_grid_kernels(v2_kernel_table())
