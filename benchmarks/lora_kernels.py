@@ -11,7 +11,7 @@ Shapes: hidden 4096, 4 adapter slots all in use, ranks 16 and 64, T in {1, 8, 64
 Layouts: decode (each token its adapter, interleaved: our by-token kernel) and prefill (4 sequences, one
 adapter each: our segmented kernel; vLLM has one kernel for both). Rows: ``shrink`` (x @ A^T into the fp32
 buffer), ``expand`` (buffer @ B^T added to a bf16 output), ``qkv`` (a merged 4096 -> 4096+1024+1024 layer:
-shrink + expand of three slices; vLLM does each in one launch over the slices, ours launches per slice).
+shrink + expand of three slices, one launch per direction over the slices on both sides; ``old``: per slice).
 Timing: median µs of ``triton.testing.do_bench`` (L2 flushed before each call). vLLM's per-step metadata
 (tokens sorted by adapter) is built once outside the timing, as its punica wrapper does per step; ours needs
 none. "floor": bytes that must move (inputs, the active adapters' weights, outputs) / the measured copy
@@ -169,6 +169,14 @@ def bench_case(
                     buf: torch.Tensor = shrink_buf, outs: tuple = outs) -> None:  # fmt: skip
             shrink, expand = _ours("shrink", layout, impl), _ours("expand", layout, impl)
             meta_args = (mapping,) if layout == "decode" else (*runs,)
+            if op == "qkv" and impl is lora:  # a merged layer: one launch per direction over the slices
+                merged = (lora.lora_shrink_slices, lora.lora_expand_slices)
+                if layout != "decode":
+                    merged = (lora.lora_shrink_segmented_slices, lora.lora_expand_segmented_slices)
+                offsets = [sum(outs[:i]) for i in range(len(outs))]
+                merged[0](x, a, buf, *meta_args, scale)
+                merged[1](buf, b, y, *meta_args, offsets, True)
+                return
             if op in ("shrink", "qkv"):
                 for i in range(len(outs)):
                     shrink(x, a[i], buf[i], *meta_args, scale)

@@ -210,6 +210,14 @@ def _exercise() -> None:
         for add_inputs in (True, False):
             K.lora_expand(shrunk, lora_b, out, loras, 32, add_inputs)
             K.lora_expand_segmented(shrunk, lora_b, out, starts, lens, seg, 2, 0, add_inputs)
+        a3 = [lora_a, lora_a.clone(), lora_a.clone()]
+        b3 = [lora_b, lora_b[:, :, :16].clone(), lora_b[:, :, :16].clone()]
+        stacked = torch.zeros(3, 4, 16)
+        K.lora_shrink_slices(x, a3, stacked, loras, 0.5)
+        K.lora_shrink_segmented_slices(x, a3, stacked, starts, lens, seg, 2, 0.5)
+        triton_lora.lora_shrink_tokens_slices(x, tuple(a[:, 0] for a in a3), stacked, loras, 0.5, split_k=2)
+        K.lora_expand_slices(stacked, b3, out, loras, [0, 48, 64], True)
+        K.lora_expand_segmented_slices(stacked, b3, out, starts, lens, seg, 2, [0, 48, 64], True)
 
 
 def main() -> int:

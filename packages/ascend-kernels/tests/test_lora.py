@@ -179,3 +179,76 @@ def test_by_token_layout_matches_the_equation(gen, split_k, tokens, out_dtype):
     again = torch.full_like(got, float("nan"))
     triton_lora.lora_shrink_tokens(x, a, again, loras, scale, split_k=split_k)
     assert torch.equal(again[done], got[done]) and torch.isnan(again[~done]).all()
+
+
+@pytest.mark.parametrize("segmented", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_merged_slices_in_one_launch_equal_one_launch_per_slice(gen, segmented, dtype):
+    """A merged QKV layer (widths 64 / 16 / 16, each slice its own A and B): the one-launch shrink into the
+    ``[S, T, rank]`` buffer and the one-launch expand at each slice's offset give the per-slice calls' result
+    (Triton here) and the float64 equations; rows without an adapter stay untouched."""
+    hidden, rank, widths, scale = 40, 16, (64, 16, 16), 0.5
+    loras = _token_loras(RUNS) if segmented else torch.tensor(TOKEN_LORAS)
+    tokens = loras.shape[0]
+    x = torch.randn(tokens, hidden, generator=gen).to(dtype)
+    a = [_weights(gen, 4, rank, hidden, dtype) for _ in widths]
+    b = [_weights(gen, 4, n, rank, dtype) for n in widths]
+    offsets = [0, 64, 80]
+    base = torch.randn(tokens, sum(widths), generator=gen).to(dtype)
+    meta = _runs_meta(RUNS) if segmented else (loras,)
+    results = {}
+    for form in ("merged", "per slice", "reference"):
+        buf = torch.full((len(widths), tokens, rank), float("nan"))
+        y = base.clone()
+        if form == "merged":
+            shrink = K.lora_shrink_segmented_slices if segmented else K.lora_shrink_slices
+            expand = K.lora_expand_segmented_slices if segmented else K.lora_expand_slices
+            shrink(x, a, buf, *meta, scale)
+            expand(buf.nan_to_num(), b, y, *meta, offsets, True)
+        elif form == "reference":
+            shrink = lora.lora_shrink_segmented_slices_torch if segmented else lora.lora_shrink_slices_torch
+            expand = lora.lora_expand_segmented_slices_torch if segmented else lora.lora_expand_slices_torch
+            shrink(x, a, buf, *meta, scale)
+            expand(buf.nan_to_num(), b, y, *meta, offsets, True)
+        else:
+            for i in range(len(widths)):
+                (K.lora_shrink_segmented if segmented else K.lora_shrink)(x, a[i], buf[i], *meta, scale)
+            z = buf.nan_to_num()
+            for i in range(len(widths)):
+                (K.lora_expand_segmented if segmented else K.lora_expand)(
+                    z[i], b[i], y, *meta, offsets[i], True
+                )
+        results[form] = (buf, y)
+    done = loras >= 0
+    tol = _shrink_tolerance(dtype)
+    for i in range(len(widths)):
+        want = _shrink_equation(x, a[i], loras, scale)
+        for form, (buf, _) in results.items():
+            assert torch.isnan(buf[i][~done]).all(), form
+            torch.testing.assert_close(buf[i][done].double(), want[done], **tol)
+    assert torch.equal(results["merged"][0].nan_to_num(), results["per slice"][0].nan_to_num())
+    torch.testing.assert_close(results["merged"][1], results["per slice"][1], rtol=0, atol=0)
+    torch.testing.assert_close(results["merged"][1].double(), results["reference"][1].double(), **tol)
+    assert torch.equal(results["merged"][1][~done], base[~done])
+    if not segmented:  # the reduction split over programs, each slice's tiles with their own counters
+        from vllm_ascend.kernels._triton import lora as triton_lora
+
+        split = torch.full_like(results["merged"][0], float("nan"))
+        triton_lora.lora_shrink_tokens_slices(x, tuple(w[:, 0] for w in a), split, loras, scale, split_k=3)
+        for i in range(len(widths)):
+            assert torch.isnan(split[i][~done]).all()
+            torch.testing.assert_close(split[i][done], results["merged"][0][i][done], **tol)
+
+
+def test_merged_slices_are_checked_per_slice():
+    x, loras = torch.zeros(3, 8), torch.zeros(3, dtype=torch.long)
+    a = [torch.zeros(2, 1, 4, 8), torch.zeros(2, 1, 4, 9)]
+    with pytest.raises(ValueError, match="x must be"):
+        K.lora_shrink_slices(x, a, torch.zeros(2, 3, 4), loras, 1.0)
+    with pytest.raises(ValueError, match=r"out must be \[2 slices"):
+        K.lora_shrink_slices(x, a[:1] * 2, torch.zeros(3, 4), loras, 1.0)
+    b = [torch.zeros(2, 1, 16, 4), torch.zeros(2, 1, 8, 4)]
+    with pytest.raises(ValueError, match="one column offset per slice"):
+        K.lora_expand_slices(torch.zeros(2, 3, 4), b, torch.zeros(3, 24), loras, [0])
+    with pytest.raises(ValueError, match=r"no columns \[20, 28\)"):
+        K.lora_expand_slices(torch.zeros(2, 3, 4), b, torch.zeros(3, 24), loras, [0, 20])

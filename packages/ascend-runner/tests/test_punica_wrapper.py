@@ -28,7 +28,18 @@ def _slot(adapter_id: int) -> int:
 
 
 @pytest.mark.parametrize("is_prefill", [True, False])
-def test_linear_with_merged_slices_matches_the_equation(is_prefill):
+def test_linear_with_merged_slices_matches_the_equation(is_prefill, monkeypatch):
+    """All slices in one shrink and one expand call (the kernels' ``_slices`` forms), on the equation."""
+    from vllm_ascend.kernels import lora
+
+    launched: list[str] = []
+    dispatch = lora.dispatch
+
+    def recording(module, name, reference, device):
+        launched.append(name)
+        return dispatch(module, name, reference, device)
+
+    monkeypatch.setattr(lora, "dispatch", recording)
     gen = torch.Generator().manual_seed(0)
     slices = (16, 8, 8)
     a = tuple(torch.randn(4, 1, RANK, HIDDEN, generator=gen) for _ in slices)
@@ -47,6 +58,15 @@ def test_linear_with_merged_slices_matches_the_equation(is_prefill):
             )
     _wrapper(is_prefill).add_lora_linear(y, x, a, b, 0.5, slices)
     torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-4)
+    form = (
+        ("lora_shrink_slices", "lora_expand_slices")
+        if is_prefill
+        else (
+            "lora_shrink_tokens_slices",
+            "lora_expand_tokens_slices",
+        )
+    )
+    assert launched == list(form)
 
 
 @pytest.mark.parametrize("is_prefill", [True, False])

@@ -29,8 +29,12 @@ if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names loa
     from vllm_ascend.kernels.logprobs import compute_topk_logprobs as compute_topk_logprobs
     from vllm_ascend.kernels.lora import lora_expand as lora_expand
     from vllm_ascend.kernels.lora import lora_expand_segmented as lora_expand_segmented
+    from vllm_ascend.kernels.lora import lora_expand_segmented_slices as lora_expand_segmented_slices
+    from vllm_ascend.kernels.lora import lora_expand_slices as lora_expand_slices
     from vllm_ascend.kernels.lora import lora_shrink as lora_shrink
     from vllm_ascend.kernels.lora import lora_shrink_segmented as lora_shrink_segmented
+    from vllm_ascend.kernels.lora import lora_shrink_segmented_slices as lora_shrink_segmented_slices
+    from vllm_ascend.kernels.lora import lora_shrink_slices as lora_shrink_slices
     from vllm_ascend.kernels.min_p import apply_min_p as apply_min_p
     from vllm_ascend.kernels.ngram import ngram_propose as ngram_propose
     from vllm_ascend.kernels.penalties import apply_penalties as apply_penalties
@@ -91,6 +95,10 @@ _EXPORTS = {
     "lora_expand_segmented": "vllm_ascend.kernels.lora",
     "lora_shrink": "vllm_ascend.kernels.lora",
     "lora_shrink_segmented": "vllm_ascend.kernels.lora",
+    "lora_expand_slices": "vllm_ascend.kernels.lora",
+    "lora_expand_segmented_slices": "vllm_ascend.kernels.lora",
+    "lora_shrink_slices": "vllm_ascend.kernels.lora",
+    "lora_shrink_segmented_slices": "vllm_ascend.kernels.lora",
     "rejection_greedy_sample": "vllm_ascend.kernels.rejection",
     "rejection_random_sample": "vllm_ascend.kernels.rejection",
     "sample_recovered_tokens": "vllm_ascend.kernels.rejection",

@@ -9,6 +9,8 @@ own (``token_lora_indices``); segmented prefill maps runs of consecutive tokens 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from vllm_ascend.kernels._backend import dispatch
@@ -191,3 +193,155 @@ def lora_expand(
     _check_expand(z, b, out, offset)
     impl = dispatch("lora", "lora_expand_tokens", lora_expand_torch, z.device)
     impl(z, b, out, token_lora_indices[: z.shape[0]], offset, add_inputs)
+
+
+def _slices(weights: Sequence[torch.Tensor], name: str) -> tuple[torch.Tensor, ...]:
+    if len(weights) == 0:
+        raise ValueError(f"{name} must hold at least one slice, got none")
+    return tuple(_stacked(w, f"{name}[{i}]") for i, w in enumerate(weights))
+
+
+def _stacked_io(tensor: torch.Tensor, slices: int, name: str) -> None:
+    if tensor.ndim != 3 or tensor.shape[0] < slices:
+        raise ValueError(f"{name} must be [{slices} slices, T, cols], got shape {tuple(tensor.shape)}")
+
+
+def _check_shrink_slices(x: torch.Tensor, a: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+    _stacked_io(out, len(a), "out")
+    for i, ai in enumerate(a):
+        _check_shrink(x, ai, out[i])
+
+
+def _check_expand_slices(
+    z: torch.Tensor, b: tuple[torch.Tensor, ...], out: torch.Tensor, offsets: Sequence[int]
+) -> tuple[int, ...]:
+    _stacked_io(z, len(b), "z")
+    if len(offsets) != len(b):
+        raise ValueError(f"offsets must give one column offset per slice ({len(b)}), got {list(offsets)}")
+    for i, (bi, offset) in enumerate(zip(b, offsets, strict=True)):
+        _check_expand(z[i], bi, out, offset)
+    return tuple(int(o) for o in offsets)
+
+
+def lora_shrink_slices_torch(
+    x: torch.Tensor,
+    lora_a: Sequence[torch.Tensor],
+    out: torch.Tensor,
+    token_lora_indices: torch.Tensor,
+    scale: float,
+) -> None:
+    """Reference of :func:`lora_shrink_slices`: :func:`lora_shrink_torch` per slice."""
+    for i, a in enumerate(lora_a):
+        lora_shrink_torch(x, a, out[i], token_lora_indices, scale)
+
+
+def lora_shrink_slices(
+    x: torch.Tensor,
+    lora_a: Sequence[torch.Tensor],
+    out: torch.Tensor,
+    token_lora_indices: torch.Tensor,
+    scale: float,
+) -> None:
+    """:func:`lora_shrink` of every slice of a merged layer (QKV, gate-up) in one launch: ``out[i, t, :rank] =
+    scale * x[t] @ lora_a[i][i_t]^T``. ``out``: ``[S, >= T, >= rank]`` (vLLM's fp32 slice buffer)."""
+    a = _slices(lora_a, "lora_a")
+    _check_shrink_slices(x, a, out)
+    impl = dispatch("lora", "lora_shrink_tokens_slices", lora_shrink_slices_torch, x.device)
+    impl(x, a, out, token_lora_indices[: x.shape[0]], scale)
+
+
+def lora_shrink_segmented_slices_torch(
+    x: torch.Tensor,
+    lora_a: Sequence[torch.Tensor],
+    out: torch.Tensor,
+    seq_starts: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_loras: torch.Tensor,
+    max_len: int,
+    scale: float,
+) -> None:
+    """Reference of :func:`lora_shrink_segmented_slices`: :func:`lora_shrink_segmented_torch` per slice."""
+    for i, a in enumerate(lora_a):
+        lora_shrink_segmented_torch(x, a, out[i], seq_starts, seq_lens, seq_loras, max_len, scale)
+
+
+def lora_shrink_segmented_slices(
+    x: torch.Tensor,
+    lora_a: Sequence[torch.Tensor],
+    out: torch.Tensor,
+    seq_starts: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_loras: torch.Tensor,
+    max_len: int,
+    scale: float,
+) -> None:
+    """:func:`lora_shrink_segmented` of every slice in one launch, ``out[i]`` getting slice ``i``."""
+    a = _slices(lora_a, "lora_a")
+    _check_shrink_slices(x, a, out)
+    impl = dispatch("lora", "lora_shrink_slices", lora_shrink_segmented_slices_torch, x.device)
+    impl(x, a, out, seq_starts, seq_lens, seq_loras, max_len, scale)
+
+
+def lora_expand_slices_torch(
+    z: torch.Tensor,
+    lora_b: Sequence[torch.Tensor],
+    out: torch.Tensor,
+    token_lora_indices: torch.Tensor,
+    offsets: Sequence[int],
+    add_inputs: bool,
+) -> None:
+    """Reference of :func:`lora_expand_slices`: :func:`lora_expand_torch` per slice."""
+    for i, (b, offset) in enumerate(zip(lora_b, offsets, strict=True)):
+        lora_expand_torch(z[i], b, out, token_lora_indices, offset, add_inputs)
+
+
+def lora_expand_slices(
+    z: torch.Tensor,
+    lora_b: Sequence[torch.Tensor],
+    out: torch.Tensor,
+    token_lora_indices: torch.Tensor,
+    offsets: Sequence[int],
+    add_inputs: bool = True,
+) -> None:
+    """:func:`lora_expand` of every slice of a merged layer in one launch: ``out[t, offsets[i]:offsets[i]+N_i]
+    (+)= z[i, t, :rank] @ lora_b[i][i_t]^T``. ``z``: ``[S, >= T, >= rank]``."""
+    b = _slices(lora_b, "lora_b")
+    at = _check_expand_slices(z, b, out, offsets)
+    impl = dispatch("lora", "lora_expand_tokens_slices", lora_expand_slices_torch, z.device)
+    impl(z, b, out, token_lora_indices[: z.shape[1]], at, add_inputs)
+
+
+def lora_expand_segmented_slices_torch(
+    z: torch.Tensor,
+    lora_b: Sequence[torch.Tensor],
+    out: torch.Tensor,
+    seq_starts: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_loras: torch.Tensor,
+    max_len: int,
+    offsets: Sequence[int],
+    add_inputs: bool,
+) -> None:
+    """Reference of :func:`lora_expand_segmented_slices`: :func:`lora_expand_segmented_torch` per slice."""
+    for i, (b, offset) in enumerate(zip(lora_b, offsets, strict=True)):
+        lora_expand_segmented_torch(
+            z[i], b, out, seq_starts, seq_lens, seq_loras, max_len, offset, add_inputs
+        )
+
+
+def lora_expand_segmented_slices(
+    z: torch.Tensor,
+    lora_b: Sequence[torch.Tensor],
+    out: torch.Tensor,
+    seq_starts: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_loras: torch.Tensor,
+    max_len: int,
+    offsets: Sequence[int],
+    add_inputs: bool = True,
+) -> None:
+    """:func:`lora_expand_segmented` of every slice in one launch, ``z[i]`` into ``out`` at ``offsets[i]``."""
+    b = _slices(lora_b, "lora_b")
+    at = _check_expand_slices(z, b, out, offsets)
+    impl = dispatch("lora", "lora_expand_slices", lora_expand_segmented_slices_torch, z.device)
+    impl(z, b, out, seq_starts, seq_lens, seq_loras, max_len, at, add_inputs)

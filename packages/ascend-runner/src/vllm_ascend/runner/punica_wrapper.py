@@ -5,8 +5,11 @@ vLLM marks prefill (vLLM 0.32's V1 and V2 runners mark every step so) runs per r
 (``prefill_metadata``), any other per token; the logits per sampled row. The kernels run their Triton kernels
 on NPUs and their torch references on the reference device.
 
+A merged layer's slices (QKV, gate-up) run in one shrink and one expand launch over all slices, on the
+``[S, T, rank]`` buffer vLLM's LoRA layers pass.
+
 Graphs: what ``torch.compile`` traces or a device graph captures runs per token, through the custom ops
-``torch.ops.vllm.ascend_lora_shrink`` / ``ascend_lora_expand`` (opaque to Dynamo) on the persistent
+``torch.ops.vllm.ascend_lora_shrink`` / ``ascend_lora_expand`` and their ``_slices`` forms (opaque to Dynamo) on the persistent
 ``max_num_batched_tokens`` mapping buffer, sliced to the batch's (padded) rows inside the op: the segmented
 path reads the step's runs as host integers, which a traced or captured region would bake in. Rows past the
 step's tokens (graph padding) map to no adapter.
@@ -25,11 +28,20 @@ from vllm.forward_context import get_forward_context, is_forward_context_availab
 from vllm.lora.punica_wrapper.punica_base import PunicaWrapperBase
 from vllm.utils.torch_utils import direct_register_custom_op
 
-from vllm_ascend.kernels.lora import lora_expand, lora_expand_segmented, lora_shrink, lora_shrink_segmented
+from vllm_ascend.kernels.lora import (
+    lora_expand,
+    lora_expand_segmented,
+    lora_expand_segmented_slices,
+    lora_expand_slices,
+    lora_shrink,
+    lora_shrink_segmented,
+    lora_shrink_segmented_slices,
+    lora_shrink_slices,
+)
 
 
 def _writes_out_only(*args: Any, **kwargs: Any) -> None:
-    """Fake (meta) implementation of both ops: they only write their ``out`` argument in place."""
+    """Fake (meta) implementation of the ops: they only write their ``out`` argument in place."""
     return None
 
 
@@ -39,6 +51,24 @@ direct_register_custom_op(
 direct_register_custom_op(
     op_name="ascend_lora_expand", op_func=lora_expand, mutates_args=["out"], fake_impl=_writes_out_only
 )
+direct_register_custom_op(
+    op_name="ascend_lora_shrink_slices",
+    op_func=lora_shrink_slices,
+    mutates_args=["out"],
+    fake_impl=_writes_out_only,
+)
+direct_register_custom_op(
+    op_name="ascend_lora_expand_slices",
+    op_func=lora_expand_slices,
+    mutates_args=["out"],
+    fake_impl=_writes_out_only,
+)
+
+
+def _stacked_slices(weights: tuple[torch.Tensor, ...], io: Any) -> bool:
+    """A merged layer's slices (QKV, gate-up) whose buffer is one ``[S, T, rank]`` tensor, as vLLM's LoRA layers
+    allocate it: served by one launch for all slices."""
+    return len(weights) > 1 and isinstance(io, torch.Tensor) and io.ndim == 3
 
 
 class AscendPunicaWrapper(PunicaWrapperBase):
@@ -89,10 +119,19 @@ class AscendPunicaWrapper(PunicaWrapperBase):
         scale: float,
         **kwargs: Any,
     ) -> None:
-        """``y[i] = scale * x @ A_i^T`` per slice, each token with its adapter's ``A_i``."""
+        """``y[i] = scale * x @ A_i^T`` per slice, each token with its adapter's ``A_i`` (all slices in one
+        launch where ``y`` is one ``[S, T, rank]`` tensor)."""
         x = x.view(-1, x.shape[-1])
-        for i, lora_a in enumerate(lora_a_stacked):
-            self._shrink(y[i], x, lora_a, scale)
+        if not _stacked_slices(lora_a_stacked, y):
+            for i, lora_a in enumerate(lora_a_stacked):
+                self._shrink(y[i], x, lora_a, scale)
+        elif self._per_token():
+            torch.ops.vllm.ascend_lora_shrink_slices(
+                x, list(lora_a_stacked), y, self._token_lora_indices, scale
+            )
+        elif not self.no_lora:
+            starts, lens, loras, _, max_len, _ = self.prefill_metadata
+            lora_shrink_segmented_slices(x, lora_a_stacked, y, starts, lens, loras, max_len, scale)
 
     def add_expand(
         self,
@@ -104,12 +143,24 @@ class AscendPunicaWrapper(PunicaWrapperBase):
         add_inputs: bool = True,
         **kwargs: Any,
     ) -> None:
-        """``y[:, off_i:off_i+n_i] (+)= x[i] @ B_i^T``, the slices laid side by side from ``offset_start``."""
+        """``y[:, off_i:off_i+n_i] (+)= x[i] @ B_i^T``, the slices laid side by side from ``offset_start`` (all
+        slices in one launch where ``x`` is one ``[S, T, rank]`` tensor)."""
         out = y.view(-1, y.shape[-1])
-        offset = offset_start
-        for i, (lora_b, width) in enumerate(zip(lora_b_stacked, output_slices, strict=True)):
-            self._expand(out, x[i], lora_b, offset, add_inputs)
-            offset += width
+        offsets = [offset_start]
+        for width in output_slices[:-1]:
+            offsets.append(offsets[-1] + width)
+        if not _stacked_slices(lora_b_stacked, x):
+            for i, (lora_b, offset) in enumerate(zip(lora_b_stacked, offsets, strict=True)):
+                self._expand(out, x[i], lora_b, offset, add_inputs)
+        elif self._per_token():
+            torch.ops.vllm.ascend_lora_expand_slices(
+                x, list(lora_b_stacked), out, self._token_lora_indices, offsets, add_inputs
+            )
+        elif not self.no_lora:
+            starts, lens, loras, _, max_len, _ = self.prefill_metadata
+            lora_expand_segmented_slices(
+                x, lora_b_stacked, out, starts, lens, loras, max_len, offsets, add_inputs
+            )
 
     def add_lora_embedding(
         self,
@@ -131,15 +182,13 @@ class AscendPunicaWrapper(PunicaWrapperBase):
         scale: float,
         output_slices: tuple[int, ...],
         *,
-        buffer: tuple[torch.Tensor, ...] | None = None,
+        buffer: torch.Tensor | tuple[torch.Tensor, ...] | None = None,
         **kwargs: Any,
     ) -> None:
-        """``y[:, slice_i] += scale * x @ A_i^T @ B_i^T`` through an fp32 rank-wide buffer."""
+        """``y[:, slice_i] += scale * x @ A_i^T @ B_i^T`` through an fp32 ``[S, T, rank]`` buffer."""
         if buffer is None:
             rank = lora_b_stacked[0].size(-1)
-            buffer = tuple(
-                torch.zeros(x.size(0), rank, dtype=torch.float32, device=x.device) for _ in output_slices
-            )
+            buffer = torch.zeros(len(output_slices), x.size(0), rank, dtype=torch.float32, device=x.device)
         self.add_shrink(buffer, x, lora_a_stacked, scale)
         self.add_expand(y, buffer, lora_b_stacked, output_slices, add_inputs=True)
 

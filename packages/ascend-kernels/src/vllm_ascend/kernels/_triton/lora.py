@@ -42,6 +42,9 @@ def _lora_matmul_kernel(
     loras_ptr,
     part_ptr,
     counter_ptr,
+    slices_ptr,
+    x_slice_stride,
+    out_slice_stride,
     num_tokens,
     reduction,
     columns,
@@ -49,6 +52,7 @@ def _lora_matmul_kernel(
     scale,
     ADD_INPUTS: tl.constexpr,
     BY_TOKEN: tl.constexpr,
+    SLICES: tl.constexpr,
     SPLIT_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -61,25 +65,40 @@ def _lora_matmul_kernel(
     Segmented: program ``(run, tile, col)`` takes rows ``s + tile*BLOCK_M + i < s + n`` of run ``(s, n, l)``.
     By token: program ``(l, tile, col*SPLIT_K + k)`` takes the tile's tokens whose ``loras[t] == l`` and the
     ``k``-th of ``SPLIT_K`` interleaved reduction chunks; with ``SPLIT_K > 1`` it stores its partial
-    ``[BLOCK_M, BLOCK_N]`` at ``part_ptr`` and the output tile's last split adds the ``SPLIT_K`` partials."""
+    ``[BLOCK_M, BLOCK_N]`` at ``part_ptr`` and the output tile's last split adds the ``SPLIT_K`` partials.
+
+    ``SLICES > 1`` (a merged layer's slices in one launch): axis 0 is ``unit * SLICES + slice``; slice ``s``
+    reads ``x + s * x_slice_stride`` and writes ``out + s * out_slice_stride``, and its row of ``slices_ptr``
+    gives its weights' element offset from ``w_ptr``, their adapter stride, its columns and its ``offset``."""
     tiles = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     col_split = tl.program_id(2)
     cols = (col_split // SPLIT_K) * BLOCK_N + tl.arange(0, BLOCK_N)
     k_first = (col_split % SPLIT_K) * BLOCK_K
+    unit = tl.program_id(0)
+    if SLICES > 1:
+        piece = unit % SLICES
+        unit = unit // SLICES
+        meta = slices_ptr + piece * 4
+        w_ptr += tl.load(meta)
+        w_stride_lora = tl.load(meta + 1)
+        columns = tl.load(meta + 2)
+        offset = tl.load(meta + 3)
+        x_ptr += piece.to(tl.int64) * x_slice_stride
+        out_ptr += piece.to(tl.int64) * out_slice_stride
     if BY_TOKEN:
-        lora = tl.program_id(0).to(tl.int64)
+        lora = unit.to(tl.int64)
         in_batch = tiles < num_tokens
         token_lora = tl.load(loras_ptr + tiles, mask=in_batch, other=-1).to(tl.int64)
         row_ok = in_batch & (token_lora == lora)
         rows = tiles.to(tl.int64)
     else:
-        run = tl.program_id(0)
+        run = unit
         lora = tl.load(loras_ptr + run).to(tl.int64)
         length = tl.load(lens_ptr + run)
         row_ok = tiles < tl.where(lora >= 0, length, 0)  # tokens without an adapter: no rows
         rows = tl.load(starts_ptr + run).to(tl.int64) + tiles
-    if tl.max(row_ok.to(tl.int32), axis=0) > 0:
-        col_ok = cols < columns
+    col_ok = cols < columns
+    if (tl.max(row_ok.to(tl.int32), axis=0) > 0) & (tl.max(col_ok.to(tl.int32), axis=0) > 0):
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_first, reduction, BLOCK_K * SPLIT_K):
             ks = k0 + tl.arange(0, BLOCK_K)
@@ -163,14 +182,20 @@ def _token_block(num_tokens: int) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _by_token_plan(
-    geo: LaunchGeometry, tokens: int, loras: int, columns: int, reduction: int, split_k: int | None
+    geo: LaunchGeometry,
+    tokens: int,
+    loras: int,
+    columns: int,
+    reduction: int,
+    split_k: int | None,
+    slices: int = 1,
 ) -> tuple[int, int, int, int, tuple[int, int, int]]:
     """``(BLOCK_N, BLOCK_K, BLOCK_M, SPLIT_K, grid)`` of a by-token launch, remembered (decode repeats a
     handful of shapes). ``split_k`` None: the reduction splits that bring a small batch near one program per
-    core (1: no split)."""
+    core (1: no split). ``columns``: the widest slice's."""
     block_n, block_k = _tiles_for(geo, columns, reduction)
     block_m = _token_block(tokens)
-    tiles = cdiv(tokens, block_m) * cdiv(columns, block_n)
+    tiles = slices * cdiv(tokens, block_m) * cdiv(columns, block_n)
     if split_k is None:
         split_k = max(1, min(cdiv(reduction, block_k), geo.persistent_programs() // max(1, tiles)))
     return (
@@ -178,65 +203,119 @@ def _by_token_plan(
         block_k,
         block_m,
         split_k,
-        (loras, cdiv(tokens, block_m), cdiv(columns, block_n) * split_k),
+        (loras * slices, cdiv(tokens, block_m), cdiv(columns, block_n) * split_k),
     )
+
+
+#: A merged layer's slice rows (see :func:`_slice_table`), by the weights' addresses and layouts and the offsets.
+_SLICE_TABLES: dict[tuple[object, ...], torch.Tensor] = {}
+_SLICE_TABLES_CAP = 4096
+
+
+class Slices:
+    """The slices of one launch: their weights ``[L, columns_i, reduction]`` (one dtype, one column stride),
+    each slice's output column offset, and the input / output strides between consecutive slices (0: shared)."""
+
+    __slots__ = ("offsets", "out_stride", "weights", "x_stride")
+
+    def __init__(
+        self, weights: tuple[torch.Tensor, ...], offsets: tuple[int, ...], x_stride: int, out_stride: int
+    ) -> None:
+        self.weights, self.offsets, self.x_stride, self.out_stride = weights, offsets, x_stride, out_stride
+
+    def table(self) -> torch.Tensor:
+        """``[S, 4]`` int64 on the weights' device: slice ``i``'s weights as an element offset from slice 0's,
+        their adapter stride, its columns, its output offset. Built once per layer (weights stay in place):
+        the first launch of a layer must be eager, as vLLM's warm-up runs are."""
+        w0 = self.weights[0]
+        key = (
+            w0.device,
+            self.offsets,
+            *((w.data_ptr(), w.shape, w.stride()) for w in self.weights),
+        )
+        table = _SLICE_TABLES.get(key)
+        if table is None:
+            size = w0.element_size()
+            rows = []
+            for w, offset in zip(self.weights, self.offsets, strict=True):
+                gap = w.data_ptr() - w0.data_ptr()
+                if w.dtype != w0.dtype or w.stride(1) != w0.stride(1) or gap % size:
+                    raise ValueError(
+                        "lora slices must share a dtype and a column stride and lie element-aligned, got "
+                        f"{[(str(v.dtype), v.stride()) for v in self.weights]}"
+                    )
+                rows.append([gap // size, w.stride(0), w.shape[1], offset])
+            if len(_SLICE_TABLES) >= _SLICE_TABLES_CAP:
+                _SLICE_TABLES.clear()
+            table = _SLICE_TABLES[key] = torch.tensor(rows, dtype=torch.int64).to(w0.device)
+        return table
+
+
+def _single(w: torch.Tensor, offset: int) -> Slices:
+    return Slices((w,), (offset,), 0, 0)
 
 
 def _launch(
     x: torch.Tensor,
-    w: torch.Tensor,
+    slices: Slices,
     out: torch.Tensor,
     seq_starts: torch.Tensor,
     seq_lens: torch.Tensor,
     seq_loras: torch.Tensor,
     max_len: int,
-    offset: int,
     scale: float,
     *,
     add_inputs: bool,
 ) -> None:
-    """One segmented :func:`_lora_matmul_kernel` launch over the runs: ``w`` is ``[L, columns, reduction]``."""
-    runs, columns, reduction = seq_loras.shape[0], w.shape[1], w.shape[2]
+    """One segmented :func:`_lora_matmul_kernel` launch over the runs and the slices."""
+    w = slices.weights[0]
+    count, reduction = len(slices.weights), w.shape[2]
+    columns = max(v.shape[1] for v in slices.weights)
+    runs = seq_loras.shape[0]
     if runs == 0 or max_len == 0:
         return
     block_n, block_k = _tiles(x.device, columns, reduction)
-    grid = (runs, cdiv(max_len, _DOT_MIN), cdiv(columns, block_n))
+    grid = (runs * count, cdiv(max_len, _DOT_MIN), cdiv(columns, block_n))
+    table = slices.table() if count > 1 else seq_lens
     _lora_matmul_kernel[grid](
-        x, x.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0),
-        seq_starts, seq_lens, seq_loras, out, seq_lens, 0, reduction, columns, offset, scale,
-        ADD_INPUTS=add_inputs, BY_TOKEN=False, SPLIT_K=1, DOT_DTYPE=_dot_dtype(x, w),
+        x, x.stride(-2), w, w.stride(0), w.stride(1), out, out.stride(-2),
+        seq_starts, seq_lens, seq_loras, out, seq_lens, table, slices.x_stride, slices.out_stride,
+        0, reduction, columns, slices.offsets[0], scale,
+        ADD_INPUTS=add_inputs, BY_TOKEN=False, SLICES=count, SPLIT_K=1, DOT_DTYPE=_dot_dtype(x, w),
         BLOCK_M=_DOT_MIN, BLOCK_N=block_n, BLOCK_K=block_k,
     )  # fmt: skip
 
 
 def _launch_by_token(
     x: torch.Tensor,
-    w: torch.Tensor,
+    slices: Slices,
     out: torch.Tensor,
     token_lora_indices: torch.Tensor,
-    offset: int,
     scale: float,
     *,
     add_inputs: bool,
     split_k: int | None,
 ) -> None:
-    """One by-token :func:`_lora_matmul_kernel` launch: ``w`` is ``[L, columns, reduction]``."""
-    tokens, (loras, columns, reduction) = x.shape[0], w.shape
+    """One by-token :func:`_lora_matmul_kernel` launch over the tokens and the slices."""
+    w = slices.weights[0]
+    tokens, (loras, _, reduction), count = x.shape[-2], w.shape, len(slices.weights)
     if tokens == 0:
         return
+    columns = max(v.shape[1] for v in slices.weights)
     block_n, block_k, block_m, split_k, grid = _by_token_plan(
-        geometry(x.device), tokens, loras, columns, reduction, split_k
+        geometry(x.device), tokens, loras, columns, reduction, split_k, count
     )
     part, counter = out, token_lora_indices
     if split_k > 1:
-        tiles = loras * grid[1] * (grid[2] // split_k)
+        tiles = grid[0] * grid[1] * (grid[2] // split_k)
         part = scratch("lora.partials", tiles * split_k * block_m * block_n, torch.float32, x.device)
         counter = counters("lora.tiles", tiles, x.device)
+    table = slices.table() if count > 1 else token_lora_indices
     _lora_matmul_kernel[grid](
-        x, x.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0),
+        x, x.stride(-2), w, w.stride(0), w.stride(1), out, out.stride(-2),
         token_lora_indices, token_lora_indices, token_lora_indices, part, counter,
-        tokens, reduction, columns, offset, scale,
-        ADD_INPUTS=add_inputs, BY_TOKEN=True, SPLIT_K=split_k, DOT_DTYPE=_dot_dtype(x, w),
+        table, slices.x_stride, slices.out_stride, tokens, reduction, columns, slices.offsets[0], scale,
+        ADD_INPUTS=add_inputs, BY_TOKEN=True, SLICES=count, SPLIT_K=split_k, DOT_DTYPE=_dot_dtype(x, w),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
     )  # fmt: skip
 
@@ -252,7 +331,7 @@ def lora_shrink(
     scale: float,
 ) -> None:
     _rows_contiguous(x=x, lora_a=a, out=out)
-    _launch(x, a, out, seq_starts, seq_lens, seq_loras, max_len, 0, float(scale), add_inputs=False)
+    _launch(x, _single(a, 0), out, seq_starts, seq_lens, seq_loras, max_len, float(scale), add_inputs=False)
 
 
 def lora_shrink_tokens(
@@ -266,7 +345,9 @@ def lora_shrink_tokens(
 ) -> None:
     """``split_k``: reduction splits (default: by the batch and the device's cores)."""
     _rows_contiguous(x=x, lora_a=a, out=out)
-    _launch_by_token(x, a, out, token_lora_indices, 0, float(scale), add_inputs=False, split_k=split_k)
+    _launch_by_token(
+        x, _single(a, 0), out, token_lora_indices, float(scale), add_inputs=False, split_k=split_k
+    )
 
 
 def lora_expand(
@@ -281,7 +362,7 @@ def lora_expand(
     add_inputs: bool,
 ) -> None:
     _rows_contiguous(z=z, lora_b=b, out=out)
-    _launch(z, b, out, seq_starts, seq_lens, seq_loras, max_len, offset, 1.0, add_inputs=add_inputs)
+    _launch(z, _single(b, offset), out, seq_starts, seq_lens, seq_loras, max_len, 1.0, add_inputs=add_inputs)
 
 
 def lora_expand_tokens(
@@ -293,4 +374,74 @@ def lora_expand_tokens(
     add_inputs: bool,
 ) -> None:
     _rows_contiguous(z=z, lora_b=b, out=out)
-    _launch_by_token(z, b, out, token_lora_indices, offset, 1.0, add_inputs=add_inputs, split_k=1)
+    _launch_by_token(z, _single(b, offset), out, token_lora_indices, 1.0, add_inputs=add_inputs, split_k=1)
+
+
+def _shrink_slices(x: torch.Tensor, weights: tuple[torch.Tensor, ...], out: torch.Tensor) -> Slices:
+    _rows_contiguous(x=x, out=out, **{f"lora_a[{i}]": w for i, w in enumerate(weights)})
+    return Slices(weights, (0,) * len(weights), 0, out.stride(0))
+
+
+def _expand_slices(
+    z: torch.Tensor, weights: tuple[torch.Tensor, ...], out: torch.Tensor, offsets: tuple[int, ...]
+) -> Slices:
+    _rows_contiguous(z=z, out=out, **{f"lora_b[{i}]": w for i, w in enumerate(weights)})
+    return Slices(weights, offsets, z.stride(0), 0)
+
+
+def lora_shrink_slices(
+    x: torch.Tensor,
+    weights: tuple[torch.Tensor, ...],
+    out: torch.Tensor,
+    seq_starts: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_loras: torch.Tensor,
+    max_len: int,
+    scale: float,
+) -> None:
+    """Segmented shrink of every slice in one launch: ``out[i]`` gets slice ``i``."""
+    slices = _shrink_slices(x, weights, out)
+    _launch(x, slices, out, seq_starts, seq_lens, seq_loras, max_len, float(scale), add_inputs=False)
+
+
+def lora_shrink_tokens_slices(
+    x: torch.Tensor,
+    weights: tuple[torch.Tensor, ...],
+    out: torch.Tensor,
+    token_lora_indices: torch.Tensor,
+    scale: float,
+    *,
+    split_k: int | None = None,
+) -> None:
+    """By-token shrink of every slice in one launch: ``out[i]`` gets slice ``i``."""
+    slices = _shrink_slices(x, weights, out)
+    _launch_by_token(x, slices, out, token_lora_indices, float(scale), add_inputs=False, split_k=split_k)
+
+
+def lora_expand_slices(
+    z: torch.Tensor,
+    weights: tuple[torch.Tensor, ...],
+    out: torch.Tensor,
+    seq_starts: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_loras: torch.Tensor,
+    max_len: int,
+    offsets: tuple[int, ...],
+    add_inputs: bool,
+) -> None:
+    """Segmented expand of every slice in one launch: ``z[i]`` through slice ``i`` into ``out`` at ``offsets[i]``."""
+    slices = _expand_slices(z, weights, out, offsets)
+    _launch(z, slices, out, seq_starts, seq_lens, seq_loras, max_len, 1.0, add_inputs=add_inputs)
+
+
+def lora_expand_tokens_slices(
+    z: torch.Tensor,
+    weights: tuple[torch.Tensor, ...],
+    out: torch.Tensor,
+    token_lora_indices: torch.Tensor,
+    offsets: tuple[int, ...],
+    add_inputs: bool,
+) -> None:
+    """By-token expand of every slice in one launch: ``z[i]`` through slice ``i`` into ``out`` at ``offsets[i]``."""
+    slices = _expand_slices(z, weights, out, offsets)
+    _launch_by_token(z, slices, out, token_lora_indices, 1.0, add_inputs=add_inputs, split_k=1)
