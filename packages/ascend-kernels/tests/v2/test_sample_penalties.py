@@ -120,14 +120,9 @@ def test_penalties(query_lens, vocab: int, block: int, dtype: torch.dtype) -> No
         (8192, [1, 1, 2], 40, 1024),  # a row narrower than two words, vLLM's block wider than it
     ],
 )
-@pytest.mark.parametrize("flat", [True, False], ids=["flat", "block"])
-def test_penalties_word_tiles(
-    monkeypatch, tile_cap: int, query_lens, vocab: int, block: int, flat: bool
-) -> None:
-    """Tiles of several bitmask words (the CUDA and Ascend caps), as one vector or a [words, 32] block,
-    against the reference."""
+def test_penalties_word_tiles(monkeypatch, tile_cap: int, query_lens, vocab: int, block: int) -> None:
+    """Tiles of several bitmask words (the CUDA and Ascend caps), against the reference."""
     monkeypatch.setitem(triton_impl.PENALTIES_TILE, "interpreter", tile_cap)
-    monkeypatch.setitem(triton_impl.PENALTIES_FLAT, "interpreter", flat)
     g = torch.Generator().manual_seed(tile_cap + vocab)
     args, grid = _penalty_args(g, query_lens, vocab, block, torch.float32)
     ref = _clone(args)

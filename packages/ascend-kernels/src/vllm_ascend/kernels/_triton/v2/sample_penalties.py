@@ -119,17 +119,12 @@ def _penalize_tile(
     pres,
     use_rep,
     WORDS: tl.constexpr,
-    FLAT: tl.constexpr,
 ):
-    """Columns ``[32 first_word, 32 (first_word + WORDS))`` below ``end`` of one row: column ``32 w + b`` is bit
-    ``b`` of prompt-bitmask word ``w``. ``FLAT``: the columns as one ``[32 WORDS]`` vector, the unpacked bits
-    reshaped to it; else a ``[WORDS, 32]`` block."""
+    """Columns ``[32 first_word, 32 (first_word + WORDS))`` below ``end`` of one row, as a
+    ``[WORDS, 32]`` block: column ``32 w + b`` is bit ``b`` of prompt-bitmask word ``w``."""
     words = first_word + tl.arange(0, WORDS)
     bits = tl.arange(0, 32)
-    if FLAT:
-        cols = first_word * 32 + tl.arange(0, WORDS * 32)
-    else:
-        cols = words[:, None] * 32 + bits[None, :]
+    cols = words[:, None] * 32 + bits[None, :]
     valid = cols < end
     x = tl.load(row + cols, mask=valid, other=0.0).to(tl.float32)
     counts = tl.load(counts_row + cols, mask=valid, other=0)
@@ -139,8 +134,6 @@ def _penalize_tile(
     if use_rep:
         packed = tl.load(mask_row + words, mask=words * 32 < end, other=0)
         in_prompt = ((packed[:, None] >> bits[None, :]) & 1) != 0
-        if FLAT:
-            in_prompt = tl.reshape(in_prompt, (WORDS * 32,))
         scale = tl.where(in_prompt | seen, rep, 1.0)
         x = x * tl.where(x > 0, 1.0 / scale, scale)
     x = x - freq * counts.to(tl.float32)
@@ -168,7 +161,6 @@ def _penalize_chunk(
     chunk,
     WORDS: tl.constexpr,
     ONE_TILE: tl.constexpr,
-    FLAT: tl.constexpr,
 ):
     """Chunk ``part`` (``chunk`` columns, a multiple of the tile) of a token's row."""
     state = tl.load(idx_mapping_ptr + token).to(tl.int64)
@@ -187,19 +179,7 @@ def _penalize_chunk(
         # begin is a multiple of the tile (WORDS * 32 columns): the tiles start on a word.
         if ONE_TILE:
             _penalize_tile(
-                row,
-                counts_row,
-                mask_row,
-                first_draft,
-                pos,
-                begin // 32,
-                end,
-                rep,
-                freq,
-                pres,
-                use_rep,
-                WORDS,
-                FLAT,
+                row, counts_row, mask_row, first_draft, pos, begin // 32, end, rep, freq, pres, use_rep, WORDS
             )
         else:
             for first_word in range(begin // 32, tl.cdiv(end, 32), WORDS):
@@ -216,7 +196,6 @@ def _penalize_chunk(
                     pres,
                     use_rep,
                     WORDS,
-                    FLAT,
                 )
 
 
@@ -240,7 +219,6 @@ def _penalties_kernel(
     chunk,
     WORDS: tl.constexpr,
     PER_ITEM: tl.constexpr,
-    FLAT: tl.constexpr,
 ):
     if PER_ITEM:  # the grid is (num_tokens, chunks) and a chunk one tile: program (token, tile), vLLM's
         _penalize_chunk(
@@ -262,7 +240,6 @@ def _penalties_kernel(
             chunk,
             WORDS,
             True,
-            FLAT,
         )
     else:  # 2-D grid-stride: tokens along axis 0, each token's chunks along axis 1
         for token in range(tl.program_id(0), num_tokens, tl.num_programs(0)):
@@ -286,7 +263,6 @@ def _penalties_kernel(
                     chunk,
                     WORDS,
                     False,
-                    FLAT,
                 )
 
 
@@ -295,9 +271,6 @@ def _penalties_kernel(
 PENALTIES_TILE = {"cuda": 8192, "npu": 4096, "interpreter": 32}
 #: Warps of a penalties program on CUDA (vLLM launches its own with Triton's default, 4).
 PENALTIES_WARPS = 4
-#: Tile shape per launch backend: True, the columns as one vector (the prompt bits unpacked per word, then
-#: reshaped); False, a ``[words, 32]`` block. Ascend keeps the block (no reshape of the bit tile).
-PENALTIES_FLAT = {"cuda": True, "npu": False, "interpreter": True}
 
 
 def penalties(
@@ -346,6 +319,5 @@ def penalties(
         chunk,
         WORDS=tile // 32,
         PER_ITEM=programs == (num_tokens, chunks) and chunk == tile,
-        FLAT=PENALTIES_FLAT["interpreter" if IS_INTERPRETED else geometry.backend],
         **geometry.launch(PENALTIES_WARPS),
     )
