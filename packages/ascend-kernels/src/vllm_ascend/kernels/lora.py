@@ -195,32 +195,42 @@ def lora_expand(
     impl(z, b, out, token_lora_indices[: z.shape[0]], offset, add_inputs)
 
 
-def _slices(weights: Sequence[torch.Tensor], name: str) -> tuple[torch.Tensor, ...]:
-    if len(weights) == 0:
-        raise ValueError(f"{name} must hold at least one slice, got none")
-    return tuple(_stacked(w, f"{name}[{i}]") for i, w in enumerate(weights))
+#: Shapes of merged-slice calls already checked: the checks cost more than a decode launch's own host work,
+#: and each layer repeats its shapes every step.
+_CHECKED_SLICES: set[tuple[object, ...]] = set()
 
 
-def _stacked_io(tensor: torch.Tensor, slices: int, name: str) -> None:
-    if tensor.ndim != 3 or tensor.shape[0] < slices:
-        raise ValueError(f"{name} must be [{slices} slices, T, cols], got shape {tuple(tensor.shape)}")
-
-
-def _check_shrink_slices(x: torch.Tensor, a: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
-    _stacked_io(out, len(a), "out")
-    for i, ai in enumerate(a):
-        _check_shrink(x, ai, out[i])
-
-
-def _check_expand_slices(
-    z: torch.Tensor, b: tuple[torch.Tensor, ...], out: torch.Tensor, offsets: Sequence[int]
+def _checked_slices(
+    kind: str,
+    io: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    out: torch.Tensor,
+    offsets: Sequence[int] | None,
 ) -> tuple[int, ...]:
-    _stacked_io(z, len(b), "z")
-    if len(offsets) != len(b):
-        raise ValueError(f"offsets must give one column offset per slice ({len(b)}), got {list(offsets)}")
-    for i, (bi, offset) in enumerate(zip(b, offsets, strict=True)):
-        _check_expand(z[i], bi, out, offset)
-    return tuple(int(o) for o in offsets)
+    """Check a merged-slice call (``kind`` shrink: ``io`` is ``x``; expand: ``io`` is ``z``) once per shape;
+    returns the offsets (shrink: zeros)."""
+    at = (0,) * len(weights) if offsets is None else tuple(int(o) for o in offsets)
+    key = (kind, io.shape, out.shape, at, *(w.shape for w in weights))
+    if key in _CHECKED_SLICES:
+        return at
+    if len(weights) == 0:
+        raise ValueError(f"lora_{'a' if kind == 'shrink' else 'b'} must hold at least one slice, got none")
+    stacked = [_stacked(w, f"lora_{'a' if kind == 'shrink' else 'b'}[{i}]") for i, w in enumerate(weights)]
+    name = "out" if kind == "shrink" else "z"
+    split = out if kind == "shrink" else io
+    if split.ndim != 3 or split.shape[0] < len(weights):
+        raise ValueError(f"{name} must be [{len(weights)} slices, T, cols], got shape {tuple(split.shape)}")
+    if len(at) != len(weights):
+        raise ValueError(f"offsets must give one column offset per slice ({len(weights)}), got {list(at)}")
+    for i, (w, offset) in enumerate(zip(stacked, at, strict=True)):
+        if kind == "shrink":
+            _check_shrink(io, w, out[i])
+        else:
+            _check_expand(io[i], w, out, offset)
+    if len(_CHECKED_SLICES) >= 4096:
+        _CHECKED_SLICES.clear()
+    _CHECKED_SLICES.add(key)
+    return at
 
 
 def lora_shrink_slices_torch(
@@ -244,10 +254,9 @@ def lora_shrink_slices(
 ) -> None:
     """:func:`lora_shrink` of every slice of a merged layer (QKV, gate-up) in one launch: ``out[i, t, :rank] =
     scale * x[t] @ lora_a[i][i_t]^T``. ``out``: ``[S, >= T, >= rank]`` (vLLM's fp32 slice buffer)."""
-    a = _slices(lora_a, "lora_a")
-    _check_shrink_slices(x, a, out)
+    _checked_slices("shrink", x, lora_a, out, None)
     impl = dispatch("lora", "lora_shrink_tokens_slices", lora_shrink_slices_torch, x.device)
-    impl(x, a, out, token_lora_indices[: x.shape[0]], scale)
+    impl(x, tuple(lora_a), out, token_lora_indices[: x.shape[0]], scale)
 
 
 def lora_shrink_segmented_slices_torch(
@@ -276,10 +285,9 @@ def lora_shrink_segmented_slices(
     scale: float,
 ) -> None:
     """:func:`lora_shrink_segmented` of every slice in one launch, ``out[i]`` getting slice ``i``."""
-    a = _slices(lora_a, "lora_a")
-    _check_shrink_slices(x, a, out)
+    _checked_slices("shrink", x, lora_a, out, None)
     impl = dispatch("lora", "lora_shrink_slices", lora_shrink_segmented_slices_torch, x.device)
-    impl(x, a, out, seq_starts, seq_lens, seq_loras, max_len, scale)
+    impl(x, tuple(lora_a), out, seq_starts, seq_lens, seq_loras, max_len, scale)
 
 
 def lora_expand_slices_torch(
@@ -305,10 +313,9 @@ def lora_expand_slices(
 ) -> None:
     """:func:`lora_expand` of every slice of a merged layer in one launch: ``out[t, offsets[i]:offsets[i]+N_i]
     (+)= z[i, t, :rank] @ lora_b[i][i_t]^T``. ``z``: ``[S, >= T, >= rank]``."""
-    b = _slices(lora_b, "lora_b")
-    at = _check_expand_slices(z, b, out, offsets)
+    at = _checked_slices("expand", z, lora_b, out, offsets)
     impl = dispatch("lora", "lora_expand_tokens_slices", lora_expand_slices_torch, z.device)
-    impl(z, b, out, token_lora_indices[: z.shape[1]], at, add_inputs)
+    impl(z, tuple(lora_b), out, token_lora_indices[: z.shape[1]], at, add_inputs)
 
 
 def lora_expand_segmented_slices_torch(
@@ -341,7 +348,6 @@ def lora_expand_segmented_slices(
     add_inputs: bool = True,
 ) -> None:
     """:func:`lora_expand_segmented` of every slice in one launch, ``z[i]`` into ``out`` at ``offsets[i]``."""
-    b = _slices(lora_b, "lora_b")
-    at = _check_expand_slices(z, b, out, offsets)
+    at = _checked_slices("expand", z, lora_b, out, offsets)
     impl = dispatch("lora", "lora_expand_slices", lora_expand_segmented_slices_torch, z.device)
-    impl(z, b, out, seq_starts, seq_lens, seq_loras, max_len, at, add_inputs)
+    impl(z, tuple(lora_b), out, seq_starts, seq_lens, seq_loras, max_len, at, add_inputs)

@@ -213,8 +213,9 @@ _SLICE_TABLES_CAP = 4096
 
 
 class Slices:
-    """The slices of one launch: their weights ``[L, columns_i, reduction]`` (one dtype, one column stride),
-    each slice's output column offset, and the input / output strides between consecutive slices (0: shared)."""
+    """The slices of one launch: their weights ``[L, (1,) columns_i, reduction]`` (one dtype, one column
+    stride), each slice's output column offset, and the input / output strides between consecutive slices
+    (0: shared)."""
 
     __slots__ = ("offsets", "out_stride", "weights", "x_stride")
 
@@ -227,24 +228,21 @@ class Slices:
         """``[S, 4]`` int64 on the weights' device: slice ``i``'s weights as an element offset from slice 0's,
         their adapter stride, its columns, its output offset. Built once per layer (weights stay in place):
         the first launch of a layer must be eager, as vLLM's warm-up runs are."""
-        w0 = self.weights[0]
-        key = (
-            w0.device,
-            self.offsets,
-            *((w.data_ptr(), w.shape, w.stride()) for w in self.weights),
-        )
+        key = (self.offsets, *((w.data_ptr(), w.shape, w.stride()) for w in self.weights))
         table = _SLICE_TABLES.get(key)
         if table is None:
+            w0 = self.weights[0]
             size = w0.element_size()
             rows = []
-            for w, offset in zip(self.weights, self.offsets, strict=True):
+            for i, (w, offset) in enumerate(zip(self.weights, self.offsets, strict=True)):
                 gap = w.data_ptr() - w0.data_ptr()
-                if w.dtype != w0.dtype or w.stride(1) != w0.stride(1) or gap % size:
+                if w.dtype != w0.dtype or w.stride(-2) != w0.stride(-2) or gap % size:
                     raise ValueError(
-                        "lora slices must share a dtype and a column stride and lie element-aligned, got "
-                        f"{[(str(v.dtype), v.stride()) for v in self.weights]}"
+                        f"lora slice {i}: the slices must share a dtype and a column stride and lie "
+                        "element-aligned, got "
+                        f"{[(str(v.dtype), v.stride(), v.data_ptr() % 64) for v in self.weights]}"
                     )
-                rows.append([gap // size, w.stride(0), w.shape[1], offset])
+                rows.append([gap // size, w.stride(0), w.shape[-2], offset])
             if len(_SLICE_TABLES) >= _SLICE_TABLES_CAP:
                 _SLICE_TABLES.clear()
             table = _SLICE_TABLES[key] = torch.tensor(rows, dtype=torch.int64).to(w0.device)
@@ -269,8 +267,8 @@ def _launch(
 ) -> None:
     """One segmented :func:`_lora_matmul_kernel` launch over the runs and the slices."""
     w = slices.weights[0]
-    count, reduction = len(slices.weights), w.shape[2]
-    columns = max(v.shape[1] for v in slices.weights)
+    count, reduction = len(slices.weights), w.shape[-1]
+    columns = max(v.shape[-2] for v in slices.weights)
     runs = seq_loras.shape[0]
     if runs == 0 or max_len == 0:
         return
@@ -278,7 +276,7 @@ def _launch(
     grid = (runs * count, cdiv(max_len, _DOT_MIN), cdiv(columns, block_n))
     table = slices.table() if count > 1 else seq_lens
     _lora_matmul_kernel[grid](
-        x, x.stride(-2), w, w.stride(0), w.stride(1), out, out.stride(-2),
+        x, x.stride(-2), w, w.stride(0), w.stride(-2), out, out.stride(-2),
         seq_starts, seq_lens, seq_loras, out, seq_lens, table, slices.x_stride, slices.out_stride,
         0, reduction, columns, slices.offsets[0], scale,
         ADD_INPUTS=add_inputs, BY_TOKEN=False, SLICES=count, SPLIT_K=1, DOT_DTYPE=_dot_dtype(x, w),
@@ -298,10 +296,10 @@ def _launch_by_token(
 ) -> None:
     """One by-token :func:`_lora_matmul_kernel` launch over the tokens and the slices."""
     w = slices.weights[0]
-    tokens, (loras, _, reduction), count = x.shape[-2], w.shape, len(slices.weights)
+    tokens, loras, reduction, count = x.shape[-2], w.shape[0], w.shape[-1], len(slices.weights)
     if tokens == 0:
         return
-    columns = max(v.shape[1] for v in slices.weights)
+    columns = max(v.shape[-2] for v in slices.weights)
     block_n, block_k, block_m, split_k, grid = _by_token_plan(
         geometry(x.device), tokens, loras, columns, reduction, split_k, count
     )
@@ -312,7 +310,7 @@ def _launch_by_token(
         counter = counters("lora.tiles", tiles, x.device)
     table = slices.table() if count > 1 else token_lora_indices
     _lora_matmul_kernel[grid](
-        x, x.stride(-2), w, w.stride(0), w.stride(1), out, out.stride(-2),
+        x, x.stride(-2), w, w.stride(0), w.stride(-2), out, out.stride(-2),
         token_lora_indices, token_lora_indices, token_lora_indices, part, counter,
         table, slices.x_stride, slices.out_stride, tokens, reduction, columns, slices.offsets[0], scale,
         ADD_INPUTS=add_inputs, BY_TOKEN=True, SLICES=count, SPLIT_K=split_k, DOT_DTYPE=_dot_dtype(x, w),
@@ -377,15 +375,23 @@ def lora_expand_tokens(
     _launch_by_token(z, _single(b, offset), out, token_lora_indices, 1.0, add_inputs=add_inputs, split_k=1)
 
 
+def _weights_contiguous(weights: tuple[torch.Tensor, ...]) -> None:
+    for i, w in enumerate(weights):
+        if w.stride(-1) != 1:
+            raise ValueError(f"lora slice {i} must have a contiguous last axis, got strides {w.stride()}")
+
+
 def _shrink_slices(x: torch.Tensor, weights: tuple[torch.Tensor, ...], out: torch.Tensor) -> Slices:
-    _rows_contiguous(x=x, out=out, **{f"lora_a[{i}]": w for i, w in enumerate(weights)})
+    _rows_contiguous(x=x, out=out)
+    _weights_contiguous(weights)
     return Slices(weights, (0,) * len(weights), 0, out.stride(0))
 
 
 def _expand_slices(
     z: torch.Tensor, weights: tuple[torch.Tensor, ...], out: torch.Tensor, offsets: tuple[int, ...]
 ) -> Slices:
-    _rows_contiguous(z=z, out=out, **{f"lora_b[{i}]": w for i, w in enumerate(weights)})
+    _rows_contiguous(z=z, out=out)
+    _weights_contiguous(weights)
     return Slices(weights, offsets, z.stride(0), 0)
 
 
