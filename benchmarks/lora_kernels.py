@@ -147,6 +147,7 @@ def bench_case(
     mapping = _mapping(layout, tokens, device, gen)
     meta = VP.vllm_lora_meta(mapping, SLOTS)
     runs = _runs(mapping)
+    order = lora.lora_token_order(mapping, SLOTS) if layout == "decode" else ()
     scale = 0.5
     x = torch.randn(tokens, hidden, generator=gen).to(device=device, dtype=dtype)
     widths = {"shrink": (hidden,), "expand": (hidden,), "qkv": qkv}
@@ -169,22 +170,24 @@ def bench_case(
                     buf: torch.Tensor = shrink_buf, outs: tuple = outs) -> None:  # fmt: skip
             shrink, expand = _ours("shrink", layout, impl), _ours("expand", layout, impl)
             meta_args = (mapping,) if layout == "decode" else (*runs,)
+            # decode: the step's tokens ordered by adapter, built once per step by the punica wrapper
+            plan = order if impl is lora else ()
             if op == "qkv" and impl is lora:  # a merged layer: one launch per direction over the slices
                 merged = (lora.lora_shrink_slices, lora.lora_expand_slices)
                 if layout != "decode":
                     merged = (lora.lora_shrink_segmented_slices, lora.lora_expand_segmented_slices)
                 offsets = [sum(outs[:i]) for i in range(len(outs))]
-                merged[0](x, a, buf, *meta_args, scale)
-                merged[1](buf, b, y, *meta_args, offsets, True)
+                merged[0](x, a, buf, *meta_args, scale, *plan)
+                merged[1](buf, b, y, *meta_args, offsets, True, *plan)
                 return
             if op in ("shrink", "qkv"):
                 for i in range(len(outs)):
-                    shrink(x, a[i], buf[i], *meta_args, scale)
+                    shrink(x, a[i], buf[i], *meta_args, scale, *plan)
             src = z if op == "expand" else buf
             if op in ("expand", "qkv"):
                 offset = 0
                 for i, n in enumerate(outs):
-                    expand(src[i], b[i], y, *meta_args, offset, True)
+                    expand(src[i], b[i], y, *meta_args, offset, True, *plan)
                     offset += n
 
         def vllm_fn(*, op: str = op, a: list = a, b: list = b, z: torch.Tensor = z, y: torch.Tensor = y,

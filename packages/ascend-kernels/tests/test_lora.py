@@ -252,3 +252,65 @@ def test_merged_slices_are_checked_per_slice():
         K.lora_expand_slices(torch.zeros(2, 3, 4), b, torch.zeros(3, 24), loras, [0])
     with pytest.raises(ValueError, match=r"no columns \[20, 28\)"):
         K.lora_expand_slices(torch.zeros(2, 3, 4), b, torch.zeros(3, 24), loras, [0, 20])
+
+
+def test_token_order_groups_each_adapters_tokens():
+    loras = torch.tensor([2, -1, 0, 2, 3, -1, 0])
+    order, starts = K.lora_token_order(loras, 4)
+    assert starts.tolist() == [0, 2, 4, 4, 6, 7]  # -1 x2, adapter 0 x2, 1 none, 2 x2, 3 x1
+    assert order.tolist() == [1, 5, 2, 6, 0, 3, 4]
+    into = torch.full((10,), -7, dtype=torch.int64), torch.zeros(6, dtype=torch.int64)
+    got = K.lora_token_order(loras, 4, *into)
+    assert (
+        got[0] is into[0] and into[0][:7].tolist() == order.tolist() and into[1].tolist() == starts.tolist()
+    )
+    with pytest.raises(ValueError, match="lora_starts 6"):
+        K.lora_token_order(loras, 4, torch.zeros(10, dtype=torch.int64), torch.zeros(5, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("tokens", [11, 300])
+def test_ordered_tokens_give_the_unordered_result(gen, split_k, tokens):
+    """Given the tokens ordered by adapter, each adapter's programs take only its tokens: the same bits as the
+    unordered layout, single and merged slices, shrink (split or not) and expand. Stale adapters in the mapping
+    past the call's rows (a larger persistent buffer) are never written."""
+    from vllm_ascend.kernels._triton import lora as triton_lora
+
+    hidden, rank, widths, scale = 40, 16, (48, 16), 0.5
+    buffer = torch.randint(-1, 4, (tokens + 9,), generator=gen)  # rows past `tokens`: stale adapters
+    order, starts = K.lora_token_order(buffer, 4)
+    x = torch.randn(tokens, hidden, generator=gen)
+    a = [_weights(gen, 4, rank, hidden, torch.float32)[:, 0] for _ in widths]
+    b = [_weights(gen, 4, n, rank, torch.float32)[:, 0] for n in widths]
+    results = []
+    for plan in ((), (order, starts)):
+        single = torch.full((tokens, rank), float("nan"))
+        triton_lora.lora_shrink_tokens(x, a[0], single, buffer, scale, *plan, split_k=split_k)
+        merged = torch.full((len(widths), tokens, rank), float("nan"))
+        triton_lora.lora_shrink_tokens_slices(x, tuple(a), merged, buffer, scale, *plan, split_k=split_k)
+        y = torch.ones(tokens, sum(widths))
+        triton_lora.lora_expand_tokens_slices(merged.nan_to_num(), tuple(b), y, buffer, (0, 48), True, *plan)
+        y1 = torch.ones(tokens, widths[0])
+        triton_lora.lora_expand_tokens(single.nan_to_num(), b[0], y1, buffer, 0, True, *plan)
+        results.append((single, merged, y, y1))
+    done = buffer[:tokens] >= 0
+    for unordered, ordered in zip(*results, strict=True):
+        assert torch.equal(unordered.nan_to_num(), ordered.nan_to_num())
+    assert torch.isnan(results[1][0][~done]).all() and not torch.isnan(results[1][0][done]).any()
+    want = _shrink_equation(x, a[0].unsqueeze(1), buffer[:tokens], scale)
+    torch.testing.assert_close(results[1][0][done].double(), want[done], rtol=1e-5, atol=1e-5)
+
+
+def test_an_order_needs_both_parts_and_room_for_every_slot():
+    x, a, out, loras = (
+        torch.zeros(3, 8),
+        torch.zeros(4, 1, 2, 8),
+        torch.zeros(3, 2),
+        torch.zeros(3, dtype=torch.long),
+    )
+    with pytest.raises(ValueError, match="come together"):
+        K.lora_shrink(x, a, out, loras, 1.0, torch.zeros(3, dtype=torch.long), None)
+    with pytest.raises(ValueError, match="num_loras \\+ 2 = 6 entries"):
+        K.lora_shrink(
+            x, a, out, loras, 1.0, torch.zeros(3, dtype=torch.long), torch.zeros(5, dtype=torch.long)
+        )

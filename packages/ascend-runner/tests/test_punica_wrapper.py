@@ -262,3 +262,26 @@ def test_a_captured_step_runs_per_token_and_an_eager_one_segmented(monkeypatch, 
     torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-4)
     per_token = mode != "NONE"
     assert calls == {"lora_shrink_torch": int(per_token), "lora_shrink_segmented_torch": int(not per_token)}
+
+
+def test_where_triton_serves_each_step_orders_its_tokens_by_adapter(monkeypatch):
+    """The per-token kernels get the step's tokens ordered by adapter, rebuilt in the same persistent buffers
+    at each update (graphs read them); the padding rows stay in the no-adapter run."""
+    from vllm_ascend.runner import punica_wrapper
+
+    monkeypatch.setattr(punica_wrapper, "use_triton", lambda device: True)
+    wrapper = _wrapper(is_prefill=False)
+    order, starts = wrapper._token_order, wrapper._lora_starts
+    assert order is not None and starts is not None
+    n = len(TOKEN_IDS)  # slots 0 0 0 -1 2 2, then 58 padding rows
+    assert starts.tolist() == [0, 64 - n + 1, 64 - n + 4, 64 - n + 4, 64, 64]
+    assert order[starts[1] : starts[2]].tolist() == [0, 1, 2] and order[starts[3] : starts[4]].tolist() == [
+        4,
+        5,
+    ]
+    assert sorted(order[: starts[1]].tolist()) == [3, *range(n, 64)]
+    wrapper.update_metadata(
+        LoRAMapping((9,) * n, (9,) * 3, is_prefill=False), SLOTS, max_loras=4, vocab_size=VOCAB
+    )
+    assert wrapper._token_order is order and wrapper._lora_starts is starts
+    assert starts.tolist() == [0, 64 - n, 64 - n, 64 - n, 64, 64]  # every token on adapter 9 (slot 2)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names loa
     from vllm_ascend.kernels.lora import lora_shrink_segmented as lora_shrink_segmented
     from vllm_ascend.kernels.lora import lora_shrink_segmented_slices as lora_shrink_segmented_slices
     from vllm_ascend.kernels.lora import lora_shrink_slices as lora_shrink_slices
+    from vllm_ascend.kernels.lora import lora_token_order as lora_token_order
     from vllm_ascend.kernels.min_p import apply_min_p as apply_min_p
     from vllm_ascend.kernels.ngram import ngram_propose as ngram_propose
     from vllm_ascend.kernels.penalties import apply_penalties as apply_penalties
@@ -95,6 +96,7 @@ _EXPORTS = {
     "lora_expand_segmented": "vllm_ascend.kernels.lora",
     "lora_shrink": "vllm_ascend.kernels.lora",
     "lora_shrink_segmented": "vllm_ascend.kernels.lora",
+    "lora_token_order": "vllm_ascend.kernels.lora",
     "lora_expand_slices": "vllm_ascend.kernels.lora",
     "lora_expand_segmented_slices": "vllm_ascend.kernels.lora",
     "lora_shrink_slices": "vllm_ascend.kernels.lora",

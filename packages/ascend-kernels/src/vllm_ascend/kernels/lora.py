@@ -4,7 +4,9 @@ Adapters sit in stacked tensors, one slot per loaded adapter: ``lora_a`` ``[L, (
 ``[L, (1,) out, rank]`` (vLLM's layout, the singleton layer axis optional). A token's slot comes from the
 token->adapter mapping (``-1``: no adapter; such tokens are left untouched). Decode maps every token on its
 own (``token_lora_indices``); segmented prefill maps runs of consecutive tokens sharing an adapter
-(``seq_starts`` / ``seq_lens`` / ``seq_loras``), so each run is one matrix product.
+(``seq_starts`` / ``seq_lens`` / ``seq_loras``), so each run is one matrix product. A decode call may also be
+given the step's tokens ordered by adapter (:func:`lora_token_order`, built once per step for every layer):
+the same result, but each adapter's programs then visit only its own tokens instead of every token tile.
 """
 
 from __future__ import annotations
@@ -44,6 +46,41 @@ def _check_expand(z: torch.Tensor, b: torch.Tensor, out: torch.Tensor, offset: i
     if out.ndim != 2 or out.shape[0] < z.shape[0] or not 0 <= offset <= out.shape[1] - b.shape[1]:
         raise ValueError(
             f"out {tuple(out.shape)} has no columns [{offset}, {offset + b.shape[1]}) for {z.shape[0]} tokens"
+        )
+
+
+def lora_token_order(
+    token_lora_indices: torch.Tensor,
+    num_loras: int,
+    token_order: torch.Tensor | None = None,
+    lora_starts: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens ordered by adapter: ``token_order`` (int64, every entry of ``token_lora_indices``, stable) and
+    ``lora_starts`` (``num_loras + 2`` int64): adapter ``l``'s tokens are ``token_order[lora_starts[l + 1] :
+    lora_starts[l + 2]]``, entry 0 begins the tokens without one (``-1``). Device ops only (no host sync,
+    capturable); written into the given tensors when passed (persistent buffers a graph reads)."""
+    keys, order = torch.sort(token_lora_indices.to(torch.int64), stable=True)
+    bounds = torch.arange(-1, num_loras + 1, dtype=torch.int64, device=keys.device)
+    starts = torch.searchsorted(keys, bounds)
+    if token_order is None or lora_starts is None:
+        return order, starts
+    if token_order.numel() < order.numel() or lora_starts.numel() < num_loras + 2:
+        raise ValueError(
+            f"token_order must hold {order.numel()} entries and lora_starts {num_loras + 2}, got "
+            f"{token_order.numel()} and {lora_starts.numel()}"
+        )
+    token_order[: order.numel()].copy_(order)
+    lora_starts[: num_loras + 2].copy_(starts)
+    return token_order, lora_starts
+
+
+def _check_order(loras: int, token_order: torch.Tensor | None, lora_starts: torch.Tensor | None) -> None:
+    if (token_order is None) != (lora_starts is None):
+        raise ValueError("token_order and lora_starts come together (lora_token_order), got only one of them")
+    if lora_starts is not None and lora_starts.numel() < loras + 2:
+        raise ValueError(
+            f"lora_starts must hold num_loras + 2 = {loras + 2} entries for {loras} adapter slots, "
+            f"got {lora_starts.numel()}"
         )
 
 
@@ -89,9 +126,16 @@ def lora_shrink_segmented(
 
 
 def lora_shrink_torch(
-    x: torch.Tensor, lora_a: torch.Tensor, out: torch.Tensor, token_lora_indices: torch.Tensor, scale: float
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    out: torch.Tensor,
+    token_lora_indices: torch.Tensor,
+    scale: float,
+    token_order: torch.Tensor | None = None,
+    lora_starts: torch.Tensor | None = None,
 ) -> None:
-    """Reference of :func:`lora_shrink`: the selected adapters gathered, one batched fp32 product."""
+    """Reference of :func:`lora_shrink`: the selected adapters gathered, one batched fp32 product (the order,
+    which only saves work, is not needed)."""
     a = _stacked(lora_a, "lora_a")
     idx = token_lora_indices[: x.shape[0]].to(torch.int64)
     rows = (idx >= 0).nonzero().squeeze(1)
@@ -100,16 +144,24 @@ def lora_shrink_torch(
 
 
 def lora_shrink(
-    x: torch.Tensor, lora_a: torch.Tensor, out: torch.Tensor, token_lora_indices: torch.Tensor, scale: float
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    out: torch.Tensor,
+    token_lora_indices: torch.Tensor,
+    scale: float,
+    token_order: torch.Tensor | None = None,
+    lora_starts: torch.Tensor | None = None,
 ) -> None:
     """``out[t, :rank] = scale * x[t] @ lora_a[i_t]^T`` for each token ``t`` with ``i_t >= 0``; in place.
 
-    Decode: ``token_lora_indices`` ``[>= T]`` maps each token to its adapter slot.
+    Decode: ``token_lora_indices`` ``[>= T]`` maps each token to its adapter slot; ``token_order`` /
+    ``lora_starts``: optionally, :func:`lora_token_order` of it.
     """
     a = _stacked(lora_a, "lora_a")
     _check_shrink(x, a, out)
+    _check_order(a.shape[0], token_order, lora_starts)
     impl = dispatch("lora", "lora_shrink_tokens", lora_shrink_torch, x.device)
-    impl(x, a, out, token_lora_indices[: x.shape[0]], scale)
+    impl(x, a, out, token_lora_indices[: x.shape[0]], scale, token_order, lora_starts)
 
 
 def lora_expand_segmented_torch(
@@ -164,6 +216,8 @@ def lora_expand_torch(
     token_lora_indices: torch.Tensor,
     offset: int,
     add_inputs: bool,
+    token_order: torch.Tensor | None = None,
+    lora_starts: torch.Tensor | None = None,
 ) -> None:
     """Reference of :func:`lora_expand`: the selected adapters gathered, one batched fp32 product."""
     b = _stacked(lora_b, "lora_b")
@@ -184,15 +238,19 @@ def lora_expand(
     token_lora_indices: torch.Tensor,
     offset: int = 0,
     add_inputs: bool = True,
+    token_order: torch.Tensor | None = None,
+    lora_starts: torch.Tensor | None = None,
 ) -> None:
     """``out[t, offset:offset+N] (+)= z[t, :rank] @ lora_b[i_t]^T`` for each token with ``i_t >= 0``; in place.
 
-    Decode counterpart of :func:`lora_expand_segmented`.
+    Decode counterpart of :func:`lora_expand_segmented` (``token_order`` / ``lora_starts`` as in
+    :func:`lora_shrink`).
     """
     b = _stacked(lora_b, "lora_b")
     _check_expand(z, b, out, offset)
+    _check_order(b.shape[0], token_order, lora_starts)
     impl = dispatch("lora", "lora_expand_tokens", lora_expand_torch, z.device)
-    impl(z, b, out, token_lora_indices[: z.shape[0]], offset, add_inputs)
+    impl(z, b, out, token_lora_indices[: z.shape[0]], offset, add_inputs, token_order, lora_starts)
 
 
 #: Shapes of merged-slice calls already checked: the checks cost more than a decode launch's own host work,
@@ -239,6 +297,8 @@ def lora_shrink_slices_torch(
     out: torch.Tensor,
     token_lora_indices: torch.Tensor,
     scale: float,
+    token_order: torch.Tensor | None = None,
+    lora_starts: torch.Tensor | None = None,
 ) -> None:
     """Reference of :func:`lora_shrink_slices`: :func:`lora_shrink_torch` per slice."""
     for i, a in enumerate(lora_a):
@@ -251,12 +311,15 @@ def lora_shrink_slices(
     out: torch.Tensor,
     token_lora_indices: torch.Tensor,
     scale: float,
+    token_order: torch.Tensor | None = None,
+    lora_starts: torch.Tensor | None = None,
 ) -> None:
     """:func:`lora_shrink` of every slice of a merged layer (QKV, gate-up) in one launch: ``out[i, t, :rank] =
     scale * x[t] @ lora_a[i][i_t]^T``. ``out``: ``[S, >= T, >= rank]`` (vLLM's fp32 slice buffer)."""
     _checked_slices("shrink", x, lora_a, out, None)
+    _check_order(lora_a[0].shape[0], token_order, lora_starts)
     impl = dispatch("lora", "lora_shrink_tokens_slices", lora_shrink_slices_torch, x.device)
-    impl(x, tuple(lora_a), out, token_lora_indices[: x.shape[0]], scale)
+    impl(x, tuple(lora_a), out, token_lora_indices[: x.shape[0]], scale, token_order, lora_starts)
 
 
 def lora_shrink_segmented_slices_torch(
@@ -297,6 +360,8 @@ def lora_expand_slices_torch(
     token_lora_indices: torch.Tensor,
     offsets: Sequence[int],
     add_inputs: bool,
+    token_order: torch.Tensor | None = None,
+    lora_starts: torch.Tensor | None = None,
 ) -> None:
     """Reference of :func:`lora_expand_slices`: :func:`lora_expand_torch` per slice."""
     for i, (b, offset) in enumerate(zip(lora_b, offsets, strict=True)):
@@ -310,12 +375,15 @@ def lora_expand_slices(
     token_lora_indices: torch.Tensor,
     offsets: Sequence[int],
     add_inputs: bool = True,
+    token_order: torch.Tensor | None = None,
+    lora_starts: torch.Tensor | None = None,
 ) -> None:
     """:func:`lora_expand` of every slice of a merged layer in one launch: ``out[t, offsets[i]:offsets[i]+N_i]
     (+)= z[i, t, :rank] @ lora_b[i][i_t]^T``. ``z``: ``[S, >= T, >= rank]``."""
     at = _checked_slices("expand", z, lora_b, out, offsets)
+    _check_order(lora_b[0].shape[0], token_order, lora_starts)
     impl = dispatch("lora", "lora_expand_tokens_slices", lora_expand_slices_torch, z.device)
-    impl(z, tuple(lora_b), out, token_lora_indices[: z.shape[1]], at, add_inputs)
+    impl(z, tuple(lora_b), out, token_lora_indices[: z.shape[1]], at, add_inputs, token_order, lora_starts)
 
 
 def lora_expand_segmented_slices_torch(

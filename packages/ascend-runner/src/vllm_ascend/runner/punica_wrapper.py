@@ -28,6 +28,7 @@ from vllm.forward_context import get_forward_context, is_forward_context_availab
 from vllm.lora.punica_wrapper.punica_base import PunicaWrapperBase
 from vllm.utils.torch_utils import direct_register_custom_op
 
+from vllm_ascend.kernels import use_triton
 from vllm_ascend.kernels.lora import (
     lora_expand,
     lora_expand_segmented,
@@ -37,6 +38,7 @@ from vllm_ascend.kernels.lora import (
     lora_shrink_segmented,
     lora_shrink_segmented_slices,
     lora_shrink_slices,
+    lora_token_order,
 )
 
 
@@ -79,11 +81,28 @@ class AscendPunicaWrapper(PunicaWrapperBase):
         self, max_num_batched_tokens: int, max_batches: int, device: torch.device | str, **kwargs: Any
     ) -> None:
         super().__init__(max_num_batched_tokens, max_batches, device)
+        #: The step's tokens ordered by adapter (``lora_token_order``), persistent for graphs; built where the
+        #: Triton kernels serve (they then visit only each adapter's own tokens), None elsewhere.
+        self._token_order: torch.Tensor | None = None
+        self._lora_starts: torch.Tensor | None = None
 
-    def update_metadata(self, *args: Any, **kwargs: Any) -> None:
-        """vLLM's update, then the rows past the step's tokens (a graph's padding) mapped to no adapter."""
-        super().update_metadata(*args, **kwargs)
+    def update_metadata(
+        self, mapping: Any, lora_index_to_id: list[int | None], *args: Any, **kwargs: Any
+    ) -> None:
+        """vLLM's update, then the rows past the step's tokens (a graph's padding) mapped to no adapter, and the
+        tokens ordered by adapter for the per-token kernels."""
+        super().update_metadata(mapping, lora_index_to_id, *args, **kwargs)
         self._token_lora_indices[self.indices_len[0] :].fill_(-1)
+        if not use_triton(torch.device(self.device)):
+            return
+        slots = len(lora_index_to_id)
+        if self._lora_starts is None or self._lora_starts.numel() != slots + 2:
+            self._token_order = torch.empty_like(self._token_lora_indices, dtype=torch.int64)
+            self._lora_starts = torch.empty(
+                slots + 2, dtype=torch.int64, device=self._token_lora_indices.device
+            )
+        assert self._token_order is not None
+        lora_token_order(self._token_lora_indices, slots, self._token_order, self._lora_starts)
 
     def _per_token(self) -> bool:
         """Per token for a decode mapping and wherever the call is traced (``torch.compile``) or captured (a
@@ -97,7 +116,9 @@ class AscendPunicaWrapper(PunicaWrapperBase):
 
     def _shrink(self, out: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, scale: float) -> None:
         if self._per_token():
-            torch.ops.vllm.ascend_lora_shrink(x, lora_a, out, self._token_lora_indices, scale)
+            torch.ops.vllm.ascend_lora_shrink(
+                x, lora_a, out, self._token_lora_indices, scale, self._token_order, self._lora_starts
+            )
         elif not self.no_lora:
             starts, lens, loras, _, max_len, _ = self.prefill_metadata
             lora_shrink_segmented(x, lora_a, out, starts, lens, loras, max_len, scale)
@@ -106,7 +127,16 @@ class AscendPunicaWrapper(PunicaWrapperBase):
         self, out: torch.Tensor, z: torch.Tensor, lora_b: torch.Tensor, offset: int, add_inputs: bool
     ) -> None:
         if self._per_token():
-            torch.ops.vllm.ascend_lora_expand(z, lora_b, out, self._token_lora_indices, offset, add_inputs)
+            torch.ops.vllm.ascend_lora_expand(
+                z,
+                lora_b,
+                out,
+                self._token_lora_indices,
+                offset,
+                add_inputs,
+                self._token_order,
+                self._lora_starts,
+            )
         elif not self.no_lora:
             starts, lens, loras, _, max_len, _ = self.prefill_metadata
             lora_expand_segmented(z, lora_b, out, starts, lens, loras, max_len, offset, add_inputs)
@@ -154,7 +184,14 @@ class AscendPunicaWrapper(PunicaWrapperBase):
                 self._expand(out, x[i], lora_b, offset, add_inputs)
         elif self._per_token():
             torch.ops.vllm.ascend_lora_expand_slices(
-                x, list(lora_b_stacked), out, self._token_lora_indices, offsets, add_inputs
+                x,
+                list(lora_b_stacked),
+                out,
+                self._token_lora_indices,
+                offsets,
+                add_inputs,
+                self._token_order,
+                self._lora_starts,
             )
         elif not self.no_lora:
             starts, lens, loras, _, max_len, _ = self.prefill_metadata

@@ -52,6 +52,7 @@ def _lora_matmul_kernel(
     scale,
     ADD_INPUTS: tl.constexpr,
     BY_TOKEN: tl.constexpr,
+    SORTED: tl.constexpr,
     SLICES: tl.constexpr,
     SPLIT_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
@@ -63,7 +64,10 @@ def _lora_matmul_kernel(
     ``w = lora_a`` (columns = rank, offset 0), expand ``w = lora_b`` (columns = the slice's width).
 
     Segmented: program ``(run, tile, col)`` takes rows ``s + tile*BLOCK_M + i < s + n`` of run ``(s, n, l)``.
-    By token: program ``(l, tile, col*SPLIT_K + k)`` takes the tile's tokens whose ``loras[t] == l`` and the
+    By token, ``SORTED``: program ``(l, tile, col*SPLIT_K + k)`` takes tile ``tile`` of adapter ``l``'s tokens,
+    ``lens_ptr`` holding the tokens ordered by adapter and ``starts_ptr`` where each adapter's run begins (entry
+    ``l + 1``; entry 0 is the tokens without one). By token otherwise: program ``(l, tile, col*SPLIT_K + k)``
+    takes the tile's tokens whose ``loras[t] == l`` and the
     ``k``-th of ``SPLIT_K`` interleaved reduction chunks; with ``SPLIT_K > 1`` it stores its partial
     ``[BLOCK_M, BLOCK_N]`` at ``part_ptr`` and the output tile's last split adds the ``SPLIT_K`` partials.
 
@@ -85,7 +89,14 @@ def _lora_matmul_kernel(
         offset = tl.load(meta + 3)
         x_ptr += piece.to(tl.int64) * x_slice_stride
         out_ptr += piece.to(tl.int64) * out_slice_stride
-    if BY_TOKEN:
+    if BY_TOKEN and SORTED:  # the adapter's own tokens: order[starts[l+1] + tile rows] below starts[l+2]
+        lora = unit.to(tl.int64)
+        first = tl.load(starts_ptr + lora + 1)
+        at = first + tiles
+        row_ok = at < tl.load(starts_ptr + lora + 2)
+        rows = tl.load(lens_ptr + at, mask=row_ok, other=0).to(tl.int64)
+        row_ok &= rows < num_tokens
+    elif BY_TOKEN:
         lora = unit.to(tl.int64)
         in_batch = tiles < num_tokens
         token_lora = tl.load(loras_ptr + tiles, mask=in_batch, other=-1).to(tl.int64)
@@ -279,7 +290,7 @@ def _launch(
         x, x.stride(-2), w, w.stride(0), w.stride(-2), out, out.stride(-2),
         seq_starts, seq_lens, seq_loras, out, seq_lens, table, slices.x_stride, slices.out_stride,
         0, reduction, columns, slices.offsets[0], scale,
-        ADD_INPUTS=add_inputs, BY_TOKEN=False, SLICES=count, SPLIT_K=1, DOT_DTYPE=_dot_dtype(x, w),
+        ADD_INPUTS=add_inputs, BY_TOKEN=False, SORTED=False, SLICES=count, SPLIT_K=1, DOT_DTYPE=_dot_dtype(x, w),
         BLOCK_M=_DOT_MIN, BLOCK_N=block_n, BLOCK_K=block_k,
     )  # fmt: skip
 
@@ -293,8 +304,11 @@ def _launch_by_token(
     *,
     add_inputs: bool,
     split_k: int | None,
+    token_order: torch.Tensor | None = None,
+    lora_starts: torch.Tensor | None = None,
 ) -> None:
-    """One by-token :func:`_lora_matmul_kernel` launch over the tokens and the slices."""
+    """One by-token :func:`_lora_matmul_kernel` launch over the tokens and the slices; with ``token_order`` /
+    ``lora_starts`` (the tokens ordered by adapter) each program takes only its adapter's tokens."""
     w = slices.weights[0]
     tokens, loras, reduction, count = x.shape[-2], w.shape[0], w.shape[-1], len(slices.weights)
     if tokens == 0:
@@ -309,12 +323,15 @@ def _launch_by_token(
         part = scratch("lora.partials", tiles * split_k * block_m * block_n, torch.float32, x.device)
         counter = counters("lora.tiles", tiles, x.device)
     table = slices.table() if count > 1 else token_lora_indices
+    ordered = token_order is not None and lora_starts is not None
+    starts = lora_starts if lora_starts is not None else token_lora_indices
+    order = token_order if token_order is not None else token_lora_indices
     _lora_matmul_kernel[grid](
         x, x.stride(-2), w, w.stride(0), w.stride(-2), out, out.stride(-2),
-        token_lora_indices, token_lora_indices, token_lora_indices, part, counter,
+        starts, order, token_lora_indices, part, counter,
         table, slices.x_stride, slices.out_stride, tokens, reduction, columns, slices.offsets[0], scale,
-        ADD_INPUTS=add_inputs, BY_TOKEN=True, SLICES=count, SPLIT_K=split_k, DOT_DTYPE=_dot_dtype(x, w),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        ADD_INPUTS=add_inputs, BY_TOKEN=True, SORTED=ordered, SLICES=count, SPLIT_K=split_k,
+        DOT_DTYPE=_dot_dtype(x, w), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
     )  # fmt: skip
 
 
@@ -338,14 +355,17 @@ def lora_shrink_tokens(
     out: torch.Tensor,
     token_lora_indices: torch.Tensor,
     scale: float,
+    token_order: torch.Tensor | None = None,
+    lora_starts: torch.Tensor | None = None,
     *,
     split_k: int | None = None,
 ) -> None:
     """``split_k``: reduction splits (default: by the batch and the device's cores)."""
     _rows_contiguous(x=x, lora_a=a, out=out)
     _launch_by_token(
-        x, _single(a, 0), out, token_lora_indices, float(scale), add_inputs=False, split_k=split_k
-    )
+        x, _single(a, 0), out, token_lora_indices, float(scale), add_inputs=False, split_k=split_k,
+        token_order=token_order, lora_starts=lora_starts,
+    )  # fmt: skip
 
 
 def lora_expand(
@@ -370,9 +390,14 @@ def lora_expand_tokens(
     token_lora_indices: torch.Tensor,
     offset: int,
     add_inputs: bool,
+    token_order: torch.Tensor | None = None,
+    lora_starts: torch.Tensor | None = None,
 ) -> None:
     _rows_contiguous(z=z, lora_b=b, out=out)
-    _launch_by_token(z, _single(b, offset), out, token_lora_indices, 1.0, add_inputs=add_inputs, split_k=1)
+    _launch_by_token(
+        z, _single(b, offset), out, token_lora_indices, 1.0, add_inputs=add_inputs, split_k=1,
+        token_order=token_order, lora_starts=lora_starts,
+    )  # fmt: skip
 
 
 def _weights_contiguous(weights: tuple[torch.Tensor, ...]) -> None:
@@ -416,12 +441,17 @@ def lora_shrink_tokens_slices(
     out: torch.Tensor,
     token_lora_indices: torch.Tensor,
     scale: float,
+    token_order: torch.Tensor | None = None,
+    lora_starts: torch.Tensor | None = None,
     *,
     split_k: int | None = None,
 ) -> None:
     """By-token shrink of every slice in one launch: ``out[i]`` gets slice ``i``."""
     slices = _shrink_slices(x, weights, out)
-    _launch_by_token(x, slices, out, token_lora_indices, float(scale), add_inputs=False, split_k=split_k)
+    _launch_by_token(
+        x, slices, out, token_lora_indices, float(scale), add_inputs=False, split_k=split_k,
+        token_order=token_order, lora_starts=lora_starts,
+    )  # fmt: skip
 
 
 def lora_expand_slices(
@@ -447,7 +477,12 @@ def lora_expand_tokens_slices(
     token_lora_indices: torch.Tensor,
     offsets: tuple[int, ...],
     add_inputs: bool,
+    token_order: torch.Tensor | None = None,
+    lora_starts: torch.Tensor | None = None,
 ) -> None:
     """By-token expand of every slice in one launch: ``z[i]`` through slice ``i`` into ``out`` at ``offsets[i]``."""
     slices = _expand_slices(z, weights, out, offsets)
-    _launch_by_token(z, slices, out, token_lora_indices, 1.0, add_inputs=add_inputs, split_k=1)
+    _launch_by_token(
+        z, slices, out, token_lora_indices, 1.0, add_inputs=add_inputs, split_k=1,
+        token_order=token_order, lora_starts=lora_starts,
+    )  # fmt: skip
