@@ -54,6 +54,7 @@ def _lora_matmul_kernel(
     BY_TOKEN: tl.constexpr,
     SORTED: tl.constexpr,
     SLICES: tl.constexpr,
+    SLICES_ALIGNED: tl.constexpr,
     SPLIT_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -73,7 +74,8 @@ def _lora_matmul_kernel(
 
     ``SLICES > 1`` (a merged layer's slices in one launch): axis 0 is ``unit * SLICES + slice``; slice ``s``
     reads ``x + s * x_slice_stride`` and writes ``out + s * out_slice_stride``, and its row of ``slices_ptr``
-    gives its weights' element offset from ``w_ptr``, their adapter stride, its columns and its ``offset``."""
+    gives its weights' element offset from ``w_ptr``, their adapter stride, its columns and its ``offset``
+    (``SLICES_ALIGNED``: the offsets and strides are multiples of 16 elements)."""
     tiles = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     col_split = tl.program_id(2)
     cols = (col_split // SPLIT_K) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -83,10 +85,15 @@ def _lora_matmul_kernel(
         piece = unit % SLICES
         unit = unit // SLICES
         meta = slices_ptr + piece * 4
-        w_ptr += tl.load(meta)
+        w_offset = tl.load(meta)
         w_stride_lora = tl.load(meta + 1)
         columns = tl.load(meta + 2)
         offset = tl.load(meta + 3)
+        if SLICES_ALIGNED:  # what the scalar arguments' specialization tells the compiler (vector loads)
+            w_offset = tl.multiple_of(w_offset, 16)
+            w_stride_lora = tl.multiple_of(w_stride_lora, 16)
+            offset = tl.multiple_of(offset, 16)
+        w_ptr += w_offset
         x_ptr += piece.to(tl.int64) * x_slice_stride
         out_ptr += piece.to(tl.int64) * out_slice_stride
     if BY_TOKEN and SORTED:  # the adapter's own tokens: order[starts[l+1] + tile rows] below starts[l+2]
@@ -219,7 +226,7 @@ def _by_token_plan(
 
 
 #: A merged layer's slice rows (see :func:`_slice_table`), by the weights' addresses and layouts and the offsets.
-_SLICE_TABLES: dict[tuple[object, ...], torch.Tensor] = {}
+_SLICE_TABLES: dict[tuple[object, ...], tuple[torch.Tensor, bool]] = {}
 _SLICE_TABLES_CAP = 4096
 
 
@@ -235,13 +242,14 @@ class Slices:
     ) -> None:
         self.weights, self.offsets, self.x_stride, self.out_stride = weights, offsets, x_stride, out_stride
 
-    def table(self) -> torch.Tensor:
+    def table(self) -> tuple[torch.Tensor, bool]:
         """``[S, 4]`` int64 on the weights' device: slice ``i``'s weights as an element offset from slice 0's,
-        their adapter stride, its columns, its output offset. Built once per layer (weights stay in place):
-        the first launch of a layer must be eager, as vLLM's warm-up runs are."""
+        their adapter stride, its columns, its output offset; and whether the offsets and strides are all
+        multiples of 16 elements. Built once per layer (weights stay in place): the first launch of a layer
+        must be eager, as vLLM's warm-up runs are."""
         key = (self.offsets, *((w.data_ptr(), w.shape, w.stride()) for w in self.weights))
-        table = _SLICE_TABLES.get(key)
-        if table is None:
+        entry = _SLICE_TABLES.get(key)
+        if entry is None:
             w0 = self.weights[0]
             size = w0.element_size()
             rows = []
@@ -256,8 +264,9 @@ class Slices:
                 rows.append([gap // size, w.stride(0), w.shape[-2], offset])
             if len(_SLICE_TABLES) >= _SLICE_TABLES_CAP:
                 _SLICE_TABLES.clear()
-            table = _SLICE_TABLES[key] = torch.tensor(rows, dtype=torch.int64).to(w0.device)
-        return table
+            aligned = all(r[0] % 16 == 0 and r[1] % 16 == 0 and r[3] % 16 == 0 for r in rows)
+            entry = _SLICE_TABLES[key] = (torch.tensor(rows, dtype=torch.int64).to(w0.device), aligned)
+        return entry
 
 
 def _single(w: torch.Tensor, offset: int) -> Slices:
@@ -285,12 +294,12 @@ def _launch(
         return
     block_n, block_k = _tiles(x.device, columns, reduction)
     grid = (runs * count, cdiv(max_len, _DOT_MIN), cdiv(columns, block_n))
-    table = slices.table() if count > 1 else seq_lens
+    table, aligned = slices.table() if count > 1 else (seq_lens, False)
     _lora_matmul_kernel[grid](
         x, x.stride(-2), w, w.stride(0), w.stride(-2), out, out.stride(-2),
         seq_starts, seq_lens, seq_loras, out, seq_lens, table, slices.x_stride, slices.out_stride,
         0, reduction, columns, slices.offsets[0], scale,
-        ADD_INPUTS=add_inputs, BY_TOKEN=False, SORTED=False, SLICES=count, SPLIT_K=1, DOT_DTYPE=_dot_dtype(x, w),
+        ADD_INPUTS=add_inputs, BY_TOKEN=False, SORTED=False, SLICES=count, SLICES_ALIGNED=aligned, SPLIT_K=1, DOT_DTYPE=_dot_dtype(x, w),
         BLOCK_M=_DOT_MIN, BLOCK_N=block_n, BLOCK_K=block_k,
     )  # fmt: skip
 
@@ -322,7 +331,7 @@ def _launch_by_token(
         tiles = grid[0] * grid[1] * (grid[2] // split_k)
         part = scratch("lora.partials", tiles * split_k * block_m * block_n, torch.float32, x.device)
         counter = counters("lora.tiles", tiles, x.device)
-    table = slices.table() if count > 1 else token_lora_indices
+    table, aligned = slices.table() if count > 1 else (token_lora_indices, False)
     ordered = token_order is not None and lora_starts is not None
     starts = lora_starts if lora_starts is not None else token_lora_indices
     order = token_order if token_order is not None else token_lora_indices
@@ -330,7 +339,7 @@ def _launch_by_token(
         x, x.stride(-2), w, w.stride(0), w.stride(-2), out, out.stride(-2),
         starts, order, token_lora_indices, part, counter,
         table, slices.x_stride, slices.out_stride, tokens, reduction, columns, slices.offsets[0], scale,
-        ADD_INPUTS=add_inputs, BY_TOKEN=True, SORTED=ordered, SLICES=count, SPLIT_K=split_k,
+        ADD_INPUTS=add_inputs, BY_TOKEN=True, SORTED=ordered, SLICES=count, SLICES_ALIGNED=aligned, SPLIT_K=split_k,
         DOT_DTYPE=_dot_dtype(x, w), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
     )  # fmt: skip
 
