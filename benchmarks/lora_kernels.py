@@ -8,13 +8,16 @@ where vLLM is installed (``python benchmarks/vllm_peer.py stage``) and carrying 
     TRITON_INTERPRET=1 python benchmarks/lora_kernels.py --dry    # the script itself, on CPU, tiny, fp16
 
 Shapes: hidden 4096, 4 adapter slots all in use, ranks 16 and 64, T in {1, 8, 64, 256, 1024} tokens, bf16.
-Layouts: decode (each token its adapter, interleaved: our by-token kernel) and prefill (4 sequences, one
-adapter each: our segmented kernel; vLLM has one kernel for both). Rows: ``shrink`` (x @ A^T into the fp32
+Layouts: decode (each token its adapter, interleaved) and prefill (4 sequences, one adapter each); ours runs
+as the punica wrapper runs it where Triton serves, the by-token kernel on the step's tokens ordered by adapter,
+in both (``old`` used its segmented kernel for prefill); vLLM has one kernel for both. Rows: ``shrink`` (x @ A^T into the fp32
 buffer), ``expand`` (buffer @ B^T added to a bf16 output), ``qkv`` (a merged 4096 -> 4096+1024+1024 layer:
 shrink + expand of three slices, one launch per direction over the slices on both sides; ``old``: per slice).
-Timing: median µs of ``triton.testing.do_bench`` (L2 flushed before each call). vLLM's per-step metadata
-(tokens sorted by adapter) is built once outside the timing, as its punica wrapper does per step; ours needs
-none. "floor": bytes that must move (inputs, the active adapters' weights, outputs) / the measured copy
+Timing: ``kernels.py``'s method, the median GPU µs of a call (L2 flushed, the GPU kept busy while the host
+enqueues it, so a host-bound call's launch gaps are not timed: plain ``do_bench`` timed them whenever the host
+cost passed the flush's GPU time, which made eager multi-launch rows a measure of the device host's load);
+"host": each side's Python + launch µs per call, measured apart. Per-step metadata (tokens ordered by adapter)
+is built once outside the timing on both sides, as each punica wrapper does per step. "floor": bytes that must move (inputs, the active adapters' weights, outputs) / the measured copy
 bandwidth. Correctness: each side's relative error against a float64 product; ``old`` (when
 ``.peer/ours_old_lora.py`` holds the previous kernel) the same for the kernel before the by-token layout.
 """
@@ -39,6 +42,8 @@ for src in ("packages/ascend-kernels/src", "packages/ascend-core/src"):
 
 import triton.testing  # noqa: E402
 import vllm_peer as VP  # noqa: E402
+from kernels import bench as gpu_bench  # noqa: E402
+from kernels import host_us  # noqa: E402
 
 from vllm_ascend.kernels import lora  # noqa: E402
 
@@ -124,9 +129,14 @@ def _ours(op: str, layout: str, impl: Any) -> Callable[..., None]:
     )
 
 
+#: GPU kept busy while the host enqueues a call (kernels.py's method): above the slowest side's host cost
+#: (vLLM's merged QKV call measured up to ~270 us on a loaded device host), so only GPU time is timed.
+GUARD_US = 1000.0
+
+
 def _median_us(fn: Callable[[], None], device: torch.device) -> float:
     if device.type == "cuda":
-        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+        return gpu_bench(fn, guard_us=GUARD_US)
     start = time.perf_counter()  # --dry: the interpreter's time, only to exercise the script
     fn()
     return (time.perf_counter() - start) * 1e6
@@ -147,7 +157,7 @@ def bench_case(
     mapping = _mapping(layout, tokens, device, gen)
     meta = VP.vllm_lora_meta(mapping, SLOTS)
     runs = _runs(mapping)
-    order = lora.lora_token_order(mapping, SLOTS) if layout == "decode" else ()
+    order = lora.lora_token_order(mapping, SLOTS)
     scale = 0.5
     x = torch.randn(tokens, hidden, generator=gen).to(device=device, dtype=dtype)
     widths = {"shrink": (hidden,), "expand": (hidden,), "qkv": qkv}
@@ -168,14 +178,15 @@ def bench_case(
 
         def ours_fn(impl: Any, *, op: str = op, a: list = a, b: list = b, z: torch.Tensor = z, y: torch.Tensor = y,
                     buf: torch.Tensor = shrink_buf, outs: tuple = outs) -> None:  # fmt: skip
-            shrink, expand = _ours("shrink", layout, impl), _ours("expand", layout, impl)
-            meta_args = (mapping,) if layout == "decode" else (*runs,)
-            # decode: the step's tokens ordered by adapter, built once per step by the punica wrapper
-            plan = order if impl is lora else ()
-            if op == "qkv" and impl is lora:  # a merged layer: one launch per direction over the slices
+            # ours as the punica wrapper runs it where Triton serves: per token, on the step's tokens ordered
+            # by adapter (built once per step), whatever the layout; ``old``: its own per-layout kernels
+            public = impl is lora
+            shrink = _ours("shrink", "decode" if public else layout, impl)
+            expand = _ours("expand", "decode" if public else layout, impl)
+            meta_args = (mapping,) if layout == "decode" or public else (*runs,)
+            plan = order if public else ()
+            if op == "qkv" and public:  # a merged layer: one launch per direction over the slices
                 merged = (lora.lora_shrink_slices, lora.lora_expand_slices)
-                if layout != "decode":
-                    merged = (lora.lora_shrink_segmented_slices, lora.lora_expand_segmented_slices)
                 offsets = [sum(outs[:i]) for i in range(len(outs))]
                 merged[0](x, a, buf, *meta_args, scale, *plan)
                 merged[1](buf, b, y, *meta_args, offsets, True, *plan)
@@ -223,6 +234,7 @@ def bench_case(
                     offset += n
                 checks[name] = _rel(y, want)
         times = {name: _median_us(fn, device) for name, fn in sides}
+        hosts = {name: host_us(fn) if device.type == "cuda" else 0.0 for name, fn in sides}
         elt = torch.tensor([], dtype=dtype).element_size()
         weights = sum((a[0].numel() // SLOTS if op != "expand" else 0) + (b[i].numel() // SLOTS if op != "shrink" else 0)
                       for i in range(len(outs))) * min(SLOTS, tokens) * elt  # fmt: skip
@@ -236,6 +248,7 @@ def bench_case(
             "ours_us": times["ours"], "vllm_us": times["vllm"], "floor_us": floor_us,
             "x_vs_vllm": times["vllm"] / times["ours"], "ours_x_floor": times["ours"] / floor_us,
             "err_ours": checks["ours"], "err_vllm": checks["vllm"],
+            "host_ours_us": hosts["ours"], "host_vllm_us": hosts["vllm"],
         }  # fmt: skip
         if old is not None:
             row["old_us"], row["err_old"] = times["old"], checks["old"]
@@ -244,7 +257,8 @@ def bench_case(
             f"{op:6s} {layout:7s} T={tokens:5d} r={rank:3d} ours {times['ours']:8.2f} vllm {times['vllm']:8.2f} "
             f"x{row['x_vs_vllm']:5.2f}"
             + (f" old {times['old']:8.2f}" if old is not None else "")
-            + f" floor {floor_us:7.2f} err {checks['ours']:.1e}/{checks['vllm']:.1e}",
+            + f" floor {floor_us:7.2f} err {checks['ours']:.1e}/{checks['vllm']:.1e}"
+            + f" host {hosts['ours']:6.1f}/{hosts['vllm']:6.1f}",
             flush=True,
         )
     return rows

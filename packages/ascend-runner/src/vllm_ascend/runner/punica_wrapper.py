@@ -1,8 +1,9 @@
 """vLLM's punica wrapper (multi-LoRA) on the kernels' LoRA shrink / expand.
 
-vLLM keeps the token->adapter mapping (``PunicaWrapperBase.update_metadata``); this class applies it: a mapping
-vLLM marks prefill (vLLM 0.32's V1 and V2 runners mark every step so) runs per run of tokens sharing an adapter
-(``prefill_metadata``), any other per token; the logits per sampled row. The kernels run their Triton kernels
+vLLM keeps the token->adapter mapping (``PunicaWrapperBase.update_metadata``); this class applies it. Where the
+Triton kernels serve, every step runs per token on the step's tokens ordered by adapter (built once per step); on
+the reference device a mapping vLLM marks prefill (vLLM 0.32's V1 and V2 runners mark every step so) runs per run
+of tokens sharing an adapter (``prefill_metadata``), any other per token; the logits per sampled row. The kernels run their Triton kernels
 on NPUs and their torch references on the reference device.
 
 A merged layer's slices (QKV, gate-up) run in one shrink and one expand launch over all slices, on the
@@ -105,9 +106,11 @@ class AscendPunicaWrapper(PunicaWrapperBase):
         lora_token_order(self._token_lora_indices, slots, self._token_order, self._lora_starts)
 
     def _per_token(self) -> bool:
-        """Per token for a decode mapping and wherever the call is traced (``torch.compile``) or captured (a
-        step with a graph runtime mode); segmented otherwise."""
-        if torch.compiler.is_compiling() or not self.is_prefill:
+        """Per token for a decode mapping, wherever the call is traced (``torch.compile``) or captured (a step
+        with a graph runtime mode), and wherever the Triton kernels serve (the step's tokens ordered by adapter
+        make the per-token kernels visit only each adapter's own tokens, as segments would, and split the
+        reduction of small batches); segmented otherwise (the reference device: one matrix product per run)."""
+        if torch.compiler.is_compiling() or not self.is_prefill or self._lora_starts is not None:
             return True
         return (
             is_forward_context_available()
