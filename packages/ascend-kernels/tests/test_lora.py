@@ -314,3 +314,24 @@ def test_an_order_needs_both_parts_and_room_for_every_slot():
         K.lora_shrink(
             x, a, out, loras, 1.0, torch.zeros(3, dtype=torch.long), torch.zeros(5, dtype=torch.long)
         )
+
+
+def test_reserved_counters_serve_every_later_split_launch(gen):
+    """``lora_reserve`` allocates the split reduction's zeroed counters eagerly, large enough that split launches
+    of up to that many adapter slots (3 slices, any batch that splits) reuse them instead of allocating."""
+    from vllm_ascend.kernels._geometry import geometry
+    from vllm_ascend.kernels._triton import common
+    from vllm_ascend.kernels._triton import lora as triton_lora
+
+    device = torch.device("cpu")
+    common._scratch.pop(("lora.tiles", device, torch.int32), None)
+    K.lora_reserve(device, 8)
+    buffer = common._scratch[("lora.tiles", device, torch.int32)]
+    assert buffer.numel() >= 8 * geometry(device).persistent_programs() and not buffer.any()
+    hidden, rank = 40, 16
+    a = tuple(_weights(gen, 8, rank, hidden, torch.float32)[:, 0] for _ in range(3))
+    for tokens in (1, 5, 40):
+        loras = torch.randint(-1, 8, (tokens,), generator=gen)
+        out = torch.zeros(3, tokens, rank)
+        triton_lora.lora_shrink_tokens_slices(torch.randn(tokens, hidden, generator=gen), a, out, loras, 1.0)
+        assert common._scratch[("lora.tiles", device, torch.int32)] is buffer and not buffer.any()

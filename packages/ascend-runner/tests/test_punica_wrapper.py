@@ -285,3 +285,18 @@ def test_where_triton_serves_each_step_orders_its_tokens_by_adapter(monkeypatch)
     )
     assert wrapper._token_order is order and wrapper._lora_starts is starts
     assert starts.tolist() == [0, 64 - n, 64 - n, 64 - n, 64, 64]  # every token on adapter 9 (slot 2)
+
+
+def test_the_kernels_state_is_reserved_when_vllm_builds_the_wrapper(monkeypatch):
+    """vLLM builds the wrapper with its LoRA config before any step: the kernels' split counters for that many
+    adapter slots are reserved then (eagerly), not at a first launch that a graph capture may record."""
+    from types import SimpleNamespace
+
+    from vllm_ascend.runner import punica_wrapper
+
+    reserved = []
+    monkeypatch.setattr(
+        punica_wrapper, "lora_reserve", lambda device, loras: reserved.append((device, loras))
+    )
+    AscendPunicaWrapper(64, 8, "cpu", lora_config=SimpleNamespace(max_loras=6))
+    assert reserved == [(torch.device("cpu"), 6)]

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # real signatures for type checkers; at runtime the names loa
     from vllm_ascend.kernels.lora import lora_expand_segmented as lora_expand_segmented
     from vllm_ascend.kernels.lora import lora_expand_segmented_slices as lora_expand_segmented_slices
     from vllm_ascend.kernels.lora import lora_expand_slices as lora_expand_slices
+    from vllm_ascend.kernels.lora import lora_reserve as lora_reserve
     from vllm_ascend.kernels.lora import lora_shrink as lora_shrink
     from vllm_ascend.kernels.lora import lora_shrink_segmented as lora_shrink_segmented
     from vllm_ascend.kernels.lora import lora_shrink_segmented_slices as lora_shrink_segmented_slices
@@ -97,6 +98,7 @@ _EXPORTS = {
     "lora_shrink": "vllm_ascend.kernels.lora",
     "lora_shrink_segmented": "vllm_ascend.kernels.lora",
     "lora_token_order": "vllm_ascend.kernels.lora",
+    "lora_reserve": "vllm_ascend.kernels.lora",
     "lora_expand_slices": "vllm_ascend.kernels.lora",
     "lora_expand_segmented_slices": "vllm_ascend.kernels.lora",
     "lora_shrink_slices": "vllm_ascend.kernels.lora",

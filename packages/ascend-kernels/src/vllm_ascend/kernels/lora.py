@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from vllm_ascend.kernels._backend import dispatch
+from vllm_ascend.kernels._backend import dispatch, use_triton
 
 
 def _stacked(weights: torch.Tensor, name: str) -> torch.Tensor:
@@ -72,6 +72,16 @@ def lora_token_order(
     token_order[: order.numel()].copy_(order)
     lora_starts[: num_loras + 2].copy_(starts)
     return token_order, lora_starts
+
+
+def lora_reserve(device: torch.device, max_loras: int) -> None:
+    """Allocate what the Triton kernels' split reduction keeps across launches (zeroed tile counters) for up to
+    ``max_loras`` adapter slots, now: call it eagerly (the punica wrapper does at construction), so a launch first
+    made inside a graph capture finds it ready. Nothing to do where the torch references serve."""
+    if use_triton(device):
+        from vllm_ascend.kernels._triton.lora import reserve_split_counters
+
+        reserve_split_counters(device, max_loras)
 
 
 def _check_order(loras: int, token_order: torch.Tensor | None, lora_starts: torch.Tensor | None) -> None:

@@ -35,6 +35,7 @@ from vllm_ascend.kernels.lora import (
     lora_expand_segmented,
     lora_expand_segmented_slices,
     lora_expand_slices,
+    lora_reserve,
     lora_shrink,
     lora_shrink_segmented,
     lora_shrink_segmented_slices,
@@ -82,6 +83,9 @@ class AscendPunicaWrapper(PunicaWrapperBase):
         self, max_num_batched_tokens: int, max_batches: int, device: torch.device | str, **kwargs: Any
     ) -> None:
         super().__init__(max_num_batched_tokens, max_batches, device)
+        lora_config = kwargs.get("lora_config")
+        if lora_config is not None:
+            lora_reserve(torch.device(device), lora_config.max_loras)
         #: The step's tokens ordered by adapter (``lora_token_order``), persistent for graphs; built where the
         #: Triton kernels serve (they then visit only each adapter's own tokens), None elsewhere.
         self._token_order: torch.Tensor | None = None

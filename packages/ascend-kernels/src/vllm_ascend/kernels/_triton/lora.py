@@ -277,6 +277,14 @@ def _single(w: torch.Tensor, offset: int) -> Slices:
     return Slices((w,), (offset,), 0, 0)
 
 
+def reserve_split_counters(device: torch.device, max_loras: int) -> torch.Tensor:
+    """Allocate (zeroed, now) the split reduction's tile counters for up to ``max_loras`` adapter slots: a split
+    happens only below one program per core, so a launch has at most ``max_loras`` times the device's persistent
+    programs of split tiles (3 slices included). Reserved eagerly, no later launch (a captured one, whose
+    zeroing would run only at replay) allocates them."""
+    return counters("lora.tiles", max(1, max_loras) * geometry(device).persistent_programs(), device)
+
+
 def _launch(
     x: torch.Tensor,
     slices: Slices,
