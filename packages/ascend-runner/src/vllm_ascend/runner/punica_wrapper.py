@@ -100,7 +100,8 @@ class AscendPunicaWrapper(PunicaWrapperBase):
         self._token_lora_indices[self.indices_len[0] :].fill_(-1)
         if not use_triton(torch.device(self.device)):
             return
-        slots = len(lora_index_to_id)
+        # adapter slots: the stacked weights' first axis (vLLM passes its slot count + 1 as max_loras)
+        slots = max(len(lora_index_to_id), int(kwargs.get("max_loras", args[0] if args else 0)))
         if self._lora_starts is None or self._lora_starts.numel() != slots + 2:
             self._token_order = torch.empty_like(self._token_lora_indices, dtype=torch.int64)
             self._lora_starts = torch.empty(
