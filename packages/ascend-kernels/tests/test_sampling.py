@@ -303,6 +303,7 @@ def test_top_p_alone_splits_its_search_and_falls_back_when_the_bracket_overflows
     vocab = 4 * tkp_triton.CAP
     logits = _logits(gen, 4, vocab, dtype) * 3
     logits[2] = 1.5  # ties everywhere
+    logits[0, 7] = logits[0].max() + 4  # one clear maximum (random 16-bit logits may tie at the top)
     p = torch.tensor([0.01, 0.9, 0.5, 0.999])
     got, want = logits.clone(), logits.clone()
     K.apply_top_k_top_p(got, None, p)
