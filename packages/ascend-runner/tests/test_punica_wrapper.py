@@ -280,6 +280,28 @@ def test_where_triton_serves_each_step_orders_its_tokens_by_adapter(monkeypatch)
         5,
     ]
     assert sorted(order[: starts[1]].tolist()) == [3, *range(n, 64)]
+    from vllm_ascend.kernels import lora
+
+    given = []
+    for name in ("lora_shrink_slices_torch", "lora_expand_slices_torch"):
+        original = getattr(lora, name)
+
+        def recording(*args, _original=original, **kwargs):
+            given.append(args[-2:])
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(lora, name, recording)
+    gen = torch.Generator().manual_seed(9)
+    slices = (16, 8, 8)
+    a = tuple(torch.randn(4, 1, RANK, HIDDEN, generator=gen) for _ in slices)
+    b = tuple(torch.randn(4, 1, width, RANK, generator=gen) for width in slices)
+    x, y = torch.randn(n, HIDDEN, generator=gen), torch.randn(n, sum(slices), generator=gen)
+    want = _linear_equation(x, a, b, y, 0.5)
+    buffer = torch.zeros(len(slices), n, RANK)
+    wrapper.add_shrink(buffer, x, a, 0.5)  # vLLM's column-parallel call pattern, then the merged expand
+    wrapper.add_expand(y, buffer, b, slices)
+    torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-4)
+    assert len(given) == 2 and all(o is order and s is starts for o, s in given)  # one call each way, ordered
     wrapper.update_metadata(
         LoRAMapping((9,) * n, (9,) * 3, is_prefill=False), SLOTS, max_loras=4, vocab_size=VOCAB
     )

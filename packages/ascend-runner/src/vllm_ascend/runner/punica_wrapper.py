@@ -165,7 +165,13 @@ class AscendPunicaWrapper(PunicaWrapperBase):
                 self._shrink(y[i], x, lora_a, scale)
         elif self._per_token():
             torch.ops.vllm.ascend_lora_shrink_slices(
-                x, list(lora_a_stacked), y, self._token_lora_indices, scale
+                x,
+                list(lora_a_stacked),
+                y,
+                self._token_lora_indices,
+                scale,
+                self._token_order,
+                self._lora_starts,
             )
         elif not self.no_lora:
             starts, lens, loras, _, max_len, _ = self.prefill_metadata

@@ -229,7 +229,7 @@ def _by_token_plan(
     )
 
 
-#: A merged layer's slice rows (see :func:`_slice_table`), by the weights' addresses and layouts and the offsets.
+#: A merged layer's slice rows (see :meth:`Slices.table`), by the weights' addresses and layouts and the offsets.
 _SLICE_TABLES: dict[tuple[object, ...], tuple[torch.Tensor, bool]] = {}
 _SLICE_TABLES_CAP = 4096
 
