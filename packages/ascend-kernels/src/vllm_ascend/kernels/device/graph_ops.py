@@ -15,6 +15,7 @@ through ``torch.ops.vllm.unified_kv_cache_update``, inside which the backend cal
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import typing
@@ -218,10 +219,32 @@ def _traced() -> bool:
     return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
 
 
+#: op name -> the adaptor's own code for it, traced in place of the opaque node while Dynamo compiles
+#: (:func:`trace_ops_inline`); empty unless a compile without the plugin's graph passes asked for it.
+_inline: dict[str, Callable[..., Any]] = {}
+
+
+def trace_ops_inline(adaptor: BaseDeviceAdaptor | None) -> tuple[str, ...]:
+    """While Dynamo compiles, trace ``adaptor.traceable_ops`` as the adaptor's own torch code instead of one
+    opaque ``torch.ops.vllm_ascend`` node each, so the compiler fuses them with the ops around them (None: every
+    op opaque again, what the plugin's graph passes match). Eager calls are unchanged. Returns the ops inlined.
+
+    Only for a compile that runs none of the plugin's passes (vLLM's ``DYNAMO_TRACE_ONCE`` mode): the fusion
+    passes of ``VLLM_COMPILE`` look for the opaque nodes."""
+    _inline.clear()
+    if adaptor is None:
+        return ()
+    for name in sorted(adaptor.traceable_ops):
+        code = inspect.unwrap(getattr(type(adaptor), name))  # without the call counter's Python side effects
+        _inline[name] = functools.partial(code, adaptor)
+    return tuple(_inline)
+
+
 def _accessor(op: GraphOp) -> Callable[..., Any]:
-    """A function with the adaptor's signature calling ``torch.ops.vllm_ascend.<name>`` where a graph is traced,
-    and the op's implementation directly in eager execution (the same code the custom op runs, without the
-    dispatcher's and ``torch.library``'s per-call layers, which cost several times a small op's own work).
+    """A function with the adaptor's signature calling ``torch.ops.vllm_ascend.<name>`` where a graph is traced
+    (or the adaptor's torch code, while Dynamo compiles with :func:`trace_ops_inline` on), and the op's
+    implementation directly in eager execution (the same code the custom op runs, without the dispatcher's and
+    ``torch.library``'s per-call layers, which cost several times a small op's own work).
     Generated source, so a call costs what a hand-written wrapper costs."""
     sig, _ = _declaration(op.name)
     defaults = {f"_d_{p.name}": p.default for p in sig.parameters.values() if p.default is not p.empty}
@@ -231,7 +254,14 @@ def _accessor(op: GraphOp) -> Callable[..., Any]:
             params.append("*")
         params.append(p.name if p.default is p.empty else f"{p.name}=_d_{p.name}")
     names = ", ".join(sig.parameters)
-    call = f"(_op({names}) if _traced() else _impl({names}))"
+    method_args = ", ".join(
+        f"{p.name}={p.name}" if p.kind is inspect.Parameter.KEYWORD_ONLY else p.name
+        for p in sig.parameters.values()
+    )
+    inlined = (
+        f"(_inline[{op.name!r}]({method_args}) if {op.name!r} in _inline and _compiling() else _op({names}))"
+    )
+    call = f"({inlined} if _traced() else _impl({names}))"
     if op.optional_outputs:
         outs = []
         count = len(typing.get_args(sig.return_annotation))
@@ -245,6 +275,8 @@ def _accessor(op: GraphOp) -> Callable[..., Any]:
         "_op": getattr(getattr(torch.ops, NAMESPACE), op.name),
         "_impl": _implementation(op)[0],
         "_traced": _traced,
+        "_inline": _inline,
+        "_compiling": torch.compiler.is_compiling,
         **defaults,
     }
     exec(f"def {op.name}({', '.join(params)}):\n{body}", namespace)

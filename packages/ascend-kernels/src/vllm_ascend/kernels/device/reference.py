@@ -310,15 +310,13 @@ def rope_rotate(
         (slice(0, half), slice(half, rot_dim)) if is_neox else (slice(0, rot_dim, 2), slice(1, rot_dim, 2))
     )
     heads = x.reshape(x.shape[0], -1, head_size).float()
-    out = torch.empty_like(heads, memory_format=torch.contiguous_format)
     x1, x2 = heads[..., first], heads[..., second]
-    o1, o2 = out[..., first], out[..., second]
-    # written in place, same expressions (bitwise): x1*cos - x2*sin, x2*cos + x1*sin
-    torch.mul(x1, cos, out=o1).sub_(x2 * sin)
-    torch.mul(x2, cos, out=o2).add_(x1 * sin)
+    # functional (no out= views), so a compiler can trace it: x1*cos - x2*sin, x2*cos + x1*sin
+    o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    rotated = torch.cat((o1, o2), dim=-1) if is_neox else torch.stack((o1, o2), dim=-1).flatten(-2)
     if rot_dim < head_size:
-        out[..., rot_dim:] = heads[..., rot_dim:]
-    return out.view(x.shape).to(x.dtype)
+        rotated = torch.cat((rotated, heads[..., rot_dim:]), dim=-1)
+    return rotated.reshape(x.shape).to(x.dtype)
 
 
 def mrope_cos_sin(
@@ -703,6 +701,7 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
     communicator_cls = "vllm_ascend.kernels.device.communicator.AscendDeviceCommunicator"
     family = "reference"
     replays_attention_params = True
+    traceable_ops = frozenset({"rms_norm", "add_rms_norm", "swiglu", "rotary_embedding"})
 
     # -- runtime ---------------------------------------------------------------------------
     def torch_device(self, local_rank: int) -> torch.device:

@@ -135,6 +135,10 @@ class BaseDeviceAdaptor(abc.ABC):
     replays_attention_params: ClassVar[bool] = False
     #: vLLM's device communicator on this device (``Platform.get_device_communicator_cls``): a class path.
     communicator_cls: ClassVar[str] = ""
+    #: Ops whose implementation here is plain torch code a compiler can trace into (on the reference device).
+    #: Where a compile runs none of the plugin's graph passes (vLLM's ``DYNAMO_TRACE_ONCE`` mode), these are
+    #: traced as that code instead of one opaque node, so Inductor fuses them with their neighbours.
+    traceable_ops: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self) -> None:
         self.call_counts: Counter[str] = Counter()
