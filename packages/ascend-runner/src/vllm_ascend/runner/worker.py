@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from vllm.config import CompilationMode, VllmConfig
+from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.platforms import current_platform
 from vllm.utils.mem_utils import format_gib
 from vllm.utils.torch_utils import set_random_seed
@@ -145,9 +146,18 @@ class NPUWorker(Worker):
         adaptor = get_device_adaptor()
         adaptor.install_runtime_shims()
         # vLLM's DYNAMO_TRACE_ONCE compile runs none of the plugin's passes: let Inductor fuse the ops it can see
-        trace_ops_inline(
-            adaptor if vllm_config.compilation_config.mode == CompilationMode.DYNAMO_TRACE_ONCE else None
-        )
+        if vllm_config.compilation_config.mode == CompilationMode.DYNAMO_TRACE_ONCE:
+            layers = (
+                vllm_config.compilation_config.static_forward_context
+            )  # this engine's, in its forward context
+            trace_ops_inline(
+                adaptor,
+                when=lambda: (
+                    is_forward_context_available() and get_forward_context().no_compile_layers is layers
+                ),
+            )
+        else:
+            trace_ops_inline(None)
         super().__init__(
             vllm_config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker
         )

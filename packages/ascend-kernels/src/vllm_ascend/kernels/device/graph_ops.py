@@ -219,25 +219,35 @@ def _traced() -> bool:
     return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
 
 
-#: op name -> the adaptor's own code for it, traced in place of the opaque node while Dynamo compiles
-#: (:func:`trace_ops_inline`); empty unless a compile without the plugin's graph passes asked for it.
+#: op name -> the adaptor's own code for it, traced in place of the opaque node while Dynamo compiles and
+#: ``_inline_when[0]()`` holds (:func:`trace_ops_inline`); empty unless a compile without graph passes asked.
 _inline: dict[str, Callable[..., Any]] = {}
+_inline_when: list[Callable[[], bool]] = [lambda: False]
 
 
-def trace_ops_inline(adaptor: BaseDeviceAdaptor | None) -> tuple[str, ...]:
-    """While Dynamo compiles, trace ``adaptor.traceable_ops`` as the adaptor's own torch code instead of one
-    opaque ``torch.ops.vllm_ascend`` node each, so the compiler fuses them with the ops around them (None: every
-    op opaque again, what the plugin's graph passes match). Eager calls are unchanged. Returns the ops inlined.
+def trace_ops_inline(
+    adaptor: BaseDeviceAdaptor | None, when: Callable[[], bool] | None = None
+) -> tuple[str, ...]:
+    """While Dynamo compiles and ``when()`` is true (read at trace time; None: always), trace
+    ``adaptor.traceable_ops`` as the adaptor's own torch code instead of one opaque ``torch.ops.vllm_ascend``
+    node each, so the compiler fuses them with the ops around them (adaptor None: every op opaque again, what
+    the plugin's graph passes match). Eager calls are unchanged. Returns the ops inlined.
 
     Only for a compile that runs none of the plugin's passes (vLLM's ``DYNAMO_TRACE_ONCE`` mode): the fusion
-    passes of ``VLLM_COMPILE`` look for the opaque nodes."""
+    passes of ``VLLM_COMPILE`` look for the opaque nodes. ``when`` keeps the choice to the compile it was made
+    for (the worker's: while its vLLM config is the current one), not every later trace in the process."""
     _inline.clear()
+    _inline_when[0] = when or (lambda: True)
     if adaptor is None:
         return ()
     for name in sorted(adaptor.traceable_ops):
         code = inspect.unwrap(getattr(type(adaptor), name))  # without the call counter's Python side effects
         _inline[name] = functools.partial(code, adaptor)
     return tuple(_inline)
+
+
+def _inlining(name: str) -> bool:
+    return name in _inline and torch.compiler.is_compiling() and _inline_when[0]()
 
 
 def _accessor(op: GraphOp) -> Callable[..., Any]:
@@ -258,9 +268,7 @@ def _accessor(op: GraphOp) -> Callable[..., Any]:
         f"{p.name}={p.name}" if p.kind is inspect.Parameter.KEYWORD_ONLY else p.name
         for p in sig.parameters.values()
     )
-    inlined = (
-        f"(_inline[{op.name!r}]({method_args}) if {op.name!r} in _inline and _compiling() else _op({names}))"
-    )
+    inlined = f"(_inline[{op.name!r}]({method_args}) if _inlining({op.name!r}) else _op({names}))"
     call = f"({inlined} if _traced() else _impl({names}))"
     if op.optional_outputs:
         outs = []
@@ -276,7 +284,7 @@ def _accessor(op: GraphOp) -> Callable[..., Any]:
         "_impl": _implementation(op)[0],
         "_traced": _traced,
         "_inline": _inline,
-        "_compiling": torch.compiler.is_compiling,
+        "_inlining": _inlining,
         **defaults,
     }
     exec(f"def {op.name}({', '.join(params)}):\n{body}", namespace)
