@@ -147,9 +147,8 @@ class NPUWorker(Worker):
         adaptor.install_runtime_shims()
         # vLLM's DYNAMO_TRACE_ONCE compile runs none of the plugin's passes: let Inductor fuse the ops it can see
         if vllm_config.compilation_config.mode == CompilationMode.DYNAMO_TRACE_ONCE:
-            layers = (
-                vllm_config.compilation_config.static_forward_context
-            )  # this engine's, in its forward context
+            # this engine's layers: what its forward context carries while its model is traced
+            layers = vllm_config.compilation_config.static_forward_context
             trace_ops_inline(
                 adaptor,
                 when=lambda: (

@@ -235,7 +235,8 @@ def trace_ops_inline(
 
     Only for a compile that runs none of the plugin's passes (vLLM's ``DYNAMO_TRACE_ONCE`` mode): the fusion
     passes of ``VLLM_COMPILE`` look for the opaque nodes. ``when`` keeps the choice to the compile it was made
-    for (the worker's: while its vLLM config is the current one), not every later trace in the process."""
+    for (the worker's: while its engine's forward context is the current one), not every later trace in
+    the process."""
     _inline.clear()
     _inline_when[0] = when or (lambda: True)
     if adaptor is None:
