@@ -213,6 +213,21 @@ def test_triton_chunk_matches_the_reference(
         assert all(torch.equal(state[i], init[i]) for i in empty)  # an empty sequence keeps its state
 
 
+@pytest.mark.parametrize(("bk", "bv"), [(16, 16), (32, 16)])
+def test_triton_chunk_with_several_key_tiles_keeps_the_state_in_memory(gen, monkeypatch, bk, bv):
+    """Ascend's unified buffer splits a head into key tiles (the state passes through the state buffer
+    between chunks); the result is the one-tile walk's."""
+    q, k, v, g, beta, cu = _triton_inputs(gen, (70, 1, 130), 2, 4, 40, 24, torch.float32, True)
+    init = torch.randn(3, 4, 40, 24, generator=gen)
+    whole, whole_state = chunk_gated_delta_rule(q, k, v, g, beta, cu, init)
+    monkeypatch.setattr(triton_gdr, "tiles", lambda geo, k_dim, v_dim: (bk, bv))
+    out, state = chunk_gated_delta_rule(q, k, v, g, beta, cu, init)
+    ref_out, ref_state = chunk_gated_delta_rule_torch(q, k, v, g, beta, cu, init)
+    _assert_matches_reference(out, state, ref_out, ref_state, torch.float32)
+    torch.testing.assert_close(out, whole, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state, whole_state, rtol=1e-5, atol=1e-5)
+
+
 def test_triton_chunk_takes_any_strides(gen):
     """The runner's q/k/v are views of one projection; here a head-interleaved and a head-major layout."""
     tokens, heads, k_dim, v_dim = 70, 2, 16, 32
@@ -241,26 +256,27 @@ def test_public_chunk_launches_the_triton_kernels(gen, monkeypatch):
     monkeypatch.setattr(interpreter.GridExecutor, "__call__", counting_call)
     q, k, v, g, beta, cu = _triton_inputs(gen, (5, 3), 1, 1, 16, 16, torch.float32, True)
     chunk_gated_delta_rule(q, k, v, g, beta, cu)
-    assert launches == ["_inverse_kernel", "_walk_kernel"]
+    assert launches == ["_wy_kernel", "_walk_kernel"]
 
 
-@pytest.mark.parametrize("ub_kib", [192, 256])
-def test_tiles_fit_half_the_unified_buffer(ub_kib):
+@pytest.mark.parametrize(("ub_kib", "expected"), [(192, (32, 32)), (256, (64, 32))])
+def test_tiles_fit_half_the_unified_buffer(ub_kib, expected):
     """The A2/A3 (192 KiB) and A5 (256 KiB) profiles: Qwen3-Next's 128 x 128 heads tile within the UB."""
     geo = LaunchGeometry("npu", 48, ub_kib * 1024)
     bk, bv = triton_gdr.tiles(geo, 128, 128)
-    assert (bk, bv) == (64, 32)
-    assert max(triton_gdr._inverse_bytes(bk), triton_gdr._walk_bytes(bk, bv)) <= geo.ub_bytes // 2
+    assert (bk, bv) == expected
+    assert max(triton_gdr._wy_bytes(bk, bv), triton_gdr._walk_bytes(bk, bv)) <= geo.ub_bytes // 2
+    assert max(triton_gdr._wy_bytes(2 * bk, bv), triton_gdr._walk_bytes(2 * bk, bv)) > geo.ub_bytes // 2
 
 
 def test_tiles_shrink_to_a_smaller_unified_buffer_and_refuse_one_too_small():
     geo = LaunchGeometry("npu", 8, 160 * 1024)
     bk, bv = triton_gdr.tiles(geo, 128, 128)
     assert (bk, bv) < (64, 32) and min(bk, bv) >= 16
-    assert max(triton_gdr._inverse_bytes(bk), triton_gdr._walk_bytes(bk, bv)) <= geo.ub_bytes // 2
+    assert max(triton_gdr._wy_bytes(bk, bv), triton_gdr._walk_bytes(bk, bv)) <= geo.ub_bytes // 2
     with pytest.raises(
         GeometryError, match=r"64-token chunk's smallest tiles .* exceed half of ub_bytes=65536"
     ):
         triton_gdr.tiles(LaunchGeometry("npu", 8, 64 * 1024), 128, 128)
-    assert triton_gdr.tiles(LaunchGeometry("cuda", 132), 128, 128) == (64, 32)  # no UB: the caps
+    assert triton_gdr.tiles(LaunchGeometry("cuda", 132), 128, 128) == (128, 32)  # no UB: the caps
     assert triton_gdr.tiles(LaunchGeometry("cuda", 132), 8, 8) == (16, 16)  # tl.dot's smallest tile

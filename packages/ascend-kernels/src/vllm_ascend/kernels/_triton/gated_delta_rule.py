@@ -1,26 +1,28 @@
 """Triton :func:`vllm_ascend.kernels.chunk_gated_delta_rule`: two launches.
 
 Per chunk of ``CHUNK`` tokens of a sequence and value head (``γ``: cumulative log decay from the chunk start,
-``D[i, j] = exp(γ_i - γ_j)`` for ``j <= i``, ``k̂``/``q̂``: l2-normalised, q scaled):
+``D[i, j] = exp(γ_i - γ_j)`` for ``j <= i``, ``k̂``/``q̂``: l2-normalised, q scaled, ``T = (I + A)^-1`` with
+``A = strictly_lower(β k̂ k̂^T ∘ D)``), the WY form of the chunk: ``W = T (β exp(γ) k̂)``, ``U = T (β v)``, so
+that the corrected values from the state ``S`` at the chunk start are ``u = U - W S``.
 
-1. ``_inverse_kernel``, one program per (chunk, value head), all chunks at once (they do not depend on the
-   state): ``A = strictly_lower(β k̂ k̂^T ∘ D)`` and ``(I + A)^-1`` by block doubling — the inverses of the
-   diagonal blocks of size ``2s`` from those of size ``s`` (``T ← T - T (M_s ∘ A) T``, ``M_s`` the lower-left
-   ``s``-blocks of each ``2s``-block), ``log2(CHUNK)`` steps of two matmuls, exact as the recursive triangular
-   inverse is. Written to a float32 scratch ``[Hv, T, CHUNK]`` (chunk rows at their tokens). Programs find their
-   chunk from ``cu_seqlens`` on the device (no host sync).
-2. ``_walk_kernel``, one program per (sequence, value head, value tile), walking the sequence's chunks: over
-   the key tiles ``k S``, ``q k^T``, ``q S`` (and the squared norms of q and k: normalising only scales rows of
-   these products, so the ``rsqrt`` factors are applied to the sums); the corrected values
-   ``u = (I + A)^-1 (β (v - exp(γ) k̂ S))`` (the WY form's ``u - w S`` in one product);
-   ``o = exp(γ) q̂ S + (q̂ k̂^T ∘ D) u``; then ``S ← exp(γ_L) S + k̂^T (exp(γ_L - γ) u)`` key tile by key tile.
-   The columns of ``S`` evolve independently, so a program owns ``BV`` of them, kept in the output state buffer
-   between passes.
+1. ``_wy_kernel``, one program per (chunk, value head), all chunks at once (they do not depend on the state):
+   ``T`` by block doubling (the inverses of the diagonal blocks of size ``2s`` from those of size ``s``:
+   ``T ← T - T (M_s ∘ A) T``, ``M_s`` the lower-left ``s``-blocks of each ``2s``-block; ``log2(CHUNK)`` steps
+   of two matmuls, exact as the recursive triangular inverse is), then ``W`` and ``U``, written to scratch
+   ``[Hv, T, K]`` / ``[Hv, T, V]`` (chunk rows at their tokens). Programs find their chunk from
+   ``cu_seqlens`` on the device (no host sync).
+2. ``_walk_kernel``, one program per (sequence, value head, value tile), walking the sequence's chunks:
+   ``u = U - W S``, ``o = exp(γ) q̂ S + (q̂ k̂^T ∘ D) u``, ``S ← exp(γ_L) S + k̂^T (exp(γ_L - γ) u)``. Only
+   ``W S`` and the state update sit on the chain from one chunk to the next; every load is of inputs or of
+   the WY scratch, so the next chunk's loads need not wait for the state. The columns of ``S`` evolve
+   independently, so a program owns ``BV`` of them. Where one key tile spans the head (``BK >= K``: CUDA)
+   the state stays in registers for the whole walk; with several key tiles (Ascend's unified buffer) it is
+   kept in the output state buffer between passes.
 
-All arithmetic in float32: ``tl.dot`` in IEEE float32 (not TF32) wherever a float32 operand meets it; ``q k^T``
-and ``k k^T`` of 16-bit inputs dot the inputs as they are (exact products, float32 sums; float32 under the
-interpreter, whose 16-bit dot is not the devices'). Tiles: ``BK`` / ``BV`` chosen so each kernel's live tiles
-fit half the device's unified buffer on Ascend (:func:`tiles`); no warps there.
+Dots: 16-bit ``q k^T`` / ``k k^T`` dot the inputs as they are (exact products, float32 sums; float32 under
+the interpreter, whose 16-bit dot is not the devices'); float32 operands at :data:`DOT_PRECISION`. Tiles:
+``BK`` / ``BV`` chosen so each kernel's live tiles fit half the device's unified buffer on Ascend
+(:func:`tiles`); no warps there.
 """
 
 from __future__ import annotations
@@ -34,35 +36,32 @@ from vllm_ascend.kernels.gated_delta_rule import CHUNK_SIZE
 
 #: Tokens per chunk (a power of two, >= ``tl.dot``'s 16).
 CHUNK = CHUNK_SIZE
-#: Widest tiles tried. Compiled for sm_90 at 8 warps, wider ones spill registers (thousands of spill ops at
-#: 128 x 64 against about 130 here: ``tests/lower_kernels.py --sass``).
-_BK_CAP = 64
+#: Widest tiles tried: a whole 128-wide head in one key tile, so the walk keeps its state in registers.
+_BK_CAP = 128
 _BV_CAP = 32
-#: Warps on CUDA (4 spill several times more in both kernels).
+#: Warps on CUDA.
 _WARPS = 8
-#: ``tl.dot``'s ``input_precision`` for float32 operands, per launch backend: IEEE float32 products everywhere.
-#: H100, 2026-12-06, T 4096: TF32 ran 2.3x faster (798 against 1849 µs; FLA 350) at 2.4e-3 relative error
-#: against the reference (FLA's 5e-3 to 1e-2, IEEE's 4e-5), off by more than a bf16 ulp almost everywhere;
-#: TF32x3 ran slower than IEEE (2304 µs). Kept IEEE: exact to the reference, and TF32 alone would not reach FLA.
+#: ``tl.dot``'s ``input_precision`` for float32 operands, per launch backend.
 DOT_PRECISION = {"cuda": "ieee", "npu": "ieee", "interpreter": "ieee"}
 _DOT_MIN = 16
-#: Sequences whose offsets one step of the inverse kernel's chunk search reads.
+#: Sequences whose offsets one step of the WY kernel's chunk search reads.
 _SEQ_TILE = 64
 _EPS = 1e-6
 
 
-def _inverse_bytes(bk: int) -> int:
-    """float32 bytes live at the inverse kernel's widest point: five ``[CHUNK, CHUNK]`` matrices while
-    inverting (``A``, ``T``, a masked copy, two products), or two and a key tile with its square while
-    summing ``k k^T``."""
-    return 4 * max(5 * CHUNK * CHUNK, 2 * CHUNK * CHUNK + 2 * CHUNK * bk)
+def _wy_bytes(bk: int, bv: int) -> int:
+    """float32 bytes live at the WY kernel's widest point: five ``[CHUNK, CHUNK]`` matrices while inverting
+    (``A``, ``T``, a masked copy, two products); two and a key tile with its square while summing ``k k^T``;
+    ``T`` beside a tile's input, scaled input and product while writing ``W`` / ``U``."""
+    c2 = CHUNK * CHUNK
+    return 4 * max(5 * c2, 2 * c2 + 2 * CHUNK * bk, c2 + 3 * CHUNK * max(bk, bv))
 
 
 def _walk_bytes(bk: int, bv: int) -> int:
-    """float32 bytes live at the walk kernel's widest point: over the key tiles, ``q k^T`` and its product,
-    ``k S`` and ``q S``, q / k / state tiles; after them, ``(I + A)^-1``, ``q k^T`` and ``D`` beside four
+    """float32 bytes live at the walk kernel's widest point: over the key tiles, ``q k^T``, ``W S`` and
+    ``q S``, the q / k / W tiles and a state tile; after them, ``q k^T``, ``D`` and their product beside four
     ``[CHUNK, BV]`` tiles."""
-    keys = 2 * CHUNK * CHUNK + 2 * CHUNK * bv + 2 * CHUNK * bk + bk * bv
+    keys = 2 * CHUNK * CHUNK + 2 * CHUNK * bv + 3 * CHUNK * bk + bk * bv
     values = 3 * CHUNK * CHUNK + 4 * CHUNK * bv
     return 4 * max(keys, values)
 
@@ -79,13 +78,13 @@ def tiles(geo: LaunchGeometry, k_dim: int, v_dim: int) -> tuple[int, int]:
     while bv >= _DOT_MIN:
         bk = bk_cap
         while bk >= _DOT_MIN:
-            if max(_inverse_bytes(bk), _walk_bytes(bk, bv)) <= budget:
+            if max(_wy_bytes(bk, bv), _walk_bytes(bk, bv)) <= budget:
                 return bk, bv
             bk //= 2
         bv //= 2
     raise GeometryError(
         f"chunk_gated_delta_rule: the {CHUNK}-token chunk's smallest tiles "
-        f"({max(_inverse_bytes(_DOT_MIN), _walk_bytes(_DOT_MIN, _DOT_MIN))} bytes) exceed half of "
+        f"({max(_wy_bytes(_DOT_MIN, _DOT_MIN), _walk_bytes(_DOT_MIN, _DOT_MIN))} bytes) exceed half of "
         f"ub_bytes={geo.ub_bytes}"
     )
 
@@ -114,15 +113,20 @@ def _chunk_gates(g_ptr, beta_ptr, g_st, g_sh, b_st, b_sh, head, t, t_ok):
 
 
 @triton.jit(do_not_specialize=["num_seqs", "tokens"])
-def _inverse_kernel(
+def _wy_kernel(
     k_ptr,
+    v_ptr,
     g_ptr,
     beta_ptr,
     cu_ptr,
-    inv_ptr,
+    w_ptr,
+    u_ptr,
     k_st,
     k_sh,
     k_sk,
+    v_st,
+    v_sh,
+    v_sv,
     g_st,
     g_sh,
     b_st,
@@ -132,10 +136,12 @@ def _inverse_kernel(
     tokens,
     groups,
     K,
+    V,
     L2NORM: tl.constexpr,
     CHUNK: tl.constexpr,
     LOG_CHUNK: tl.constexpr,
     BK: tl.constexpr,
+    BV: tl.constexpr,
     SEQ_TILE: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
@@ -176,7 +182,9 @@ def _inverse_kernel(
                 k_norm += tl.sum(kf * kf, axis=1)
         if L2NORM:
             k_scale = tl.rsqrt(k_norm + eps)
-            kk = kk * k_scale[:, None] * k_scale[None, :]
+        else:
+            k_scale = tl.full([CHUNK], 1.0, tl.float32)
+        kk = kk * k_scale[:, None] * k_scale[None, :]
         decay = tl.exp(tl.where(rj < ri, gamma[:, None] - gamma[None, :], float("-inf")))
         a = kk * decay * beta[:, None]
         inv = tl.where(ri == rj, 1.0, 0.0)
@@ -185,19 +193,32 @@ def _inverse_kernel(
             inv -= tl.dot(
                 tl.dot(inv, tl.where(off, a, 0.0), input_precision=PRECISION), inv, input_precision=PRECISION
             )
-        out = inv_ptr + head.to(tl.int64) * tokens * CHUNK + t[:, None] * CHUNK + rj
-        tl.store(out, inv, mask=t_ok[:, None])
+        # W = T (β exp(γ) k̂) and U = T (β v), tile by tile.
+        row = head.to(tl.int64) * tokens + t
+        k_rows = (beta * tl.exp(gamma) * k_scale)[:, None]
+        for k0 in range(0, K, BK):
+            kc = k0 + tl.arange(0, BK)
+            k_ok = (kc < K)[None, :]
+            kf = _tile(k_base, t, k_st, kc, k_sk, t_ok[:, None] & k_ok, tl.float32)
+            w = tl.dot(inv, k_rows * kf, input_precision=PRECISION)
+            tl.store(w_ptr + row[:, None] * K + kc[None, :], w.to(w_ptr.dtype.element_ty), mask=t_ok[:, None] & k_ok)
+        v_base = v_ptr + head.to(tl.int64) * v_sh
+        for v0 in range(0, V, BV):
+            vc = v0 + tl.arange(0, BV)
+            v_ok = (vc < V)[None, :]
+            vf = _tile(v_base, t, v_st, vc, v_sv, t_ok[:, None] & v_ok, tl.float32)
+            u = tl.dot(inv, beta[:, None] * vf, input_precision=PRECISION)
+            tl.store(u_ptr + row[:, None] * V + vc[None, :], u.to(u_ptr.dtype.element_ty), mask=t_ok[:, None] & v_ok)
 
 
 @triton.jit(do_not_specialize=["tokens"])
 def _walk_kernel(
     q_ptr,
     k_ptr,
-    v_ptr,
     g_ptr,
-    beta_ptr,
     cu_ptr,
-    inv_ptr,
+    w_ptr,
+    u_ptr,
     state_ptr,
     out_ptr,
     q_st,
@@ -206,13 +227,8 @@ def _walk_kernel(
     k_st,
     k_sh,
     k_sk,
-    v_st,
-    v_sh,
-    v_sv,
     g_st,
     g_sh,
-    b_st,
-    b_sh,
     o_st,
     o_sh,
     scale,
@@ -226,6 +242,7 @@ def _walk_kernel(
     CHUNK: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    ONE_KEY_TILE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -239,19 +256,25 @@ def _walk_kernel(
     q_base = q_ptr + (head // groups).to(tl.int64) * q_sh
     k_base = k_ptr + (head // groups).to(tl.int64) * k_sh
     s_base = state_ptr + pid.to(tl.int64) * K * V
-    inv_base = inv_ptr + head.to(tl.int64) * tokens * CHUNK
     rows = tl.arange(0, CHUNK)
     ri = rows[:, None]
     rj = rows[None, :]
+    if ONE_KEY_TILE:
+        kc1 = tl.arange(0, BK)
+        s1_ptrs = s_base + kc1[:, None] * V + vc[None, :]
+        s1_ok = (kc1 < K)[:, None] & v_ok[None, :]
+        state = tl.load(s1_ptrs, mask=s1_ok, other=0.0)
     for c0 in range(start, end, CHUNK):
         t = c0 + rows
         t_ok = t < end
         length = tl.minimum(end - c0, CHUNK)
-        gamma, beta = _chunk_gates(g_ptr, beta_ptr, g_st, g_sh, b_st, b_sh, head, t, t_ok)
+        g = tl.load(g_ptr + t * g_st + head * g_sh, mask=t_ok, other=0.0).to(tl.float32)
+        gamma = tl.cumsum(g, axis=0)
         gamma_last = tl.sum(tl.where(rows == length - 1, gamma, 0.0), axis=0)
+        row = head.to(tl.int64) * tokens + t
 
-        # k S, q k^T, q S and the squared norms over the key tiles.
-        ks = tl.zeros([CHUNK, BV], dtype=tl.float32)
+        # W S, q S, q k^T and the squared norms over the key tiles.
+        ws = tl.zeros([CHUNK, BV], dtype=tl.float32)
         qs = tl.zeros([CHUNK, BV], dtype=tl.float32)
         qk = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
         k_norm = tl.zeros([CHUNK], dtype=tl.float32)
@@ -262,15 +285,19 @@ def _walk_kernel(
             tile_ok = t_ok[:, None] & k_ok[None, :]
             qt = _tile(q_base, t, q_st, kc, q_sk, tile_ok, DOT_DTYPE)
             kt = _tile(k_base, t, k_st, kc, k_sk, tile_ok, DOT_DTYPE)
-            st = tl.load(
-                s_base + kc[:, None] * V + vc[None, :], mask=k_ok[:, None] & v_ok[None, :], other=0.0
-            )
+            wt = tl.load(w_ptr + row[:, None] * K + kc[None, :], mask=tile_ok, other=0.0).to(tl.float32)
+            if ONE_KEY_TILE:
+                st = state
+            else:
+                st = tl.load(
+                    s_base + kc[:, None] * V + vc[None, :], mask=k_ok[:, None] & v_ok[None, :], other=0.0
+                )
             qk += tl.dot(qt, tl.trans(kt), input_precision=PRECISION)
             qf = qt.to(tl.float32)
-            kf = kt.to(tl.float32)
-            ks += tl.dot(kf, st, input_precision=PRECISION)
+            ws += tl.dot(wt, st, input_precision=PRECISION)
             qs += tl.dot(qf, st, input_precision=PRECISION)
             if L2NORM:
+                kf = kt.to(tl.float32)
                 k_norm += tl.sum(kf * kf, axis=1)
                 q_norm += tl.sum(qf * qf, axis=1)
         if L2NORM:
@@ -281,14 +308,8 @@ def _walk_kernel(
             q_scale = tl.full([CHUNK], 1.0, tl.float32) * scale
 
         # Corrected values, then outputs.
-        v = tl.load(
-            v_ptr + t[:, None] * v_st + head * v_sh + vc[None, :] * v_sv,
-            mask=t_ok[:, None] & v_ok[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        rhs = beta[:, None] * (v - tl.exp(gamma)[:, None] * (ks * k_scale[:, None]))
-        inv = tl.load(inv_base + t[:, None] * CHUNK + rj, mask=t_ok[:, None], other=0.0)
-        u = tl.dot(inv, rhs, input_precision=PRECISION)
+        u = tl.load(u_ptr + row[:, None] * V + vc[None, :], mask=t_ok[:, None] & v_ok[None, :], other=0.0)
+        u = u.to(tl.float32) - ws
         decay = tl.exp(tl.where(rj <= ri, gamma[:, None] - gamma[None, :], float("-inf")))
         p = qk * q_scale[:, None] * k_scale[None, :] * decay
         o = tl.exp(gamma)[:, None] * (qs * q_scale[:, None]) + tl.dot(p, u, input_precision=PRECISION)
@@ -300,14 +321,24 @@ def _walk_kernel(
 
         # The state at the chunk end.
         w = (tl.exp(gamma_last - gamma) * k_scale)[:, None] * u
-        for k0 in range(0, K, BK):
-            kc = k0 + tl.arange(0, BK)
-            k_ok = kc < K
-            kf = _tile(k_base, t, k_st, kc, k_sk, t_ok[:, None] & k_ok[None, :], tl.float32)
-            s_ptrs = s_base + kc[:, None] * V + vc[None, :]
-            s_ok = k_ok[:, None] & v_ok[None, :]
-            st = tl.exp(gamma_last) * tl.load(s_ptrs, mask=s_ok, other=0.0)
-            tl.store(s_ptrs, st + tl.dot(tl.trans(kf), w, input_precision=PRECISION), mask=s_ok)
+        if ONE_KEY_TILE:
+            kf = _tile(k_base, t, k_st, kc1, k_sk, t_ok[:, None] & (kc1 < K)[None, :], tl.float32)
+            state = tl.exp(gamma_last) * state + tl.dot(tl.trans(kf), w, input_precision=PRECISION)
+        else:
+            for k0 in range(0, K, BK):
+                kc = k0 + tl.arange(0, BK)
+                k_ok = kc < K
+                kf = _tile(k_base, t, k_st, kc, k_sk, t_ok[:, None] & k_ok[None, :], tl.float32)
+                s_ptrs = s_base + kc[:, None] * V + vc[None, :]
+                s_ok = k_ok[:, None] & v_ok[None, :]
+                st = tl.exp(gamma_last) * tl.load(s_ptrs, mask=s_ok, other=0.0)
+                tl.store(s_ptrs, st + tl.dot(tl.trans(kf), w, input_precision=PRECISION), mask=s_ok)
+    if ONE_KEY_TILE:
+        tl.store(s1_ptrs, state, mask=s1_ok)
+
+
+#: Element type of the WY scratch (``W``, ``U``) per launch backend.
+WY_DTYPE = {"cuda": torch.float32, "npu": torch.float32, "interpreter": torch.float32}
 
 
 def chunk_gated_delta_rule(
@@ -338,23 +369,25 @@ def chunk_gated_delta_rule(
     bk, bv = tiles(geo, k_dim, v_dim)
     dot_dtype = _dot_dtype(q)
     precision = DOT_PRECISION[geo.backend]
-    inverses = torch.empty(v_heads, tokens, CHUNK, dtype=torch.float32, device=device)
-    _inverse_kernel[(triton.cdiv(tokens, CHUNK) + num_seqs, v_heads)](
-        k, g, beta, cu_seqlens, inverses,
-        k.stride(0), k.stride(1), k.stride(2), g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-        _EPS, num_seqs, tokens, groups, k_dim,
-        L2NORM=use_qk_l2norm, CHUNK=CHUNK, LOG_CHUNK=CHUNK.bit_length() - 1, BK=bk, SEQ_TILE=_SEQ_TILE,
+    wy_dtype = WY_DTYPE[geo.backend]
+    w = torch.empty(v_heads, tokens, k_dim, dtype=wy_dtype, device=device)
+    u = torch.empty(v_heads, tokens, v_dim, dtype=wy_dtype, device=device)
+    _wy_kernel[(triton.cdiv(tokens, CHUNK) + num_seqs, v_heads)](
+        k, v, g, beta, cu_seqlens, w, u,
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+        _EPS, num_seqs, tokens, groups, k_dim, v_dim,
+        L2NORM=use_qk_l2norm, CHUNK=CHUNK, LOG_CHUNK=CHUNK.bit_length() - 1, BK=bk, BV=bv, SEQ_TILE=_SEQ_TILE,
         PRECISION=precision, DOT_DTYPE=dot_dtype, **launch(device, _WARPS),
     )  # fmt: skip
     _walk_kernel[(num_seqs * v_heads, triton.cdiv(v_dim, bv))](
-        q, k, v, g, beta, cu_seqlens, inverses, state, out,
+        q, k, g, cu_seqlens, w, u, state, out,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+        g.stride(0), g.stride(1),
         out.stride(0), out.stride(1),
         float(k_dim**-0.5 if scale is None else scale), _EPS, tokens, v_heads, groups, k_dim, v_dim,
-        L2NORM=use_qk_l2norm, CHUNK=CHUNK, BK=bk, BV=bv, DOT_DTYPE=dot_dtype, PRECISION=precision,
-        **launch(device, _WARPS),
+        L2NORM=use_qk_l2norm, CHUNK=CHUNK, BK=bk, BV=bv, ONE_KEY_TILE=bk >= k_dim, DOT_DTYPE=dot_dtype,
+        PRECISION=precision, **launch(device, _WARPS),
     )  # fmt: skip
     return out, state
