@@ -50,6 +50,15 @@ def _expand_equation(z, b, loras, base, offset, add_inputs):
     return out
 
 
+def _assert_same_sums(got, want):
+    """Two layouts of the same rows: equal up to the order of the float32 sums. Under the interpreter
+    ``tl.dot`` is numpy's matmul, whose OpenBLAS kernels (AVX2 hosts) sum a row in an order that depends on
+    its place in the block, so two layouts can differ in the last bits (a 16-bit output by one of its ulps)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    eps = 2e-6 if got.dtype == torch.float32 else torch.finfo(got.dtype).eps
+    torch.testing.assert_close(got, want, rtol=0, atol=eps * float(want.abs().max().clamp_min(1.0)))
+
+
 def _shrink_tolerance(dtype):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     return {"rtol": tol, "atol": tol * 10}
@@ -226,8 +235,8 @@ def test_merged_slices_in_one_launch_equal_one_launch_per_slice(gen, segmented, 
         for form, (buf, _) in results.items():
             assert torch.isnan(buf[i][~done]).all(), form
             torch.testing.assert_close(buf[i][done].double(), want[done], **tol)
-    assert torch.equal(results["merged"][0].nan_to_num(), results["per slice"][0].nan_to_num())
-    torch.testing.assert_close(results["merged"][1], results["per slice"][1], rtol=0, atol=0)
+    _assert_same_sums(results["merged"][0].nan_to_num(), results["per slice"][0].nan_to_num())
+    _assert_same_sums(results["merged"][1], results["per slice"][1])
     torch.testing.assert_close(results["merged"][1].double(), results["reference"][1].double(), **tol)
     assert torch.equal(results["merged"][1][~done], base[~done])
     if not segmented:  # the reduction split over programs, each slice's tiles with their own counters
@@ -271,7 +280,7 @@ def test_token_order_groups_each_adapters_tokens():
 @pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize("tokens", [11, 300])
 def test_ordered_tokens_give_the_unordered_result(gen, split_k, tokens):
-    """Given the tokens ordered by adapter, each adapter's programs take only its tokens: the same bits as the
+    """Given the tokens ordered by adapter, each adapter's programs take only its tokens: the same sums as the
     unordered layout, single and merged slices, shrink (split or not) and expand. Stale adapters in the mapping
     past the call's rows (a larger persistent buffer) are never written."""
     from vllm_ascend.kernels._triton import lora as triton_lora
@@ -295,7 +304,7 @@ def test_ordered_tokens_give_the_unordered_result(gen, split_k, tokens):
         results.append((single, merged, y, y1))
     done = buffer[:tokens] >= 0
     for unordered, ordered in zip(*results, strict=True):
-        assert torch.equal(unordered.nan_to_num(), ordered.nan_to_num())
+        _assert_same_sums(ordered.nan_to_num(), unordered.nan_to_num())
     assert torch.isnan(results[1][0][~done]).all() and not torch.isnan(results[1][0][done]).any()
     want = _shrink_equation(x, a[0].unsqueeze(1), buffer[:tokens], scale)
     torch.testing.assert_close(results[1][0][done].double(), want[done], rtol=1e-5, atol=1e-5)
