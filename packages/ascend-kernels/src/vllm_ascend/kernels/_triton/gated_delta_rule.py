@@ -201,14 +201,22 @@ def _wy_kernel(
             k_ok = (kc < K)[None, :]
             kf = _tile(k_base, t, k_st, kc, k_sk, t_ok[:, None] & k_ok, tl.float32)
             w = tl.dot(inv, k_rows * kf, input_precision=PRECISION)
-            tl.store(w_ptr + row[:, None] * K + kc[None, :], w.to(w_ptr.dtype.element_ty), mask=t_ok[:, None] & k_ok)
+            tl.store(
+                w_ptr + row[:, None] * K + kc[None, :],
+                w.to(w_ptr.dtype.element_ty),
+                mask=t_ok[:, None] & k_ok,
+            )
         v_base = v_ptr + head.to(tl.int64) * v_sh
         for v0 in range(0, V, BV):
             vc = v0 + tl.arange(0, BV)
             v_ok = (vc < V)[None, :]
             vf = _tile(v_base, t, v_st, vc, v_sv, t_ok[:, None] & v_ok, tl.float32)
             u = tl.dot(inv, beta[:, None] * vf, input_precision=PRECISION)
-            tl.store(u_ptr + row[:, None] * V + vc[None, :], u.to(u_ptr.dtype.element_ty), mask=t_ok[:, None] & v_ok)
+            tl.store(
+                u_ptr + row[:, None] * V + vc[None, :],
+                u.to(u_ptr.dtype.element_ty),
+                mask=t_ok[:, None] & v_ok,
+            )
 
 
 @triton.jit(do_not_specialize=["tokens"])
