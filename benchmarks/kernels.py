@@ -724,9 +724,13 @@ def _gdn_case(bw, seqs, total, key_heads, value_heads, head_dim, dtype=torch.bfl
     args = (q, k, v, g, beta, cu, init)
     got = K.chunk_gated_delta_rule(*args)
     ref = gated_delta_rule.chunk_gated_delta_rule_torch(*args)
-    off, state_diff = ulps_ok(got[0], ref[0], dtype), max_diff(got[1], ref[1])
-    check = f"out-ulp-off={off} state-maxdiff={state_diff:.1e}"
-    if off > got[0].numel() // 1000 or state_diff > 1e-3:  # 16-bit outputs: a float32 rounding can flip one
+    # TF32 dots on CUDA: errors of FLA's order (its bf16 intermediates: max 7e-3 to 9e-3 of the largest
+    # output, 6e-3 of the largest state entry), so the bound is FLA's, not a float32 rounding.
+    out_rel = max_diff(got[0], ref[0]) / ref[0].float().abs().max().item()
+    out_mean = (got[0].float() - ref[0].float()).abs().mean().item()
+    state_rel = max_diff(got[1], ref[1]) / ref[1].abs().max().item()
+    check = f"out-rel={out_rel:.1e} out-mean={out_mean:.1e} state-rel={state_rel:.1e}"
+    if out_rel > 5e-2 or state_rel > 1e-2:
         check = f"MISMATCH {check}"
     us = bench(lambda: K.chunk_gated_delta_rule(*args))
     eager = bench(lambda: gated_delta_rule.chunk_gated_delta_rule_torch(*args), reps=5)
