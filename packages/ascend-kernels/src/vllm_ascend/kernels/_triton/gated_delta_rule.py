@@ -1,4 +1,4 @@
-"""Triton :func:`vllm_ascend.kernels.chunk_gated_delta_rule`: three launches.
+"""Triton :func:`vllm_ascend.kernels.chunk_gated_delta_rule`: two launches.
 
 Per chunk of ``CHUNK`` tokens of a sequence and value head (``γ``: cumulative log decay from the chunk start,
 ``D[i, j] = exp(γ_i - γ_j)`` for ``j <= i``, ``k̂``/``q̂``: l2-normalised, q scaled, ``T = (I + A)^-1`` with
@@ -9,19 +9,15 @@ that the corrected values from the state ``S`` at the chunk start are ``u = U - 
    ``T`` by block doubling (the inverses of the diagonal blocks of size ``2s`` from those of size ``s``:
    ``T ← T - T (M_s ∘ A) T``, ``M_s`` the lower-left ``s``-blocks of each ``2s``-block; ``log2(CHUNK)`` steps
    of two matmuls, exact as the recursive triangular inverse is), then ``W`` and ``U``, written to scratch
-   ``[Hv, T, K]`` / ``[Hv, T, V]`` (chunk rows at their tokens).
-2. ``_walk_kernel``, one program per (sequence, value head, value tile), the only sequential part: per chunk
-   it stores the state at the chunk start, turns ``U`` into ``u = U - W S`` in place and moves the state on,
-   ``S ← exp(γ_L) S + k̂^T (exp(γ_L - γ) u)``: two products a chunk. The columns of ``S`` evolve
-   independently, so a program owns ``BV`` of them. Where one key tile spans the head (``BK >= K``: CUDA) the
-   state stays in registers for the whole walk; with several key tiles (Ascend's unified buffer) it is kept
-   in the output state buffer between passes.
-3. ``_output_kernel``, one program per (chunk, value head, value tile), all chunks at once again:
-   ``o = exp(γ) q̂ S + (q̂ k̂^T ∘ D) u`` from the chunk's stored start state.
-
-Programs of launches 1 and 3 find their chunk from ``cu_seqlens`` on the device (no host sync); a chunk
-starting at token ``c0`` of sequence ``n`` keeps its start state at slot ``c0 // CHUNK + n`` (distinct for
-every chunk of the batch, below ``cdiv(T, CHUNK) + N``).
+   ``[Hv, T, K]`` / ``[Hv, T, V]`` (chunk rows at their tokens). Programs find their chunk from
+   ``cu_seqlens`` on the device (no host sync).
+2. ``_walk_kernel``, one program per (sequence, value head, value tile), walking the sequence's chunks:
+   ``u = U - W S``, ``o = exp(γ) q̂ S + (q̂ k̂^T ∘ D) u``, ``S ← exp(γ_L) S + k̂^T (exp(γ_L - γ) u)``. Only
+   ``W S`` and the state update sit on the chain from one chunk to the next; every load is of inputs or of
+   the WY scratch, so the next chunk's loads need not wait for the state. The columns of ``S`` evolve
+   independently, so a program owns ``BV`` of them. Where one key tile spans the head (``BK >= K``: CUDA)
+   the state stays in registers for the whole walk; with several key tiles (Ascend's unified buffer) it is
+   kept in the output state buffer between passes.
 
 Dots: 16-bit ``q k^T`` / ``k k^T`` dot the inputs as they are (exact products, float32 sums; float32 under
 the interpreter, whose 16-bit dot is not the devices'); float32 operands at :data:`DOT_PRECISION`. Tiles:
@@ -51,7 +47,7 @@ _WARPS = 8
 #: 4-7x slower; TF32 leaves the outputs within 5e-3 of the float64-exact reference (vLLM's FLA: 9e-3).
 DOT_PRECISION = {"cuda": "tf32", "npu": "ieee", "interpreter": "ieee"}
 _DOT_MIN = 16
-#: Sequences whose offsets one step of the chunk search reads.
+#: Sequences whose offsets one step of the WY kernel's chunk search reads.
 _SEQ_TILE = 64
 _EPS = 1e-6
 
@@ -65,20 +61,12 @@ def _wy_bytes(bk: int, bv: int) -> int:
 
 
 def _walk_bytes(bk: int, bv: int) -> int:
-    """float32 bytes live at the walk kernel's widest point: a ``W`` or k tile and its scaled copy, a state
-    tile, and ``W S``, ``u`` and the scaled ``u`` (``[CHUNK, BV]`` each)."""
-    return 4 * (2 * CHUNK * bk + bk * bv + 3 * CHUNK * bv)
-
-
-def _output_bytes(bk: int, bv: int) -> int:
-    """float32 bytes live at the output kernel's widest point: over the key tiles, ``q k^T``, the q / k tiles,
-    a state tile and ``q S``; after them, ``q k^T``, ``D`` and their product beside ``q S``, ``u`` and ``o``."""
-    c2 = CHUNK * CHUNK
-    return 4 * max(c2 + 2 * CHUNK * bk + bk * bv + CHUNK * bv, 3 * c2 + 3 * CHUNK * bv)
-
-
-def _live_bytes(bk: int, bv: int) -> int:
-    return max(_wy_bytes(bk, bv), _walk_bytes(bk, bv), _output_bytes(bk, bv))
+    """float32 bytes live at the walk kernel's widest point: over the key tiles, ``q k^T``, ``W S`` and
+    ``q S``, the q / k / W tiles and a state tile; after them, ``q k^T``, ``D`` and their product beside four
+    ``[CHUNK, BV]`` tiles."""
+    keys = 2 * CHUNK * CHUNK + 2 * CHUNK * bv + 3 * CHUNK * bk + bk * bv
+    values = 3 * CHUNK * CHUNK + 4 * CHUNK * bv
+    return 4 * max(keys, values)
 
 
 def tiles(geo: LaunchGeometry, k_dim: int, v_dim: int) -> tuple[int, int]:
@@ -93,13 +81,14 @@ def tiles(geo: LaunchGeometry, k_dim: int, v_dim: int) -> tuple[int, int]:
     while bv >= _DOT_MIN:
         bk = bk_cap
         while bk >= _DOT_MIN:
-            if _live_bytes(bk, bv) <= budget:
+            if max(_wy_bytes(bk, bv), _walk_bytes(bk, bv)) <= budget:
                 return bk, bv
             bk //= 2
         bv //= 2
     raise GeometryError(
         f"chunk_gated_delta_rule: the {CHUNK}-token chunk's smallest tiles "
-        f"({_live_bytes(_DOT_MIN, _DOT_MIN)} bytes) exceed half of ub_bytes={geo.ub_bytes}"
+        f"({max(_wy_bytes(_DOT_MIN, _DOT_MIN), _walk_bytes(_DOT_MIN, _DOT_MIN))} bytes) exceed half of "
+        f"ub_bytes={geo.ub_bytes}"
     )
 
 
@@ -119,39 +108,11 @@ def _tile(ptr, t, t_stride, c, c_stride, mask, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _gammas(g_ptr, g_st, g_sh, head, t, t_ok):
-    """The chunk's ``γ``: cumulative ``g``, flat past the sequence end."""
+def _chunk_gates(g_ptr, beta_ptr, g_st, g_sh, b_st, b_sh, head, t, t_ok):
+    """The chunk's ``γ`` (cumulative ``g``, flat past the sequence end) and ``β`` (zero there)."""
     g = tl.load(g_ptr + t * g_st + head * g_sh, mask=t_ok, other=0.0).to(tl.float32)
-    return tl.cumsum(g, axis=0)
-
-
-@triton.jit
-def _find_chunk(cu_ptr, slot, num_seqs, CHUNK: tl.constexpr, SEQ_TILE: tl.constexpr):
-    """The ``slot``-th chunk of the batch, sequences in order: its first token (-1 past the last chunk), its
-    sequence's end and index."""
-    before = tl.zeros([], dtype=tl.int64)
-    end = tl.zeros([], dtype=tl.int64)
-    seq = tl.zeros([], dtype=tl.int64)
-    c0 = tl.full([], -1, dtype=tl.int64)
-    for n0 in range(0, num_seqs, SEQ_TILE):
-        n = n0 + tl.arange(0, SEQ_TILE)
-        n_ok = n < num_seqs
-        s = tl.load(cu_ptr + n, mask=n_ok, other=0).to(tl.int64)
-        e = tl.load(cu_ptr + n + 1, mask=n_ok, other=0).to(tl.int64)
-        count = tl.where(n_ok, (e - s + CHUNK - 1) // CHUNK, 0)
-        upto = tl.cumsum(count, axis=0) + before
-        hit = (upto - count <= slot) & (slot < upto)
-        c0 = tl.maximum(c0, tl.max(tl.where(hit, s + (slot - (upto - count)) * CHUNK, -1), axis=0))
-        end = tl.maximum(end, tl.max(tl.where(hit, e, 0), axis=0))
-        seq = tl.maximum(seq, tl.max(tl.where(hit, n, 0), axis=0).to(tl.int64))
-        before += tl.sum(count, axis=0)
-    return c0, end, seq
-
-
-@triton.jit
-def _state_tile(base, kc, vc, K, V):
-    """Pointers and mask of the ``[kc, vc]`` tile of a ``[K, V]`` float32 state at ``base``."""
-    return base + kc[:, None] * V + vc[None, :], (kc < K)[:, None] & (vc < V)[None, :]
+    beta = tl.load(beta_ptr + t * b_st + head * b_sh, mask=t_ok, other=0.0).to(tl.float32)
+    return tl.cumsum(g, axis=0), beta
 
 
 @triton.jit(do_not_specialize=["num_seqs", "tokens"])
@@ -188,16 +149,30 @@ def _wy_kernel(
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
+    slot = tl.program_id(0)
     head = tl.program_id(1)
-    c0, end, _ = _find_chunk(cu_ptr, tl.program_id(0), num_seqs, CHUNK, SEQ_TILE)
+    # The slot-th chunk of the batch, sequences in order: its sequence's end and its first token.
+    before = tl.zeros([], dtype=tl.int64)
+    end = tl.zeros([], dtype=tl.int64)
+    c0 = tl.full([], -1, dtype=tl.int64)
+    for n0 in range(0, num_seqs, SEQ_TILE):
+        n = n0 + tl.arange(0, SEQ_TILE)
+        n_ok = n < num_seqs
+        s = tl.load(cu_ptr + n, mask=n_ok, other=0).to(tl.int64)
+        e = tl.load(cu_ptr + n + 1, mask=n_ok, other=0).to(tl.int64)
+        count = tl.where(n_ok, (e - s + CHUNK - 1) // CHUNK, 0)
+        upto = tl.cumsum(count, axis=0) + before
+        hit = (upto - count <= slot) & (slot < upto)
+        c0 = tl.maximum(c0, tl.max(tl.where(hit, s + (slot - (upto - count)) * CHUNK, -1), axis=0))
+        end = tl.maximum(end, tl.max(tl.where(hit, e, 0), axis=0))
+        before += tl.sum(count, axis=0)
     if c0 >= 0:
         rows = tl.arange(0, CHUNK)
         ri = rows[:, None]
         rj = rows[None, :]
         t = c0 + rows
         t_ok = t < end
-        gamma = _gammas(g_ptr, g_st, g_sh, head, t, t_ok)
-        beta = tl.load(beta_ptr + t * b_st + head * b_sh, mask=t_ok, other=0.0).to(tl.float32)
+        gamma, beta = _chunk_gates(g_ptr, beta_ptr, g_st, g_sh, b_st, b_sh, head, t, t_ok)
         k_base = k_ptr + (head // groups).to(tl.int64) * k_sh
         kk = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
         k_norm = tl.zeros([CHUNK], dtype=tl.float32)
@@ -240,115 +215,22 @@ def _wy_kernel(
             v_ok = (vc < V)[None, :]
             vf = _tile(v_base, t, v_st, vc, v_sv, t_ok[:, None] & v_ok, tl.float32)
             u = tl.dot(inv, beta[:, None] * vf, input_precision=PRECISION)
-            tl.store(u_ptr + row[:, None] * V + vc[None, :], u, mask=t_ok[:, None] & v_ok)
+            tl.store(
+                u_ptr + row[:, None] * V + vc[None, :],
+                u.to(u_ptr.dtype.element_ty),
+                mask=t_ok[:, None] & v_ok,
+            )
 
 
 @triton.jit(do_not_specialize=["tokens"])
 def _walk_kernel(
+    q_ptr,
     k_ptr,
     g_ptr,
     cu_ptr,
     w_ptr,
     u_ptr,
     state_ptr,
-    starts_ptr,
-    k_st,
-    k_sh,
-    k_sk,
-    g_st,
-    g_sh,
-    eps,
-    tokens,
-    v_heads,
-    groups,
-    K,
-    V,
-    L2NORM: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    ONE_KEY_TILE: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    seq = pid // v_heads
-    head = pid % v_heads
-    vc = tl.program_id(1) * BV + tl.arange(0, BV)
-    v_ok = vc < V
-    start = tl.load(cu_ptr + seq).to(tl.int64)
-    end = tl.load(cu_ptr + seq + 1).to(tl.int64)
-    k_base = k_ptr + (head // groups).to(tl.int64) * k_sh
-    s_base = state_ptr + pid.to(tl.int64) * K * V
-    rows = tl.arange(0, CHUNK)
-    if ONE_KEY_TILE:
-        kc1 = tl.arange(0, BK)
-        s1_ptrs, s1_ok = _state_tile(s_base, kc1, vc, K, V)
-        state = tl.load(s1_ptrs, mask=s1_ok, other=0.0)
-    for c0 in range(start, end, CHUNK):
-        t = c0 + rows
-        t_ok = t < end
-        length = tl.minimum(end - c0, CHUNK)
-        gamma = _gammas(g_ptr, g_st, g_sh, head, t, t_ok)
-        gamma_last = tl.sum(tl.where(rows == length - 1, gamma, 0.0), axis=0)
-        row = head.to(tl.int64) * tokens + t
-        # The chunk's start state for the output launch: slot c0 // CHUNK + seq.
-        h_base = starts_ptr + ((c0 // CHUNK + seq) * v_heads + head) * K * V
-
-        # u = U - W S, in place of U.
-        ws = tl.zeros([CHUNK, BV], dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            kc = k0 + tl.arange(0, BK)
-            tile_ok = t_ok[:, None] & (kc < K)[None, :]
-            wt = tl.load(w_ptr + row[:, None] * K + kc[None, :], mask=tile_ok, other=0.0).to(tl.float32)
-            h_ptrs, h_ok = _state_tile(h_base, kc, vc, K, V)
-            if ONE_KEY_TILE:
-                st = state
-            else:
-                st = tl.load(_state_tile(s_base, kc, vc, K, V)[0], mask=h_ok, other=0.0)
-            tl.store(h_ptrs, st, mask=h_ok)
-            ws += tl.dot(wt, st, input_precision=PRECISION)
-        u_ptrs = u_ptr + row[:, None] * V + vc[None, :]
-        u_ok = t_ok[:, None] & v_ok[None, :]
-        u = tl.load(u_ptrs, mask=u_ok, other=0.0) - ws
-        tl.store(u_ptrs, u, mask=u_ok)
-
-        # The state at the chunk end: S <- exp(γ_L) S + k̂^T (exp(γ_L - γ) u).
-        if ONE_KEY_TILE:
-            kf = _tile(k_base, t, k_st, kc1, k_sk, t_ok[:, None] & (kc1 < K)[None, :], tl.float32)
-            k_norm = tl.sum(kf * kf, axis=1)
-        else:
-            k_norm = tl.zeros([CHUNK], dtype=tl.float32)
-            if L2NORM:
-                for k0 in range(0, K, BK):
-                    kc = k0 + tl.arange(0, BK)
-                    kt = _tile(k_base, t, k_st, kc, k_sk, t_ok[:, None] & (kc < K)[None, :], tl.float32)
-                    k_norm += tl.sum(kt * kt, axis=1)
-        if L2NORM:
-            k_scale = tl.rsqrt(k_norm + eps)
-        else:
-            k_scale = tl.full([CHUNK], 1.0, tl.float32)
-        w = (tl.exp(gamma_last - gamma) * k_scale)[:, None] * u
-        if ONE_KEY_TILE:
-            state = tl.exp(gamma_last) * state + tl.dot(tl.trans(kf), w, input_precision=PRECISION)
-        else:
-            for k0 in range(0, K, BK):
-                kc = k0 + tl.arange(0, BK)
-                kf = _tile(k_base, t, k_st, kc, k_sk, t_ok[:, None] & (kc < K)[None, :], tl.float32)
-                s_ptrs, s_ok = _state_tile(s_base, kc, vc, K, V)
-                st = tl.exp(gamma_last) * tl.load(s_ptrs, mask=s_ok, other=0.0)
-                tl.store(s_ptrs, st + tl.dot(tl.trans(kf), w, input_precision=PRECISION), mask=s_ok)
-    if ONE_KEY_TILE:
-        tl.store(s1_ptrs, state, mask=s1_ok)
-
-
-@triton.jit(do_not_specialize=["num_seqs", "tokens"])
-def _output_kernel(
-    q_ptr,
-    k_ptr,
-    g_ptr,
-    cu_ptr,
-    u_ptr,
-    starts_ptr,
     out_ptr,
     q_st,
     q_sh,
@@ -362,7 +244,6 @@ def _output_kernel(
     o_sh,
     scale,
     eps,
-    num_seqs,
     tokens,
     v_heads,
     groups,
@@ -372,37 +253,60 @@ def _output_kernel(
     CHUNK: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
-    SEQ_TILE: tl.constexpr,
+    ONE_KEY_TILE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    head = tl.program_id(1)
-    c0, end, seq = _find_chunk(cu_ptr, tl.program_id(0), num_seqs, CHUNK, SEQ_TILE)
-    if c0 >= 0:
-        vc = tl.program_id(2) * BV + tl.arange(0, BV)
-        v_ok = vc < V
-        rows = tl.arange(0, CHUNK)
-        ri = rows[:, None]
-        rj = rows[None, :]
+    pid = tl.program_id(0)
+    seq = pid // v_heads
+    head = pid % v_heads
+    vc = tl.program_id(1) * BV + tl.arange(0, BV)
+    v_ok = vc < V
+    start = tl.load(cu_ptr + seq).to(tl.int64)
+    end = tl.load(cu_ptr + seq + 1).to(tl.int64)
+    q_base = q_ptr + (head // groups).to(tl.int64) * q_sh
+    k_base = k_ptr + (head // groups).to(tl.int64) * k_sh
+    s_base = state_ptr + pid.to(tl.int64) * K * V
+    rows = tl.arange(0, CHUNK)
+    ri = rows[:, None]
+    rj = rows[None, :]
+    if ONE_KEY_TILE:
+        kc1 = tl.arange(0, BK)
+        s1_ptrs = s_base + kc1[:, None] * V + vc[None, :]
+        s1_ok = (kc1 < K)[:, None] & v_ok[None, :]
+        state = tl.load(s1_ptrs, mask=s1_ok, other=0.0)
+    for c0 in range(start, end, CHUNK):
         t = c0 + rows
         t_ok = t < end
-        gamma = _gammas(g_ptr, g_st, g_sh, head, t, t_ok)
-        q_base = q_ptr + (head // groups).to(tl.int64) * q_sh
-        k_base = k_ptr + (head // groups).to(tl.int64) * k_sh
-        h_base = starts_ptr + ((c0 // CHUNK + seq) * v_heads + head) * K * V
+        length = tl.minimum(end - c0, CHUNK)
+        g = tl.load(g_ptr + t * g_st + head * g_sh, mask=t_ok, other=0.0).to(tl.float32)
+        gamma = tl.cumsum(g, axis=0)
+        gamma_last = tl.sum(tl.where(rows == length - 1, gamma, 0.0), axis=0)
+        row = head.to(tl.int64) * tokens + t
+
+        # W S, q S, q k^T and the squared norms over the key tiles.
+        ws = tl.zeros([CHUNK, BV], dtype=tl.float32)
         qs = tl.zeros([CHUNK, BV], dtype=tl.float32)
         qk = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
         k_norm = tl.zeros([CHUNK], dtype=tl.float32)
         q_norm = tl.zeros([CHUNK], dtype=tl.float32)
         for k0 in range(0, K, BK):
             kc = k0 + tl.arange(0, BK)
-            tile_ok = t_ok[:, None] & (kc < K)[None, :]
+            k_ok = kc < K
+            tile_ok = t_ok[:, None] & k_ok[None, :]
             qt = _tile(q_base, t, q_st, kc, q_sk, tile_ok, DOT_DTYPE)
             kt = _tile(k_base, t, k_st, kc, k_sk, tile_ok, DOT_DTYPE)
-            h_ptrs, h_ok = _state_tile(h_base, kc, vc, K, V)
+            wt = tl.load(w_ptr + row[:, None] * K + kc[None, :], mask=tile_ok, other=0.0).to(tl.float32)
+            if ONE_KEY_TILE:
+                st = state
+            else:
+                st = tl.load(
+                    s_base + kc[:, None] * V + vc[None, :], mask=k_ok[:, None] & v_ok[None, :], other=0.0
+                )
             qk += tl.dot(qt, tl.trans(kt), input_precision=PRECISION)
             qf = qt.to(tl.float32)
-            qs += tl.dot(qf, tl.load(h_ptrs, mask=h_ok, other=0.0), input_precision=PRECISION)
+            ws += tl.dot(wt, st, input_precision=PRECISION)
+            qs += tl.dot(qf, st, input_precision=PRECISION)
             if L2NORM:
                 kf = kt.to(tl.float32)
                 k_norm += tl.sum(kf * kf, axis=1)
@@ -413,8 +317,10 @@ def _output_kernel(
         else:
             k_scale = tl.full([CHUNK], 1.0, tl.float32)
             q_scale = tl.full([CHUNK], 1.0, tl.float32) * scale
-        u = tl.load(u_ptr + (head.to(tl.int64) * tokens + t)[:, None] * V + vc[None, :],
-                    mask=t_ok[:, None] & v_ok[None, :], other=0.0)  # fmt: skip
+
+        # Corrected values, then outputs.
+        u = tl.load(u_ptr + row[:, None] * V + vc[None, :], mask=t_ok[:, None] & v_ok[None, :], other=0.0)
+        u = u.to(tl.float32) - ws
         decay = tl.exp(tl.where(rj <= ri, gamma[:, None] - gamma[None, :], float("-inf")))
         p = qk * q_scale[:, None] * k_scale[None, :] * decay
         o = tl.exp(gamma)[:, None] * (qs * q_scale[:, None]) + tl.dot(p, u, input_precision=PRECISION)
@@ -423,6 +329,23 @@ def _output_kernel(
             o.to(out_ptr.dtype.element_ty),
             mask=t_ok[:, None] & v_ok[None, :],
         )
+
+        # The state at the chunk end.
+        w = (tl.exp(gamma_last - gamma) * k_scale)[:, None] * u
+        if ONE_KEY_TILE:
+            kf = _tile(k_base, t, k_st, kc1, k_sk, t_ok[:, None] & (kc1 < K)[None, :], tl.float32)
+            state = tl.exp(gamma_last) * state + tl.dot(tl.trans(kf), w, input_precision=PRECISION)
+        else:
+            for k0 in range(0, K, BK):
+                kc = k0 + tl.arange(0, BK)
+                k_ok = kc < K
+                kf = _tile(k_base, t, k_st, kc, k_sk, t_ok[:, None] & k_ok[None, :], tl.float32)
+                s_ptrs = s_base + kc[:, None] * V + vc[None, :]
+                s_ok = k_ok[:, None] & v_ok[None, :]
+                st = tl.exp(gamma_last) * tl.load(s_ptrs, mask=s_ok, other=0.0)
+                tl.store(s_ptrs, st + tl.dot(tl.trans(kf), w, input_precision=PRECISION), mask=s_ok)
+    if ONE_KEY_TILE:
+        tl.store(s1_ptrs, state, mask=s1_ok)
 
 
 def chunk_gated_delta_rule(
@@ -453,32 +376,24 @@ def chunk_gated_delta_rule(
     bk, bv = tiles(geo, k_dim, v_dim)
     dot_dtype = _dot_dtype(q)
     precision = DOT_PRECISION[geo.backend]
-    slots = triton.cdiv(tokens, CHUNK) + num_seqs
     w = torch.empty(v_heads, tokens, k_dim, dtype=torch.float32, device=device)
     u = torch.empty(v_heads, tokens, v_dim, dtype=torch.float32, device=device)
-    starts = torch.empty(slots, v_heads, k_dim, v_dim, dtype=torch.float32, device=device)
-    scale = float(k_dim**-0.5 if scale is None else scale)
-    warps = launch(device, _WARPS)
-    _wy_kernel[(slots, v_heads)](
+    _wy_kernel[(triton.cdiv(tokens, CHUNK) + num_seqs, v_heads)](
         k, v, g, beta, cu_seqlens, w, u,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
         _EPS, num_seqs, tokens, groups, k_dim, v_dim,
         L2NORM=use_qk_l2norm, CHUNK=CHUNK, LOG_CHUNK=CHUNK.bit_length() - 1, BK=bk, BV=bv, SEQ_TILE=_SEQ_TILE,
-        PRECISION=precision, DOT_DTYPE=dot_dtype, **warps,
+        PRECISION=precision, DOT_DTYPE=dot_dtype, **launch(device, _WARPS),
     )  # fmt: skip
     _walk_kernel[(num_seqs * v_heads, triton.cdiv(v_dim, bv))](
-        k, g, cu_seqlens, w, u, state, starts,
-        k.stride(0), k.stride(1), k.stride(2), g.stride(0), g.stride(1),
-        _EPS, tokens, v_heads, groups, k_dim, v_dim,
-        L2NORM=use_qk_l2norm, CHUNK=CHUNK, BK=bk, BV=bv, ONE_KEY_TILE=bk >= k_dim, PRECISION=precision, **warps,
-    )  # fmt: skip
-    _output_kernel[(slots, v_heads, triton.cdiv(v_dim, bv))](
-        q, k, g, cu_seqlens, u, starts, out,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        g.stride(0), g.stride(1), out.stride(0), out.stride(1),
-        scale, _EPS, num_seqs, tokens, v_heads, groups, k_dim, v_dim,
-        L2NORM=use_qk_l2norm, CHUNK=CHUNK, BK=bk, BV=bv, SEQ_TILE=_SEQ_TILE, DOT_DTYPE=dot_dtype,
-        PRECISION=precision, **warps,
+        q, k, g, cu_seqlens, w, u, state, out,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        g.stride(0), g.stride(1),
+        out.stride(0), out.stride(1),
+        float(k_dim**-0.5 if scale is None else scale), _EPS, tokens, v_heads, groups, k_dim, v_dim,
+        L2NORM=use_qk_l2norm, CHUNK=CHUNK, BK=bk, BV=bv, ONE_KEY_TILE=bk >= k_dim, DOT_DTYPE=dot_dtype,
+        PRECISION=precision, **launch(device, _WARPS),
     )  # fmt: skip
     return out, state
