@@ -44,7 +44,8 @@ BV_CAP = {"cuda": 64}
 _WARPS = 8
 #: ``tl.dot``'s ``input_precision`` for float32 operands, per launch backend. CUDA: TF32 (H100, 2026-12-07,
 #: ``benchmarks/device-runs/2026-12-07``): IEEE float32 dots need FMA loops that spilled registers and ran
-#: 4-7x slower; TF32 leaves the outputs within 5e-3 of the float64-exact reference (vLLM's FLA: 9e-3).
+#: 7-10x slower; TF32 leaves the outputs within 5e-3 of the largest value of the float32 torch reference
+#: (vLLM's FLA: 9e-3).
 DOT_PRECISION = {"cuda": "tf32", "npu": "ieee", "interpreter": "ieee"}
 _DOT_MIN = 16
 #: Sequences whose offsets one step of the WY kernel's chunk search reads.
