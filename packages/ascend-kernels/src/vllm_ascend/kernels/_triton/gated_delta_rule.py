@@ -207,7 +207,7 @@ def _wy_kernel(
             w = tl.dot(inv, k_rows * kf, input_precision=PRECISION)
             tl.store(
                 w_ptr + row[:, None] * K + kc[None, :],
-                w.to(w_ptr.dtype.element_ty),
+                w,
                 mask=t_ok[:, None] & k_ok,
             )
         v_base = v_ptr + head.to(tl.int64) * v_sh
@@ -218,7 +218,7 @@ def _wy_kernel(
             u = tl.dot(inv, beta[:, None] * vf, input_precision=PRECISION)
             tl.store(
                 u_ptr + row[:, None] * V + vc[None, :],
-                u.to(u_ptr.dtype.element_ty),
+                u,
                 mask=t_ok[:, None] & v_ok,
             )
 
@@ -297,7 +297,7 @@ def _walk_kernel(
             tile_ok = t_ok[:, None] & k_ok[None, :]
             qt = _tile(q_base, t, q_st, kc, q_sk, tile_ok, DOT_DTYPE)
             kt = _tile(k_base, t, k_st, kc, k_sk, tile_ok, DOT_DTYPE)
-            wt = tl.load(w_ptr + row[:, None] * K + kc[None, :], mask=tile_ok, other=0.0).to(tl.float32)
+            wt = tl.load(w_ptr + row[:, None] * K + kc[None, :], mask=tile_ok, other=0.0)
             if ONE_KEY_TILE:
                 st = state
             else:
@@ -321,7 +321,7 @@ def _walk_kernel(
 
         # Corrected values, then outputs.
         u = tl.load(u_ptr + row[:, None] * V + vc[None, :], mask=t_ok[:, None] & v_ok[None, :], other=0.0)
-        u = u.to(tl.float32) - ws
+        u = u - ws
         decay = tl.exp(tl.where(rj <= ri, gamma[:, None] - gamma[None, :], float("-inf")))
         p = qk * q_scale[:, None] * k_scale[None, :] * decay
         o = tl.exp(gamma)[:, None] * (qs * q_scale[:, None]) + tl.dot(p, u, input_precision=PRECISION)
