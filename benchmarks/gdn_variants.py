@@ -32,7 +32,7 @@ from types import ModuleType
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-for src in ("packages/ascend-kernels/src", "packages/ascend-core/src"):
+for src in ("packages/ascend-kernels/src", "packages/ascend-core/src", "benchmarks"):
     if str(ROOT / src) not in sys.path:
         sys.path.insert(0, str(ROOT / src))
 
