@@ -37,12 +37,13 @@ for src in ("packages/ascend-kernels/src", "packages/ascend-core/src", "benchmar
         sys.path.insert(0, str(ROOT / src))
 
 import vllm_peer as VP  # noqa: E402
+from kernels import GDN_SHAPES, bench, gdn_errors, gdn_inputs  # noqa: E402
 
 from vllm_ascend.kernels import gated_delta_rule as G  # noqa: E402
 from vllm_ascend.kernels._triton import gated_delta_rule as MAIN  # noqa: E402
 
 MODULE = Path(MAIN.__file__)
-SHAPES = {"gpu": ((1, 4096), (1, 16384), (8, 8192), (64, 8192)), "dry": ((1, 130), (3, 200))}
+SHAPES = {"gpu": GDN_SHAPES, "dry": ((1, 130), (3, 200))}
 HEADS = {"gpu": (16, 32, 128), "dry": (2, 4, 32)}  # key heads, value heads, head size
 
 
@@ -115,17 +116,6 @@ def load_variant(name: str, path: Path, attrs: dict[str, object], workdir: Path)
     return module
 
 
-def _errors(
-    got: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor]
-) -> dict[str, float]:
-    out, state = got[0].float(), got[1].float()
-    return {
-        "out_rel": (out - ref[0].float()).abs().max().item() / ref[0].float().abs().max().item(),
-        "out_mean": (out - ref[0].float()).abs().mean().item(),
-        "state_rel": (state - ref[1]).abs().max().item() / ref[1].abs().max().item(),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -147,15 +137,9 @@ def main() -> None:
             if name in variants or name == "fla":
                 raise SystemExit(f"--variant {spec!r}: the name {name!r} is taken")
             variants[name] = load_variant(name, path, attrs, Path(tmp))
-        if args.dry:
 
-            def timed(fn: Callable[[], object]) -> float:
-                return 0.0
-        else:
-            from kernels import bench
-
-            def timed(fn: Callable[[], object]) -> float:
-                return bench(fn, reps=30)
+        def timed(fn: Callable[[], object]) -> float:
+            return 0.0 if args.dry else bench(fn, reps=30)
 
         print(
             f"{'cpu (dry)' if args.dry else torch.cuda.get_device_name()}  torch {torch.__version__}",
@@ -165,23 +149,14 @@ def main() -> None:
         gen = torch.Generator().manual_seed(0)
         cases = []
         for seqs, total in SHAPES[kind]:
-            cu = torch.linspace(0, total, seqs + 1).round().to(torch.int32).to(device)
-
-            def randn(*shape: int) -> torch.Tensor:
-                return torch.randn(*shape, generator=gen).to(device)
-
-            q, k = randn(total, key_heads, head).to(dtype), randn(total, key_heads, head).to(dtype)
-            v = randn(total, value_heads, head).to(dtype)
-            g = -torch.rand(total, value_heads, generator=gen).to(device) * 0.5
-            beta = torch.rand(total, value_heads, generator=gen).to(device).to(dtype)
-            init = randn(seqs, value_heads, head, head) * 0.1
-            inputs = (q, k, v, g, beta, cu, init)
+            inputs = gdn_inputs(seqs, total, key_heads, value_heads, head, dtype, device, gen)
+            q, k, v, g, beta, cu, init = inputs
             ref = G.chunk_gated_delta_rule_torch(*inputs)
             sides: dict[str, Callable[[], tuple[torch.Tensor, torch.Tensor]]] = {
                 name: (lambda mod=mod, a=inputs: mod.chunk_gated_delta_rule(*a))
                 for name, mod in variants.items()
             }
-            errors = {name: _errors(fn(), ref) for name, fn in sides.items()}
+            errors = {name: gdn_errors(fn(), ref) for name, fn in sides.items()}
             if peer:
                 fla_in = (
                     q,
@@ -195,7 +170,7 @@ def main() -> None:
                 )
                 sides["fla"] = lambda a=fla_in: VP.vllm_chunk_gated_delta_rule(*a)
                 out, state = sides["fla"]()
-                errors["fla"] = _errors((out, state.transpose(-1, -2)), ref)
+                errors["fla"] = gdn_errors((out, state.transpose(-1, -2)), ref)
             print(f"T{total} N{seqs} errors: {json.dumps(errors)}", flush=True)
             cases.append({"seqs": seqs, "tokens": total, "errors": errors, "sides": sides, "us": {}})
         for r in range(args.rounds):

@@ -709,26 +709,49 @@ def gdn_suite(bw, key_heads=16, value_heads=32, head_dim=128):
     GDN prefill; chunk tables precomputed as vLLM's metadata builder does, the state in vLLM's ``[N, H, V, K]``
     cache layout). Batches: one long prompt, a few, many short ones. The floor counts q, k, v, g, beta and
     the output once and every state read and written once."""
-    for seqs, total in ((1, 4096), (1, 16384), (8, 8192), (64, 8192)):
+    for seqs, total in GDN_SHAPES:
         _gdn_case(bw, seqs, total, key_heads, value_heads, head_dim)
 
 
+#: ``(sequences, tokens)`` of the GDN rows: one long prompt, a few, many short ones.
+GDN_SHAPES = ((1, 4096), (1, 16384), (8, 8192), (64, 8192))
+
+
+def gdn_inputs(seqs, total, key_heads, value_heads, head_dim, dtype, device=DEV, gen=None):
+    """``(q, k, v, g, beta, cu_seqlens, initial_state)`` of a GDN prefill: ``seqs`` equal sequences of ``total``
+    tokens, gates in ``(-0.5, 0]``, float32 states of magnitude 0.1 (drawn on the CPU from ``gen`` when given)."""
+
+    def draw(fn, *shape):
+        return fn(*shape, generator=gen).to(device) if gen is not None else fn(*shape, device=device)
+
+    cu = torch.linspace(0, total, seqs + 1, device=device).round().to(torch.int32)
+    q = draw(torch.randn, total, key_heads, head_dim).to(dtype)
+    k = draw(torch.randn, total, key_heads, head_dim).to(dtype)
+    v = draw(torch.randn, total, value_heads, head_dim).to(dtype)
+    g = -draw(torch.rand, total, value_heads) * 0.5
+    beta = draw(torch.rand, total, value_heads).to(dtype)
+    init = draw(torch.randn, seqs, value_heads, head_dim, head_dim) * 0.1
+    return q, k, v, g, beta, cu, init
+
+
+def gdn_errors(got, ref):
+    """``{out_rel, out_mean, state_rel}`` of ``(out, final state)`` against the reference's: max |diff| / max
+    |reference| of the outputs and of the states, and the outputs' mean |diff|."""
+    return {
+        "out_rel": max_diff(got[0], ref[0]) / ref[0].float().abs().max().item(),
+        "out_mean": (got[0].float() - ref[0].float()).abs().mean().item(),
+        "state_rel": max_diff(got[1], ref[1]) / ref[1].abs().max().item(),
+    }
+
+
 def _gdn_case(bw, seqs, total, key_heads, value_heads, head_dim, dtype=torch.bfloat16):
-    cu = torch.linspace(0, total, seqs + 1, device=DEV).round().to(torch.int32)
-    q = torch.randn(total, key_heads, head_dim, device=DEV).to(dtype)
-    k = torch.randn(total, key_heads, head_dim, device=DEV).to(dtype)
-    v = torch.randn(total, value_heads, head_dim, device=DEV).to(dtype)
-    g = -torch.rand(total, value_heads, device=DEV) * 0.5
-    beta = torch.rand(total, value_heads, device=DEV).to(dtype)
-    init = torch.randn(seqs, value_heads, head_dim, head_dim, device=DEV) * 0.1
-    args = (q, k, v, g, beta, cu, init)
+    args = gdn_inputs(seqs, total, key_heads, value_heads, head_dim, dtype)
+    q, k, v, g, beta, cu, init = args
     got = K.chunk_gated_delta_rule(*args)
     ref = gated_delta_rule.chunk_gated_delta_rule_torch(*args)
     # TF32 dots on CUDA: errors of FLA's order (its bf16 intermediates: max 7e-3 to 9e-3 of the largest
     # output, 6e-3 of the largest state entry), so the bound is FLA's, not a float32 rounding.
-    out_rel = max_diff(got[0], ref[0]) / ref[0].float().abs().max().item()
-    out_mean = (got[0].float() - ref[0].float()).abs().mean().item()
-    state_rel = max_diff(got[1], ref[1]) / ref[1].abs().max().item()
+    out_rel, out_mean, state_rel = gdn_errors(got, ref).values()
     check = f"out-rel={out_rel:.1e} out-mean={out_mean:.1e} state-rel={state_rel:.1e}"
     if out_rel > 5e-2 or state_rel > 1e-2:
         check = f"MISMATCH {check}"
