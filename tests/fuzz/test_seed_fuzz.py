@@ -187,7 +187,9 @@ def test_fuzzed_requests(thread_errors):
     counts = {k: outcomes.count(k) for k in set(outcomes)}
     assert len(outcomes) >= 1000
     assert counts["error frame"] >= 0.9 * len(outcomes), counts
-    assert peak[0] <= threads + 4 + CAP  # the 4 client threads and at most CAP handlers
+    # The 4 client threads and at most CAP handlers, plus one: a handler thread still exiting after its connection
+    # stopped counting as active while the next one starts (seen once in a clean-clone run: peak one above).
+    assert peak[0] <= threads + 4 + CAP + 1
     assert peak[1] <= fds + 4 + CAP + 4  # client sockets, handler sockets, a little slack
     assert thread_errors == []
 
