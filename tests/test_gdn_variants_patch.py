@@ -60,17 +60,29 @@ def test_a_hunk_whose_context_changed_is_refused():
         _script().apply_patch(ORIGINAL, "not a patch\n")
 
 
-def test_the_repository_patch_gives_what_git_apply_gives(tmp_path):
+def test_a_git_diff_of_the_kernel_module_gives_what_git_apply_gives(tmp_path):
+    """A several-hunk patch of the real module, written by ``git diff``, as a variant is written."""
     script = _script()
-    patch_file = ROOT / "benchmarks" / "patches" / "gdn-bf16-chain.patch"
     original = script.MODULE.read_text()
-    target = tmp_path / script.MODULE.relative_to(ROOT)
+    assert "_WARPS = 8\n" in original and "    return out, state\n" in original
+    edited = original.replace("_WARPS = 8\n", "_WARPS = 4\n#: four warps\n").replace(
+        "    return out, state\n", "    out = out * 1\n    return out, state\n"
+    )
+    rel = script.MODULE.relative_to(ROOT)
+    for side, text in (("a", original), ("b", edited)):
+        (tmp_path / side / rel).parent.mkdir(parents=True)
+        (tmp_path / side / rel).write_text(text)
+    diff = subprocess.run(
+        ["git", "diff", "--no-index", f"a/{rel}", f"b/{rel}"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert diff.returncode == 1 and diff.stdout.count("\n@@ ") >= 2, diff.stderr
+    patch = diff.stdout.replace(f"a/a/{rel}", f"a/{rel}").replace(f"b/b/{rel}", f"b/{rel}")
+    target = tmp_path / rel
     target.parent.mkdir(parents=True)
     target.write_text(original)
-    subprocess.run(["git", "apply", str(patch_file)], cwd=tmp_path, check=True)
-    got = script.apply_patch(original, patch_file.read_text())
-    assert got == target.read_text()
-    assert got != original and "CHAIN_16BIT" in got
+    subprocess.run(["git", "apply", "-"], input=patch, text=True, cwd=tmp_path, check=True)
+    assert target.read_text() == edited
+    assert script.apply_patch(original, patch) == edited
 
 
 def test_variant_specs_name_their_mistake(tmp_path):

@@ -280,3 +280,22 @@ def test_tiles_shrink_to_a_smaller_unified_buffer_and_refuse_one_too_small():
         triton_gdr.tiles(LaunchGeometry("npu", 8, 64 * 1024), 128, 128)
     assert triton_gdr.tiles(LaunchGeometry("cuda", 132), 128, 128) == (128, 64)  # no UB: the caps
     assert triton_gdr.tiles(LaunchGeometry("cuda", 132), 8, 8) == (16, 16)  # tl.dot's smallest tile
+
+
+def test_triton_chunk_with_16_bit_chain_products_stays_within_16_bit_rounding(gen, monkeypatch):
+    """CUDA's walk takes 16-bit operands for its products (``CHAIN_16BIT``, float32 accumulation). Run here
+    through the interpreter (in float16: its bfloat16 products are not numpy's), it is not the float32 walk and
+    stays within float16 rounding of the reference."""
+    q, k, v, g, beta, cu = _triton_inputs(gen, (70, 1, 130), 2, 4, 32, 32, torch.float16, True)
+    init = torch.randn(3, 4, 32, 32, generator=gen) * 0.5
+    monkeypatch.setattr(triton_gdr, "_dot_dtype", lambda x: triton_gdr.tl.float16)  # the device's choice
+    full_out, full_state = chunk_gated_delta_rule(q, k, v, g, beta, cu, init)
+    monkeypatch.setattr(triton_gdr, "CHAIN_16BIT", {"interpreter": True})
+    out, state = chunk_gated_delta_rule(q, k, v, g, beta, cu, init)
+    ref_out, ref_state = chunk_gated_delta_rule_torch(q, k, v, g, beta, cu, init)
+    assert out.dtype == torch.float16 and state.dtype == torch.float32
+    assert not torch.equal(state, full_state)
+    assert (state - ref_state).abs().max() > (full_state - ref_state).abs().max()
+    eps = torch.finfo(torch.float16).eps
+    torch.testing.assert_close(state, ref_state, rtol=4 * eps, atol=4 * eps)
+    torch.testing.assert_close(out.float(), ref_out.float(), rtol=4 * eps, atol=4 * eps)

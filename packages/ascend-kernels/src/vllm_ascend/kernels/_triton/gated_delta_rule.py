@@ -51,6 +51,10 @@ _DOT_MIN = 16
 #: Sequences whose offsets one step of the WY kernel's chunk search reads.
 _SEQ_TILE = 64
 _EPS = 1e-6
+#: Launch backends whose walk takes 16-bit operands (the inputs' dtype) for its chain products (``W S``, the state
+#: update) and its outputs (``q S``, ``P u``), with float32 accumulation: FLA's choice, twice TF32's tensor rate.
+#: 1.05-1.13x the float32 walk on an H100, errors within FLA's (``benchmarks/RESULTS.md``, eighth session).
+CHAIN_16BIT = {"cuda": True}
 
 
 def _wy_bytes(bk: int, bv: int) -> int:
@@ -223,6 +227,15 @@ def _wy_kernel(
             )
 
 
+@triton.jit
+def _cdot(a, b, CHAIN16: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
+    """``a @ b`` in float32: from 16-bit operands where ``CHAIN16``, else at ``PRECISION``."""
+    if CHAIN16:
+        return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE))
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
+
+
 @triton.jit(do_not_specialize=["tokens"])
 def _walk_kernel(
     q_ptr,
@@ -257,6 +270,7 @@ def _walk_kernel(
     ONE_KEY_TILE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
+    CHAIN16: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seq = pid // v_heads
@@ -306,8 +320,8 @@ def _walk_kernel(
                 )
             qk += tl.dot(qt, tl.trans(kt), input_precision=PRECISION)
             qf = qt.to(tl.float32)
-            ws += tl.dot(wt, st, input_precision=PRECISION)
-            qs += tl.dot(qf, st, input_precision=PRECISION)
+            ws += _cdot(wt, st, CHAIN16, DOT_DTYPE, PRECISION)
+            qs += _cdot(qf, st, CHAIN16, DOT_DTYPE, PRECISION)
             if L2NORM:
                 kf = kt.to(tl.float32)
                 k_norm += tl.sum(kf * kf, axis=1)
@@ -324,7 +338,7 @@ def _walk_kernel(
         u = u - ws
         decay = tl.exp(tl.where(rj <= ri, gamma[:, None] - gamma[None, :], float("-inf")))
         p = qk * q_scale[:, None] * k_scale[None, :] * decay
-        o = tl.exp(gamma)[:, None] * (qs * q_scale[:, None]) + tl.dot(p, u, input_precision=PRECISION)
+        o = tl.exp(gamma)[:, None] * (qs * q_scale[:, None]) + _cdot(p, u, CHAIN16, DOT_DTYPE, PRECISION)
         tl.store(
             out_ptr + t[:, None] * o_st + head * o_sh + vc[None, :],
             o.to(out_ptr.dtype.element_ty),
@@ -335,7 +349,7 @@ def _walk_kernel(
         w = (tl.exp(gamma_last - gamma) * k_scale)[:, None] * u
         if ONE_KEY_TILE:
             kf = _tile(k_base, t, k_st, kc1, k_sk, t_ok[:, None] & (kc1 < K)[None, :], tl.float32)
-            state = tl.exp(gamma_last) * state + tl.dot(tl.trans(kf), w, input_precision=PRECISION)
+            state = tl.exp(gamma_last) * state + _cdot(tl.trans(kf), w, CHAIN16, DOT_DTYPE, PRECISION)
         else:
             for k0 in range(0, K, BK):
                 kc = k0 + tl.arange(0, BK)
@@ -395,6 +409,6 @@ def chunk_gated_delta_rule(
         out.stride(0), out.stride(1),
         float(k_dim**-0.5 if scale is None else scale), _EPS, tokens, v_heads, groups, k_dim, v_dim,
         L2NORM=use_qk_l2norm, CHUNK=CHUNK, BK=bk, BV=bv, ONE_KEY_TILE=bk >= k_dim, DOT_DTYPE=dot_dtype,
-        PRECISION=precision, **launch(device, _WARPS),
+        PRECISION=precision, CHAIN16=CHAIN_16BIT.get(geo.backend, False), **launch(device, _WARPS),
     )  # fmt: skip
     return out, state
