@@ -311,10 +311,19 @@ def test_kv_rows_gathers_keys_and_values_of_every_layout(layout):
         assert got_k.untyped_storage().data_ptr() == got_v.untyped_storage().data_ptr()
 
 
-def test_reshape_and_cache_writes_exactly_the_given_slots(ref):
-    key_cache, value_cache = flat_cache_views(6, 4, 2, 8, 4)
+@pytest.mark.parametrize("layout", ["token rows", "per-block interleaved"])
+def test_reshape_and_cache_writes_exactly_the_given_slots(ref, layout):
+    """Into views of one buffer, tokens as rows ([blocks, bs, H, D + Dv]: one token axis) or K and V
+    blocks interleaved ([blocks, 2, bs, H, D]: blocks and tokens not one run)."""
+    if layout == "token rows":
+        key_cache, value_cache = flat_cache_views(6, 4, 2, 8, 4)
+        key, value = torch.randn(5, 2, 8), torch.randn(5, 2, 4)
+    else:
+        buf = torch.full((6, 2, 4, 2, 8), float("nan"))
+        key_cache, value_cache = buf[:, 0], buf[:, 1]
+        assert key_cache.stride(0) != 4 * key_cache.stride(1)
+        key, value = torch.randn(5, 2, 8), torch.randn(5, 2, 8)
     assert not key_cache.is_contiguous()
-    key, value = torch.randn(5, 2, 8), torch.randn(5, 2, 4)
     slots = torch.tensor([3, 17, -1, 0, 22])
     ref.reshape_and_cache(key, value, key_cache, value_cache, slots)
     written = torch.zeros(6, 4, dtype=torch.bool)

@@ -179,6 +179,30 @@ def test_gumbel_sample_reference_greedy_rows_draw_no_noise(
     assert torch.equal(logits.nan_to_num(), before.nan_to_num())
 
 
+@pytest.mark.parametrize(("vocab", "blocks"), [(10, 4), (8, 2), (3, 1), (12, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gumbel_sample_reference_greedy_batch_is_the_padded_blockwise_argmax(vocab, blocks, dtype) -> None:
+    """An all-greedy batch (no copy of the logits): per block of 4 the leftmost maximum and its value,
+    blocks partly or wholly past the vocabulary padded with -inf (a wholly padded block: -inf, its first
+    token); logits given as a strided view of a wider buffer."""
+    g = torch.Generator().manual_seed(vocab * 10 + blocks)
+    buffer = (torch.randn(3, vocab + 5, generator=g) * 2).round().to(dtype)  # rounded: ties within blocks
+    logits = buffer[:, 1 : vocab + 1]
+    argmax = torch.full((3, blocks), -5, dtype=torch.int64)
+    local_max = torch.zeros((3, blocks))
+    v2.gumbel_sample_torch(
+        (3, blocks), argmax, blocks, local_max, blocks, None, 0, 0, None, None, 0, logits, vocab + 5,
+        torch.tensor([0, 1, -1], dtype=torch.int32), torch.tensor([5, 6]), torch.tensor([0, 1, 2]),
+        torch.tensor([0.0, 0.0]), vocab, 4, False, True, False, False,
+    )  # fmt: skip
+    covered = min(vocab, 4 * blocks)
+    padded = torch.full((3, 4 * blocks), float("-inf"))
+    padded[:, :covered] = logits[:, :covered].float()
+    view = padded.view(3, blocks, 4)
+    assert torch.equal(local_max, view.amax(-1))
+    assert torch.equal(argmax, view.argmax(-1) + torch.arange(blocks) * 4)
+
+
 def test_gumbel_sample_reference_mixed_batch_noises_only_sampled_rows() -> None:
     """In a batch of greedy and sampled rows, the greedy rows equal the greedy-only result and the sampled
     rows equal their result on their own."""

@@ -481,10 +481,12 @@ def _attend_group(
     lens_t = torch.tensor([lens[b] for b in reqs], device=device)
     pos = torch.arange(max_s, device=device)
     valid = pos < lens_t.unsqueeze(1)  # [B, S]
-    tok = torch.where(valid, pos, 0)  # padded key slots read the request's token 0
     rows = block_table[reqs[0] : reqs[0] + len(reqs)] if consecutive else block_table[reqs]
-    slots = rows.long().gather(1, torch.div(tok, block_size, rounding_mode="floor")) * block_size
-    slots += tok % block_size
+    # Key position p sits in block-table column p // block_size (the same column for every request: divided
+    # once); past a request's length the column may hold anything, so those slots read its token 0.
+    first_slots = rows[:, : -(-max_s // block_size)].long() * block_size
+    slots = first_slots.index_select(1, torch.div(pos, block_size, rounding_mode="floor")) + pos % block_size
+    slots = torch.where(valid, slots, first_slots[:, :1])
     k, v = (
         rows.float().transpose(1, 2) for rows in _kv_rows(key_cache, value_cache, slots)
     )  # [B, Hkv, S, D]
@@ -813,9 +815,13 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
             raise DeviceOpError(
                 f"slot {top} is out of range for a cache of {num_blocks} blocks x {block_size}"
             )
-        blocks, offsets = torch.div(slots, block_size, rounding_mode="floor"), slots % block_size
-        key_cache[blocks, offsets] = key.to(key_cache.dtype)
-        value_cache[blocks, offsets] = value.to(value_cache.dtype)
+        for cache, rows in ((key_cache, key), (value_cache, value)):
+            if cache.stride(0) == block_size * cache.stride(1):  # blocks x offsets as one token axis
+                cache.view(num_blocks * block_size, *cache.shape[2:]).index_copy_(
+                    0, slots, rows.to(cache.dtype)
+                )
+            else:
+                cache[slots // block_size, slots % block_size] = rows.to(cache.dtype)
 
     def fused_infer_attention(
         self,

@@ -177,6 +177,35 @@ def temperature(
     )
 
 
+def _greedy_block_max(
+    logits: torch.Tensor, local_argmax: torch.Tensor, local_max: torch.Tensor, block_size: int
+) -> bool:
+    """The blockwise leftmost maximum of plain logits ``[T, covered]`` into ``local_argmax`` / ``local_max``
+    ``[T, blocks]`` (blocks past ``covered`` read as -inf: value -inf, their first token), without copying the
+    logits: the greedy-only batch's whole work. False, writing nothing, where a maximum is NaN (the general
+    path then reads NaN as -inf)."""
+    covered, num_blocks = logits.shape[1], local_argmax.shape[1]
+    full, tail = divmod(covered, block_size)
+    values, index = (
+        torch.max(logits[:, : full * block_size].unflatten(1, (full, block_size)), dim=-1)
+        if full
+        else (local_max[:, :0], local_argmax[:, :0])
+    )
+    if tail:
+        last, last_index = torch.max(logits[:, full * block_size :], dim=-1, keepdim=True)
+        values, index = torch.cat([values, last.to(values.dtype)], 1), torch.cat([index, last_index], 1)
+    if values.isnan().any():
+        return False
+    done = values.shape[1]
+    local_max[:, :done] = values
+    offsets = torch.arange(0, done * block_size, block_size, device=index.device)
+    local_argmax[:, :done] = index + offsets if done > 1 else index
+    if done < num_blocks:
+        local_max[:, done:] = float("-inf")
+        local_argmax[:, done:] = torch.arange(done * block_size, num_blocks * block_size, block_size)
+    return True
+
+
 def gumbel_sample_torch(
     grid: Grid,
     local_argmax_ptr: torch.Tensor,
@@ -228,10 +257,17 @@ def gumbel_sample_torch(
         cache[req[valid], col[valid]] = source[valid].to(cache.dtype)
 
     temp = torch.where(valid, temp_ptr[safe_req].float(), torch.zeros((), device=device))
-    logits = _rows(logits_ptr, num_tokens, logits_stride, covered).to(torch.float32, copy=True)
     # Gumbel noise only for the sampled rows (temperature != 0), over the vocabulary; greedy rows keep
     # their plain logits (an all-greedy batch computes no noise).
     sampled = (temp != 0.0).nonzero().flatten()
+    if not sampled.numel() and _greedy_block_max(
+        _rows(logits_ptr, num_tokens, logits_stride, covered),
+        _rows(local_argmax_ptr, num_tokens, local_argmax_stride, num_blocks),
+        _rows(local_max_ptr, num_tokens, local_max_stride, num_blocks),
+        BLOCK_SIZE,
+    ):
+        return
+    logits = _rows(logits_ptr, num_tokens, logits_stride, covered).to(torch.float32, copy=True)
     if APPLY_TEMPERATURE and sampled.numel():
         logits[sampled] = logits[sampled] / temp[sampled, None]
     if USE_FP64:
