@@ -289,7 +289,7 @@ def test_triton_chunk_with_16_bit_chain_products_stays_within_16_bit_rounding(ge
     q, k, v, g, beta, cu = _triton_inputs(gen, (70, 1, 130), 2, 4, 32, 32, torch.float16, True)
     init = torch.randn(3, 4, 32, 32, generator=gen) * 0.5
     monkeypatch.setattr(triton_gdr, "_dot_dtype", lambda x: triton_gdr.tl.float16)  # the device's choice
-    full_out, full_state = chunk_gated_delta_rule(q, k, v, g, beta, cu, init)
+    _, full_state = chunk_gated_delta_rule(q, k, v, g, beta, cu, init)
     monkeypatch.setattr(triton_gdr, "CHAIN_16BIT", {"interpreter": True})
     out, state = chunk_gated_delta_rule(q, k, v, g, beta, cu, init)
     ref_out, ref_state = chunk_gated_delta_rule_torch(q, k, v, g, beta, cu, init)
