@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, tensor_at
@@ -68,15 +69,16 @@ def gather_block_tables_rows_torch(
     cheaper up to :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests."""
     groups, batch = grid_dim(grid, 0), grid_dim(grid, 1)
     device = batch_idx_to_req_idx.device
-    reqs = [int(r) for r in batch_idx_to_req_idx[: min(num_reqs, batch)].tolist()]
-    counts = num_blocks_ptr.reshape(-1)
-    for group in range(groups):
-        stride = int(block_table_strides[group])
-        dst = _table(int(dst_block_table_ptrs[group]), batch, stride, device)
+    reqs = batch_idx_to_req_idx[: min(num_reqs, batch)].tolist()
+    counts = num_blocks_ptr.reshape(-1).numpy()
+    strides = block_table_strides[:groups].tolist()
+    src_ptrs, dst_ptrs = src_block_table_ptrs[:groups].tolist(), dst_block_table_ptrs[:groups].tolist()
+    for group, stride in enumerate(strides):
+        dst = _table(dst_ptrs[group], batch, stride, device).numpy()  # host memory: numpy views
         dst[len(reqs) :] = 0
         if not reqs:
             continue
-        src = _table(int(src_block_table_ptrs[group]), max(reqs) + 1, stride, device)
+        src = _table(src_ptrs[group], max(reqs) + 1, stride, device).numpy()
         for row, req in enumerate(reqs):
             n = int(counts[group * num_blocks_stride + req])
             dst[row, :n] = src[req, :n]
@@ -216,22 +218,24 @@ def compute_slot_mappings_rows_torch(
         strict=True,
     )
     out = slot_mappings_ptr.reshape(-1)
+    host_pos = pos.numpy()  # the tables are host memory (``tensor_at``): numpy views throughout
     for group, (pointer, stride, block_size, enabled) in enumerate(params):
-        row = out[group * slot_mappings_stride : group * slot_mappings_stride + max_num_tokens]
-        row[num_tokens:max_num_tokens] = PAD_ID
+        host_row = out[group * slot_mappings_stride : group * slot_mappings_stride + max_num_tokens].numpy()
+        host_row[num_tokens:max_num_tokens] = PAD_ID
         if num_tokens <= start:
             continue
         if not enabled:
-            row[start:num_tokens] = PAD_ID
+            host_row[start:num_tokens] = PAD_ID
             continue
-        table = _table(pointer, rows_needed, stride, device) if rows_needed > 0 else None
+        table = _table(pointer, rows_needed, stride, device).numpy() if rows_needed > 0 else None
         for lo, hi, state in requests:
             if state < 0 or table is None:
-                row[lo:hi] = PAD_ID
+                host_row[lo:hi] = PAD_ID
                 continue
-            positions = pos[lo:hi].to(torch.int64)
-            numbers = table[state, positions // block_size].to(torch.int64)
-            row[lo:hi] = (numbers * block_size + positions % block_size).to(row.dtype)
+            positions = host_pos[lo:hi].astype(np.int64)
+            host_row[lo:hi] = table[state, positions // block_size].astype(np.int64) * block_size + (
+                positions % block_size
+            )
 
 
 def compute_slot_mappings(grid: Grid, **arguments: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim
@@ -369,31 +370,40 @@ def post_update_rows_torch(
     all_token_ids_stride: int,
     total_len_ptr: torch.Tensor,
 ) -> None:
-    """Reference of :func:`post_update` walking the requests one by one: the results of :func:`post_update_torch`,
-    cheaper up to :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests."""
+    """Reference of :func:`post_update` walking the requests one by one on host memory (numpy views of the
+    tensors: a scalar read or write costs a tenth of a tensor op's): the results of :func:`post_update_torch`,
+    cheaper up to :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests. Other devices take the
+    grid form."""
+    if idx_mapping_ptr.device.type != "cpu":
+        post_update_torch(
+            grid, idx_mapping_ptr, num_computed_tokens_ptr, last_sampled_tokens_ptr, output_bin_counts_ptr,
+            output_bin_counts_stride, sampled_tokens_ptr, sampled_tokens_stride, num_sampled_ptr,
+            num_rejected_ptr, query_start_loc_ptr, all_token_ids_ptr, all_token_ids_stride, total_len_ptr,
+        )  # fmt: skip
+        return
     n = grid_dim(grid, 0)
-    sampled_flat = sampled_tokens_ptr.view(-1)
-    counts = None if output_bin_counts_ptr is None else output_bin_counts_ptr.view(-1)
-    qsl = None if query_start_loc_ptr is None else _rows(query_start_loc_ptr, n + 1)
-    num_sampled = _rows(num_sampled_ptr, n)
-    num_rejected = _rows(num_rejected_ptr, n)
-    for batch, state in enumerate(_rows(idx_mapping_ptr, n)):
+    sampled = sampled_tokens_ptr.reshape(-1).numpy()
+    counts = None if output_bin_counts_ptr is None else output_bin_counts_ptr.view(-1).numpy()
+    qsl = None if query_start_loc_ptr is None else query_start_loc_ptr[: n + 1].numpy()
+    num_sampled, num_rejected = num_sampled_ptr[:n].numpy(), num_rejected_ptr[:n].numpy()
+    total_len, computed = total_len_ptr.numpy(), num_computed_tokens_ptr.numpy()
+    last_sampled, all_token_ids = last_sampled_tokens_ptr.view(-1).numpy(), all_token_ids_ptr.numpy()
+    for batch, state in enumerate(idx_mapping_ptr[:n].tolist()):
         if state < 0:
             continue
-        total = int(total_len_ptr[state])
-        k = num_sampled[batch]
+        k = int(num_sampled[batch])
         if k > 0:
-            tokens = sampled_flat[batch * sampled_tokens_stride : batch * sampled_tokens_stride + k]
-            last_sampled_tokens_ptr[state] = tokens[k - 1]
-            total_len_ptr[state] = total + k
-            all_token_ids_ptr[state, total : total + k] = tokens.to(all_token_ids_ptr.dtype)
+            total = int(total_len[state])
+            tokens = sampled[batch * sampled_tokens_stride : batch * sampled_tokens_stride + k]
+            last_sampled[state] = tokens[k - 1]
+            total_len[state] = total + k
+            all_token_ids[state, total : total + k] = tokens
             if counts is not None:
-                index = state * output_bin_counts_stride + tokens.to(torch.int64)
-                counts.index_add_(0, index, torch.ones_like(index, dtype=counts.dtype))
-        query_len = 0 if qsl is None else qsl[batch + 1] - qsl[batch]
-        delta = query_len - num_rejected[batch]
+                np.add.at(counts, state * output_bin_counts_stride + tokens.astype(np.int64), 1)
+        query_len = 0 if qsl is None else int(qsl[batch + 1]) - int(qsl[batch])
+        delta = query_len - int(num_rejected[batch])
         if delta:
-            num_computed_tokens_ptr[state] += delta
+            computed[state] += delta
 
 
 def post_update(grid: Grid, **arguments: Any) -> None:
