@@ -283,9 +283,9 @@ def test_tiles_shrink_to_a_smaller_unified_buffer_and_refuse_one_too_small():
 
 
 def test_triton_chunk_with_16_bit_chain_products_stays_within_16_bit_rounding(gen, monkeypatch):
-    """CUDA's walk takes 16-bit operands for its products (``CHAIN_16BIT``, float32 accumulation). Run here
-    through the interpreter (in float16: its bfloat16 products are not numpy's), it is not the float32 walk and
-    stays within float16 rounding of the reference."""
+    """CUDA's walk takes 16-bit operands for its products (``CHAIN_16BIT``, float32 accumulation) and keeps the WY
+    scratch in 16 bits (``W_16BIT``, ``U_16BIT``). Run here through the interpreter (in float16: its bfloat16
+    products are not numpy's), it is not the float32 walk and stays within float16 rounding of the reference."""
     q, k, v, g, beta, cu = _triton_inputs(gen, (70, 1, 130), 2, 4, 32, 32, torch.float16, True)
     init = torch.randn(3, 4, 32, 32, generator=gen) * 0.5
     monkeypatch.setattr(triton_gdr, "_dot_dtype", lambda x: triton_gdr.tl.float16)  # the device's choice
@@ -299,3 +299,12 @@ def test_triton_chunk_with_16_bit_chain_products_stays_within_16_bit_rounding(ge
     eps = torch.finfo(torch.float16).eps
     torch.testing.assert_close(state, ref_state, rtol=4 * eps, atol=4 * eps)
     torch.testing.assert_close(out.float(), ref_out.float(), rtol=4 * eps, atol=4 * eps)
+    # 16-bit W scratch: W S took W in 16 bits already, so nothing changes; 16-bit U: within the same bound.
+    monkeypatch.setattr(triton_gdr, "W_16BIT", {"interpreter": True})
+    w_out, w_state = chunk_gated_delta_rule(q, k, v, g, beta, cu, init)
+    assert torch.equal(w_out, out) and torch.equal(w_state, state)
+    monkeypatch.setattr(triton_gdr, "U_16BIT", {"interpreter": True})
+    u_out, u_state = chunk_gated_delta_rule(q, k, v, g, beta, cu, init)
+    assert not torch.equal(u_state, state)
+    torch.testing.assert_close(u_state, ref_state, rtol=4 * eps, atol=4 * eps)
+    torch.testing.assert_close(u_out.float(), ref_out.float(), rtol=4 * eps, atol=4 * eps)

@@ -55,6 +55,12 @@ _EPS = 1e-6
 #: update) and its outputs (``q S``, ``P u``), with float32 accumulation: FLA's choice, twice TF32's tensor rate.
 #: 1.05-1.13x the float32 walk on an H100, errors within FLA's (``benchmarks/RESULTS.md``, eighth session).
 CHAIN_16BIT = {"cuda": True}
+#: Launch backends (among :data:`CHAIN_16BIT`'s) whose WY scratch ``W`` / ``U`` is kept in the inputs' 16-bit
+#: type, as FLA keeps it: ``W`` is cast to it for ``W S`` anyway; ``U`` loses float32's low bits before
+#: ``u = U - W S``. Half the walk's scratch bytes: 1.04-1.05x on an H100, state error still below FLA's
+#: (``benchmarks/RESULTS.md``, eighth session).
+W_16BIT = {"cuda": True}
+U_16BIT = {"cuda": True}
 
 
 def _wy_bytes(bk: int, bv: int) -> int:
@@ -211,7 +217,7 @@ def _wy_kernel(
             w = tl.dot(inv, k_rows * kf, input_precision=PRECISION)
             tl.store(
                 w_ptr + row[:, None] * K + kc[None, :],
-                w,
+                w.to(w_ptr.dtype.element_ty),
                 mask=t_ok[:, None] & k_ok,
             )
         v_base = v_ptr + head.to(tl.int64) * v_sh
@@ -222,7 +228,7 @@ def _wy_kernel(
             u = tl.dot(inv, beta[:, None] * vf, input_precision=PRECISION)
             tl.store(
                 u_ptr + row[:, None] * V + vc[None, :],
-                u,
+                u.to(u_ptr.dtype.element_ty),
                 mask=t_ok[:, None] & v_ok,
             )
 
@@ -335,7 +341,7 @@ def _walk_kernel(
 
         # Corrected values, then outputs.
         u = tl.load(u_ptr + row[:, None] * V + vc[None, :], mask=t_ok[:, None] & v_ok[None, :], other=0.0)
-        u = u - ws
+        u = u.to(tl.float32) - ws
         decay = tl.exp(tl.where(rj <= ri, gamma[:, None] - gamma[None, :], float("-inf")))
         p = qk * q_scale[:, None] * k_scale[None, :] * decay
         o = tl.exp(gamma)[:, None] * (qs * q_scale[:, None]) + _cdot(p, u, CHAIN16, DOT_DTYPE, PRECISION)
@@ -391,8 +397,11 @@ def chunk_gated_delta_rule(
     bk, bv = tiles(geo, k_dim, v_dim)
     dot_dtype = _dot_dtype(q)
     precision = DOT_PRECISION[geo.backend]
-    w = torch.empty(v_heads, tokens, k_dim, dtype=torch.float32, device=device)
-    u = torch.empty(v_heads, tokens, v_dim, dtype=torch.float32, device=device)
+    half = q.dtype if q.dtype in (torch.bfloat16, torch.float16) and CHAIN_16BIT.get(geo.backend) else None
+    w_dtype = half if half is not None and W_16BIT.get(geo.backend) else torch.float32
+    u_dtype = half if half is not None and U_16BIT.get(geo.backend) else torch.float32
+    w = torch.empty(v_heads, tokens, k_dim, dtype=w_dtype, device=device)
+    u = torch.empty(v_heads, tokens, v_dim, dtype=u_dtype, device=device)
     _wy_kernel[(triton.cdiv(tokens, CHUNK) + num_seqs, v_heads)](
         k, v, g, beta, cu_seqlens, w, u,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
