@@ -202,7 +202,9 @@ def _greedy_block_max(
     local_argmax[:, :done] = index + offsets if done > 1 else index
     if done < num_blocks:
         local_max[:, done:] = float("-inf")
-        local_argmax[:, done:] = torch.arange(done * block_size, num_blocks * block_size, block_size)
+        local_argmax[:, done:] = torch.arange(
+            done * block_size, num_blocks * block_size, block_size, device=index.device
+        )
     return True
 
 
