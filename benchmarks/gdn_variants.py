@@ -1,11 +1,10 @@
 """Variants of the Triton chunked gated delta rule beside main's kernel and vLLM's FLA, in one process, interleaved.
 
 A variant is main's ``vllm_ascend/kernels/_triton/gated_delta_rule.py`` with a patch applied (``NAME=FILE.patch``,
-a one-file patch such as ``benchmarks/patches/gdn-bf16-chain.patch``) or a module file of the same interface
-(``NAME=FILE.py``), optionally with module constants overridden (``NAME=FILE:ATTR=VALUE,...``, values as Python
-literals)::
+a one-file patch as ``git diff`` writes it) or a module file of the same interface (``NAME=FILE.py``), optionally
+with module constants overridden (``NAME=FILE:ATTR=VALUE,...``, values as Python literals)::
 
-    python benchmarks/gdn_variants.py --variant bf16=benchmarks/patches/gdn-bf16-chain.patch [--rounds 2]
+    python benchmarks/gdn_variants.py --variant mine=my.patch --variant "bv128=my.patch:BV_CAP={'cuda':128}" [--rounds 2]
     TRITON_INTERPRET=1 python benchmarks/gdn_variants.py --dry --variant bf16=...   # the script itself, on CPU
 
 Run from the repository root on a CUDA machine with torch and triton (vLLM not needed); FLA joins when vLLM's files
