@@ -61,6 +61,9 @@ CHAIN_16BIT = {"cuda": True}
 #: (``benchmarks/RESULTS.md``, eighth session).
 W_16BIT = {"cuda": True}
 U_16BIT = {"cuda": True}
+#: Software-pipelining stages of the WY launch per launch backend (Triton's default elsewhere). CUDA: 1, no
+#: prefetch of its key / value tiles, 1.06-1.07x the default on an H100 (``benchmarks/RESULTS.md``, eighth session).
+WY_STAGES = {"cuda": 1}
 
 
 def _wy_bytes(bk: int, bv: int) -> int:
@@ -409,6 +412,7 @@ def chunk_gated_delta_rule(
         _EPS, num_seqs, tokens, groups, k_dim, v_dim,
         L2NORM=use_qk_l2norm, CHUNK=CHUNK, LOG_CHUNK=CHUNK.bit_length() - 1, BK=bk, BV=bv, SEQ_TILE=_SEQ_TILE,
         PRECISION=precision, DOT_DTYPE=dot_dtype, **launch(device, _WARPS),
+        **({"num_stages": WY_STAGES[geo.backend]} if geo.backend in WY_STAGES else {}),
     )  # fmt: skip
     _walk_kernel[(num_seqs * v_heads, triton.cdiv(v_dim, bv))](
         q, k, g, cu_seqlens, w, u, state, out,
