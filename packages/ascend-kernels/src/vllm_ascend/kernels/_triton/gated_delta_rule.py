@@ -64,6 +64,9 @@ U_16BIT = {"cuda": True}
 #: Software-pipelining stages of the WY launch per launch backend (Triton's default elsewhere). CUDA: 1, no
 #: prefetch of its key / value tiles, 1.06-1.07x the default on an H100 (``benchmarks/RESULTS.md``, eighth session).
 WY_STAGES = {"cuda": 1}
+#: Warps of the WY launch (CUDA; the walk keeps :data:`_WARPS`): 4 is 1.16-1.22x 8 with one stage on an H100
+#: (2: 1.09-1.14x, 16: 0.8x).
+_WY_WARPS = 4
 
 
 def _wy_bytes(bk: int, bv: int) -> int:
@@ -411,7 +414,7 @@ def chunk_gated_delta_rule(
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
         _EPS, num_seqs, tokens, groups, k_dim, v_dim,
         L2NORM=use_qk_l2norm, CHUNK=CHUNK, LOG_CHUNK=CHUNK.bit_length() - 1, BK=bk, BV=bv, SEQ_TILE=_SEQ_TILE,
-        PRECISION=precision, DOT_DTYPE=dot_dtype, **launch(device, _WARPS),
+        PRECISION=precision, DOT_DTYPE=dot_dtype, **launch(device, _WY_WARPS),
         **({"num_stages": WY_STAGES[geo.backend]} if geo.backend in WY_STAGES else {}),
     )  # fmt: skip
     _walk_kernel[(num_seqs * v_heads, triton.cdiv(v_dim, bv))](
