@@ -9,8 +9,8 @@ that the corrected values from the state ``S`` at the chunk start are ``u = U - 
    ``T`` by block doubling (the inverses of the diagonal blocks of size ``2s`` from those of size ``s``:
    ``T ← T - T (M_s ∘ A) T``, ``M_s`` the lower-left ``s``-blocks of each ``2s``-block; ``log2(CHUNK)`` steps
    of two matmuls, exact as the recursive triangular inverse is), then ``W`` and ``U``, written to scratch
-   ``[Hv, T, K]`` / ``[Hv, T, V]`` (chunk rows at their tokens). Programs find their chunk from
-   ``cu_seqlens`` on the device (no host sync).
+   ``[Hv, T, K]`` / ``[Hv, T, V]`` (chunk rows at their tokens; 16-bit on CUDA, :data:`W_16BIT`). Programs
+   find their chunk from ``cu_seqlens`` on the device (no host sync).
 2. ``_walk_kernel``, one program per (sequence, value head, value tile), walking the sequence's chunks:
    ``u = U - W S``, ``o = exp(γ) q̂ S + (q̂ k̂^T ∘ D) u``, ``S ← exp(γ_L) S + k̂^T (exp(γ_L - γ) u)``. Only
    ``W S`` and the state update sit on the chain from one chunk to the next; every load is of inputs or of
@@ -20,7 +20,8 @@ that the corrected values from the state ``S`` at the chunk start are ``u = U - 
    kept in the output state buffer between passes.
 
 Dots: 16-bit ``q k^T`` / ``k k^T`` dot the inputs as they are (exact products, float32 sums; float32 under
-the interpreter, whose 16-bit dot is not the devices'); float32 operands at :data:`DOT_PRECISION`. Tiles:
+the interpreter, whose 16-bit dot is not the devices'); float32 operands at :data:`DOT_PRECISION`, except the
+walk's on CUDA, which take the inputs' 16-bit type (:data:`CHAIN_16BIT`). Tiles:
 ``BK`` / ``BV`` chosen so each kernel's live tiles fit half the device's unified buffer on Ascend
 (:func:`tiles`); no warps there.
 """
@@ -40,7 +41,7 @@ CHUNK = CHUNK_SIZE
 _BK_CAP = 128
 #: Widest value tile per launch backend (default 32).
 BV_CAP = {"cuda": 64}
-#: Warps on CUDA.
+#: Warps of the walk on CUDA.
 _WARPS = 8
 #: ``tl.dot``'s ``input_precision`` for float32 operands, per launch backend. CUDA: TF32 (H100, 2026-12-07,
 #: ``benchmarks/device-runs/2026-12-07``): IEEE float32 dots need FMA loops that spilled registers and ran
