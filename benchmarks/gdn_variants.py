@@ -6,6 +6,7 @@ with module constants overridden (``NAME=FILE:ATTR=VALUE,...``, values as Python
 
     python benchmarks/gdn_variants.py --variant mine=my.patch --variant "bv128=my.patch:BV_CAP={'cuda':128}" [--rounds 2]
     TRITON_INTERPRET=1 python benchmarks/gdn_variants.py --dry --variant bf16=...   # the script itself, on CPU
+    python benchmarks/gdn_variants.py --kernels ...   # also where each side's GPU time goes, kernel by kernel
 
 Run from the repository root on a CUDA machine with torch and triton (vLLM not needed); FLA joins when vLLM's files
 are staged (``python benchmarks/vllm_peer.py stage``) and ``.peer`` is carried. Shapes: Qwen3-Next's GDN (16 key /
@@ -115,6 +116,21 @@ def load_variant(name: str, path: Path, attrs: dict[str, object], workdir: Path)
     return module
 
 
+def kernel_times(fn: Callable[[], object], calls: int = 5) -> dict[str, float]:
+    """GPU µs per call of each kernel ``fn`` launches (torch's profiler, warm, L2 not flushed): where a side's
+    time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times = {e.key: e.self_device_time_total / calls for e in prof.key_averages()}
+    return {name: us for name, us in sorted(times.items(), key=lambda kv: -kv[1]) if us > 0}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -124,6 +140,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--peer", type=Path, default=VP.DEFAULT_DIR)
     parser.add_argument("--dry", action="store_true", help="CPU under TRITON_INTERPRET=1, tiny shapes, fp32")
+    parser.add_argument(
+        "--kernels", action="store_true", help="also each side's GPU µs per kernel (profiler)"
+    )
     args = parser.parse_args()
     kind = "dry" if args.dry else "gpu"
     device = torch.device("cpu" if args.dry else "cuda")
@@ -178,6 +197,12 @@ def main() -> None:
                     us = timed(fn)
                     case["us"][name] = min(case["us"].get(name, float("inf")), us)
                     print(f"round {r} T{case['tokens']} N{case['seqs']} {name}: {us:.1f} us", flush=True)
+        if args.kernels and not args.dry:
+            for case in cases:
+                case["kernels"] = {name: kernel_times(fn) for name, fn in case["sides"].items()}
+                for name, times in case["kernels"].items():
+                    top = ", ".join(f"{k[:48]} {us:.1f}" for k, us in list(times.items())[:8])
+                    print(f"kernels T{case['tokens']} N{case['seqs']} {name}: {top}", flush=True)
     names = list(cases[0]["sides"])
     print(
         "\n| shape | "
@@ -193,7 +218,7 @@ def main() -> None:
         print(f"| T{case['tokens']} N{case['seqs']} | " + " | ".join(f"{us[n]:.1f}" for n in names) + " | "
               + " | ".join(f"{x:.2f}" for x in ratios) + " |")  # fmt: skip
     if args.json:
-        rows = [{k: c[k] for k in ("seqs", "tokens", "errors", "us")} for c in cases]
+        rows = [{k: c[k] for k in ("seqs", "tokens", "errors", "us", "kernels") if k in c} for c in cases]
         args.json.write_text(json.dumps({"variants": args.variant, "rows": rows}, indent=1))
 
 
