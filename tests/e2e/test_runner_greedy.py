@@ -16,6 +16,16 @@ def _greedy(llm, prompts: list[list[int]]) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
+def _caches_in_host_kernel_layout(worker) -> bool:
+    from vllm_ascend.core.sdk import get_device_adaptor
+    from vllm_ascend.kernels.device import host_attention
+
+    runner = worker.worker.model_runner
+    head_size = runner.model_config.get_head_size()
+    views = [get_device_adaptor().kv_cache_views(cache, head_size) for cache in runner.kv_caches]
+    return bool(views) and all(host_attention.kernel_views(*v) is not None for v in views)
+
+
 def _assert_diverse(token_ids: list[list[int]]) -> None:
     # A model that repeats one token would make the comparison meaningless.
     assert len({tuple(t) for t in token_ids}) == len(token_ids), token_ids
@@ -43,6 +53,9 @@ def test_qwen3_greedy_matches_hf(
     got = _greedy(llm, qwen3_prompts)
     _assert_diverse(qwen3_hf.token_ids)
     assert got == qwen3_hf.token_ids
+    if not (prefix_caching or chunked_prefill):
+        # The tokens above were attended by vLLM's CPU kernels, over caches in their block layout.
+        assert llm.collective_rpc(_caches_in_host_kernel_layout) == [True]
     if prefix_caching:
         assert _greedy(llm, qwen3_prompts) == qwen3_hf.token_ids
 

@@ -40,6 +40,7 @@ from vllm_ascend.core.sdk import (
     check_window_sinks,
     envs,
 )
+from vllm_ascend.kernels.device import host_attention
 from vllm_ascend.kernels.device.graph import ReferenceGraph
 from vllm_ascend.kernels.device.mc2_reference import mc2_combine, mc2_dispatch
 from vllm_ascend.kernels.device.mla import MLAReferenceOps
@@ -788,6 +789,12 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
         return stateless_group(prefix_store, group_rank, group_size, impl, "GLOO", "cpu")
 
     # -- attention and KV cache ------------------------------------------------------------
+    def kv_cache_views(self, kv_cache, head_size):
+        """Blocks in the layout of vLLM's CPU attention kernels where they serve the cache
+        (:mod:`~vllm_ascend.kernels.device.host_attention`), token-major otherwise."""
+        views = host_attention.packed_views(kv_cache, head_size)
+        return views if views is not None else super().kv_cache_views(kv_cache, head_size)
+
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping):
         if not (key.dim() == 3 and value.dim() == 3):
             raise DeviceOpError(
@@ -823,6 +830,10 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
             raise DeviceOpError(
                 f"slot {top} is out of range for a cache of {num_blocks} blocks x {block_size}"
             )
+        kernel_caches = host_attention.kernel_views(key_cache, value_cache)
+        if kernel_caches is not None:
+            host_attention.write(key, value, *kernel_caches, slots, block_size)
+            return
         for cache, rows in ((key_cache, key), (value_cache, value)):
             flat = _token_rows(cache)
             if flat is not None:
@@ -887,6 +898,17 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
             if q_len:  # an idle request's blocks are not looked at
                 _check_blocks(block_table, b, seq_len, block_size)
                 (decodes if q_len == 1 else prefills).append(b)
+        kernel_caches = (
+            host_attention.kernel_views(key_cache, value_cache)
+            if sliding_window is None and sinks is None and query.dtype == key_cache.dtype
+            else None
+        )
+        if kernel_caches is not None and output.is_contiguous() and not envs.VLLM_ASCEND_BATCH_INVARIANT:
+            host_attention.attend(
+                query[:num_tokens], *kernel_caches, block_table, query_start_loc, seq_lens, scale, causal,
+                output[:num_tokens], block_size,
+            )  # fmt: skip
+            return output[:num_tokens]
         if envs.VLLM_ASCEND_BATCH_INVARIANT:
             # Every request alone: its result cannot depend on the other requests' lengths.
             groups = [[b] for b in sorted(decodes + prefills)]

@@ -20,9 +20,9 @@ from vllm_ascend.runner.attention.support import AttentionConfigError, check_sup
 
 
 def split_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Views ``[blocks, block_size, Hkv, D]`` / ``[.., Dv]`` of a layer's ``[blocks, Hkv, block_size, D+Dv]`` cache."""
-    token_major = kv_cache.transpose(1, 2)
-    return token_major[..., :head_size], token_major[..., head_size:]
+    """Views ``[blocks, block_size, Hkv, D]`` / ``[.., Dv]`` of a layer's ``[blocks, Hkv, block_size, D+Dv]``
+    cache, laid out as the device lays its blocks (``kv_cache_views``)."""
+    return get_device_adaptor().kv_cache_views(kv_cache, head_size)
 
 
 #: The attention types the backend serves: decoder self-attention over the paged KV cache (causal, or

