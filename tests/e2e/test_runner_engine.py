@@ -177,18 +177,25 @@ def test_sleep_without_sleep_mode_is_refused_by_name_and_loses_nothing(llm, qwen
 @pytest.mark.parametrize("invariant", [False, True])
 def test_batch_invariant_variable_reaches_serving_attention(llm, qwen3_prompts, monkeypatch, invariant):
     """``VLLM_ASCEND_BATCH_INVARIANT=1`` changes what serving does: four decoding requests are
-    attended one by one (bitwise independent of each other) instead of in one padded group."""
-    from vllm_ascend.kernels.device import reference
+    attended one by one (bitwise independent of each other) instead of in one call (one padded group, or
+    vLLM's CPU kernel where it serves the cache)."""
+    from vllm_ascend.kernels.device import host_attention, reference
 
     calls: list[list[int]] = []
-    attend = reference._attend_group
+    attend_group, attend_kernel = reference._attend_group, host_attention.attend
 
     def spy(*args, **kwargs):
         calls.append(list(args[7]))  # the requests attended together
-        return attend(*args, **kwargs)
+        return attend_group(*args, **kwargs)
+
+    def kernel_spy(query, key_cache, value_cache, block_table, query_start_loc, *args, **kwargs):
+        starts = query_start_loc.tolist()
+        calls.append([b for b in range(len(starts) - 1) if starts[b + 1] > starts[b]])
+        return attend_kernel(query, key_cache, value_cache, block_table, query_start_loc, *args, **kwargs)
 
     monkeypatch.setenv("VLLM_ASCEND_BATCH_INVARIANT", "1" if invariant else "0")
     monkeypatch.setattr(reference, "_attend_group", spy)
+    monkeypatch.setattr(host_attention, "attend", kernel_spy)
     outputs = _generate(llm, qwen3_prompts, max_tokens=3, temperature=0.0)
     assert all(len(o.token_ids) == 3 for o in outputs)
     if invariant:
