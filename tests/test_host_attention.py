@@ -150,3 +150,27 @@ def test_a_failed_probe_keeps_the_torch_layout(monkeypatch) -> None:
         assert host_attention.kernel_views(*views) is None
     finally:
         host_attention._probed.cache_clear()
+
+
+def test_the_layout_holds_under_torch_compile(monkeypatch) -> None:
+    """The runner's views trace in one graph (the device's choice read once, as a constant) and address the
+    same memory as in eager execution."""
+    from vllm_ascend.runner.attention import impl
+    from vllm_ascend.runner.attention.impl import split_kv_cache
+
+    monkeypatch.setattr(impl, "get_device_adaptor", ReferenceDeviceAdaptor)
+
+    def write(cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        key_cache, value_cache = split_kv_cache(cache, HEAD)
+        key_cache[1, 3] = rows
+        value_cache[2, 5] = -rows
+        return cache
+
+    rows = torch.randn(2, HEAD)
+    eager = write(_layer_cache(4, 16, 2), rows)
+    torch._dynamo.reset()
+    traced = torch.compile(write, backend="eager", fullgraph=True)(_layer_cache(4, 16, 2), rows)
+    assert torch.equal(traced, eager)
+    key_cache, value_cache = ReferenceDeviceAdaptor().kv_cache_views(eager, HEAD)
+    assert host_attention.kernel_views(key_cache, value_cache) is not None
+    assert torch.equal(key_cache[1, 3], rows) and torch.equal(value_cache[2, 5], -rows)

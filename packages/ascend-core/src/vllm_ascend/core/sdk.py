@@ -46,6 +46,11 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.adaptor.graph import CapturedGraph as CapturedGraph
     from vllm_ascend.core.device.adaptor.graph import GraphCaptureError as GraphCaptureError
     from vllm_ascend.core.device.adaptor.graph import captured_tensors as captured_tensors
+    from vllm_ascend.core.device.adaptor.kv_layout import CPU_KERNEL as CPU_KERNEL
+    from vllm_ascend.core.device.adaptor.kv_layout import KV_BLOCK_LAYOUTS as KV_BLOCK_LAYOUTS
+    from vllm_ascend.core.device.adaptor.kv_layout import TOKEN_MAJOR as TOKEN_MAJOR
+    from vllm_ascend.core.device.adaptor.kv_layout import block_compact as block_compact
+    from vllm_ascend.core.device.adaptor.kv_layout import kv_cache_views as kv_cache_views
     from vllm_ascend.core.device.adaptor.memory_pool import MEMORY_TAGS as MEMORY_TAGS
     from vllm_ascend.core.device.adaptor.memory_pool import MemoryPoolError as MemoryPoolError
     from vllm_ascend.core.device.adaptor.memory_pool import Region as Region
@@ -157,6 +162,11 @@ _EXPORTS: dict[str, str] = {
     "check_mrope": "vllm_ascend.core.device.adaptor.base",
     "check_packed_attention": "vllm_ascend.core.device.adaptor.base",
     "CapturedGraph": "vllm_ascend.core.device.adaptor.graph",
+    "CPU_KERNEL": "vllm_ascend.core.device.adaptor.kv_layout",
+    "KV_BLOCK_LAYOUTS": "vllm_ascend.core.device.adaptor.kv_layout",
+    "TOKEN_MAJOR": "vllm_ascend.core.device.adaptor.kv_layout",
+    "block_compact": "vllm_ascend.core.device.adaptor.kv_layout",
+    "kv_cache_views": "vllm_ascend.core.device.adaptor.kv_layout",
     "GraphCaptureError": "vllm_ascend.core.device.adaptor.graph",
     "captured_tensors": "vllm_ascend.core.device.adaptor.graph",
     "MEMORY_TAGS": "vllm_ascend.core.device.adaptor.memory_pool",

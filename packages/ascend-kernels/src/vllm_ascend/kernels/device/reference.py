@@ -24,6 +24,7 @@ from torch.distributed.distributed_c10d import ProcessGroupGloo
 from torch.utils.weak import WeakIdKeyDictionary
 
 from vllm_ascend.core.sdk import (
+    CPU_KERNEL,
     GROUP_LIST_TYPES,
     SCORING_FUNCS,
     WEIGHT_FORMATS,
@@ -789,11 +790,12 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
         return stateless_group(prefix_store, group_rank, group_size, impl, "GLOO", "cpu")
 
     # -- attention and KV cache ------------------------------------------------------------
-    def kv_cache_views(self, kv_cache, head_size):
-        """Blocks in the layout of vLLM's CPU attention kernels where they serve the cache
+    def kv_block_layout(self, dtype, shape, stride, head_size):
+        """vLLM's CPU attention kernels' layout where they serve the cache
         (:mod:`~vllm_ascend.kernels.device.host_attention`), token-major otherwise."""
-        views = host_attention.packed_views(kv_cache, head_size)
-        return views if views is not None else super().kv_cache_views(kv_cache, head_size)
+        if len(shape) == 4 and host_attention.serves(dtype, shape, stride, head_size):
+            return CPU_KERNEL
+        return super().kv_block_layout(dtype, shape, stride, head_size)
 
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping):
         if not (key.dim() == 3 and value.dim() == 3):

@@ -13,16 +13,25 @@ import torch
 from vllm.config import get_current_vllm_config_or_none
 from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
 
-from vllm_ascend.core.sdk import get_device_adaptor
+from vllm_ascend.core.sdk import get_device_adaptor, kv_cache_views
 from vllm_ascend.kernels.device.graph_ops import device_ops
 from vllm_ascend.runner.attention.metadata import AscendAttentionMetadata
 from vllm_ascend.runner.attention.support import AttentionConfigError, check_supported
 
 
+@torch.compiler.assume_constant_result
+def _kv_block_layout(
+    dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...], head_size: int
+) -> str:
+    """The device's block layout for such a cache: a constant of the process (read once while tracing)."""
+    return get_device_adaptor().kv_block_layout(dtype, shape, stride, head_size)
+
+
 def split_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Views ``[blocks, block_size, Hkv, D]`` / ``[.., Dv]`` of a layer's ``[blocks, Hkv, block_size, D+Dv]``
-    cache, laid out as the device lays its blocks (``kv_cache_views``)."""
-    return get_device_adaptor().kv_cache_views(kv_cache, head_size)
+    cache, laid out as the device lays its blocks (``kv_block_layout``)."""
+    layout = _kv_block_layout(kv_cache.dtype, tuple(kv_cache.shape), tuple(kv_cache.stride()), head_size)
+    return kv_cache_views(kv_cache, head_size, layout)
 
 
 #: The attention types the backend serves: decoder self-attention over the paged KV cache (causal, or

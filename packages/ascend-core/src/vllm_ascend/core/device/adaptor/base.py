@@ -19,6 +19,8 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
+from vllm_ascend.core.device.adaptor import kv_layout
+from vllm_ascend.core.device.adaptor.kv_layout import TOKEN_MAJOR
 from vllm_ascend.core.device.adaptor.memory_pool import TaggedMemoryPool
 
 GroupListType = Literal["count", "cumsum"]
@@ -328,15 +330,22 @@ class BaseDeviceAdaptor(abc.ABC):
         return list(itertools.pairwise(bounds))
 
     # -- attention and KV cache ------------------------------------------------------------
-    def kv_cache_views(self, kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The key / value caches ``[blocks, block_size, Hkv, D|Dv]`` over a layer's paged cache ``kv_cache
-        [blocks, Hkv, block_size, D + Dv]`` (as vLLM allocates it), which the attention ops take.
+    def kv_block_layout(
+        self, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...], head_size: int
+    ) -> str:
+        """How this device lays out the blocks of a layer's paged cache of this dtype, shape ``[blocks, Hkv,
+        block_size, D + Dv]`` and stride (one of ``kv_layout.KV_BLOCK_LAYOUTS``): token-major here, the NPU's
+        BSND paging. A device may choose another layout; the attention ops take the views
+        ``kv_layout.kv_cache_views`` gives for it, and whole blocks stay the unit that moves between caches."""
+        return TOKEN_MAJOR
 
-        How a block's tokens lie in its memory is the device's: token-major here (the NPU's BSND paging,
-        each token's keys then values); a device may lay blocks out otherwise, as long as whole blocks are
-        the unit that moves between caches (prefix caching, swaps, KV transfer)."""
-        token_major = kv_cache.transpose(1, 2)
-        return token_major[..., :head_size], token_major[..., head_size:]
+    def kv_cache_views(self, kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key / value caches ``[blocks, block_size, Hkv, D|Dv]`` the attention ops take, over a layer's
+        cache laid out as :meth:`kv_block_layout` says."""
+        layout = self.kv_block_layout(
+            kv_cache.dtype, tuple(kv_cache.shape), tuple(kv_cache.stride()), head_size
+        )
+        return kv_layout.kv_cache_views(kv_cache, head_size, layout)
 
     @abc.abstractmethod
     def reshape_and_cache(

@@ -1,0 +1,57 @@
+"""How a device lays out one block of a layer's paged KV cache, and the key / value views the attention ops take.
+
+vLLM allocates a layer's cache as ``[blocks, Hkv, block_size, D + Dv]`` (each block one run of memory); what a
+block's bytes mean is the device's (``BaseDeviceAdaptor.kv_block_layout``). Either way the ops receive
+``[blocks, block_size, Hkv, D|Dv]`` key / value views, so code indexing tokens reads the same tokens, and whole
+blocks stay the unit that moves between caches (prefix caching, swaps, KV transfer, offload).
+
+- ``token_major``: each token's keys then values, token after token (the NPU's BSND paging);
+- ``cpu_kernel``: per KV head, the block's keys transposed (``[D, block_size]``), then its values
+  (``[block_size, D]``): the layout vLLM's CPU attention kernels read (``D == Dv``, blocks one run of memory).
+
+The views are pure tensor code (no adaptor lookup), so they trace under ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+TOKEN_MAJOR = "token_major"
+CPU_KERNEL = "cpu_kernel"
+KV_BLOCK_LAYOUTS: tuple[str, ...] = (TOKEN_MAJOR, CPU_KERNEL)
+
+
+def block_compact(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether each block (the first axis) of a cache with this shape and stride is one run of memory."""
+    if stride[0] != math.prod(shape[1:]):
+        return False
+    expected = 1
+    for step, size in sorted(zip(stride[1:], shape[1:], strict=True)):
+        if step != expected:
+            return False
+        expected *= size
+    return True
+
+
+def kv_cache_views(kv_cache: torch.Tensor, head_size: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key / value views ``[blocks, block_size, Hkv, D|Dv]`` of a layer's cache ``[blocks, Hkv, block_size,
+    D + Dv]`` whose blocks are laid out as ``layout``."""
+    if layout == TOKEN_MAJOR:
+        token_major = kv_cache.transpose(1, 2)
+        return token_major[..., :head_size], token_major[..., head_size:]
+    if layout != CPU_KERNEL:
+        raise ValueError(f"kv block layout {layout!r} is unknown; allowed: {', '.join(KV_BLOCK_LAYOUTS)}")
+    blocks, num_kv_heads, block_size, width = kv_cache.shape
+    if width != 2 * head_size or not block_compact(tuple(kv_cache.shape), tuple(kv_cache.stride())):
+        raise ValueError(
+            f"kv block layout {CPU_KERNEL!r} needs blocks of one run of memory and D == Dv; got a cache of shape "
+            f"{tuple(kv_cache.shape)}, stride {tuple(kv_cache.stride())}, head_size={head_size}"
+        )
+    # A block's memory in order, read as [Hkv, keys | values, block_size * D] (views only: no copy is possible).
+    in_block = sorted(range(1, 4), key=lambda axis: (-kv_cache.stride(axis), axis))
+    flat = kv_cache.permute(0, *in_block).view(blocks, num_kv_heads, 2, block_size * head_size)
+    key = flat[:, :, 0].view(blocks, num_kv_heads, head_size, block_size).permute(0, 3, 1, 2)
+    value = flat[:, :, 1].view(blocks, num_kv_heads, block_size, head_size).permute(0, 2, 1, 3)
+    return key, value
