@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vllm_ascend.core.sdk import init_logger, latent_cache_parts
+from vllm_ascend.core.sdk import (
+    CPU_KERNEL,
+    DeviceConfigError,
+    get_device_adaptor,
+    init_logger,
+    latent_cache_parts,
+)
 from vllm_ascend.kvtransfer.config import MooncakeTransferConfig
 from vllm_ascend.kvtransfer.engine import MooncakeEngine, Transfer
 from vllm_ascend.kvtransfer.layout import (
@@ -45,6 +51,24 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
 logger = init_logger(__name__)
+
+
+def _head_runs(cache: torch.Tensor) -> torch.Tensor | None:
+    """A layer's cache ``[blocks, Hkv, block_size, 2D]`` whose blocks the device lays out head by head (core's
+    ``cpu_kernel``: each head's keys and values one run of memory, no per-token cells), as ``[blocks, Hkv, 1,
+    2 * block_size * D]``: heads of one cell each, so a slice of the heads (another TP size) moves whole runs.
+    None for the token-major layout, whose cells are a token's keys and values for one head."""
+    if cache.dim() != 4:
+        return None
+    shape, stride = tuple(cache.shape), tuple(cache.stride())
+    try:
+        adaptor = get_device_adaptor()
+    except DeviceConfigError:  # no device platform active (the connector driven on its own): vLLM's layout
+        return None
+    if adaptor.kv_block_layout(cache.dtype, shape, stride, shape[3] // 2) != CPU_KERNEL:
+        return None
+    run = shape[2] * shape[3]
+    return cache.as_strided((shape[0], shape[1], 1, run), (stride[0], run, run, 1))
 
 
 def _is_latent(spec: Any) -> bool:
@@ -128,16 +152,17 @@ class MooncakeWorker:
                     if latent
                     else (tensor,)
                 )
+                head_runs = None if latent else _head_runs(tensor)
                 described = [
                     describe_cache(
                         label,
                         part,
                         self._num_blocks,
-                        block_size=self.block_size,
+                        block_size=self.block_size if head_runs is None else 1,
                         num_heads=heads,
                         replicated=latent,
                     )
-                    for part in parts
+                    for part in (parts if head_runs is None else (head_runs,))
                 ]
                 layers.append(LayerLayout(label, [r for d in described for r in d.regions], latent))
         self._engine = MooncakeEngine(self.config.side_channel_host, self.config.protocol)

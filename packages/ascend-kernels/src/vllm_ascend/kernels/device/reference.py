@@ -792,10 +792,14 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
     # -- attention and KV cache ------------------------------------------------------------
     def kv_block_layout(self, dtype, shape, stride, head_size):
         """vLLM's CPU attention kernels' layout where they serve the cache
-        (:mod:`~vllm_ascend.kernels.device.host_attention`), token-major otherwise."""
-        if len(shape) == 4 and host_attention.serves(dtype, shape, stride, head_size):
-            return CPU_KERNEL
-        return super().kv_block_layout(dtype, shape, stride, head_size)
+        (:mod:`~vllm_ascend.kernels.device.host_attention`), token-major otherwise; decided once per cache
+        geometry, so a cache keeps its layout for the adaptor's life."""
+        layouts = self.__dict__.setdefault("_kv_block_layouts", {})
+        key = (dtype, shape, stride, head_size)
+        if key not in layouts:
+            served = len(shape) == 4 and host_attention.serves(dtype, shape, stride, head_size)
+            layouts[key] = CPU_KERNEL if served else super().kv_block_layout(dtype, shape, stride, head_size)
+        return layouts[key]
 
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping):
         if not (key.dim() == 3 and value.dim() == 3):

@@ -49,9 +49,10 @@ def kv_cache_views(kv_cache: torch.Tensor, head_size: int, layout: str) -> tuple
             f"kv block layout {CPU_KERNEL!r} needs blocks of one run of memory and D == Dv; got a cache of shape "
             f"{tuple(kv_cache.shape)}, stride {tuple(kv_cache.stride())}, head_size={head_size}"
         )
-    # A block's memory in order, read as [Hkv, keys | values, block_size * D] (views only: no copy is possible).
-    in_block = sorted(range(1, 4), key=lambda axis: (-kv_cache.stride(axis), axis))
-    flat = kv_cache.permute(0, *in_block).view(blocks, num_kv_heads, 2, block_size * head_size)
-    key = flat[:, :, 0].view(blocks, num_kv_heads, head_size, block_size).permute(0, 3, 1, 2)
-    value = flat[:, :, 1].view(blocks, num_kv_heads, block_size, head_size).permute(0, 2, 1, 3)
-    return key, value
+    # as_strided from the cache's own offset (a storage offset read does not trace): keys at the block's start,
+    # values from the second half of each head's run, reached through a view that starts there.
+    block, head, half = kv_cache.stride(0), 2 * block_size * head_size, block_size * head_size
+    shape = (blocks, block_size, num_kv_heads, head_size)
+    key = kv_cache.as_strided(shape, (block, 1, head, block_size))
+    values = kv_cache.as_strided((blocks, num_kv_heads, 2, half), (block, head, half, 1)).select(2, 1)
+    return key, values.as_strided(shape, (block, head_size, head, 1))
