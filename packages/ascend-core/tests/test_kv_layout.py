@@ -8,6 +8,7 @@ import torch
 from vllm_ascend.core.device.adaptor.kv_layout import (
     CPU_KERNEL,
     TOKEN_MAJOR,
+    are_cpu_kernel_views,
     block_compact,
     kv_cache_views,
 )
@@ -49,3 +50,16 @@ def test_unknown_layouts_and_caches_it_cannot_hold_are_refused() -> None:
     assert not block_compact(tuple(strided.shape), tuple(strided.stride()))
     with pytest.raises(ValueError, match="one run of memory"):
         kv_cache_views(strided, 8, CPU_KERNEL)
+
+
+def test_only_the_cpu_kernel_views_of_one_cache_are_recognised() -> None:
+    cache, _ = _cache()
+    key, value = kv_cache_views(cache, 8, CPU_KERNEL)
+    assert are_cpu_kernel_views(key, value)
+    other_value = kv_cache_views(_cache()[0], 8, CPU_KERNEL)[1]
+    assert not are_cpu_kernel_views(key, other_value)  # two caches
+    assert not are_cpu_kernel_views(value, key)  # swapped
+    assert not are_cpu_kernel_views(*kv_cache_views(cache, 8, TOKEN_MAJOR))
+    assert not are_cpu_kernel_views(key.contiguous(), value.contiguous())  # copies
+    assert not are_cpu_kernel_views(key[:, :, :1], value[:, :, :1])  # one head of a two-head cache
+    assert not are_cpu_kernel_views(key.flatten(), value.flatten())

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.adaptor.kv_layout import CPU_KERNEL as CPU_KERNEL
     from vllm_ascend.core.device.adaptor.kv_layout import KV_BLOCK_LAYOUTS as KV_BLOCK_LAYOUTS
     from vllm_ascend.core.device.adaptor.kv_layout import TOKEN_MAJOR as TOKEN_MAJOR
+    from vllm_ascend.core.device.adaptor.kv_layout import are_cpu_kernel_views as are_cpu_kernel_views
     from vllm_ascend.core.device.adaptor.kv_layout import block_compact as block_compact
     from vllm_ascend.core.device.adaptor.kv_layout import kv_cache_views as kv_cache_views
     from vllm_ascend.core.device.adaptor.memory_pool import MEMORY_TAGS as MEMORY_TAGS
@@ -165,6 +166,7 @@ _EXPORTS: dict[str, str] = {
     "CPU_KERNEL": "vllm_ascend.core.device.adaptor.kv_layout",
     "KV_BLOCK_LAYOUTS": "vllm_ascend.core.device.adaptor.kv_layout",
     "TOKEN_MAJOR": "vllm_ascend.core.device.adaptor.kv_layout",
+    "are_cpu_kernel_views": "vllm_ascend.core.device.adaptor.kv_layout",
     "block_compact": "vllm_ascend.core.device.adaptor.kv_layout",
     "kv_cache_views": "vllm_ascend.core.device.adaptor.kv_layout",
     "GraphCaptureError": "vllm_ascend.core.device.adaptor.graph",

@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from vllm_ascend.core.sdk import CPU_KERNEL, block_compact, kv_cache_views
+from vllm_ascend.core.sdk import CPU_KERNEL, are_cpu_kernel_views, block_compact, kv_cache_views
 
 __all__ = ["attend", "kernel_views", "serves", "usable", "write"]
 
@@ -73,7 +73,7 @@ def _probe(dtype: torch.dtype, block_size: int, num_kv_heads: int, head_size: in
     slots = torch.cat([table[b].long()[torch.arange(n) // block_size] * block_size + torch.arange(n) % block_size
                        for b, n in enumerate(lens)])  # fmt: skip
     k, v = (torch.randn(len(slots), num_kv_heads, head_size, generator=gen, dtype=dtype) for _ in range(2))
-    write(k, v, kc, vc, slots, block_size)
+    write(k, v, kc, vc, slots)
     if not (torch.equal(key_cache[slots // block_size, slots % block_size], k)
             and torch.equal(value_cache[slots // block_size, slots % block_size], v)):  # fmt: skip
         return False
@@ -81,7 +81,7 @@ def _probe(dtype: torch.dtype, block_size: int, num_kv_heads: int, head_size: in
     query = torch.randn(sum(q_lens), num_heads, head_size, generator=gen, dtype=dtype)
     out = torch.zeros_like(query)
     scale = head_size**-0.5
-    attend(query, kc, vc, table, starts, torch.tensor(lens, dtype=torch.int32), scale, True, out, block_size)
+    attend(query, kc, vc, table, starts, torch.tensor(lens, dtype=torch.int32), scale, True, out)
     group, first = num_heads // num_kv_heads, 0
     for b, (n, q_len) in enumerate(zip(lens, q_lens, strict=True)):
         keys, values = (t[first : first + n].repeat_interleave(group, 1).double() for t in (k, v))
@@ -110,19 +110,14 @@ def kernel_views(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The kernels' ``[blocks, Hkv, block_size, D]`` views where ``key_cache`` / ``value_cache`` are the
     ``cpu_kernel`` views of one cache; None otherwise (the torch reference serves them)."""
-    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape or key_cache.dtype not in DTYPES:
+    if key_cache.dtype not in DTYPES or not are_cpu_kernel_views(key_cache, value_cache):
         return None
     blocks, block_size, num_kv_heads, head_size = key_cache.shape
-    head, half = 2 * block_size * head_size, block_size * head_size
-    block = num_kv_heads * head
-    if (
-        key_cache.stride() != (block, 1, head, block_size)
-        or value_cache.stride() != (block, head_size, head, 1)
-        or value_cache.storage_offset() != key_cache.storage_offset() + half
-        or key_cache.untyped_storage().data_ptr() != value_cache.untyped_storage().data_ptr()
-    ):
-        return None
-    cpp_shape, cpp_stride = (blocks, num_kv_heads, block_size, head_size), (block, head, head_size, 1)
+    head = 2 * block_size * head_size
+    cpp_shape, cpp_stride = (
+        (blocks, num_kv_heads, block_size, head_size),
+        (num_kv_heads * head, head, head_size, 1),
+    )
     return (
         key_cache.as_strided(cpp_shape, cpp_stride, key_cache.storage_offset()),
         value_cache.as_strided(cpp_shape, cpp_stride, value_cache.storage_offset()),
@@ -135,7 +130,6 @@ def write(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slots: torch.Tensor,
-    block_size: int,
 ) -> None:
     """``reshape_and_cache`` into the kernels' views (``slots`` int64, none negative). A block whose first slot
     is written is cleared first: the kernels read a request's last block whole (masking the slots past its
@@ -143,6 +137,7 @@ def write(
     from their first slot, and cached blocks (full, shared) are never written again."""
     ops = _ops()
     assert ops is not None
+    block_size = key_cache.shape[2]
     opened = slots[slots % block_size == 0]
     if opened.numel():
         block = key_cache.stride(0)
@@ -171,7 +166,6 @@ def attend(
     scale: float,
     causal: bool,
     output: torch.Tensor,
-    block_size: int,
 ) -> None:
     """``fused_infer_attention`` (no window, no sinks) over the kernels' views, into ``output``
     (contiguous ``[T, Hq, D]``)."""
@@ -180,7 +174,7 @@ def attend(
     num_heads, num_kv_heads, head_size = query.shape[1], key_cache.shape[1], query.shape[2]
     starts = query_start_loc.to(torch.int32)
     lens = seq_lens.to(torch.int32)
-    isa = _isa(block_size)
+    isa = _isa(key_cache.shape[2])
     schedule = ops.get_scheduler_metadata(
         lens.shape[0], num_heads, num_kv_heads, head_size, lens, query.dtype, starts, causal, -1, isa, False,
         None, "auto",

@@ -838,7 +838,7 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
             )
         kernel_caches = host_attention.kernel_views(key_cache, value_cache)
         if kernel_caches is not None:
-            host_attention.write(key, value, *kernel_caches, slots, block_size)
+            host_attention.write(key, value, *kernel_caches, slots)
             return
         for cache, rows in ((key_cache, key), (value_cache, value)):
             flat = _token_rows(cache)
@@ -912,7 +912,7 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
         if kernel_caches is not None and output.is_contiguous() and not envs.VLLM_ASCEND_BATCH_INVARIANT:
             host_attention.attend(
                 query[:num_tokens], *kernel_caches, block_table, query_start_loc, seq_lens, scale, causal,
-                output[:num_tokens], block_size,
+                output[:num_tokens],
             )  # fmt: skip
             return output[:num_tokens]
         if envs.VLLM_ASCEND_BATCH_INVARIANT:

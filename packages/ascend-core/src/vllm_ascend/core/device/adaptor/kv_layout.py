@@ -52,7 +52,32 @@ def kv_cache_views(kv_cache: torch.Tensor, head_size: int, layout: str) -> tuple
     # as_strided from the cache's own offset (a storage offset read does not trace): keys at the block's start,
     # values from the second half of each head's run, reached through a view that starts there.
     block, head, half = kv_cache.stride(0), 2 * block_size * head_size, block_size * head_size
+    key_stride, value_stride = _cpu_kernel_strides(block_size, num_kv_heads, head_size)
     shape = (blocks, block_size, num_kv_heads, head_size)
-    key = kv_cache.as_strided(shape, (block, 1, head, block_size))
+    key = kv_cache.as_strided(shape, key_stride)
     values = kv_cache.as_strided((blocks, num_kv_heads, 2, half), (block, head, half, 1)).select(2, 1)
-    return key, values.as_strided(shape, (block, head_size, head, 1))
+    return key, values.as_strided(shape, value_stride)
+
+
+def _cpu_kernel_strides(
+    block_size: int, num_kv_heads: int, head_size: int
+) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """The strides of the ``cpu_kernel`` key and value views (``[blocks, block_size, Hkv, D]``)."""
+    head = 2 * block_size * head_size
+    block = num_kv_heads * head
+    return (block, 1, head, block_size), (block, head_size, head, 1)
+
+
+def are_cpu_kernel_views(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """Whether ``key_cache`` / ``value_cache`` are the ``cpu_kernel`` views (:func:`kv_cache_views`) of one
+    cache: the same storage, the strides that layout gives, and the values half a head's run after the keys."""
+    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
+        return False
+    _, block_size, num_kv_heads, head_size = key_cache.shape
+    key_stride, value_stride = _cpu_kernel_strides(block_size, num_kv_heads, head_size)
+    return (
+        key_cache.stride() == key_stride
+        and value_cache.stride() == value_stride
+        and value_cache.storage_offset() == key_cache.storage_offset() + block_size * head_size
+        and key_cache.untyped_storage().data_ptr() == value_cache.untyped_storage().data_ptr()
+    )
