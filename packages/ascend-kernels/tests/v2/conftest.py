@@ -24,6 +24,6 @@ def launch_grid(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 
 @pytest.fixture(params=FORMS)
 def reference_form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The V2 references with two forms run as ``"grid"`` and as ``"per-request"`` (``use_reference_form``)."""
+    """The V2 references with two forms run as ``"grid"`` (torch) and as ``"host"`` (numpy) (``use_reference_form``)."""
     use_reference_form(monkeypatch, request.param)
     return request.param

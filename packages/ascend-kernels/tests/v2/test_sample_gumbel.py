@@ -105,6 +105,7 @@ def _gumbel_args(g, num_tokens, vocab, block, *, cache, draft, apply_temp, dtype
     return args, (num_tokens, num_blocks)
 
 
+@pytest.mark.usefixtures("reference_form")  # the torch form and the host form
 @pytest.mark.parametrize(
     ("num_tokens", "vocab", "block", "cache", "draft", "apply_temp", "dtype"),
     [
@@ -150,6 +151,7 @@ def test_gumbel_sample_fp64_runs_the_reference() -> None:
     assert torch.equal(args["local_max_ptr"], ref["local_max_ptr"])
 
 
+@pytest.mark.usefixtures("reference_form")  # the torch form and the host form
 @pytest.mark.parametrize("fp64", [False, True])
 def test_gumbel_sample_reference_greedy_rows_draw_no_noise(
     fp64: bool, monkeypatch: pytest.MonkeyPatch
@@ -179,6 +181,7 @@ def test_gumbel_sample_reference_greedy_rows_draw_no_noise(
     assert torch.equal(logits.nan_to_num(), before.nan_to_num())
 
 
+@pytest.mark.usefixtures("reference_form")  # the torch form and the host form
 @pytest.mark.parametrize(("vocab", "blocks"), [(10, 4), (8, 2), (3, 1), (12, 5)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gumbel_sample_reference_greedy_batch_is_the_padded_blockwise_argmax(vocab, blocks, dtype) -> None:
@@ -203,6 +206,7 @@ def test_gumbel_sample_reference_greedy_batch_is_the_padded_blockwise_argmax(voc
     assert torch.equal(argmax, view.argmax(-1) + torch.arange(blocks) * 4)
 
 
+@pytest.mark.usefixtures("reference_form")  # the torch form and the host form
 def test_gumbel_sample_reference_mixed_batch_noises_only_sampled_rows() -> None:
     """In a batch of greedy and sampled rows, the greedy rows equal the greedy-only result and the sampled
     rows equal their result on their own."""
@@ -249,3 +253,28 @@ def test_temperature_work_grid(launch_grid: str, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(triton_impl, "_temperature_kernel", Launches())
     test_temperature(7, 150, 128, torch.float32)
     assert seen == ([((7, 3), True)] if launch_grid == "work" else [((4,), False)])
+
+
+def test_gumbel_sample_host_form_serves_a_greedy_batch_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cpu device's form: an all-greedy float32 batch is the numpy block maximum (the torch form is not
+    called) and equals the torch form; a batch with a sampled row, or a NaN, goes to the torch form."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 10, generator=g)
+    args = lambda argmax, value, temp: (  # noqa: E731
+        (3, 3), argmax, 3, value, 3, None, 0, 0, None, None, 0, logits, 10,
+        torch.tensor([0, 1, -1], dtype=torch.int32), torch.tensor([5, 6]), torch.tensor([0, 1, 2]),
+        temp, 10, 4, False, True, False, False,
+    )  # fmt: skip
+    expected = (torch.zeros((3, 3), dtype=torch.int64), torch.zeros((3, 3)))
+    v2.gumbel_sample_torch(*args(*expected, torch.tensor([0.0, 0.0])))
+    calls: list[int] = []
+    grid_form = v2._gumbel_sample_grid
+    monkeypatch.setattr(v2, "_gumbel_sample_grid", lambda *a: calls.append(1) or grid_form(*a))
+    got = (torch.full((3, 3), -5, dtype=torch.int64), torch.zeros((3, 3)))
+    v2.gumbel_sample_host(*args(*got, torch.tensor([0.0, 0.0])))
+    assert not calls and torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    v2.gumbel_sample_host(*args(*got, torch.tensor([0.0, 0.8])))
+    assert calls == [1]
+    logits[0, 2] = float("nan")
+    v2.gumbel_sample_host(*args(*got, torch.tensor([0.0, 0.0])))
+    assert calls == [1, 1]

@@ -138,11 +138,12 @@ def write(
     ops = _ops()
     assert ops is not None
     block_size = key_cache.shape[2]
-    opened = slots[slots % block_size == 0]
-    if opened.numel():
+    host_slots = slots.numpy()
+    opened = host_slots[host_slots % block_size == 0]
+    if opened.size:
         block = key_cache.stride(0)
         whole = key_cache.as_strided((key_cache.shape[0], block), (block, 1), key_cache.storage_offset())
-        whole.index_fill_(0, opened // block_size, 0)
+        whole.index_fill_(0, torch.from_numpy(opened // block_size), 0)
     ops.cpu_attn_reshape_and_cache(
         key.contiguous(),
         value.contiguous(),

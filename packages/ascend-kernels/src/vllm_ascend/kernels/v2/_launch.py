@@ -18,9 +18,11 @@ recent releases).
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from vllm_ascend.kernels._backend import KernelBackendError, dispatch
@@ -54,8 +56,15 @@ def tensor_at(address: int, dtype: torch.dtype, numel: int, device: torch.device
         )
     if address == 0 or numel <= 0:
         return torch.empty(0, dtype=dtype)
+    return _host_view(int(address), dtype, numel)
+
+
+@functools.lru_cache(maxsize=256)
+def _host_view(address: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
+    """The view :func:`tensor_at` gives, made once per (address, dtype, size): it owns no memory, so a cached
+    one reads exactly what a new one would (V2's block tables stay at their addresses, read every step)."""
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    buffer = (ctypes.c_char * (numel * itemsize)).from_address(int(address))
+    buffer = (ctypes.c_char * (numel * itemsize)).from_address(address)
     return torch.frombuffer(buffer, dtype=dtype, count=numel)
 
 
@@ -67,13 +76,18 @@ def dispatch_v2(
     return dispatch(f"v2.{module}", name, reference, device)
 
 
-#: Up to this many requests a reference walks the requests one by one (a dozen small tensor ops each); above,
-#: it works on the whole (request, lane) grid at once (a fixed few dozen ops): the cheaper form at each size.
-PER_REQUEST_ROWS = 4
-
-
-def by_rows(
-    num_requests: int, vectorized: Callable[..., Any], per_request: Callable[..., Any]
+def host_or_grid(
+    device: torch.device, grid_form: Callable[..., Any], host_form: Callable[..., Any]
 ) -> Callable[..., Any]:
-    """The reference form for a launch over ``num_requests`` requests (both give the same results)."""
-    return per_request if num_requests <= PER_REQUEST_ROWS else vectorized
+    """The reference form for a launch on ``device``: ``host_form`` (numpy views of host tensors: an op costs
+    a third of a torch op's, and a decode step launches dozens) on the cpu, else the torch ``grid_form``, the
+    spec both are tested against."""
+    return host_form if device.type == "cpu" else grid_form
+
+
+def lanes(counts: np.ndarray, cap: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(row, j)`` for every ``j < counts[row]`` in row order, counts clamped to ``[0, cap]``: a kernel's
+    (request, lane) grid, flattened to the lanes that do work."""
+    counts = np.maximum(counts, 0) if cap is None else np.minimum(np.maximum(counts, 0), cap)
+    row = np.repeat(np.arange(counts.shape[0]), counts)
+    return row, np.arange(row.shape[0]) - np.repeat(np.cumsum(counts) - counts, counts)

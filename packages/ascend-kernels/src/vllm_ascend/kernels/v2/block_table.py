@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, tensor_at
-from vllm_ascend.kernels.v2._launch import by_rows as _by_rows
+from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, host_or_grid, tensor_at
 
 _VLLM = "vllm.v1.worker.gpu.block_table"
 
@@ -54,7 +53,7 @@ def gather_block_tables_torch(
         dst[:real] = torch.where(copied, src[reqs], dst[:real])
 
 
-def gather_block_tables_rows_torch(
+def gather_block_tables_host(
     grid: Grid,
     batch_idx_to_req_idx: torch.Tensor,
     src_block_table_ptrs: torch.Tensor,
@@ -65,23 +64,25 @@ def gather_block_tables_rows_torch(
     num_reqs: int,
     BLOCK_SIZE: int,
 ) -> None:
-    """Reference of :func:`gather_block_tables` walking the requests one by one: the results of :func:`gather_block_tables_torch`,
-    cheaper up to :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests."""
+    """:func:`gather_block_tables_torch` on numpy views of host tensors (columns up to the longest row copied)."""
     groups, batch = grid_dim(grid, 0), grid_dim(grid, 1)
     device = batch_idx_to_req_idx.device
-    reqs = batch_idx_to_req_idx[: min(num_reqs, batch)].tolist()
+    real = max(0, min(num_reqs, batch))
+    reqs = batch_idx_to_req_idx.numpy()[:real].astype(np.int64)
     counts = num_blocks_ptr.reshape(-1).numpy()
-    strides = block_table_strides[:groups].tolist()
-    src_ptrs, dst_ptrs = src_block_table_ptrs[:groups].tolist(), dst_block_table_ptrs[:groups].tolist()
+    strides = block_table_strides.numpy()[:groups].tolist()
+    src_ptrs = src_block_table_ptrs.numpy()[:groups].tolist()
+    dst_ptrs = dst_block_table_ptrs.numpy()[:groups].tolist()
     for group, stride in enumerate(strides):
-        dst = _table(dst_ptrs[group], batch, stride, device).numpy()  # host memory: numpy views
-        dst[len(reqs) :] = 0
-        if not reqs:
+        dst = _table(dst_ptrs[group], batch, stride, device).numpy()
+        dst[real:] = 0
+        if not real:
             continue
-        src = _table(src_ptrs[group], max(reqs) + 1, stride, device).numpy()
-        for row, req in enumerate(reqs):
-            n = int(counts[group * num_blocks_stride + req])
-            dst[row, :n] = src[req, :n]
+        src = _table(src_ptrs[group], int(reqs.max()) + 1, stride, device).numpy()
+        n = counts[group * num_blocks_stride + reqs]
+        width = min(stride, int(n.max()))
+        copied = np.arange(width)[None, :] < n[:, None]
+        dst[:real, :width] = np.where(copied, src[reqs, :width], dst[:real, :width])
 
 
 def gather_block_tables(grid: Grid, **arguments: Any) -> None:
@@ -92,7 +93,7 @@ def gather_block_tables(grid: Grid, **arguments: Any) -> None:
     dispatch_v2(
         "block_table",
         "gather_block_tables",
-        _by_rows(int(arguments["num_reqs"]), gather_block_tables_torch, gather_block_tables_rows_torch),
+        host_or_grid(device, gather_block_tables_torch, gather_block_tables_host),
         device,
     )(grid, **arguments)
 
@@ -166,12 +167,10 @@ def compute_slot_mappings_torch(
         row[start:num_tokens] = torch.where(is_local, slots, PAD_ID).to(row.dtype)
 
 
-_compute_slot_mappings_grid = (
-    compute_slot_mappings_torch  # the grid form, for the per-request form's DCP launches
-)
+_compute_slot_mappings_grid = compute_slot_mappings_torch  # the torch form, for the host form's DCP launches
 
 
-def compute_slot_mappings_rows_torch(
+def compute_slot_mappings_host(
     grid: Grid,
     max_num_tokens: int,
     idx_mapping: torch.Tensor,
@@ -190,9 +189,8 @@ def compute_slot_mappings_rows_torch(
     PAD_ID: int,
     TRITON_BLOCK_SIZE: int,
 ) -> None:
-    """Reference of :func:`compute_slot_mappings` walking the requests one by one: the results of
-    :func:`compute_slot_mappings_torch` (which serves decode context parallelism), cheaper up to
-    :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests."""
+    """:func:`compute_slot_mappings_torch` on numpy views of host tensors (``query_start_loc`` non-decreasing);
+    decode context parallelism (``CP_SIZE > 1``) takes the torch form."""
     if CP_SIZE != 1:
         _compute_slot_mappings_grid(
             grid, max_num_tokens, idx_mapping, query_start_loc, pos, block_table_ptrs, block_table_strides,
@@ -201,41 +199,32 @@ def compute_slot_mappings_rows_torch(
         )  # fmt: skip
         return
     groups, num_reqs = grid_dim(grid, 0), grid_dim(grid, 1) - 1
-    device = pos.device
-    bounds = [int(b) for b in query_start_loc[: num_reqs + 1].tolist()]
-    start, num_tokens = bounds[0], bounds[-1]
-    requests = [
-        (lo, hi, int(state))
-        for lo, hi, state in zip(bounds[:-1], bounds[1:], idx_mapping[:num_reqs].tolist(), strict=True)
-        if hi > lo
-    ]
-    rows_needed = max((state for _, _, state in requests), default=-1) + 1
+    qsl = query_start_loc.numpy()[: num_reqs + 1].astype(np.int64)
+    start, num_tokens = int(qsl[0]), int(qsl[-1])
+    token_states = np.repeat(idx_mapping.numpy()[:num_reqs].astype(np.int64), np.diff(qsl))
+    positions = pos.numpy()[start:num_tokens].astype(np.int64)
+    real = token_states >= 0
+    rows_needed = int(token_states.max()) + 1 if token_states.size else 0
     params = zip(
-        block_table_ptrs[:groups].tolist(),
-        block_table_strides[:groups].tolist(),
-        block_sizes[:groups].tolist(),
-        slot_mapping_enabled[:groups].tolist(),
+        block_table_ptrs.numpy()[:groups].tolist(),
+        block_table_strides.numpy()[:groups].tolist(),
+        block_sizes.numpy()[:groups].tolist(),
+        slot_mapping_enabled.numpy()[:groups].tolist(),
         strict=True,
     )
-    out = slot_mappings_ptr.reshape(-1)
-    host_pos = pos.numpy()  # the tables are host memory (``tensor_at``): numpy views throughout
+    out = slot_mappings_ptr.view(-1).numpy()
     for group, (pointer, stride, block_size, enabled) in enumerate(params):
-        host_row = out[group * slot_mappings_stride : group * slot_mappings_stride + max_num_tokens].numpy()
-        host_row[num_tokens:max_num_tokens] = PAD_ID
+        row = out[group * slot_mappings_stride : group * slot_mappings_stride + max_num_tokens]
+        row[num_tokens:max_num_tokens] = PAD_ID
         if num_tokens <= start:
             continue
-        if not enabled:
-            host_row[start:num_tokens] = PAD_ID
+        if not enabled or rows_needed <= 0:
+            row[start:num_tokens] = PAD_ID
             continue
-        table = _table(pointer, rows_needed, stride, device).numpy() if rows_needed > 0 else None
-        for lo, hi, state in requests:
-            if state < 0 or table is None:
-                host_row[lo:hi] = PAD_ID
-                continue
-            positions = host_pos[lo:hi].astype(np.int64)
-            host_row[lo:hi] = table[state, positions // block_size].astype(np.int64) * block_size + (
-                positions % block_size
-            )
+        table = _table(pointer, rows_needed, stride, pos.device).numpy()
+        numbers = np.zeros_like(positions)
+        numbers[real] = table[token_states[real], positions[real] // block_size]
+        row[start:num_tokens] = np.where(real, numbers * block_size + positions % block_size, PAD_ID)
 
 
 def compute_slot_mappings(grid: Grid, **arguments: Any) -> None:
@@ -246,7 +235,7 @@ def compute_slot_mappings(grid: Grid, **arguments: Any) -> None:
     dispatch_v2(
         "block_table",
         "compute_slot_mappings",
-        _by_rows(grid_dim(grid, 1) - 1, compute_slot_mappings_torch, compute_slot_mappings_rows_torch),
+        host_or_grid(device, compute_slot_mappings_torch, compute_slot_mappings_host),
         device,
     )(grid, **arguments)
 

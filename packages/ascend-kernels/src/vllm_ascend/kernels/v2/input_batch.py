@@ -9,14 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim
-from vllm_ascend.kernels.v2._launch import by_rows as _by_rows
+from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, host_or_grid, lanes
 
 _VLLM = "vllm.v1.worker.gpu.input_batch"
-
-
-def _rows(tensor: torch.Tensor, n: int) -> list[int]:
-    return [int(v) for v in tensor[:n].tolist()]
 
 
 def _tokens(qsl: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,6 +45,31 @@ def prepare_pos_seq_lens_torch(
     pos_ptr[tokens] = (tokens + (computed - qsl[:-1])[owner]).to(pos_ptr.dtype)
 
 
+def prepare_pos_seq_lens_host(
+    grid: Grid,
+    pos_ptr: torch.Tensor,
+    seq_lens_ptr: torch.Tensor,
+    idx_mapping_ptr: torch.Tensor,
+    query_start_loc_ptr: torch.Tensor,
+    num_computed_tokens_ptr: torch.Tensor,
+    max_num_reqs: int,
+    BLOCK_SIZE: int,
+) -> None:
+    """:func:`prepare_pos_seq_lens_torch` on numpy views of host tensors (``query_start_loc`` non-decreasing)."""
+    num_reqs = grid_dim(grid, 0) - 1
+    seq_lens = seq_lens_ptr.numpy()
+    seq_lens[max(num_reqs, 0) : max_num_reqs] = 0
+    if num_reqs <= 0:
+        return
+    qsl = query_start_loc_ptr.numpy()[: num_reqs + 1].astype(np.int64)
+    computed = num_computed_tokens_ptr.numpy()[idx_mapping_ptr.numpy()[:num_reqs]].astype(np.int64)
+    query_lens = np.diff(qsl)
+    seq_lens[:num_reqs] = computed + query_lens
+    start, end = int(qsl[0]), int(qsl[-1])
+    if end > start:
+        pos_ptr.numpy()[start:end] = np.arange(start, end) + np.repeat(computed - qsl[:-1], query_lens)
+
+
 def prepare_pos_seq_lens(
     grid: Grid,
     pos_ptr: torch.Tensor,
@@ -66,7 +86,13 @@ def prepare_pos_seq_lens(
     ``query_start_loc_ptr[i] .. [i + 1]``, at positions ``num_computed_tokens + 0, 1, ...``;
     ``seq_lens_ptr[i] = num_computed_tokens + query_len`` and ``seq_lens_ptr[num_reqs:max_num_reqs] = 0``
     (padding for full graphs)."""
-    impl = dispatch_v2("input_batch", "prepare_pos_seq_lens", prepare_pos_seq_lens_torch, pos_ptr.device)
+    device = pos_ptr.device
+    impl = dispatch_v2(
+        "input_batch",
+        "prepare_pos_seq_lens",
+        host_or_grid(device, prepare_pos_seq_lens_torch, prepare_pos_seq_lens_host),
+        device,
+    )
     impl(
         grid,
         pos_ptr,
@@ -124,7 +150,7 @@ def prepare_prefill_inputs_torch(
     )
 
 
-def prepare_prefill_inputs_rows_torch(
+def prepare_prefill_inputs_host(
     grid: Grid,
     input_ids_ptr: torch.Tensor,
     next_prefill_tokens_ptr: torch.Tensor,
@@ -139,25 +165,32 @@ def prepare_prefill_inputs_rows_torch(
     BLOCK_SIZE: int,
     LOOKAHEAD_BLOCK: int,
 ) -> None:
-    """Reference of :func:`prepare_prefill_inputs` walking the requests one by one: the results of :func:`prepare_prefill_inputs_torch`,
-    cheaper up to :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests."""
+    """:func:`prepare_prefill_inputs_torch` on numpy views of host tensors."""
     num_reqs = grid_dim(grid, 0)
-    qsl = _rows(query_start_loc_ptr, num_reqs + 1)
-    lookahead = next_prefill_tokens_ptr.view(-1)
-    for batch, state in enumerate(_rows(idx_mapping_ptr, num_reqs)):
-        prefill_len = int(prefill_lens_ptr[state])
-        computed = int(num_computed_tokens_ptr[state])
-        if computed >= prefill_len:
-            continue
-        start, query_len = qsl[batch], qsl[batch + 1] - qsl[batch]
-        row = all_token_ids_ptr[state]
-        input_ids_ptr[start : start + query_len] = row[computed : computed + query_len].to(
-            input_ids_ptr.dtype
-        )
-        for k in range(num_lookahead):
-            pos = computed + query_len + k
-            token = row[pos] if pos < prefill_len else 0
-            lookahead[k * next_prefill_tokens_stride + state] = token
+    if num_reqs <= 0:
+        return
+    states = idx_mapping_ptr.numpy()[:num_reqs].astype(np.int64)
+    prefill_len = prefill_lens_ptr.numpy()[states].astype(np.int64)
+    computed = num_computed_tokens_ptr.numpy()[states].astype(np.int64)
+    prefilling = computed < prefill_len
+    if not prefilling.any():
+        return
+    qsl = query_start_loc_ptr.numpy()[: num_reqs + 1].astype(np.int64)
+    query_lens = np.diff(qsl)
+    owner = np.repeat(np.arange(num_reqs), query_lens)
+    tokens = np.arange(qsl[0], qsl[-1])
+    keep = prefilling[owner]
+    tokens, owner = tokens[keep], owner[keep]
+    all_token_ids = all_token_ids_ptr.numpy()
+    input_ids_ptr.numpy()[tokens] = all_token_ids[states[owner], tokens + (computed - qsl[:-1])[owner]]
+    if num_lookahead <= 0:
+        return
+    rows, k = np.flatnonzero(prefilling), np.arange(num_lookahead)
+    state = states[rows, None]
+    pos = (computed + query_lens)[rows, None] + k
+    in_prompt = pos < prefill_len[rows, None]
+    ahead = np.where(in_prompt, all_token_ids[state, np.where(in_prompt, pos, 0)], 0)
+    next_prefill_tokens_ptr.view(-1).numpy()[k * next_prefill_tokens_stride + state] = ahead
 
 
 def prepare_prefill_inputs(grid: Grid, **arguments: Any) -> None:
@@ -168,7 +201,7 @@ def prepare_prefill_inputs(grid: Grid, **arguments: Any) -> None:
     dispatch_v2(
         "input_batch",
         "prepare_prefill_inputs",
-        _by_rows(grid_dim(grid, 0), prepare_prefill_inputs_torch, prepare_prefill_inputs_rows_torch),
+        host_or_grid(device, prepare_prefill_inputs_torch, prepare_prefill_inputs_host),
         device,
     )(grid, **arguments)
 
@@ -218,7 +251,7 @@ def combine_sampled_and_draft_tokens_torch(
     input_ids_ptr[(query_end - num_draft)[row] + j] = drafts.to(input_ids_ptr.dtype)
 
 
-def combine_sampled_and_draft_tokens_rows_torch(
+def combine_sampled_and_draft_tokens_host(
     grid: Grid,
     input_ids_ptr: torch.Tensor,
     idx_mapping_ptr: torch.Tensor,
@@ -233,32 +266,28 @@ def combine_sampled_and_draft_tokens_rows_torch(
     BLOCK_SIZE: int,
     NUM_NEW_SAMPLED_TOKENS: int = 1,
 ) -> None:
-    """Reference of :func:`combine_sampled_and_draft_tokens` walking the requests one by one: the results of :func:`combine_sampled_and_draft_tokens_torch`,
-    cheaper up to :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests."""
+    """:func:`combine_sampled_and_draft_tokens_torch` on numpy views of host tensors."""
     num_reqs = grid_dim(grid, 0)
-    cu = _rows(cu_num_logits_ptr, num_reqs + 1)
-    qsl = _rows(query_start_loc_ptr, num_reqs + 1)
-    drafts = draft_tokens_ptr.view(-1)
-    for batch, state in enumerate(_rows(idx_mapping_ptr, num_reqs)):
-        num_logits = min(cu[batch + 1] - cu[batch], BLOCK_SIZE)
-        query_end = qsl[batch + 1]
-        logits_start = query_end - (cu[batch + 1] - cu[batch])
-        logits_indices_ptr[cu[batch] : cu[batch] + num_logits] = torch.arange(
-            logits_start, logits_start + num_logits, dtype=logits_indices_ptr.dtype
-        )
-        seq_len = int(seq_lens_ptr[batch])
-        prefill_len = int(prefill_len_ptr[state])
-        if seq_len <= prefill_len:
-            continue
-        total_logits = cu[batch + 1] - cu[batch]
-        if NUM_NEW_SAMPLED_TOKENS > 0 and seq_len - total_logits >= prefill_len:
-            input_ids_ptr[logits_start] = last_sampled_tokens_ptr[state]
-        num_draft = min(total_logits - NUM_NEW_SAMPLED_TOKENS, BLOCK_SIZE)
-        if num_draft > 0:
-            base = state * draft_tokens_stride
-            input_ids_ptr[query_end - (total_logits - NUM_NEW_SAMPLED_TOKENS) :][:num_draft] = drafts[
-                base : base + num_draft
-            ].to(input_ids_ptr.dtype)
+    if num_reqs <= 0:
+        return
+    states = idx_mapping_ptr.numpy()[:num_reqs].astype(np.int64)
+    cu = cu_num_logits_ptr.numpy()[: num_reqs + 1].astype(np.int64)
+    num_logits = np.diff(cu)
+    query_end = query_start_loc_ptr.numpy()[1 : num_reqs + 1].astype(np.int64)
+    row, j = lanes(num_logits, BLOCK_SIZE)
+    logits_indices_ptr.numpy()[cu[row] + j] = (query_end - num_logits)[row] + j
+    seq_len = seq_lens_ptr.numpy()[:num_reqs].astype(np.int64)
+    prefill_len = prefill_len_ptr.numpy()[states]
+    decoding = seq_len > prefill_len
+    input_ids = input_ids_ptr.numpy()
+    if NUM_NEW_SAMPLED_TOKENS > 0:
+        last = np.flatnonzero(decoding & (seq_len - num_logits >= prefill_len))
+        input_ids[(query_end - num_logits)[last]] = last_sampled_tokens_ptr.view(-1).numpy()[states[last]]
+    num_draft = num_logits - NUM_NEW_SAMPLED_TOKENS
+    row, j = lanes(np.where(decoding, num_draft, 0), BLOCK_SIZE)
+    if row.size:
+        drafts = draft_tokens_ptr.view(-1).numpy()[states[row] * draft_tokens_stride + j]
+        input_ids[(query_end - num_draft)[row] + j] = drafts
 
 
 def combine_sampled_and_draft_tokens(grid: Grid, **arguments: Any) -> None:
@@ -268,11 +297,7 @@ def combine_sampled_and_draft_tokens(grid: Grid, **arguments: Any) -> None:
     impl = dispatch_v2(
         "input_batch",
         "combine_sampled_and_draft_tokens",
-        _by_rows(
-            grid_dim(grid, 0),
-            combine_sampled_and_draft_tokens_torch,
-            combine_sampled_and_draft_tokens_rows_torch,
-        ),
+        host_or_grid(device, combine_sampled_and_draft_tokens_torch, combine_sampled_and_draft_tokens_host),
         device,
     )
     impl(grid, **arguments)
@@ -297,11 +322,35 @@ def get_num_sampled_and_rejected_torch(
     num_rejected_ptr[:n] = (num_logits - sampled.to(num_logits.dtype)).masked_fill(chunked, 0)
 
 
+def get_num_sampled_and_rejected_host(
+    grid: Grid,
+    num_sampled_ptr: torch.Tensor,
+    num_rejected_ptr: torch.Tensor,
+    seq_lens_ptr: torch.Tensor,
+    cu_num_logits_ptr: torch.Tensor,
+    idx_mapping_ptr: torch.Tensor,
+    prefill_len_ptr: torch.Tensor,
+) -> None:
+    """:func:`get_num_sampled_and_rejected_torch` on numpy views of host tensors."""
+    n = grid_dim(grid, 0)
+    if n <= 0:
+        return
+    chunked = seq_lens_ptr.numpy()[:n] < prefill_len_ptr.numpy()[idx_mapping_ptr.numpy()[:n]]
+    sampled = num_sampled_ptr.numpy()[:n]
+    sampled[chunked] = 0
+    rejected = num_rejected_ptr.numpy()[:n]
+    rejected[:] = np.diff(cu_num_logits_ptr.numpy()[: n + 1]) - sampled
+    rejected[chunked] = 0
+
+
 def get_num_sampled_and_rejected(grid: Grid, **arguments: Any) -> None:
     """Per request: sampled count (0 while chunk-prefilling) and rejected count (logits - sampled)."""
     device = arguments["num_sampled_ptr"].device
     impl = dispatch_v2(
-        "input_batch", "get_num_sampled_and_rejected", get_num_sampled_and_rejected_torch, device
+        "input_batch",
+        "get_num_sampled_and_rejected",
+        host_or_grid(device, get_num_sampled_and_rejected_torch, get_num_sampled_and_rejected_host),
+        device,
     )
     impl(grid, **arguments)
 
@@ -354,7 +403,7 @@ def post_update_torch(
     num_computed_tokens_ptr.index_add_(0, states[valid], delta[valid].to(num_computed_tokens_ptr.dtype))
 
 
-def post_update_rows_torch(
+def post_update_host(
     grid: Grid,
     idx_mapping_ptr: torch.Tensor,
     num_computed_tokens_ptr: torch.Tensor,
@@ -370,40 +419,30 @@ def post_update_rows_torch(
     all_token_ids_stride: int,
     total_len_ptr: torch.Tensor,
 ) -> None:
-    """Reference of :func:`post_update` walking the requests one by one on host memory (numpy views of the
-    tensors: a scalar read or write costs a tenth of a tensor op's): the results of :func:`post_update_torch`,
-    cheaper up to :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests. Other devices take the
-    grid form."""
-    if idx_mapping_ptr.device.type != "cpu":
-        post_update_torch(
-            grid, idx_mapping_ptr, num_computed_tokens_ptr, last_sampled_tokens_ptr, output_bin_counts_ptr,
-            output_bin_counts_stride, sampled_tokens_ptr, sampled_tokens_stride, num_sampled_ptr,
-            num_rejected_ptr, query_start_loc_ptr, all_token_ids_ptr, all_token_ids_stride, total_len_ptr,
-        )  # fmt: skip
-        return
+    """:func:`post_update_torch` on numpy views of host tensors."""
     n = grid_dim(grid, 0)
-    sampled = sampled_tokens_ptr.reshape(-1).numpy()
-    counts = None if output_bin_counts_ptr is None else output_bin_counts_ptr.view(-1).numpy()
-    qsl = None if query_start_loc_ptr is None else query_start_loc_ptr[: n + 1].numpy()
-    num_sampled, num_rejected = num_sampled_ptr[:n].numpy(), num_rejected_ptr[:n].numpy()
-    total_len, computed = total_len_ptr.numpy(), num_computed_tokens_ptr.numpy()
-    last_sampled, all_token_ids = last_sampled_tokens_ptr.view(-1).numpy(), all_token_ids_ptr.numpy()
-    for batch, state in enumerate(idx_mapping_ptr[:n].tolist()):
-        if state < 0:
-            continue
-        k = int(num_sampled[batch])
-        if k > 0:
-            total = int(total_len[state])
-            tokens = sampled[batch * sampled_tokens_stride : batch * sampled_tokens_stride + k]
-            last_sampled[state] = tokens[k - 1]
-            total_len[state] = total + k
-            all_token_ids[state, total : total + k] = tokens
-            if counts is not None:
-                np.add.at(counts, state * output_bin_counts_stride + tokens.astype(np.int64), 1)
-        query_len = 0 if qsl is None else int(qsl[batch + 1]) - int(qsl[batch])
-        delta = query_len - int(num_rejected[batch])
-        if delta:
-            computed[state] += delta
+    if n <= 0:
+        return
+    states = idx_mapping_ptr.numpy()[:n].astype(np.int64)
+    valid = states >= 0
+    k = num_sampled_ptr.numpy()[:n].astype(np.int64)
+    row, i = lanes(np.where(valid, k, 0))
+    if row.size:
+        state = states[row]
+        tokens = sampled_tokens_ptr.view(-1).numpy()[row * sampled_tokens_stride + i]
+        total_len = total_len_ptr.numpy()
+        total = total_len[state].astype(np.int64)
+        all_token_ids_ptr.numpy()[state, total + i] = tokens
+        if output_bin_counts_ptr is not None:
+            counts = output_bin_counts_ptr.view(-1).numpy()
+            np.add.at(counts, state * output_bin_counts_stride + tokens.astype(np.int64), 1)
+        last = i + 1 == k[row]
+        last_sampled_tokens_ptr.view(-1).numpy()[state[last]] = tokens[last]
+        total_len[state[last]] = (total + i + 1)[last]
+    delta = -num_rejected_ptr.numpy()[:n].astype(np.int64)
+    if query_start_loc_ptr is not None:
+        delta += np.diff(query_start_loc_ptr.numpy()[: n + 1])
+    np.add.at(num_computed_tokens_ptr.numpy(), states[valid], delta[valid])
 
 
 def post_update(grid: Grid, **arguments: Any) -> None:
@@ -414,7 +453,7 @@ def post_update(grid: Grid, **arguments: Any) -> None:
     dispatch_v2(
         "input_batch",
         "post_update",
-        _by_rows(grid_dim(grid, 0), post_update_torch, post_update_rows_torch),
+        host_or_grid(device, post_update_torch, post_update_host),
         device,
     )(grid, **arguments)
 
@@ -460,7 +499,7 @@ def expand_idx_mapping_torch(
     expanded_local_pos_ptr[cu[row] + j] = j.to(expanded_local_pos_ptr.dtype)
 
 
-def expand_idx_mapping_rows_torch(
+def expand_idx_mapping_host(
     grid: Grid,
     idx_mapping_ptr: torch.Tensor,
     expanded_idx_mapping_ptr: torch.Tensor,
@@ -468,18 +507,14 @@ def expand_idx_mapping_rows_torch(
     cu_num_logits_ptr: torch.Tensor,
     BLOCK_SIZE: int,
 ) -> None:
-    """Reference of :func:`expand_idx_mapping` walking the requests one by one: the results of :func:`expand_idx_mapping_torch`,
-    cheaper up to :data:`~vllm_ascend.kernels.v2._launch.PER_REQUEST_ROWS` requests."""
+    """:func:`expand_idx_mapping_torch` on numpy views of host tensors."""
     n = grid_dim(grid, 0)
-    cu = _rows(cu_num_logits_ptr, n + 1)
-    for batch, state in enumerate(_rows(idx_mapping_ptr, n)):
-        count = min(cu[batch + 1] - cu[batch], BLOCK_SIZE)
-        if count <= 0:
-            continue
-        expanded_idx_mapping_ptr[cu[batch] : cu[batch] + count] = state
-        expanded_local_pos_ptr[cu[batch] : cu[batch] + count] = torch.arange(
-            count, dtype=expanded_local_pos_ptr.dtype
-        )
+    if n <= 0:
+        return
+    cu = cu_num_logits_ptr.numpy()[: n + 1].astype(np.int64)
+    row, j = lanes(np.diff(cu), BLOCK_SIZE)
+    expanded_idx_mapping_ptr.numpy()[cu[row] + j] = idx_mapping_ptr.numpy()[row]
+    expanded_local_pos_ptr.numpy()[cu[row] + j] = j
 
 
 def expand_idx_mapping(grid: Grid, **arguments: Any) -> None:
@@ -488,7 +523,7 @@ def expand_idx_mapping(grid: Grid, **arguments: Any) -> None:
     dispatch_v2(
         "input_batch",
         "expand_idx_mapping",
-        _by_rows(grid_dim(grid, 0), expand_idx_mapping_torch, expand_idx_mapping_rows_torch),
+        host_or_grid(device, expand_idx_mapping_torch, expand_idx_mapping_host),
         device,
     )(grid, **arguments)
 

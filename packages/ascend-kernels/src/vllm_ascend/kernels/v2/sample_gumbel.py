@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
-from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim
+from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, host_or_grid
 
 _VLLM = "vllm.v1.worker.gpu.sample.gumbel"
 
@@ -294,6 +295,86 @@ def gumbel_sample_torch(
     _rows(local_max_ptr, num_tokens, local_max_stride, num_blocks).copy_(value)
 
 
+_gumbel_sample_grid = gumbel_sample_torch  # the torch form, for the host form's other launches
+
+#: Logits dtypes the host form reads through numpy (numpy has no bfloat16).
+_HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
+
+
+def _host_greedy_block_max(
+    logits: np.ndarray, local_argmax: np.ndarray, local_max: np.ndarray, block_size: int
+) -> bool:
+    """:func:`_greedy_block_max` on numpy views."""
+    rows, covered = logits.shape
+    num_blocks = local_argmax.shape[1]
+    full, tail = divmod(covered, block_size)
+    done = full + bool(tail)
+    index = np.empty((rows, done), np.int64)
+    values = np.empty((rows, done), logits.dtype)
+    if full:
+        blocks = logits[:, : full * block_size].reshape(rows, full, block_size)
+        index[:, :full] = blocks.argmax(-1)
+        values[:, :full] = np.take_along_axis(blocks, index[:, :full, None], -1)[..., 0]
+    if tail:
+        last = logits[:, full * block_size :]
+        index[:, full] = last.argmax(-1)
+        values[:, full] = last[np.arange(rows), index[:, full]]
+    if np.isnan(values).any():
+        return False
+    local_max[:, :done] = values
+    local_argmax[:, :done] = index + np.arange(0, done * block_size, block_size)
+    local_max[:, done:] = -np.inf
+    local_argmax[:, done:] = np.arange(done * block_size, num_blocks * block_size, block_size)
+    return True
+
+
+def gumbel_sample_host(
+    grid: Grid,
+    local_argmax_ptr: torch.Tensor,
+    local_argmax_stride: int,
+    local_max_ptr: torch.Tensor,
+    local_max_stride: int,
+    logits_cache_ptr: torch.Tensor | None,
+    logits_cache_stride_0: int,
+    logits_cache_stride_1: int,
+    logits_cache_col_ptr: torch.Tensor | None,
+    logits_cache_source_ptr: torch.Tensor | None,
+    logits_cache_source_stride: int,
+    logits_ptr: torch.Tensor,
+    logits_stride: int,
+    expanded_idx_mapping_ptr: torch.Tensor,
+    seeds_ptr: torch.Tensor,
+    pos_ptr: torch.Tensor,
+    temp_ptr: torch.Tensor,
+    vocab_size: int,
+    BLOCK_SIZE: int,
+    IS_DRAFTING: bool,
+    APPLY_TEMPERATURE: bool,
+    USE_FP64: bool,
+    PER_TOKEN_COL: bool,
+) -> None:
+    """:func:`gumbel_sample_torch` on numpy views of host tensors for an all-greedy batch without a logits
+    cache (one max per block, as the torch form's greedy path); every other launch takes the torch form."""
+    num_tokens, num_blocks = grid_dim(grid, 0), grid_dim(grid, 1)
+    if logits_cache_ptr is None and num_tokens and num_blocks and logits_ptr.dtype in _HOST_DTYPES:
+        req = expanded_idx_mapping_ptr.numpy()[:num_tokens]
+        if not ((req >= 0) & (temp_ptr.numpy()[np.maximum(req, 0)] != 0)).any():
+            covered = max(0, min(vocab_size, num_blocks * BLOCK_SIZE))
+            if _host_greedy_block_max(
+                _rows(logits_ptr, num_tokens, logits_stride, covered).numpy(),
+                _rows(local_argmax_ptr, num_tokens, local_argmax_stride, num_blocks).numpy(),
+                _rows(local_max_ptr, num_tokens, local_max_stride, num_blocks).numpy(),
+                BLOCK_SIZE,
+            ):
+                return
+    _gumbel_sample_grid(
+        grid, local_argmax_ptr, local_argmax_stride, local_max_ptr, local_max_stride, logits_cache_ptr,
+        logits_cache_stride_0, logits_cache_stride_1, logits_cache_col_ptr, logits_cache_source_ptr,
+        logits_cache_source_stride, logits_ptr, logits_stride, expanded_idx_mapping_ptr, seeds_ptr, pos_ptr,
+        temp_ptr, vocab_size, BLOCK_SIZE, IS_DRAFTING, APPLY_TEMPERATURE, USE_FP64, PER_TOKEN_COL,
+    )  # fmt: skip
+
+
 def gumbel_sample(
     grid: Grid,
     local_argmax_ptr: torch.Tensor,
@@ -326,7 +407,13 @@ def gumbel_sample(
     negative; no division without ``APPLY_TEMPERATURE``; ``pos + 2**30`` when ``IS_DRAFTING``).
     With a logits cache, the raw source logits of ``t`` are also copied to
     ``logits_cache[req, col]`` (``col`` per token with ``PER_TOKEN_COL``)."""
-    impl = dispatch_v2("sample_gumbel", "gumbel_sample", gumbel_sample_torch, logits_ptr.device)
+    device = logits_ptr.device
+    impl = dispatch_v2(
+        "sample_gumbel",
+        "gumbel_sample",
+        host_or_grid(device, gumbel_sample_torch, gumbel_sample_host),
+        device,
+    )
     impl(
         grid,
         local_argmax_ptr,
