@@ -356,7 +356,8 @@ def gumbel_sample_host(
     """:func:`gumbel_sample_torch` on numpy views of host tensors for an all-greedy batch without a logits
     cache (one max per block, as the torch form's greedy path); every other launch takes the torch form."""
     num_tokens, num_blocks = grid_dim(grid, 0), grid_dim(grid, 1)
-    if logits_cache_ptr is None and num_tokens and num_blocks and logits_ptr.dtype in _HOST_DTYPES:
+    host_dtypes = logits_ptr.dtype in _HOST_DTYPES and temp_ptr.dtype in _HOST_DTYPES
+    if logits_cache_ptr is None and num_tokens and num_blocks and host_dtypes:
         req = expanded_idx_mapping_ptr.numpy()[:num_tokens]
         if not ((req >= 0) & (temp_ptr.numpy()[np.maximum(req, 0)] != 0)).any():
             covered = max(0, min(vocab_size, num_blocks * BLOCK_SIZE))
