@@ -102,6 +102,51 @@ def test_kernel_attention_matches_the_torch_reference(
     assert (fast[tokens:] == 7.0).all()
 
 
+@pytest.mark.parametrize("kernels", [True, False])
+def test_one_plan_serves_every_layer_of_a_step(monkeypatch, kernels: bool) -> None:
+    """Two layers' caches, one plan of the step's lengths: each layer's output is the one an unplanned call
+    gives, and the kernels' schedule is made once for both layers."""
+    adaptor = ReferenceDeviceAdaptor()
+    block_size, heads, kv_heads = 16, 4, 2
+    gen = torch.Generator().manual_seed(5)
+    table, starts, lens = _batch(block_size, gen)
+    slots = _slots(table, lens, block_size)
+    tokens = int(starts[-1])
+    if not kernels:
+        monkeypatch.setattr(host_attention, "kernel_views", lambda *caches: None)
+    layers = []
+    for _ in range(2):
+        key_cache, value_cache = adaptor.kv_cache_views(_layer_cache(24, block_size, kv_heads), HEAD)
+        key, value = (torch.randn(len(slots), kv_heads, HEAD, generator=gen) for _ in range(2))
+        adaptor.reshape_and_cache(key, value, key_cache, value_cache, slots)
+        layers.append((key_cache, value_cache, torch.randn(tokens, heads, HEAD, generator=gen)))
+    plan = adaptor.plan_attention(table, starts, lens, block_size)
+    outputs = []
+    for key_cache, value_cache, query in layers:
+        planned = adaptor.fused_infer_attention(
+            query, key_cache, value_cache, table, starts, lens, 0.3, plan=plan
+        )
+        alone = adaptor.fused_infer_attention(query, key_cache, value_cache, table, starts, lens, 0.3)
+        torch.testing.assert_close(planned, alone, rtol=0, atol=0)
+        outputs.append(planned)
+    assert not torch.equal(outputs[0], outputs[1])  # two layers, two results: the plan carries no output
+    assert len(plan.state) == (
+        1 if kernels else 0
+    )  # one schedule for both layers (the kernels' int32 lengths)
+
+
+def test_the_kernel_views_of_a_pair_of_views_are_found_once() -> None:
+    adaptor = ReferenceDeviceAdaptor()
+    key_cache, value_cache = adaptor.kv_cache_views(_layer_cache(24, 16, 2), HEAD)
+    views = host_attention.kernel_views(key_cache, value_cache)
+    assert views is not None and host_attention.kernel_views(key_cache, value_cache) is views
+    assert host_attention.kernel_views(value_cache, key_cache) is None  # another pair is asked afresh
+    other_key, other_value = adaptor.kv_cache_views(_layer_cache(24, 16, 2), HEAD)
+    assert host_attention.kernel_views(key_cache, other_value) is None  # views of two caches
+    fresh = host_attention.kernel_views(other_key, other_value)
+    assert fresh is not None and fresh[0].data_ptr() == other_key.data_ptr() != key_cache.data_ptr()
+
+
 def test_what_a_block_held_before_its_request_opened_it_is_never_read(monkeypatch) -> None:
     """The kernels read a request's last block whole: a previous owner's NaN past the request's length must
     not reach its output (the request's first write clears the block)."""

@@ -11,7 +11,7 @@ import torch
 from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata
 
 from vllm_ascend.runner.attention.backend import AscendAttentionBackend
-from vllm_ascend.runner.attention.impl import AscendAttentionImpl
+from vllm_ascend.runner.attention.impl import AscendAttentionImpl, split_kv_cache
 from vllm_ascend.runner.attention.metadata import AscendAttentionMetadataBuilder
 from vllm_ascend.runner.attention.support import AttentionConfigError, check_supported
 
@@ -129,6 +129,30 @@ def test_kv_update_then_forward_equals_dense_attention():
     ref = _dense_reference([q[:5], q[5:6]], k_all, v_all, ctx, 1 / math.sqrt(D))
     torch.testing.assert_close(output[:6], ref, atol=1e-5, rtol=1e-5)
     assert (output[6:] == 7.0).all()  # padding rows untouched
+
+
+def test_a_step_plans_its_lengths_once_and_again_after_a_replay_update():
+    builder = _builder()
+    table = torch.arange(3 * 8, dtype=torch.int32).view(3, 8)
+    md = builder.build(0, _common([5, 1], [21, 40], table))
+    plan = md.attention_plan(BS)
+    assert md.attention_plan(BS) is plan  # every layer of the step reads the same plan
+    assert (plan.starts, plan.lens, plan.decodes, plan.prefills) == ((0, 5, 6), (21, 40), (1,), (0,))
+    assert plan.query_start_loc is md.query_start_loc_cpu and plan.block_table is md.block_table
+    step = builder.build(0, _common([1, 1], [30, 17], table))
+    md.update_for_replay(step)
+    replanned = md.attention_plan(BS)
+    assert replanned is not plan and (replanned.starts, replanned.lens) == ((0, 1, 2), (30, 17))
+
+
+def test_a_layer_splits_its_cache_once_and_again_when_its_memory_moves():
+    kv_cache = torch.zeros(NUM_BLOCKS, HKV, BS, 2 * D)
+    views = split_kv_cache(kv_cache, D)
+    assert split_kv_cache(kv_cache, D) is views
+    assert views[0].data_ptr() == kv_cache.data_ptr()
+    kv_cache.set_(torch.ones(NUM_BLOCKS, HKV, BS, 2 * D))  # the same tensor over other memory
+    moved = split_kv_cache(kv_cache, D)
+    assert moved is not views and moved[0].data_ptr() == kv_cache.data_ptr() and bool((moved[1] == 1).all())
 
 
 def test_profile_run_without_metadata_returns_zeros():

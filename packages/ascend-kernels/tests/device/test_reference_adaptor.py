@@ -154,6 +154,47 @@ def test_attention_rejects_bad_inputs(ref):
         )
 
 
+def test_a_plan_is_checked_once_and_refused_for_other_tensors(ref):
+    kc, vc, bt, _, _ = build_paged(ref, [8], 4, 4, 2, 8, 8)
+    starts, lens = torch.tensor([0, 8]), torch.tensor([8])
+    plan = ref.plan_attention(bt, starts, lens, 4)
+    assert (plan.starts, plan.lens, plan.decodes, plan.prefills, plan.num_tokens) == (
+        (0, 8),
+        (8,),
+        (),
+        (0,),
+        8,
+    )
+    query = torch.randn(8, 4, 8)
+    torch.testing.assert_close(
+        ref.fused_infer_attention(query, kc, vc, bt, starts, lens, 0.5, plan=plan),
+        ref.fused_infer_attention(query, kc, vc, bt, starts, lens, 0.5),
+        rtol=0,
+        atol=0,
+    )
+    with pytest.raises(
+        DeviceOpError, match="plan was made for another block_table / query_start_loc / seq_lens"
+    ):
+        ref.fused_infer_attention(query, kc, vc, bt, starts.clone(), lens, 0.5, plan=plan)
+    with pytest.raises(
+        DeviceOpError, match="plan was made for block_size=4, causal=True; got block_size=4, causal=False"
+    ):
+        ref.fused_infer_attention(query, kc, vc, bt, starts, lens, 0.5, causal=False, plan=plan)
+    # The checks a plan makes are the op's own, with the same messages.
+    with pytest.raises(DeviceOpError, match=r"query length 8 must be within \[0, seq_len=4\]"):
+        ref.plan_attention(bt, starts, torch.tensor([4]), 4)
+    with pytest.raises(DeviceOpError, match="needs 5 blocks of 4 but block_table has 4 columns"):
+        ref.plan_attention(bt, torch.tensor([0, 1]), torch.tensor([17]), 4)
+    with pytest.raises(
+        DeviceOpError, match="query_start_loc has 3 entries, expected len\\(seq_lens\\) \\+ 1 = 2"
+    ):
+        ref.plan_attention(bt, torch.tensor([0, 1, 2]), lens, 4)
+    with pytest.raises(DeviceOpError, match="2 requests but block_table has 1 rows"):
+        ref.plan_attention(bt, torch.tensor([0, 1, 2]), torch.tensor([3, 3]), 4)
+    with pytest.raises(DeviceOpError, match="block_size must be >= 1, got 0"):
+        ref.plan_attention(bt, starts, lens, 0)
+
+
 def _random_mixed_batch(gen, num_reqs):
     """Random (seq_len, q_len) pairs mixing decode (q=1), prefill (q=S), chunked (0<q<S) and idle (q=0)."""
     seqs, q_lens = [], []

@@ -28,6 +28,7 @@ from vllm_ascend.core.sdk import (
     DeviceOpError,
     DeviceOverlay,
     HardwareCapability,
+    check_attention_plan,
     check_packed_attention,
 )
 from vllm_ascend.kernels.device import (
@@ -321,11 +322,15 @@ class Ascend310PDeviceAdaptor(_Attention310Ops, A2A3DeviceAdaptor):
         output=None,
         sliding_window=None,
         sinks=None,
+        plan=None,
     ):
         """The dense backend's op on 310P: split-fuse attention over each request's paged KV with the causal
-        mask (``causal=False``: an all-zero mask, every cached key visible). No window, no sinks."""
+        mask (``causal=False``: an all-zero mask, every cached key visible). No window, no sinks. The op takes
+        the lengths as tensors, so a ``plan`` is only checked against them."""
         refuse_window_sinks_310p(sliding_window, sinks)
         require_float16(query=query)
+        if plan is not None:
+            check_attention_plan(plan, block_table, query_start_loc, seq_lens, key_cache.shape[1], causal)
         q_lens = query_start_loc[1:] - query_start_loc[:-1]
         if causal:
             mask = AttentionMaskBuilder310().gen_splitfuse_mask(q_lens, seq_lens, query.dtype, query.device)

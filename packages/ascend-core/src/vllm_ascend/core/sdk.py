@@ -31,11 +31,13 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.adaptor.base import RANDOM_SEED_BOUND as RANDOM_SEED_BOUND
     from vllm_ascend.core.device.adaptor.base import SCORING_FUNCS as SCORING_FUNCS
     from vllm_ascend.core.device.adaptor.base import WEIGHT_FORMATS as WEIGHT_FORMATS
+    from vllm_ascend.core.device.adaptor.base import AttentionPlan as AttentionPlan
     from vllm_ascend.core.device.adaptor.base import BaseDeviceAdaptor as BaseDeviceAdaptor
     from vllm_ascend.core.device.adaptor.base import DeviceOpError as DeviceOpError
     from vllm_ascend.core.device.adaptor.base import GroupListType as GroupListType
     from vllm_ascend.core.device.adaptor.base import MoeDispatch as MoeDispatch
     from vllm_ascend.core.device.adaptor.base import WeightFormat as WeightFormat
+    from vllm_ascend.core.device.adaptor.base import check_attention_plan as check_attention_plan
     from vllm_ascend.core.device.adaptor.base import check_choice as check_choice
     from vllm_ascend.core.device.adaptor.base import check_clipped_swiglu as check_clipped_swiglu
     from vllm_ascend.core.device.adaptor.base import check_group_bias as check_group_bias
@@ -156,6 +158,8 @@ _EXPORTS: dict[str, str] = {
     "WEIGHT_FORMATS": "vllm_ascend.core.device.adaptor.base",
     "GroupListType": "vllm_ascend.core.device.adaptor.base",
     "MoeDispatch": "vllm_ascend.core.device.adaptor.base",
+    "AttentionPlan": "vllm_ascend.core.device.adaptor.base",
+    "check_attention_plan": "vllm_ascend.core.device.adaptor.base",
     "check_choice": "vllm_ascend.core.device.adaptor.base",
     "check_clipped_swiglu": "vllm_ascend.core.device.adaptor.base",
     "check_group_bias": "vllm_ascend.core.device.adaptor.base",

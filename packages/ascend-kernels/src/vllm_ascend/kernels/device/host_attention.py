@@ -22,7 +22,13 @@ import functools
 
 import torch
 
-from vllm_ascend.core.sdk import CPU_KERNEL, are_cpu_kernel_views, block_compact, kv_cache_views
+from vllm_ascend.core.sdk import (
+    CPU_KERNEL,
+    AttentionPlan,
+    are_cpu_kernel_views,
+    block_compact,
+    kv_cache_views,
+)
 
 __all__ = ["attend", "kernel_views", "serves", "usable", "write"]
 
@@ -81,7 +87,11 @@ def _probe(dtype: torch.dtype, block_size: int, num_kv_heads: int, head_size: in
     query = torch.randn(sum(q_lens), num_heads, head_size, generator=gen, dtype=dtype)
     out = torch.zeros_like(query)
     scale = head_size**-0.5
-    attend(query, kc, vc, table, starts, torch.tensor(lens, dtype=torch.int32), scale, True, out)
+    plan = AttentionPlan(
+        table, starts, torch.tensor(lens, dtype=torch.int32), block_size, True, (0, q_lens[0], sum(q_lens)), lens,
+        decodes=(1,), prefills=(0,),
+    )  # fmt: skip
+    attend(query, kc, vc, plan, scale, out)
     group, first = num_heads // num_kv_heads, 0
     for b, (n, q_len) in enumerate(zip(lens, q_lens, strict=True)):
         keys, values = (t[first : first + n].repeat_interleave(group, 1).double() for t in (k, v))
@@ -109,7 +119,25 @@ def kernel_views(
     key_cache: torch.Tensor, value_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The kernels' ``[blocks, Hkv, block_size, D]`` views where ``key_cache`` / ``value_cache`` are the
-    ``cpu_kernel`` views of one cache; None otherwise (the torch reference serves them)."""
+    ``cpu_kernel`` views of one cache; None otherwise (the torch reference serves them).
+
+    Found once per pair of view objects (every layer passes the same views at every step): the answer is kept
+    on ``key_cache`` itself, so it lives as long as the view and is never read for other tensors."""
+    held = key_cache.__dict__.get(_HELD)
+    if held is not None and held[0] is value_cache:
+        return held[1]
+    views = _kernel_views(key_cache, value_cache)
+    setattr(key_cache, _HELD, (value_cache, views))
+    return views
+
+
+#: The attribute :func:`kernel_views` keeps its answer in.
+_HELD = "_vllm_ascend_kernel_views"
+
+
+def _kernel_views(
+    key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     if key_cache.dtype not in DTYPES or not are_cpu_kernel_views(key_cache, value_cache):
         return None
     blocks, block_size, num_kv_heads, head_size = key_cache.shape
@@ -161,26 +189,29 @@ def attend(
     query: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
+    plan: AttentionPlan,
     scale: float,
-    causal: bool,
     output: torch.Tensor,
 ) -> None:
     """``fused_infer_attention`` (no window, no sinks) over the kernels' views, into ``output``
-    (contiguous ``[T, Hq, D]``)."""
+    (contiguous ``[T, Hq, D]``). The kernels' int32 lengths and work schedule are made once per step and head
+    configuration, in ``plan.state``, as vLLM's CPU backend makes them once in its metadata."""
     ops = _ops()
     assert ops is not None
     num_heads, num_kv_heads, head_size = query.shape[1], key_cache.shape[1], query.shape[2]
-    starts = query_start_loc.to(torch.int32)
-    lens = seq_lens.to(torch.int32)
     isa = _isa(key_cache.shape[2])
-    schedule = ops.get_scheduler_metadata(
-        lens.shape[0], num_heads, num_kv_heads, head_size, lens, query.dtype, starts, causal, -1, isa, False,
-        None, "auto",
-    )  # fmt: skip
+    key = ("cpu_attention", num_heads, num_kv_heads, head_size, query.dtype, isa)
+    prepared = plan.state.get(key)
+    if prepared is None:
+        starts = plan.query_start_loc.to(torch.int32)
+        lens = plan.seq_lens.to(torch.int32)
+        schedule = ops.get_scheduler_metadata(
+            lens.shape[0], num_heads, num_kv_heads, head_size, lens, query.dtype, starts, plan.causal, -1, isa,
+            False, None, "auto",
+        )  # fmt: skip
+        prepared = plan.state[key] = (starts, lens, plan.block_table.to(torch.int32), schedule)
+    starts, lens, table, schedule = prepared
     ops.cpu_attention_with_kv_cache(
-        query.contiguous(), key_cache, value_cache, output, starts, lens, scale, causal, None, -1,
-        block_table.to(torch.int32), 0.0, schedule, None, None, 1.0, 1.0, "auto",
+        query.contiguous(), key_cache, value_cache, output, starts, lens, scale, plan.causal, None, -1, table, 0.0,
+        schedule, None, None, 1.0, 1.0, "auto",
     )  # fmt: skip

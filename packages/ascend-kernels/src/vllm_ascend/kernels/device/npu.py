@@ -24,6 +24,7 @@ from vllm_ascend.core.sdk import (
     DeviceOpError,
     MoeDispatch,
     TaggedMemoryPool,
+    check_attention_plan,
     check_choice,
     check_clipped_swiglu,
     check_group_bias,
@@ -313,6 +314,7 @@ class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
         output=None,
         sliding_window=None,
         sinks=None,
+        plan=None,
     ):
         """Paged TND attention in one fused call; a window is the band mode (``sparse_mode=4``,
         ``pre_tokens=W-1``, ``next_tokens=0``, right-down aligned) over a block table shifted past the blocks
@@ -324,8 +326,13 @@ class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
         if sinks is not None:
             check_sink_inputs(query, value_cache)
         num_blocks, block_size, num_kv_heads, _ = key_cache.shape
-        starts = [int(v) for v in query_start_loc.tolist()]
-        lens = [int(v) for v in seq_lens.tolist()]
+        if (
+            plan is None
+        ):  # the op's host lengths (actual_seq_lengths): read once per step where a plan is given
+            plan = self.plan_attention(block_table, query_start_loc, seq_lens, block_size, causal=causal)
+        else:
+            check_attention_plan(plan, block_table, query_start_loc, seq_lens, block_size, causal)
+        starts, lens = list(plan.starts), list(plan.lens)
         num_tokens = query.shape[0]
         used = starts[-1] if len(starts) > 1 else 0
         if output is None:

@@ -32,6 +32,7 @@ from vllm_ascend.core.sdk import (
     DeviceOpError,
     GroupListType,
     TaggedMemoryPool,
+    check_attention_plan,
     check_choice,
     check_clipped_swiglu,
     check_group_bias,
@@ -862,6 +863,7 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
         output=None,
         sliding_window=None,
         sinks=None,
+        plan=None,
     ):
         if query.dim() != 3:
             raise DeviceOpError(f"query must be [T, Hq, D], got shape {tuple(query.shape)}")
@@ -874,18 +876,12 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
             raise DeviceOpError(f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})")
         if key_cache.shape[3] != head_size:
             raise DeviceOpError(f"query head size {head_size} != key_cache head size {key_cache.shape[3]}")
-        if block_table.dim() != 2:
-            raise DeviceOpError(f"block_table must be [B, max_blocks], got shape {tuple(block_table.shape)}")
-        starts = [int(v) for v in query_start_loc.tolist()]
-        lens = [int(v) for v in seq_lens.tolist()]
-        if len(starts) != len(lens) + 1:
-            raise DeviceOpError(
-                f"query_start_loc has {len(starts)} entries, expected len(seq_lens) + 1 = {len(lens) + 1}"
-            )
-        if len(lens) > block_table.shape[0]:
-            raise DeviceOpError(f"{len(lens)} requests but block_table has {block_table.shape[0]} rows")
-        if starts[-1] > num_tokens:
-            raise DeviceOpError(f"query_start_loc ends at {starts[-1]} but query has {num_tokens} rows")
+        if plan is None:
+            plan = self.plan_attention(block_table, query_start_loc, seq_lens, block_size, causal=causal)
+        else:
+            check_attention_plan(plan, block_table, query_start_loc, seq_lens, block_size, causal)
+        if plan.num_tokens > num_tokens:
+            raise DeviceOpError(f"query_start_loc ends at {plan.num_tokens} but query has {num_tokens} rows")
         head_size_v = value_cache.shape[3]
         if output is None:
             output = query.new_zeros(num_tokens, num_heads, head_size_v)
@@ -894,28 +890,16 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
                 raise DeviceOpError(
                     f"output must be [>= {num_tokens}, {num_heads}, {head_size_v}], got {tuple(output.shape)}"
                 )
-        q_lens = [end - start for start, end in itertools.pairwise(starts)]
-        decodes: list[int] = []
-        prefills: list[int] = []
-        for b, (q_len, seq_len) in enumerate(zip(q_lens, lens, strict=True)):
-            if not 0 <= q_len <= seq_len:
-                raise DeviceOpError(
-                    f"request {b}: query length {q_len} must be within [0, seq_len={seq_len}]"
-                )
-            if q_len:  # an idle request's blocks are not looked at
-                _check_blocks(block_table, b, seq_len, block_size)
-                (decodes if q_len == 1 else prefills).append(b)
         kernel_caches = (
             host_attention.kernel_views(key_cache, value_cache)
             if sliding_window is None and sinks is None and query.dtype == key_cache.dtype
             else None
         )
         if kernel_caches is not None and output.is_contiguous() and not envs.VLLM_ASCEND_BATCH_INVARIANT:
-            host_attention.attend(
-                query[:num_tokens], *kernel_caches, block_table, query_start_loc, seq_lens, scale, causal,
-                output[:num_tokens],
-            )  # fmt: skip
+            host_attention.attend(query[:num_tokens], *kernel_caches, plan, scale, output[:num_tokens])
             return output[:num_tokens]
+        starts, lens, q_lens = list(plan.starts), list(plan.lens), plan.q_lens
+        decodes, prefills = list(plan.decodes), list(plan.prefills)
         if envs.VLLM_ASCEND_BATCH_INVARIANT:
             # Every request alone: its result cannot depend on the other requests' lengths.
             groups = [[b] for b in sorted(decodes + prefills)]

@@ -29,7 +29,25 @@ def _kv_block_layout(
 
 def split_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Views ``[blocks, block_size, Hkv, D]`` / ``[.., Dv]`` of a layer's ``[blocks, Hkv, block_size, D+Dv]``
-    cache, laid out as the device lays its blocks (``kv_block_layout``)."""
+    cache, laid out as the device lays its blocks (``kv_block_layout``).
+
+    Made once per cache tensor in eager execution (vLLM hands a layer the same tensor at every step): they are
+    kept on the tensor itself, so they live as long as it does, and made again if its memory moved (``set_``).
+    Traced code makes them in the graph."""
+    if torch.compiler.is_compiling():
+        return _split(kv_cache, head_size)
+    held = kv_cache.__dict__.get(_HELD)
+    if held is None or held[0] != (head_size, kv_cache.data_ptr()):
+        held = ((head_size, kv_cache.data_ptr()), _split(kv_cache, head_size))
+        setattr(kv_cache, _HELD, held)
+    return held[1]
+
+
+#: The attribute :func:`split_kv_cache` keeps a cache's views in.
+_HELD = "_vllm_ascend_kv_views"
+
+
+def _split(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     layout = _kv_block_layout(kv_cache.dtype, tuple(kv_cache.shape), tuple(kv_cache.stride()), head_size)
     return kv_cache_views(kv_cache, head_size, layout)
 
@@ -193,5 +211,6 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
             output=output[:n],
             sliding_window=self.sliding_window,
             sinks=self.sinks,
+            plan=attn_metadata.attention_plan(key_cache.shape[1]),
         )
         return output

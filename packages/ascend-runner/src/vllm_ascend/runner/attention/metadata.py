@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
+
+from vllm_ascend.core.sdk import AttentionPlan, get_device_adaptor
 
 
 @dataclass
@@ -28,6 +30,20 @@ class AscendAttentionMetadata:
     block_table: torch.Tensor
     slot_mapping: torch.Tensor
     causal: bool = True
+    #: The device's attention plans of this step by cache block size (:meth:`attention_plan`).
+    plans: dict[int, AttentionPlan] = field(default_factory=dict, repr=False, compare=False)
+
+    def attention_plan(self, block_size: int) -> AttentionPlan:
+        """The adaptor's ``plan_attention`` of this step's lengths and block table for caches of ``block_size``:
+        made by the first layer that asks, so each layer's ``fused_infer_attention`` skips reading and checking
+        the lengths again."""
+        plan = self.plans.get(block_size)
+        if plan is None:
+            plan = get_device_adaptor().plan_attention(
+                self.block_table, self.query_start_loc_cpu, self.seq_lens_cpu, block_size, causal=self.causal
+            )
+            self.plans[block_size] = plan
+        return plan
 
     def update_for_replay(self, step: AscendAttentionMetadata) -> None:
         """The attention-parameter update of a FULL graph replay: take ``step``'s query offsets, sequence
@@ -43,6 +59,7 @@ class AscendAttentionMetadata:
                 f"a graph captured for {self.num_actual_tokens} tokens (causal={self.causal}) cannot replay "
                 f"{step.num_actual_tokens} tokens (causal={step.causal})"
             )
+        self.plans.clear()  # planned from the lengths replaced below
         self.query_start_loc_cpu.copy_(step.query_start_loc_cpu)
         self.seq_lens_cpu.copy_(step.seq_lens_cpu)
         if self.block_table.data_ptr() != step.block_table.data_ptr():

@@ -13,7 +13,7 @@ import functools
 import itertools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar, Literal
 
@@ -123,6 +123,60 @@ class MoeDispatch:
     expand_x: torch.Tensor
     expert_token_nums: torch.Tensor
     handle: tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """One step's attention lengths, checked once against its block table (:meth:`BaseDeviceAdaptor.plan_attention`)
+    and shared by every layer's ``fused_infer_attention`` of the step, which then checks only that it got the
+    same tensors. ``starts`` / ``lens`` are the host values; ``state`` holds what a device derives from them
+    once per step (filled by its first layer, read by the others)."""
+
+    block_table: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_size: int
+    causal: bool
+    starts: tuple[int, ...]
+    lens: tuple[int, ...]
+    #: Requests with one query row, and those with more (a request with none is idle this step).
+    decodes: tuple[int, ...]
+    prefills: tuple[int, ...]
+    state: dict[Any, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def num_tokens(self) -> int:
+        """Query rows the step's requests own (``query_start_loc[-1]``)."""
+        return self.starts[-1]
+
+    @property
+    def q_lens(self) -> list[int]:
+        return [end - start for start, end in itertools.pairwise(self.starts)]
+
+
+def check_attention_plan(
+    plan: AttentionPlan,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_size: int,
+    causal: bool,
+) -> None:
+    """Refuse a plan made for other tensors, another block size or the other causality."""
+    if not (
+        plan.block_table is block_table
+        and plan.query_start_loc is query_start_loc
+        and plan.seq_lens is seq_lens
+    ):
+        raise DeviceOpError(
+            "plan was made for another block_table / query_start_loc / seq_lens; pass the tensors it was made "
+            "for, or plan=None"
+        )
+    if plan.block_size != block_size or plan.causal != causal:
+        raise DeviceOpError(
+            f"plan was made for block_size={plan.block_size}, causal={plan.causal}; got block_size={block_size}, "
+            f"causal={causal}"
+        )
 
 
 class BaseDeviceAdaptor(abc.ABC):
@@ -361,6 +415,60 @@ class BaseDeviceAdaptor(abc.ABC):
         Slot ``s`` goes to block ``s // block_size``, offset ``s % block_size``; slots ``< 0`` are padding and skipped.
         """
 
+    def plan_attention(
+        self,
+        block_table: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_size: int,
+        *,
+        causal: bool = True,
+    ) -> AttentionPlan:
+        """The step's lengths read to the host and checked once (``fused_infer_attention``'s contract on
+        ``block_table [B', max_blocks]``, ``query_start_loc [B+1]``, ``seq_lens [B]``, ``B <= B'``): every
+        request's query rows within ``[0, seq_len]`` and its ``seq_len`` keys within its table row. The
+        tensors must not change while the plan is used."""
+        if block_table.dim() != 2:
+            raise DeviceOpError(f"block_table must be [B, max_blocks], got shape {tuple(block_table.shape)}")
+        if block_size < 1:
+            raise DeviceOpError(f"block_size must be >= 1, got {block_size}")
+        starts = tuple(int(v) for v in query_start_loc.tolist())
+        lens = tuple(int(v) for v in seq_lens.tolist())
+        if len(starts) != len(lens) + 1:
+            raise DeviceOpError(
+                f"query_start_loc has {len(starts)} entries, expected len(seq_lens) + 1 = {len(lens) + 1}"
+            )
+        if len(lens) > block_table.shape[0]:
+            raise DeviceOpError(f"{len(lens)} requests but block_table has {block_table.shape[0]} rows")
+        decodes: list[int] = []
+        prefills: list[int] = []
+        columns = block_table.shape[1]
+        for b, seq_len in enumerate(lens):
+            q_len = starts[b + 1] - starts[b]
+            if not 0 <= q_len <= seq_len:
+                raise DeviceOpError(
+                    f"request {b}: query length {q_len} must be within [0, seq_len={seq_len}]"
+                )
+            if not q_len:  # an idle request's blocks are not looked at
+                continue
+            if -(-seq_len // block_size) > columns:
+                raise DeviceOpError(
+                    f"seq_lens[{b}]={seq_len} needs {-(-seq_len // block_size)} blocks of {block_size} but "
+                    f"block_table has {columns} columns"
+                )
+            (decodes if q_len == 1 else prefills).append(b)
+        return AttentionPlan(
+            block_table,
+            query_start_loc,
+            seq_lens,
+            block_size,
+            causal,
+            starts,
+            lens,
+            tuple(decodes),
+            tuple(prefills),
+        )
+
     @abc.abstractmethod
     def fused_infer_attention(
         self,
@@ -376,6 +484,7 @@ class BaseDeviceAdaptor(abc.ABC):
         output: torch.Tensor | None = None,
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
+        plan: AttentionPlan | None = None,
     ) -> torch.Tensor:
         """Paged attention for prefill, decode and chunked prefill; returns ``[T, Hq, Dv]``.
 
@@ -391,6 +500,9 @@ class BaseDeviceAdaptor(abc.ABC):
         block (whatever it holds cannot reach the output). ``sinks [Hq]``: one learned logit per query head
         added to the softmax denominator, ``out = sum_k exp(s_k - m) v_k / (sum_k exp(s_k - m) +
         exp(sink_h - m))`` with ``m = max(max_k s_k, sink_h)``; the sink has no value.
+
+        ``plan``: :meth:`plan_attention` of these very ``block_table`` / ``query_start_loc`` / ``seq_lens``
+        (the step's attention metadata makes it once for all layers); None plans here.
         """
 
     @abc.abstractmethod
