@@ -9,7 +9,8 @@ so the grid is part of the contract.
 
 Each override dispatches per call on its tensors' device (``dispatch_v2``): the Ascend Triton kernel in
 ``vllm_ascend.kernels._triton.v2.<module>`` where Triton runs there, else the torch reference
-``<name>_torch`` in the same module. Both take exactly the override's arguments. The choice is remembered
+``<name>_torch`` in the same module (on the cpu its host form ``<name>_host`` where the module has one).
+All take exactly the override's arguments. The choice is remembered
 (making it probes the platform: tens of microseconds per launch otherwise); the launches' host-side
 arithmetic uses the plain-int ``cdiv`` / ``next_power_of_2`` here (Triton's cost microseconds a call in
 recent releases).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -71,18 +73,16 @@ def _host_view(address: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
 def dispatch_v2(
     module: str, name: str, reference: Callable[..., Any], device: torch.device
 ) -> Callable[..., Any]:
-    """Override ``name`` of module ``module`` for ``device``: the Ascend Triton kernel in ``_triton.v2`` or
-    ``reference``, remembered as :func:`~vllm_ascend.kernels._backend.dispatch` remembers its choices."""
-    return dispatch(f"v2.{module}", name, reference, device)
-
-
-def host_or_grid(
-    device: torch.device, grid_form: Callable[..., Any], host_form: Callable[..., Any]
-) -> Callable[..., Any]:
-    """The reference form for a launch on ``device``: ``host_form`` (numpy views of host tensors: an op costs
-    a third of a torch op's, and a decode step launches dozens) on the cpu, else the torch ``grid_form``, the
-    spec both are tested against."""
-    return host_form if device.type == "cpu" else grid_form
+    """Override ``name`` of module ``module`` for ``device``: the Ascend Triton kernel in ``_triton.v2``, or
+    ``reference`` (remembered as :func:`~vllm_ascend.kernels._backend.dispatch` remembers its choices). On the
+    cpu a torch reference ``<x>_torch`` with a host form ``<x>_host`` beside it in its module serves as that
+    form (numpy views of the host tensors: an op costs a third of a torch op's, and a decode step launches
+    dozens); the torch form stays the spec both are tested against."""
+    chosen = dispatch(f"v2.{module}", name, reference, device)
+    if chosen is reference and device.type == "cpu" and reference.__name__.endswith("_torch"):
+        host = reference.__name__.removesuffix("_torch") + "_host"
+        return getattr(sys.modules[reference.__module__], host, reference)
+    return chosen
 
 
 def lanes(counts: np.ndarray, cap: int | None = None) -> tuple[np.ndarray, np.ndarray]:

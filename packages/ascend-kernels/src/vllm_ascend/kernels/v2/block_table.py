@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, host_or_grid, tensor_at
+from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, tensor_at
 
 _VLLM = "vllm.v1.worker.gpu.block_table"
 
@@ -93,7 +93,7 @@ def gather_block_tables(grid: Grid, **arguments: Any) -> None:
     dispatch_v2(
         "block_table",
         "gather_block_tables",
-        host_or_grid(device, gather_block_tables_torch, gather_block_tables_host),
+        gather_block_tables_torch,
         device,
     )(grid, **arguments)
 
@@ -235,7 +235,7 @@ def compute_slot_mappings(grid: Grid, **arguments: Any) -> None:
     dispatch_v2(
         "block_table",
         "compute_slot_mappings",
-        host_or_grid(device, compute_slot_mappings_torch, compute_slot_mappings_host),
+        compute_slot_mappings_torch,
         device,
     )(grid, **arguments)
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, host_or_grid, lanes
+from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, lanes
 
 _VLLM = "vllm.v1.worker.gpu.input_batch"
 
@@ -90,7 +90,7 @@ def prepare_pos_seq_lens(
     impl = dispatch_v2(
         "input_batch",
         "prepare_pos_seq_lens",
-        host_or_grid(device, prepare_pos_seq_lens_torch, prepare_pos_seq_lens_host),
+        prepare_pos_seq_lens_torch,
         device,
     )
     impl(
@@ -201,7 +201,7 @@ def prepare_prefill_inputs(grid: Grid, **arguments: Any) -> None:
     dispatch_v2(
         "input_batch",
         "prepare_prefill_inputs",
-        host_or_grid(device, prepare_prefill_inputs_torch, prepare_prefill_inputs_host),
+        prepare_prefill_inputs_torch,
         device,
     )(grid, **arguments)
 
@@ -297,7 +297,7 @@ def combine_sampled_and_draft_tokens(grid: Grid, **arguments: Any) -> None:
     impl = dispatch_v2(
         "input_batch",
         "combine_sampled_and_draft_tokens",
-        host_or_grid(device, combine_sampled_and_draft_tokens_torch, combine_sampled_and_draft_tokens_host),
+        combine_sampled_and_draft_tokens_torch,
         device,
     )
     impl(grid, **arguments)
@@ -349,7 +349,7 @@ def get_num_sampled_and_rejected(grid: Grid, **arguments: Any) -> None:
     impl = dispatch_v2(
         "input_batch",
         "get_num_sampled_and_rejected",
-        host_or_grid(device, get_num_sampled_and_rejected_torch, get_num_sampled_and_rejected_host),
+        get_num_sampled_and_rejected_torch,
         device,
     )
     impl(grid, **arguments)
@@ -453,7 +453,7 @@ def post_update(grid: Grid, **arguments: Any) -> None:
     dispatch_v2(
         "input_batch",
         "post_update",
-        host_or_grid(device, post_update_torch, post_update_host),
+        post_update_torch,
         device,
     )(grid, **arguments)
 
@@ -523,7 +523,7 @@ def expand_idx_mapping(grid: Grid, **arguments: Any) -> None:
     dispatch_v2(
         "input_batch",
         "expand_idx_mapping",
-        host_or_grid(device, expand_idx_mapping_torch, expand_idx_mapping_host),
+        expand_idx_mapping_torch,
         device,
     )(grid, **arguments)
 

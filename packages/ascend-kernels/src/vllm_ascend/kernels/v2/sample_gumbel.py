@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, host_or_grid
+from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim
 
 _VLLM = "vllm.v1.worker.gpu.sample.gumbel"
 
@@ -412,7 +412,7 @@ def gumbel_sample(
     impl = dispatch_v2(
         "sample_gumbel",
         "gumbel_sample",
-        host_or_grid(device, gumbel_sample_torch, gumbel_sample_host),
+        gumbel_sample_torch,
         device,
     )
     impl(
