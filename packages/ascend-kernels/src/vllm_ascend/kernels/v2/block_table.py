@@ -53,6 +53,12 @@ def gather_block_tables_torch(
         dst[:real] = torch.where(copied, src[reqs], dst[:real])
 
 
+def _per_group(groups: int, *arrays: torch.Tensor) -> list[tuple[int, ...]]:
+    """Each KV-cache group's entries of V2's per-group host arrays (table pointers, strides, block sizes, ...),
+    as a tuple of ints per group: what the host forms read once per launch."""
+    return list(zip(*(array.numpy()[:groups].tolist() for array in arrays), strict=True))
+
+
 def gather_block_tables_host(
     grid: Grid,
     batch_idx_to_req_idx: torch.Tensor,
@@ -70,15 +76,13 @@ def gather_block_tables_host(
     real = max(0, min(num_reqs, batch))
     reqs = batch_idx_to_req_idx.numpy()[:real].astype(np.int64)
     counts = num_blocks_ptr.reshape(-1).numpy()
-    strides = block_table_strides.numpy()[:groups].tolist()
-    src_ptrs = src_block_table_ptrs.numpy()[:groups].tolist()
-    dst_ptrs = dst_block_table_ptrs.numpy()[:groups].tolist()
-    for group, stride in enumerate(strides):
-        dst = _table(dst_ptrs[group], batch, stride, device).numpy()
+    params = _per_group(groups, block_table_strides, src_block_table_ptrs, dst_block_table_ptrs)
+    for group, (stride, src_ptr, dst_ptr) in enumerate(params):
+        dst = _table(dst_ptr, batch, stride, device).numpy()
         dst[real:] = 0
         if not real:
             continue
-        src = _table(src_ptrs[group], int(reqs.max()) + 1, stride, device).numpy()
+        src = _table(src_ptr, int(reqs.max()) + 1, stride, device).numpy()
         n = counts[group * num_blocks_stride + reqs]
         width = min(stride, int(n.max()))
         copied = np.arange(width)[None, :] < n[:, None]
@@ -205,13 +209,7 @@ def compute_slot_mappings_host(
     positions = pos.numpy()[start:num_tokens].astype(np.int64)
     real = token_states >= 0
     rows_needed = int(token_states.max()) + 1 if token_states.size else 0
-    params = zip(
-        block_table_ptrs.numpy()[:groups].tolist(),
-        block_table_strides.numpy()[:groups].tolist(),
-        block_sizes.numpy()[:groups].tolist(),
-        slot_mapping_enabled.numpy()[:groups].tolist(),
-        strict=True,
-    )
+    params = _per_group(groups, block_table_ptrs, block_table_strides, block_sizes, slot_mapping_enabled)
     out = slot_mappings_ptr.view(-1).numpy()
     for group, (pointer, stride, block_size, enabled) in enumerate(params):
         row = out[group * slot_mappings_stride : group * slot_mappings_stride + max_num_tokens]
