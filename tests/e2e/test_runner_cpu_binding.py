@@ -36,3 +36,27 @@ def test_enable_cpu_binding_binds_the_worker(make_llm, tiny_qwen3, monkeypatch):
         assert len(out[0].outputs[0].token_ids) == 4  # the bound worker serves
     finally:
         real(0, before)
+
+
+def test_the_reference_device_serves_with_its_share_of_the_cpus(make_llm, tiny_qwen3, monkeypatch):
+    """vLLM's worker drops torch to one thread after loading; on the reference device (torch's CPU ops are the
+    device) the worker gives the rank its share of the usable CPUs, unless the user set OMP_NUM_THREADS."""
+    import torch
+    from vllm import SamplingParams
+    from vllm.utils.torch_utils import OMP_NUM_THREADS_SET_BY_VLLM, startup_omp_num_threads
+
+    original = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        monkeypatch.delenv(OMP_NUM_THREADS_SET_BY_VLLM, raising=False)
+        llm = make_llm(tiny_qwen3)
+        assert torch.get_num_threads() == startup_omp_num_threads(1)  # this process's usable CPUs, one rank
+        out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=4), use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 4
+
+        torch.set_num_threads(3)
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice: vLLM keeps it, so does the worker
+        make_llm(tiny_qwen3)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(original)

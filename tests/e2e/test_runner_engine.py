@@ -188,10 +188,10 @@ def test_batch_invariant_variable_reaches_serving_attention(llm, qwen3_prompts, 
         calls.append(list(args[7]))  # the requests attended together
         return attend_group(*args, **kwargs)
 
-    def kernel_spy(query, key_cache, value_cache, block_table, query_start_loc, *args, **kwargs):
-        starts = query_start_loc.tolist()
+    def kernel_spy(query, key_cache, value_cache, plan, *args, **kwargs):
+        starts = plan.starts
         calls.append([b for b in range(len(starts) - 1) if starts[b + 1] > starts[b]])
-        return attend_kernel(query, key_cache, value_cache, block_table, query_start_loc, *args, **kwargs)
+        return attend_kernel(query, key_cache, value_cache, plan, *args, **kwargs)
 
     monkeypatch.setenv("VLLM_ASCEND_BATCH_INVARIANT", "1" if invariant else "0")
     monkeypatch.setattr(reference, "_attend_group", spy)

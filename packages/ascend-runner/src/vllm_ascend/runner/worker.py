@@ -34,6 +34,7 @@ from vllm_ascend.runner.attention.mla.sparse import DSA_INDEXER_OP
 from vllm_ascend.runner.block_table import TRITON_KERNEL_OVERRIDES
 from vllm_ascend.runner.cpu_binding import bind_cpus
 from vllm_ascend.runner.graph_wrapper import release_captured_graphs
+from vllm_ascend.runner.host_threads import apply_serving_threads
 from vllm_ascend.runner.kernel_overrides import (
     bind_sampling_functions,
     register_grid_kernels,
@@ -200,9 +201,11 @@ class NPUWorker(Worker):
         return nullcontext()
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
-        """vLLM's load; with sleep mode, every tensor the model (and a draft model) holds is then pool memory
-        (``adopt``: tensors made by ``process_weights_after_loading`` rather than by an allocation)."""
+        """vLLM's load, then the serving thread count (``host_threads``: the device's share of the CPUs where it
+        computes on the host); with sleep mode, every tensor the model (and a draft model) holds is then pool
+        memory (``adopt``: tensors made by ``process_weights_after_loading`` rather than by an allocation)."""
         super().load_model(load_dummy_weights=load_dummy_weights)
+        apply_serving_threads(get_device_adaptor(), self.parallel_config.local_world_size)
         if self.model_config.enable_sleep_mode:
             models = [self.model_runner.get_model(), self.get_draft_model()]
             tensors = [t for m in models if m is not None for t in [*m.parameters(), *m.buffers()]]

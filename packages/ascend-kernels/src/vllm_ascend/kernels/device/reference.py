@@ -714,6 +714,7 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
     communicator_cls = "vllm_ascend.kernels.device.communicator.AscendDeviceCommunicator"
     family = "reference"
     replays_attention_params = True
+    computes_on_host = True
     traceable_ops = frozenset({"rms_norm", "add_rms_norm", "swiglu", "rotary_embedding"})
 
     # -- runtime ---------------------------------------------------------------------------

@@ -189,6 +189,9 @@ class BaseDeviceAdaptor(abc.ABC):
     #: on those tensors; on an NPU the op's host-side lengths are baked into the captured task and need
     #: torch_npu's graph task update, which this version does not issue: FULL graphs are refused there.
     replays_attention_params: ClassVar[bool] = False
+    #: Whether the device's ops are torch's CPU ops (the reference device): torch's intra-op threads are then the
+    #: device's compute, and a worker serves with its share of the host's CPUs rather than vLLM's one thread.
+    computes_on_host: ClassVar[bool] = False
     #: vLLM's device communicator on this device (``Platform.get_device_communicator_cls``): a class path.
     communicator_cls: ClassVar[str] = ""
     #: Ops whose implementation here is plain torch code a compiler can trace into (on the reference device).
