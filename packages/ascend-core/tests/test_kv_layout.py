@@ -10,6 +10,7 @@ from vllm_ascend.core.device.adaptor.kv_layout import (
     TOKEN_MAJOR,
     are_cpu_kernel_views,
     block_compact,
+    held_views,
     kv_cache_views,
 )
 
@@ -63,3 +64,22 @@ def test_only_the_cpu_kernel_views_of_one_cache_are_recognised() -> None:
     assert not are_cpu_kernel_views(key.contiguous(), value.contiguous())  # copies
     assert not are_cpu_kernel_views(key[:, :, :1], value[:, :, :1])  # one head of a two-head cache
     assert not are_cpu_kernel_views(key.flatten(), value.flatten())
+
+
+def test_held_views_are_made_once_per_key_and_again_after_the_memory_moves() -> None:
+    cache, _ = _cache()
+    made = []
+
+    def make(key):
+        made.append(key)
+        return kv_cache_views(cache, key, TOKEN_MAJOR)
+
+    first = held_views(cache, "_test_views", 8, lambda: make(8))
+    assert held_views(cache, "_test_views", 8, lambda: make(8)) is first
+    assert made == [8]
+    other = held_views(cache, "_test_views", 6, lambda: make(6))
+    assert made == [8, 6] and other[0].shape[-1] == 6
+    cache.set_(torch.zeros(cache.numel()).untyped_storage(), 0, cache.shape, cache.stride())
+    moved = held_views(cache, "_test_views", 6, lambda: make(6))
+    assert made == [8, 6, 6] and moved[0].data_ptr() == cache.data_ptr()
+    assert not moved[0].any()

@@ -158,8 +158,9 @@ def test_a_plan_is_checked_once_and_refused_for_other_tensors(ref):
     kc, vc, bt, _, _ = build_paged(ref, [8], 4, 4, 2, 8, 8)
     starts, lens = torch.tensor([0, 8]), torch.tensor([8])
     plan = ref.plan_attention(bt, starts, lens, 4)
-    assert (plan.starts, plan.lens, plan.decodes, plan.prefills, plan.num_tokens) == (
+    assert (plan.starts, plan.lens, plan.q_lens, plan.decodes, plan.prefills, plan.num_tokens) == (
         (0, 8),
+        (8,),
         (8,),
         (),
         (0,),
@@ -185,6 +186,10 @@ def test_a_plan_is_checked_once_and_refused_for_other_tensors(ref):
         ref.plan_attention(bt, starts, torch.tensor([4]), 4)
     with pytest.raises(DeviceOpError, match="needs 5 blocks of 4 but block_table has 4 columns"):
         ref.plan_attention(bt, torch.tensor([0, 1]), torch.tensor([17]), 4)
+    with pytest.raises(
+        DeviceOpError, match=r"seq_lens\[0\]=17 needs 5 blocks of 4 but block_table has 4 columns"
+    ):
+        ref.kv_load(kc, vc, bt, torch.tensor([17]))
     with pytest.raises(
         DeviceOpError, match="query_start_loc has 3 entries, expected len\\(seq_lens\\) \\+ 1 = 2"
     ):

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.adaptor.base import check_mrope as check_mrope
     from vllm_ascend.core.device.adaptor.base import check_packed_attention as check_packed_attention
     from vllm_ascend.core.device.adaptor.base import check_window_sinks as check_window_sinks
+    from vllm_ascend.core.device.adaptor.base import seq_blocks as seq_blocks
     from vllm_ascend.core.device.adaptor.graph import CapturedGraph as CapturedGraph
     from vllm_ascend.core.device.adaptor.graph import GraphCaptureError as GraphCaptureError
     from vllm_ascend.core.device.adaptor.graph import captured_tensors as captured_tensors
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from vllm_ascend.core.device.adaptor.kv_layout import TOKEN_MAJOR as TOKEN_MAJOR
     from vllm_ascend.core.device.adaptor.kv_layout import are_cpu_kernel_views as are_cpu_kernel_views
     from vllm_ascend.core.device.adaptor.kv_layout import block_compact as block_compact
+    from vllm_ascend.core.device.adaptor.kv_layout import held_views as held_views
     from vllm_ascend.core.device.adaptor.kv_layout import kv_cache_views as kv_cache_views
     from vllm_ascend.core.device.adaptor.memory_pool import MEMORY_TAGS as MEMORY_TAGS
     from vllm_ascend.core.device.adaptor.memory_pool import MemoryPoolError as MemoryPoolError
@@ -166,12 +168,14 @@ _EXPORTS: dict[str, str] = {
     "check_window_sinks": "vllm_ascend.core.device.adaptor.base",
     "check_mrope": "vllm_ascend.core.device.adaptor.base",
     "check_packed_attention": "vllm_ascend.core.device.adaptor.base",
+    "seq_blocks": "vllm_ascend.core.device.adaptor.base",
     "CapturedGraph": "vllm_ascend.core.device.adaptor.graph",
     "CPU_KERNEL": "vllm_ascend.core.device.adaptor.kv_layout",
     "KV_BLOCK_LAYOUTS": "vllm_ascend.core.device.adaptor.kv_layout",
     "TOKEN_MAJOR": "vllm_ascend.core.device.adaptor.kv_layout",
     "are_cpu_kernel_views": "vllm_ascend.core.device.adaptor.kv_layout",
     "block_compact": "vllm_ascend.core.device.adaptor.kv_layout",
+    "held_views": "vllm_ascend.core.device.adaptor.kv_layout",
     "kv_cache_views": "vllm_ascend.core.device.adaptor.kv_layout",
     "GraphCaptureError": "vllm_ascend.core.device.adaptor.graph",
     "captured_tensors": "vllm_ascend.core.device.adaptor.graph",

@@ -27,6 +27,7 @@ from vllm_ascend.core.sdk import (
     AttentionPlan,
     are_cpu_kernel_views,
     block_compact,
+    held_views,
     kv_cache_views,
 )
 
@@ -121,18 +122,14 @@ def kernel_views(
     """The kernels' ``[blocks, Hkv, block_size, D]`` views where ``key_cache`` / ``value_cache`` are the
     ``cpu_kernel`` views of one cache; None otherwise (the torch reference serves them).
 
-    Found once per pair of view objects (every layer passes the same views at every step): the answer is kept
-    on ``key_cache`` itself, so it lives as long as the view and is never read for other tensors."""
-    held = key_cache.__dict__.get(_HELD)
-    if held is not None and held[0] is value_cache:
-        return held[1]
-    views = _kernel_views(key_cache, value_cache)
-    setattr(key_cache, _HELD, (value_cache, views))
-    return views
-
-
-#: The attribute :func:`kernel_views` keeps its answer in.
-_HELD = "_vllm_ascend_kernel_views"
+    Found once per pair of views (every layer passes the same views at every step): the answer is kept on
+    ``key_cache`` itself (``held_views``), keyed by where and how ``value_cache`` lies."""
+    return held_views(
+        key_cache,
+        "_vllm_ascend_kernel_views",
+        (value_cache.data_ptr(), value_cache.shape, value_cache.stride()),
+        lambda: _kernel_views(key_cache, value_cache),
+    )
 
 
 def _kernel_views(

@@ -24,7 +24,6 @@ from vllm_ascend.core.sdk import (
     DeviceOpError,
     MoeDispatch,
     TaggedMemoryPool,
-    check_attention_plan,
     check_choice,
     check_clipped_swiglu,
     check_group_bias,
@@ -326,12 +325,8 @@ class A2A3DeviceAdaptor(MLANPUOps, SparseAttentionNPUOps, BaseDeviceAdaptor):
         if sinks is not None:
             check_sink_inputs(query, value_cache)
         num_blocks, block_size, num_kv_heads, _ = key_cache.shape
-        if (
-            plan is None
-        ):  # the op's host lengths (actual_seq_lengths): read once per step where a plan is given
-            plan = self.plan_attention(block_table, query_start_loc, seq_lens, block_size, causal=causal)
-        else:
-            check_attention_plan(plan, block_table, query_start_loc, seq_lens, block_size, causal)
+        # The op's host lengths (actual_seq_lengths): read once per step where the caller passes a plan.
+        plan = self.attention_plan_for(plan, block_table, query_start_loc, seq_lens, block_size, causal)
         starts, lens = list(plan.starts), list(plan.lens)
         num_tokens = query.shape[0]
         used = starts[-1] if len(starts) > 1 else 0

@@ -32,7 +32,6 @@ from vllm_ascend.core.sdk import (
     DeviceOpError,
     GroupListType,
     TaggedMemoryPool,
-    check_attention_plan,
     check_choice,
     check_clipped_swiglu,
     check_group_bias,
@@ -41,6 +40,7 @@ from vllm_ascend.core.sdk import (
     check_packed_attention,
     check_window_sinks,
     envs,
+    seq_blocks,
 )
 from vllm_ascend.kernels.device import host_attention
 from vllm_ascend.kernels.device.graph import ReferenceGraph
@@ -272,17 +272,8 @@ def _check_paged_cache(name: str, cache: torch.Tensor, num_kv_heads: int | None 
             raise DeviceOpError(f"{name} has {cache.shape[2]} KV heads, expected {num_kv_heads}")
 
 
-def _check_blocks(block_table: torch.Tensor, b: int, seq_len: int, block_size: int) -> int:
-    num_blocks = -(-seq_len // block_size)
-    if num_blocks > block_table.shape[1]:
-        raise DeviceOpError(
-            f"seq_lens[{b}]={seq_len} needs {num_blocks} blocks of {block_size} but block_table has {block_table.shape[1]} columns"
-        )
-    return num_blocks
-
-
 def _blocks_for(block_table: torch.Tensor, b: int, seq_len: int, block_size: int) -> torch.Tensor:
-    return block_table[b, : _check_blocks(block_table, b, seq_len, block_size)].long()
+    return block_table[b, : seq_blocks(block_table, b, seq_len, block_size)].long()
 
 
 def _padded_query_rows(
@@ -877,10 +868,7 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
             raise DeviceOpError(f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})")
         if key_cache.shape[3] != head_size:
             raise DeviceOpError(f"query head size {head_size} != key_cache head size {key_cache.shape[3]}")
-        if plan is None:
-            plan = self.plan_attention(block_table, query_start_loc, seq_lens, block_size, causal=causal)
-        else:
-            check_attention_plan(plan, block_table, query_start_loc, seq_lens, block_size, causal)
+        plan = self.attention_plan_for(plan, block_table, query_start_loc, seq_lens, block_size, causal)
         if plan.num_tokens > num_tokens:
             raise DeviceOpError(f"query_start_loc ends at {plan.num_tokens} but query has {num_tokens} rows")
         head_size_v = value_cache.shape[3]
@@ -899,7 +887,7 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
         if kernel_caches is not None and output.is_contiguous() and not envs.VLLM_ASCEND_BATCH_INVARIANT:
             host_attention.attend(query[:num_tokens], *kernel_caches, plan, scale, output[:num_tokens])
             return output[:num_tokens]
-        starts, lens, q_lens = list(plan.starts), list(plan.lens), plan.q_lens
+        starts, lens, q_lens = list(plan.starts), list(plan.lens), list(plan.q_lens)
         decodes, prefills = list(plan.decodes), list(plan.prefills)
         if envs.VLLM_ASCEND_BATCH_INVARIANT:
             # Every request alone: its result cannot depend on the other requests' lengths.

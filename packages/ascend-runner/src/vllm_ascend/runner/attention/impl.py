@@ -13,7 +13,7 @@ import torch
 from vllm.config import get_current_vllm_config_or_none
 from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
 
-from vllm_ascend.core.sdk import get_device_adaptor, kv_cache_views
+from vllm_ascend.core.sdk import get_device_adaptor, held_views, kv_cache_views
 from vllm_ascend.kernels.device.graph_ops import device_ops
 from vllm_ascend.runner.attention.metadata import AscendAttentionMetadata
 from vllm_ascend.runner.attention.support import AttentionConfigError, check_supported
@@ -36,15 +36,7 @@ def split_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor
     Traced code makes them in the graph."""
     if torch.compiler.is_compiling():
         return _split(kv_cache, head_size)
-    held = kv_cache.__dict__.get(_HELD)
-    if held is None or held[0] != (head_size, kv_cache.data_ptr()):
-        held = ((head_size, kv_cache.data_ptr()), _split(kv_cache, head_size))
-        setattr(kv_cache, _HELD, held)
-    return held[1]
-
-
-#: The attribute :func:`split_kv_cache` keeps a cache's views in.
-_HELD = "_vllm_ascend_kv_views"
+    return held_views(kv_cache, "_vllm_ascend_kv_views", head_size, lambda: _split(kv_cache, head_size))
 
 
 def _split(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:

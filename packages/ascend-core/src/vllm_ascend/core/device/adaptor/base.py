@@ -143,15 +143,29 @@ class AttentionPlan:
     decodes: tuple[int, ...]
     prefills: tuple[int, ...]
     state: dict[Any, Any] = field(default_factory=dict, compare=False)
+    #: Each request's query rows (``starts[b + 1] - starts[b]``).
+    q_lens: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "q_lens", tuple(end - start for start, end in itertools.pairwise(self.starts))
+        )
 
     @property
     def num_tokens(self) -> int:
         """Query rows the step's requests own (``query_start_loc[-1]``)."""
         return self.starts[-1]
 
-    @property
-    def q_lens(self) -> list[int]:
-        return [end - start for start, end in itertools.pairwise(self.starts)]
+
+def seq_blocks(block_table: torch.Tensor, b: int, seq_len: int, block_size: int) -> int:
+    """The blocks request ``b``'s ``seq_len`` keys fill; refused where its ``block_table`` row is shorter."""
+    num_blocks = -(-seq_len // block_size)
+    if num_blocks > block_table.shape[1]:
+        raise DeviceOpError(
+            f"seq_lens[{b}]={seq_len} needs {num_blocks} blocks of {block_size} but block_table has "
+            f"{block_table.shape[1]} columns"
+        )
+    return num_blocks
 
 
 def check_attention_plan(
@@ -445,7 +459,6 @@ class BaseDeviceAdaptor(abc.ABC):
             raise DeviceOpError(f"{len(lens)} requests but block_table has {block_table.shape[0]} rows")
         decodes: list[int] = []
         prefills: list[int] = []
-        columns = block_table.shape[1]
         for b, seq_len in enumerate(lens):
             q_len = starts[b + 1] - starts[b]
             if not 0 <= q_len <= seq_len:
@@ -454,11 +467,7 @@ class BaseDeviceAdaptor(abc.ABC):
                 )
             if not q_len:  # an idle request's blocks are not looked at
                 continue
-            if -(-seq_len // block_size) > columns:
-                raise DeviceOpError(
-                    f"seq_lens[{b}]={seq_len} needs {-(-seq_len // block_size)} blocks of {block_size} but "
-                    f"block_table has {columns} columns"
-                )
+            seq_blocks(block_table, b, seq_len, block_size)
             (decodes if q_len == 1 else prefills).append(b)
         return AttentionPlan(
             block_table,
@@ -471,6 +480,22 @@ class BaseDeviceAdaptor(abc.ABC):
             tuple(decodes),
             tuple(prefills),
         )
+
+    def attention_plan_for(
+        self,
+        plan: AttentionPlan | None,
+        block_table: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_size: int,
+        causal: bool,
+    ) -> AttentionPlan:
+        """``fused_infer_attention``'s plan: the caller's, checked against these tensors
+        (:func:`check_attention_plan`), or made here where it passed none."""
+        if plan is None:
+            return self.plan_attention(block_table, query_start_loc, seq_lens, block_size, causal=causal)
+        check_attention_plan(plan, block_table, query_start_loc, seq_lens, block_size, causal)
+        return plan
 
     @abc.abstractmethod
     def fused_infer_attention(

@@ -15,6 +15,8 @@ The views are pure tensor code (no adaptor lookup), so they trace under ``torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -81,3 +83,19 @@ def are_cpu_kernel_views(key_cache: torch.Tensor, value_cache: torch.Tensor) -> 
         and value_cache.storage_offset() == key_cache.storage_offset() + block_size * head_size
         and key_cache.untyped_storage().data_ptr() == value_cache.untyped_storage().data_ptr()
     )
+
+
+_T = TypeVar("_T")
+
+
+def held_views(tensor: torch.Tensor, name: str, key: Any, make: Callable[[], _T]) -> _T:
+    """``make()``'s views of ``tensor``, made once and kept on the tensor itself (attribute ``name``): they live
+    as long as it does, and are made again for another ``key`` or when its memory moved (``set_``).
+
+    For the views a layer derives from its cache at every step (vLLM hands it the same tensor each time)."""
+    held = tensor.__dict__.get(name)
+    stamp = (key, tensor.data_ptr())
+    if held is None or held[0] != stamp:
+        held = (stamp, make())
+        setattr(tensor, name, held)
+    return held[1]
