@@ -87,7 +87,17 @@ def dispatch_v2(
 
 def lanes(counts: np.ndarray, cap: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(row, j)`` for every ``j < counts[row]`` in row order, counts clamped to ``[0, cap]``: a kernel's
-    (request, lane) grid, flattened to the lanes that do work."""
+    (request, lane) grid, flattened to the lanes that do work. One row (a single request) is built directly:
+    a fifth of the general form's cost, which a decode step pays several times."""
+    if counts.shape[0] == 1:
+        count = max(int(counts[0]), 0) if cap is None else min(max(int(counts[0]), 0), cap)
+        return np.zeros(count, np.intp), np.arange(count)
     counts = np.maximum(counts, 0) if cap is None else np.minimum(np.maximum(counts, 0), cap)
     row = np.repeat(np.arange(counts.shape[0]), counts)
     return row, np.arange(row.shape[0]) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def host_flat(tensor: torch.Tensor) -> np.ndarray:
+    """``tensor.view(-1).numpy()`` without the torch op: a flat numpy view of a host tensor's memory, refused
+    (``ValueError``) where its strides allow none, as torch's ``view`` refuses."""
+    return tensor.numpy().reshape(-1, copy=False)

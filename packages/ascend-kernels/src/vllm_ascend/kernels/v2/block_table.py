@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, tensor_at
+from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, host_flat, tensor_at
 
 _VLLM = "vllm.v1.worker.gpu.block_table"
 
@@ -205,12 +205,12 @@ def compute_slot_mappings_host(
     groups, num_reqs = grid_dim(grid, 0), grid_dim(grid, 1) - 1
     qsl = query_start_loc.numpy()[: num_reqs + 1].astype(np.int64)
     start, num_tokens = int(qsl[0]), int(qsl[-1])
-    token_states = np.repeat(idx_mapping.numpy()[:num_reqs].astype(np.int64), np.diff(qsl))
+    token_states = np.repeat(idx_mapping.numpy()[:num_reqs].astype(np.int64), qsl[1:] - qsl[:-1])
     positions = pos.numpy()[start:num_tokens].astype(np.int64)
     real = token_states >= 0
     rows_needed = int(token_states.max()) + 1 if token_states.size else 0
     params = _per_group(groups, block_table_ptrs, block_table_strides, block_sizes, slot_mapping_enabled)
-    out = slot_mappings_ptr.view(-1).numpy()
+    out = host_flat(slot_mappings_ptr)
     for group, (pointer, stride, block_size, enabled) in enumerate(params):
         row = out[group * slot_mappings_stride : group * slot_mappings_stride + max_num_tokens]
         row[num_tokens:max_num_tokens] = PAD_ID

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, lanes
+from vllm_ascend.kernels.v2._launch import Grid, dispatch_v2, grid_dim, host_flat, lanes
 
 _VLLM = "vllm.v1.worker.gpu.input_batch"
 
@@ -63,7 +63,7 @@ def prepare_pos_seq_lens_host(
         return
     qsl = query_start_loc_ptr.numpy()[: num_reqs + 1].astype(np.int64)
     computed = num_computed_tokens_ptr.numpy()[idx_mapping_ptr.numpy()[:num_reqs]].astype(np.int64)
-    query_lens = np.diff(qsl)
+    query_lens = qsl[1:] - qsl[:-1]
     seq_lens[:num_reqs] = computed + query_lens
     start, end = int(qsl[0]), int(qsl[-1])
     if end > start:
@@ -176,7 +176,7 @@ def prepare_prefill_inputs_host(
     if not prefilling.any():
         return
     qsl = query_start_loc_ptr.numpy()[: num_reqs + 1].astype(np.int64)
-    query_lens = np.diff(qsl)
+    query_lens = qsl[1:] - qsl[:-1]
     owner = np.repeat(np.arange(num_reqs), query_lens)
     tokens = np.arange(qsl[0], qsl[-1])
     keep = prefilling[owner]
@@ -190,7 +190,7 @@ def prepare_prefill_inputs_host(
     pos = (computed + query_lens)[rows, None] + k
     in_prompt = pos < prefill_len[rows, None]
     ahead = np.where(in_prompt, all_token_ids[state, np.where(in_prompt, pos, 0)], 0)
-    next_prefill_tokens_ptr.view(-1).numpy()[k * next_prefill_tokens_stride + state] = ahead
+    host_flat(next_prefill_tokens_ptr)[k * next_prefill_tokens_stride + state] = ahead
 
 
 def prepare_prefill_inputs(grid: Grid, **arguments: Any) -> None:
@@ -272,7 +272,7 @@ def combine_sampled_and_draft_tokens_host(
         return
     states = idx_mapping_ptr.numpy()[:num_reqs].astype(np.int64)
     cu = cu_num_logits_ptr.numpy()[: num_reqs + 1].astype(np.int64)
-    num_logits = np.diff(cu)
+    num_logits = cu[1:] - cu[:-1]
     query_end = query_start_loc_ptr.numpy()[1 : num_reqs + 1].astype(np.int64)
     row, j = lanes(num_logits, BLOCK_SIZE)
     logits_indices_ptr.numpy()[cu[row] + j] = (query_end - num_logits)[row] + j
@@ -282,11 +282,11 @@ def combine_sampled_and_draft_tokens_host(
     input_ids = input_ids_ptr.numpy()
     if NUM_NEW_SAMPLED_TOKENS > 0:
         last = np.flatnonzero(decoding & (seq_len - num_logits >= prefill_len))
-        input_ids[(query_end - num_logits)[last]] = last_sampled_tokens_ptr.view(-1).numpy()[states[last]]
+        input_ids[(query_end - num_logits)[last]] = host_flat(last_sampled_tokens_ptr)[states[last]]
     num_draft = num_logits - NUM_NEW_SAMPLED_TOKENS
-    row, j = lanes(np.where(decoding, num_draft, 0), BLOCK_SIZE)
+    row, j = lanes(num_draft * decoding, BLOCK_SIZE)
     if row.size:
-        drafts = draft_tokens_ptr.view(-1).numpy()[states[row] * draft_tokens_stride + j]
+        drafts = host_flat(draft_tokens_ptr)[states[row] * draft_tokens_stride + j]
         input_ids[(query_end - num_draft)[row] + j] = drafts
 
 
@@ -339,7 +339,8 @@ def get_num_sampled_and_rejected_host(
     sampled = num_sampled_ptr.numpy()[:n]
     sampled[chunked] = 0
     rejected = num_rejected_ptr.numpy()[:n]
-    rejected[:] = np.diff(cu_num_logits_ptr.numpy()[: n + 1]) - sampled
+    cu = cu_num_logits_ptr.numpy()[: n + 1]
+    rejected[:] = cu[1:] - cu[:-1] - sampled
     rejected[chunked] = 0
 
 
@@ -426,22 +427,23 @@ def post_update_host(
     states = idx_mapping_ptr.numpy()[:n].astype(np.int64)
     valid = states >= 0
     k = num_sampled_ptr.numpy()[:n].astype(np.int64)
-    row, i = lanes(np.where(valid, k, 0))
+    row, i = lanes(k * valid)
     if row.size:
         state = states[row]
-        tokens = sampled_tokens_ptr.view(-1).numpy()[row * sampled_tokens_stride + i]
+        tokens = host_flat(sampled_tokens_ptr)[row * sampled_tokens_stride + i]
         total_len = total_len_ptr.numpy()
         total = total_len[state].astype(np.int64)
         all_token_ids_ptr.numpy()[state, total + i] = tokens
         if output_bin_counts_ptr is not None:
-            counts = output_bin_counts_ptr.view(-1).numpy()
+            counts = host_flat(output_bin_counts_ptr)
             np.add.at(counts, state * output_bin_counts_stride + tokens.astype(np.int64), 1)
         last = i + 1 == k[row]
-        last_sampled_tokens_ptr.view(-1).numpy()[state[last]] = tokens[last]
+        host_flat(last_sampled_tokens_ptr)[state[last]] = tokens[last]
         total_len[state[last]] = (total + i + 1)[last]
     delta = -num_rejected_ptr.numpy()[:n].astype(np.int64)
     if query_start_loc_ptr is not None:
-        delta += np.diff(query_start_loc_ptr.numpy()[: n + 1])
+        qsl = query_start_loc_ptr.numpy()[: n + 1]
+        delta += qsl[1:] - qsl[:-1]
     np.add.at(num_computed_tokens_ptr.numpy(), states[valid], delta[valid])
 
 
@@ -512,7 +514,7 @@ def expand_idx_mapping_host(
     if n <= 0:
         return
     cu = cu_num_logits_ptr.numpy()[: n + 1].astype(np.int64)
-    row, j = lanes(np.diff(cu), BLOCK_SIZE)
+    row, j = lanes(cu[1:] - cu[:-1], BLOCK_SIZE)
     expanded_idx_mapping_ptr.numpy()[cu[row] + j] = idx_mapping_ptr.numpy()[row]
     expanded_local_pos_ptr.numpy()[cu[row] + j] = j
 

@@ -359,7 +359,7 @@ def gumbel_sample_host(
     host_dtypes = logits_ptr.dtype in _HOST_DTYPES and temp_ptr.dtype in _HOST_DTYPES
     if logits_cache_ptr is None and num_tokens and num_blocks and host_dtypes:
         req = expanded_idx_mapping_ptr.numpy()[:num_tokens]
-        if not ((req >= 0) & (temp_ptr.numpy()[np.maximum(req, 0)] != 0)).any():
+        if not temp_ptr.numpy()[req[req >= 0]].any():  # no sampled row (a NaN temperature counts as one)
             covered = max(0, min(vocab_size, num_blocks * BLOCK_SIZE))
             if _host_greedy_block_max(
                 _rows(logits_ptr, num_tokens, logits_stride, covered).numpy(),
