@@ -47,8 +47,10 @@ def _slots(table: torch.Tensor, lens: torch.Tensor, block_size: int) -> torch.Te
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("few_slots", [0, 256])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_kernel_writes_land_where_the_views_say(block_size: int) -> None:
+def test_kernel_writes_land_where_the_views_say(monkeypatch, block_size: int, few_slots: int) -> None:
+    monkeypatch.setattr(host_attention, "FEW_SLOTS", few_slots)
     adaptor = ReferenceDeviceAdaptor()
     key_cache, value_cache = adaptor.kv_cache_views(_layer_cache(24, block_size, 2), HEAD)
     assert host_attention.kernel_views(key_cache, value_cache) is not None
@@ -147,9 +149,11 @@ def test_the_kernel_views_of_a_pair_of_views_are_found_once() -> None:
     assert fresh is not None and fresh[0].data_ptr() == other_key.data_ptr() != key_cache.data_ptr()
 
 
-def test_what_a_block_held_before_its_request_opened_it_is_never_read(monkeypatch) -> None:
+@pytest.mark.parametrize("few_slots", [0, 64])  # the slots' arithmetic on numpy, then on Python ints
+def test_what_a_block_held_before_its_request_opened_it_is_never_read(monkeypatch, few_slots) -> None:
     """The kernels read a request's last block whole: a previous owner's NaN past the request's length must
     not reach its output (the request's first write clears the block)."""
+    monkeypatch.setattr(host_attention, "FEW_SLOTS", few_slots)
     adaptor = ReferenceDeviceAdaptor()
     key_cache, value_cache = adaptor.kv_cache_views(_layer_cache(8, 16, 2), HEAD)
     key_cache.fill_(float("nan"))

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm_ascend.core.device.adaptor.base import OPS, DeviceOpError
+from vllm_ascend.kernels.device import host_attention
 from vllm_ascend.kernels.device.reference import ReferenceDeviceAdaptor
 
 
@@ -383,12 +384,19 @@ def test_reshape_and_cache_writes_exactly_the_given_slots(ref, layout):
     assert int(written.sum()) == 4
 
 
-def test_reshape_and_cache_rejects_out_of_range_and_mismatched_heads(ref):
+@pytest.mark.parametrize("few_slots", [0, 64])  # the slot bounds on numpy, then on Python ints
+def test_reshape_and_cache_rejects_out_of_range_and_mismatched_heads(ref, monkeypatch, few_slots):
+    monkeypatch.setattr(host_attention, "FEW_SLOTS", few_slots)
     key_cache, value_cache = flat_cache_views(2, 4, 2, 8, 8)
     with pytest.raises(DeviceOpError, match="slot 8 is out of range for a cache of 2 blocks x 4"):
         ref.reshape_and_cache(
             torch.randn(1, 2, 8), torch.randn(1, 2, 8), key_cache, value_cache, torch.tensor([8])
         )
+    with pytest.raises(DeviceOpError, match="slot 9 is out of range for a cache of 2 blocks x 4"):
+        ref.reshape_and_cache(
+            torch.randn(3, 2, 8), torch.randn(3, 2, 8), key_cache, value_cache, torch.tensor([-1, 9, 2])
+        )
+    assert key_cache.isnan().all() and value_cache.isnan().all()  # refused before anything is written
     with pytest.raises(DeviceOpError, match="key_cache has 2 KV heads, expected 3"):
         ref.reshape_and_cache(
             torch.randn(1, 3, 8), torch.randn(1, 3, 8), key_cache, value_cache, torch.tensor([0])

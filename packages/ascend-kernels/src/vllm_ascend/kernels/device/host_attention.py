@@ -149,6 +149,11 @@ def _kernel_views(
     )
 
 
+#: Up to this many slots a step's slot arithmetic runs on Python ints (a decode step's one slot a request):
+#: below it a numpy op costs more than the loop it replaces.
+FEW_SLOTS = 32
+
+
 def write(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -164,11 +169,14 @@ def write(
     assert ops is not None
     block_size = key_cache.shape[2]
     host_slots = slots.numpy()
-    opened = host_slots[host_slots % block_size == 0]
-    if opened.size:
+    if host_slots.shape[0] <= FEW_SLOTS:
+        opened = [slot // block_size for slot in host_slots.tolist() if slot % block_size == 0]
+    else:
+        opened = (host_slots[host_slots % block_size == 0] // block_size).tolist()
+    if opened:
         block = key_cache.stride(0)
         whole = key_cache.as_strided((key_cache.shape[0], block), (block, 1), key_cache.storage_offset())
-        whole.index_fill_(0, torch.from_numpy(opened // block_size), 0)
+        whole.index_fill_(0, torch.tensor(opened, dtype=torch.int64), 0)
     ops.cpu_attn_reshape_and_cache(
         key.contiguous(),
         value.contiguous(),

@@ -818,8 +818,12 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
             return
         num_blocks, block_size = key_cache.shape[:2]
         slots = slot_mapping.long()
-        host_slots = slots.numpy()  # the bounds on numpy: a third of torch's aminmax and two reads
-        low, top = int(host_slots.min()), int(host_slots.max())
+        host_slots = slots.numpy()  # the bounds on the host: a third of torch's aminmax and two reads
+        if n <= host_attention.FEW_SLOTS:
+            listed = host_slots.tolist()
+            low, top = min(listed), max(listed)
+        else:
+            low, top = int(host_slots.min()), int(host_slots.max())
         key, value = key[:n], value[:n]
         if low < 0:  # padding slots: drop them (the common all-valid case needs no mask)
             keep = slots >= 0
