@@ -132,9 +132,9 @@ def test_one_plan_serves_every_layer_of_a_step(monkeypatch, kernels: bool) -> No
         torch.testing.assert_close(planned, alone, rtol=0, atol=0)
         outputs.append(planned)
     assert not torch.equal(outputs[0], outputs[1])  # two layers, two results: the plan carries no output
-    assert len(plan.state) == (
-        1 if kernels else 0
-    )  # one schedule for both layers (the kernels' int32 lengths)
+    # One schedule for both layers (the kernels' int32 lengths), beside the step's batch-invariance read.
+    schedules = [key for key in plan.state if key != "batch_invariant"]
+    assert len(schedules) == (1 if kernels else 0) and plan.state["batch_invariant"] is False
 
 
 def test_the_kernel_views_of_a_pair_of_views_are_found_once() -> None:

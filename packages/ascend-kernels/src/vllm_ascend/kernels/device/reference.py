@@ -824,7 +824,8 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
             low, top = min(listed), max(listed)
         else:
             low, top = int(host_slots.min()), int(host_slots.max())
-        key, value = key[:n], value[:n]
+        if n < key.shape[0] or n < value.shape[0]:
+            key, value = key[:n], value[:n]
         if low < 0:  # padding slots: drop them (the common all-valid case needs no mask)
             keep = slots >= 0
             slots, key, value = slots[keep], key[keep], value[keep]
@@ -888,12 +889,16 @@ class ReferenceDeviceAdaptor(MLAReferenceOps, SparseAttentionReferenceOps, BaseD
             if sliding_window is None and sinks is None and query.dtype == key_cache.dtype
             else None
         )
-        if kernel_caches is not None and output.is_contiguous() and not envs.VLLM_ASCEND_BATCH_INVARIANT:
-            host_attention.attend(query[:num_tokens], *kernel_caches, plan, scale, output[:num_tokens])
-            return output[:num_tokens]
+        batch_invariant = plan.state.get("batch_invariant")
+        if batch_invariant is None:  # read once per step (the env read costs as much as a slice)
+            batch_invariant = plan.state["batch_invariant"] = bool(envs.VLLM_ASCEND_BATCH_INVARIANT)
+        if kernel_caches is not None and output.is_contiguous() and not batch_invariant:
+            rows = output if output.shape[0] == num_tokens else output[:num_tokens]
+            host_attention.attend(query, *kernel_caches, plan, scale, rows)
+            return rows
         starts, lens, q_lens = list(plan.starts), list(plan.lens), list(plan.q_lens)
         decodes, prefills = list(plan.decodes), list(plan.prefills)
-        if envs.VLLM_ASCEND_BATCH_INVARIANT:
+        if batch_invariant:
             # Every request alone: its result cannot depend on the other requests' lengths.
             groups = [[b] for b in sorted(decodes + prefills)]
         else:
