@@ -97,7 +97,7 @@ def host_lengths(
         seq_lens_cpu = common.seq_lens_cpu_upper_bound[:num_reqs].to(torch.int64)
     else:
         seq_lens_cpu = common.seq_lens[:num_reqs].to("cpu", torch.int64)
-    return query_start_loc_cpu, int(query_start_loc_cpu[-1]), seq_lens_cpu
+    return query_start_loc_cpu, int(query_start_loc_cpu.numpy()[-1]), seq_lens_cpu
 
 
 class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendAttentionMetadata]):
@@ -122,14 +122,13 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendAttentionMet
         common = common_attn_metadata
         num_reqs = common.num_reqs
         query_start_loc_cpu, num_actual_tokens, seq_lens_cpu = host_lengths(common, self.exact_host_seq_lens)
-        max_seq_len = int(seq_lens_cpu.max()) if num_reqs else 0
-        q_lens = query_start_loc_cpu[1:] - query_start_loc_cpu[:-1]
+        starts, lens = query_start_loc_cpu.numpy(), seq_lens_cpu.numpy()  # host maxima: numpy's are cheaper
         causal = common.causal if isinstance(common.causal, bool) else bool(common.causal.all())
         return AscendAttentionMetadata(
             num_reqs=num_reqs,
             num_actual_tokens=num_actual_tokens,
-            max_query_len=int(q_lens.max()) if num_reqs else 0,
-            max_seq_len=max_seq_len,
+            max_query_len=int((starts[1:] - starts[:-1]).max()) if num_reqs else 0,
+            max_seq_len=int(lens.max()) if num_reqs else 0,
             query_start_loc_cpu=query_start_loc_cpu,
             seq_lens_cpu=seq_lens_cpu,
             block_table=common.block_table_tensor[:num_reqs],
